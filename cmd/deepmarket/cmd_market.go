@@ -1,0 +1,339 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/units"
+)
+
+func newStatusCmd(c *cli) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use: "status", Short: "Show the running node's status", Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := timeout(cmd.Context())
+			defer cancel()
+			s, err := cl.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return c.printJSON(s)
+			}
+			lending := "no"
+			if s.Lending {
+				lending = "yes (offer out)"
+				if !s.Offering {
+					lending = "yes (outside its window: no offer now)"
+				}
+			}
+			fmt.Fprintf(c.out, "peer ID:   %s\naccount:   %s\nmoniker:   %s (site %s)\nchain ID:  %s\nheight:    %d\npeers:     %d\nlending:   %s\noffers:    %d held\napi:       %s\nversion:   %s, up %s\n",
+				s.PeerID, s.Account, s.Moniker, s.Site, s.ChainID, s.Height, s.Peers, lending, s.Offers, s.API, s.Version,
+				(time.Duration(s.UptimeS) * time.Second).String())
+			for _, a := range s.Addrs {
+				fmt.Fprintf(c.out, "addr:      %s\n", a)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	return cmd
+}
+
+// parsePrices reads --price "core=0.5,mem=0.1,gpu=2" (credits per
+// unit-hour) over the defaults given.
+func parsePrices(s string) (*p2p.Prices, error) {
+	var p p2p.Prices
+	seen := map[string]bool{}
+	for _, part := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok {
+			return nil, fmt.Errorf("--price %q: want core=CREDITS,mem=CREDITS,gpu=CREDITS (per unit-hour; mem per GiB-hour)", s)
+		}
+		amount, err := units.ParseCredits(v)
+		if err != nil {
+			return nil, fmt.Errorf("--price %s: %v", k, err)
+		}
+		switch strings.ToLower(k) {
+		case "core", "cores", "cpu":
+			p.CoreHour, k = amount, "core"
+		case "mem", "memory":
+			p.MemGiBHour, k = amount, "mem"
+		case "gpu", "gpus":
+			p.GPUHour, k = amount, "gpu"
+		default:
+			return nil, fmt.Errorf("--price: unknown resource %q (want core, mem or gpu)", k)
+		}
+		if seen[k] {
+			return nil, fmt.Errorf("--price: %s given twice", k)
+		}
+		seen[k] = true
+	}
+	return &p, nil
+}
+
+func newLendCmd(c *cli) *cobra.Command {
+	var cores, gpus int
+	var mem, window, price string
+	var stop, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "lend",
+		Short: "Lend this machine's resources, or take them back with --stop",
+		Long: `Say what this machine lends. The node checks it against the machine's
+inventory, saves it (it survives restarts), and announces a signed offer at once
+and then periodically. With --window the offer is out only inside that daily
+window (local time; it may run over midnight). --stop withdraws the offer:
+peers drop it at once. Without flags, shows what is lent now.
+
+Reserve prices are floors in credits per unit-hour (memory per GiB-hour);
+without --price the [prices] of config.toml apply.`,
+		Example: `  deepmarket lend --cores 4 --mem 8GiB
+  deepmarket lend --cores 8 --mem 16G --gpus 1 --window 19:00-07:00 --price core=0.2,mem=0.05,gpu=2
+  deepmarket lend --stop`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f := cmd.Flags()
+			setting := f.Changed("cores") || f.Changed("mem") || f.Changed("gpus") || f.Changed("window") || f.Changed("price")
+			if stop && setting {
+				return usageError{fmt.Errorf("--stop takes no other lend flags")}
+			}
+			var req api.LendRequest
+			if setting {
+				if !f.Changed("cores") || !f.Changed("mem") {
+					return usageError{fmt.Errorf("lending needs both --cores and --mem (e.g. --cores 4 --mem 8GiB)")}
+				}
+				if cores <= 0 {
+					return usageError{fmt.Errorf("--cores %d: lend at least 1 core", cores)}
+				}
+				if gpus < 0 {
+					return usageError{fmt.Errorf("--gpus %d: cannot be negative", gpus)}
+				}
+				size, err := units.ParseSize(mem)
+				if err != nil {
+					return usageError{fmt.Errorf("--mem: %v", err)}
+				}
+				if size == 0 {
+					return usageError{fmt.Errorf("--mem %s: lend more than 0 bytes", mem)}
+				}
+				if window != "" {
+					if _, err := p2p.ParseWindow(window); err != nil {
+						return usageError{fmt.Errorf("--window: %v", err)}
+					}
+				}
+				req = api.LendRequest{Cores: cores, MemBytes: size, GPUs: gpus, Window: window}
+				if price != "" {
+					if req.Price, err = parsePrices(price); err != nil {
+						return usageError{err}
+					}
+				}
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := timeout(cmd.Context())
+			defer cancel()
+			var st api.LendState
+			switch {
+			case stop:
+				st, err = cl.StopLend(ctx)
+			case setting:
+				st, err = cl.SetLend(ctx, req)
+				if apiErr, ok := err.(*api.Error); ok && apiErr.Field != "" {
+					err = &api.Error{Status: apiErr.Status, Field: apiErr.Field, Message: "--" + flagOf(apiErr.Field) + ": " + apiErr.Message}
+				}
+			default:
+				st, err = cl.Lend(ctx)
+			}
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return c.printJSON(st)
+			}
+			printLendState(c, st, stop)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&cores, "cores", 0, "cores to lend")
+	f.StringVar(&mem, "mem", "", "memory to lend: 8GiB, 8G, 8192MiB ...")
+	f.IntVar(&gpus, "gpus", 0, "GPUs to lend (detected with nvidia-smi)")
+	f.StringVar(&window, "window", "", "daily availability window HH:MM-HH:MM, local time (default: all day)")
+	f.StringVar(&price, "price", "", "reserve prices per unit-hour: core=CREDITS,mem=CREDITS,gpu=CREDITS")
+	f.BoolVar(&stop, "stop", false, "stop lending and withdraw the offer")
+	f.BoolVar(&asJSON, "json", false, "print as JSON")
+	return cmd
+}
+
+func flagOf(field string) string {
+	switch field {
+	case "mem_bytes":
+		return "mem"
+	}
+	return field
+}
+
+func printLendState(c *cli, st api.LendState, stopped bool) {
+	if !st.Lending {
+		if stopped {
+			fmt.Fprintln(c.out, "Stopped lending: the offer was withdrawn.")
+		} else {
+			fmt.Fprintln(c.out, "Not lending. Lend with: deepmarket lend --cores N --mem SIZE")
+		}
+		return
+	}
+	s := st.Settings
+	window := "all day"
+	if s.Window != "" {
+		window = s.Window
+	}
+	fmt.Fprintf(c.out, "Lending %d cores, %s memory, %d GPUs, %s\n", s.Cores, units.FormatSize(s.MemBytes), s.GPUs, window)
+	if s.Price != nil {
+		fmt.Fprintf(c.out, "Reserve prices: %s/core-hour, %s/GiB-hour, %s/GPU-hour (credits)\n",
+			units.FormatCredits(s.Price.CoreHour), units.FormatCredits(s.Price.MemGiBHour), units.FormatCredits(s.Price.GPUHour))
+	}
+	if st.Offering {
+		fmt.Fprintln(c.out, "Offer: announced to the network.")
+	} else {
+		fmt.Fprintln(c.out, "Offer: none now (outside the window).")
+	}
+	if st.NextChange != nil {
+		fmt.Fprintf(c.out, "Window changes at %s\n", st.NextChange.Local().Format("Mon 15:04"))
+	}
+}
+
+func newOffersCmd(c *cli) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use: "offers", Short: "List the machines offered on the market (as this node sees it)", Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := timeout(cmd.Context())
+			defer cancel()
+			offers, err := cl.Offers(ctx)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return c.printJSON(offers)
+			}
+			if len(offers) == 0 {
+				fmt.Fprintln(c.out, "No offers yet. Offers arrive from peers within a few seconds of connecting; see `deepmarket peers`.")
+				return nil
+			}
+			var rows [][]string
+			for _, o := range offers {
+				name := o.Moniker
+				if o.Self {
+					name += " (this machine)"
+				}
+				window := "all day"
+				if o.Window != "" {
+					window = o.Window
+				}
+				rows = append(rows, []string{shortID(o.Machine), name, o.Site, strconv.Itoa(int(o.Cores)), units.FormatSize(o.MemBytes),
+					strconv.Itoa(int(o.GPUs)), units.FormatCredits(o.Price), window, time.Until(o.ExpiresAt).Round(time.Second).String()})
+			}
+			c.table("MACHINE\tNAME\tSITE\tCORES\tMEMORY\tGPUS\tCREDITS/H\tWINDOW\tEXPIRES IN", rows)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	return cmd
+}
+
+func shortID(id string) string {
+	if len(id) > 16 {
+		return id[:6] + "…" + id[len(id)-6:]
+	}
+	return id
+}
+
+func newPeersCmd(c *cli) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use: "peers", Short: "List connected peers with their sites and latency", Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := timeout(cmd.Context())
+			defer cancel()
+			peers, err := cl.Peers(ctx)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return c.printJSON(peers)
+			}
+			if len(peers) == 0 {
+				fmt.Fprintln(c.out, "No peers. On a LAN, peers of the same network appear by mDNS; across sites, set bootstrap peers (init --bootstrap or [p2p] bootstrap).")
+				return nil
+			}
+			var rows [][]string
+			for _, p := range peers {
+				lat := "-"
+				if p.LatencyMS > 0 {
+					lat = strconv.FormatFloat(p.LatencyMS, 'f', 1, 64) + " ms"
+				}
+				rows = append(rows, []string{p.PeerID, p.Moniker, p.Site, lat, strconv.FormatFloat(p.Score, 'f', 1, 64), p.Direction})
+			}
+			c.table("PEER\tNAME\tSITE\tLATENCY\tSCORE\tDIRECTION", rows)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	return cmd
+}
+
+func newBidsCmd(c *cli) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use: "bids", Short: "List job bids seen recently (for debugging)", Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := timeout(cmd.Context())
+			defer cancel()
+			bids, err := cl.Bids(ctx)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return c.printJSON(bids)
+			}
+			if len(bids) == 0 {
+				fmt.Fprintln(c.out, "No bids seen.")
+				return nil
+			}
+			var rows [][]string
+			for _, b := range bids {
+				rows = append(rows, []string{b.JobID[:12], shortID(b.From), strconv.Itoa(int(b.Workers)),
+					fmt.Sprintf("%dc/%s/%dg", b.PerWorker.Cores, units.FormatSize(b.PerWorker.MemBytes), b.PerWorker.GPUs),
+					units.FormatCredits(b.MaxPrice), b.Framework})
+			}
+			c.table("JOB\tFROM\tWORKERS\tPER WORKER\tMAX CREDITS\tFRAMEWORK", rows)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	return cmd
+}

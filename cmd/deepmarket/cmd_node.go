@@ -1,0 +1,157 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/node"
+)
+
+func newInitCmd(c *cli) *cobra.Command {
+	var opts node.InitOptions
+	var bootstrap string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "init",
+		Short: "Create this machine's node: key, config.toml and API token",
+		Long: `Create the node's home directory: an ed25519 node key (its libp2p identity and,
+by default, its account), config.toml with every setting commented, and the
+token that guards the local API.
+
+Without --genesis, the node starts its own local network (chain ID
+deepmarket-local-<random>). With --genesis FILE it joins an existing network.
+An existing home is never overwritten unless --force, which moves it aside.`,
+		Example: `  deepmarket init --moniker lab-pc-12 --site psu-fab-lab
+  deepmarket init --genesis genesis.json --bootstrap /ip4/10.0.0.5/tcp/7701/p2p/12D3KooW...`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if bootstrap != "" {
+				for _, b := range strings.Split(bootstrap, ",") {
+					if b = strings.TrimSpace(b); b != "" {
+						opts.Bootstrap = append(opts.Bootstrap, b)
+					}
+				}
+			}
+			res, err := node.Init(c.home(), opts)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return c.printJSON(map[string]string{"home": res.Home, "peer_id": res.PeerID, "address": string(res.Address), "chain_id": res.ChainID, "backup": res.Backup})
+			}
+			if res.Backup != "" {
+				fmt.Fprintf(c.out, "Moved the old home to %s\n", res.Backup)
+			}
+			fmt.Fprintf(c.out, "Initialised %s\n  peer ID:  %s\n  account:  %s\n  chain ID: %s\nNext: deepmarket node run --home %s\n",
+				res.Home, res.PeerID, res.Address, res.ChainID, res.Home)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Moniker, "moniker", "", "name of this machine as peers see it (default: hostname)")
+	f.StringVar(&opts.Site, "site", "", "site label: your lab or university (default \"default\")")
+	f.StringSliceVar(&opts.Listen, "listen", nil, "libp2p listen multiaddrs (default TCP and QUIC on port 7701)")
+	f.StringVar(&opts.API, "api", "", "local API address HOST:PORT (default 127.0.0.1:7700)")
+	f.StringVar(&bootstrap, "bootstrap", "", "comma-separated peers to join: /ip4/HOST/tcp/PORT/p2p/PEER_ID,...")
+	f.StringVar(&opts.Genesis, "genesis", "", "genesis.json of an existing network to join")
+	f.StringVar(&opts.ChainID, "chain-id", "", "network ID to use instead of a new local one")
+	f.BoolVar(&opts.Force, "force", false, "move an existing home aside and start over")
+	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	return cmd
+}
+
+func newNodeCmd(c *cli) *cobra.Command {
+	cmd := &cobra.Command{Use: "node", Short: "Run the node daemon"}
+	var apiAddr, logLevel string
+	var listen []string
+	run := &cobra.Command{
+		Use:   "run",
+		Short: "Run this machine's node until interrupted",
+		Long: `Run the node in the foreground: the libp2p host, peer discovery, gossip of
+offers and bids, the lender announcing this machine's offer, and the local API
+(with /metrics and /healthz) on 127.0.0.1. SIGINT or SIGTERM stops it cleanly,
+withdrawing this machine's offer first.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			h := c.home()
+			if err := h.Check(); err != nil {
+				return err
+			}
+			cfg, err := node.LoadConfig(h.ConfigPath())
+			if err != nil {
+				return err
+			}
+			if apiAddr != "" {
+				cfg.API.Listen = apiAddr
+			}
+			if len(listen) > 0 {
+				cfg.P2P.Listen = listen
+			}
+			if logLevel != "" {
+				cfg.Log.Level = logLevel
+			}
+			if err := cfg.Validate(); err != nil {
+				return usageError{err}
+			}
+			log := node.NewLogger(os.Stderr, cfg.Log.Level, cfg.Log.Format)
+			node.RouteLibp2pLogs(log, cfg.Log.Libp2pLevel)
+			n, err := node.New(h, cfg, log)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			go func() {
+				select {
+				case <-n.Ready():
+					fmt.Fprintf(os.Stderr, "DeepMarket node %s is running.\n  API and dashboard: %s\n  Stop with Ctrl-C.\n", n.Key().PeerID(), n.APIURL())
+				case <-ctx.Done():
+				}
+			}()
+			go func() { // a stuck shutdown must not hang the machine's service manager
+				<-ctx.Done()
+				time.Sleep(10 * time.Second)
+				fmt.Fprintln(os.Stderr, "error: shutdown took longer than 10s; exiting")
+				os.Exit(1)
+			}()
+			return n.Run(ctx)
+		},
+	}
+	run.Flags().StringVar(&apiAddr, "api", "", "override [api] listen")
+	run.Flags().StringSliceVar(&listen, "listen", nil, "override [p2p] listen")
+	run.Flags().StringVar(&logLevel, "log-level", "", "override [log] level: debug, info, warn, error")
+	cmd.AddCommand(run)
+	return cmd
+}
+
+func newKeysCmd(c *cli) *cobra.Command {
+	cmd := &cobra.Command{Use: "keys", Short: "Show this node's keys"}
+	var asJSON bool
+	show := &cobra.Command{
+		Use:   "show",
+		Short: "Print the node's account address and peer ID (no running node needed)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			k, err := c.home().LoadKey()
+			if err != nil {
+				return err
+			}
+			out := struct {
+				Address identity.Address `json:"address"`
+				PeerID  string           `json:"peer_id"`
+			}{k.Address(), k.PeerID().String()}
+			if asJSON {
+				return c.printJSON(out)
+			}
+			fmt.Fprintf(c.out, "account: %s\npeer ID: %s\n", out.Address, out.PeerID)
+			return nil
+		},
+	}
+	show.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	cmd.AddCommand(show)
+	return cmd
+}

@@ -1,0 +1,39 @@
+// Command deepmarket is DeepMarket's one binary: the node daemon and the
+// CLI that talks to it over its local API.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/deepmarket/deepmarket/node/api"
+)
+
+// exitUsage is the exit status for bad command lines.
+const exitUsage = 2
+
+// usageError marks errors in how a command was called.
+type usageError struct{ error }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := newRoot().ExecuteContext(ctx)
+	stop()
+	if err == nil {
+		return
+	}
+	fmt.Fprintln(os.Stderr, "error:", err)
+	var ue usageError
+	var apiErr *api.Error
+	switch {
+	case errors.As(err, &ue):
+		os.Exit(exitUsage)
+	case errors.As(err, &apiErr) && apiErr.Status == 422:
+		os.Exit(exitUsage)
+	}
+	os.Exit(1)
+}

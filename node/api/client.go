@@ -1,0 +1,127 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// ErrNodeNotRunning means nothing answers at the API address.
+var ErrNodeNotRunning = errors.New("node is not running")
+
+// Client calls a node's local API.
+type Client struct {
+	base  string
+	token string
+	http  *http.Client
+}
+
+// NewClient returns a client for the API at base (http://127.0.0.1:7700).
+func NewClient(base, token string) *Client {
+	return &Client{base: strings.TrimRight(base, "/"), token: token, http: &http.Client{Timeout: 60 * time.Second}}
+}
+
+// Base returns the API's base URL.
+func (c *Client) Base() string { return c.base }
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%w at %s (%v): start it with `deepmarket node run`", ErrNodeNotRunning, c.base, errors.Unwrap(err))
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("read API answer: %w", err)
+	}
+	if resp.StatusCode/100 != 2 {
+		apiErr := &Error{Status: resp.StatusCode}
+		if json.Unmarshal(data, apiErr) != nil || apiErr.Message == "" {
+			apiErr.Message = fmt.Sprintf("API answered %s", resp.Status)
+		}
+		return apiErr
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("decode API answer: %w", err)
+	}
+	return nil
+}
+
+// Status returns the node's status.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	var s Status
+	return s, c.do(ctx, http.MethodGet, "/api/v1/status", nil, &s)
+}
+
+// Inventory returns the machine's inventory.
+func (c *Client) Inventory(ctx context.Context) (Inventory, error) {
+	var inv Inventory
+	return inv, c.do(ctx, http.MethodGet, "/api/v1/inventory", nil, &inv)
+}
+
+// Lend returns what the machine lends.
+func (c *Client) Lend(ctx context.Context) (LendState, error) {
+	var st LendState
+	return st, c.do(ctx, http.MethodGet, "/api/v1/lend", nil, &st)
+}
+
+// SetLend changes what the machine lends and announces it.
+func (c *Client) SetLend(ctx context.Context, req LendRequest) (LendState, error) {
+	var st LendState
+	return st, c.do(ctx, http.MethodPut, "/api/v1/lend", req, &st)
+}
+
+// StopLend withdraws the machine from the market.
+func (c *Client) StopLend(ctx context.Context) (LendState, error) {
+	var st LendState
+	return st, c.do(ctx, http.MethodDelete, "/api/v1/lend", nil, &st)
+}
+
+// Offers lists the offers the node holds.
+func (c *Client) Offers(ctx context.Context) ([]Offer, error) {
+	var out []Offer
+	return out, c.do(ctx, http.MethodGet, "/api/v1/offers", nil, &out)
+}
+
+// Peers lists connected peers.
+func (c *Client) Peers(ctx context.Context) ([]Peer, error) {
+	var out []Peer
+	return out, c.do(ctx, http.MethodGet, "/api/v1/peers", nil, &out)
+}
+
+// Bids lists bids seen recently.
+func (c *Client) Bids(ctx context.Context) ([]SeenBid, error) {
+	var out []SeenBid
+	return out, c.do(ctx, http.MethodGet, "/api/v1/bids", nil, &out)
+}
+
+// PublishBid gossips a bid signed by the node.
+func (c *Client) PublishBid(ctx context.Context, req PublishBidRequest) (SeenBid, error) {
+	var out SeenBid
+	return out, c.do(ctx, http.MethodPost, "/api/v1/bids", req, &out)
+}

@@ -1,0 +1,204 @@
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+//go:embed openapi.json
+var openAPI []byte
+
+// The node implements these; each is what one group of routes needs.
+type (
+	// StatusSource answers /status and /inventory.
+	StatusSource interface {
+		Status() Status
+		Inventory() Inventory
+	}
+	// Lending answers /lend.
+	Lending interface {
+		Lend() LendState
+		SetLend(ctx context.Context, req LendRequest) (LendState, error)
+		StopLend(ctx context.Context) error
+	}
+	// Market answers /offers, /bids and /peers.
+	Market interface {
+		Offers() []Offer
+		Bids() []SeenBid
+		PublishBid(ctx context.Context, req PublishBidRequest) (SeenBid, error)
+		Peers() []Peer
+	}
+)
+
+// FieldError is implemented by validation errors that can name the request
+// field at fault.
+type FieldError interface {
+	error
+	Field() string
+}
+
+// Params configures NewServer.
+type Params struct {
+	Token    string
+	Status   StatusSource
+	Lending  Lending
+	Market   Market
+	Registry *prometheus.Registry
+	Logger   *slog.Logger
+}
+
+// Server is the node's local API.
+type Server struct {
+	p   Params
+	mux *http.ServeMux
+}
+
+// NewServer builds the API's routes.
+func NewServer(p Params) *Server {
+	s := &Server{p: p, mux: http.NewServeMux()}
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(p.Registry, promhttp.HandlerOpts{Registry: p.Registry}))
+	s.mux.HandleFunc("GET /api/v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(openAPI)
+	})
+	s.handle("GET /api/v1/status", func(r *http.Request) (any, error) { return p.Status.Status(), nil })
+	s.handle("GET /api/v1/inventory", func(r *http.Request) (any, error) { return p.Status.Inventory(), nil })
+	s.handle("GET /api/v1/lend", func(r *http.Request) (any, error) { return p.Lending.Lend(), nil })
+	s.handle("PUT /api/v1/lend", func(r *http.Request) (any, error) {
+		var req LendRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return p.Lending.SetLend(r.Context(), req)
+	})
+	s.handle("DELETE /api/v1/lend", func(r *http.Request) (any, error) {
+		if err := p.Lending.StopLend(r.Context()); err != nil {
+			return nil, err
+		}
+		return p.Lending.Lend(), nil
+	})
+	s.handle("GET /api/v1/offers", func(r *http.Request) (any, error) { return nonNil(p.Market.Offers()), nil })
+	s.handle("GET /api/v1/peers", func(r *http.Request) (any, error) { return nonNil(p.Market.Peers()), nil })
+	s.handle("GET /api/v1/bids", func(r *http.Request) (any, error) { return nonNil(p.Market.Bids()), nil })
+	s.handle("POST /api/v1/bids", func(r *http.Request) (any, error) {
+		var req PublishBidRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return p.Market.PublishBid(r.Context(), req)
+	})
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, &Error{Message: "no such endpoint: " + r.Method + " " + r.URL.Path + " (see /api/v1/openapi.json)"})
+	})
+	return s
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// handle registers a token-guarded JSON route.
+func (s *Server) handle(pattern string, fn func(*http.Request) (any, error)) {
+	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="deepmarket"`)
+			writeJSON(w, http.StatusUnauthorized, &Error{Message: "missing or wrong API token (the CLI reads it from api.token in the node's home)"})
+			return
+		}
+		out, err := fn(r)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
+}
+
+func (s *Server) authorized(r *http.Request) bool {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(tok), []byte(s.p.Token)) == 1
+}
+
+// maxBody bounds request bodies; the API takes small JSON documents only.
+const maxBody = 1 << 20
+
+func decodeBody(r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return &Error{Status: http.StatusBadRequest, Message: "bad request body: " + err.Error()}
+	}
+	return nil
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	var apiErr *Error
+	var fieldErr FieldError
+	switch {
+	case errors.As(err, &apiErr):
+		status := apiErr.Status
+		if status == 0 {
+			status = http.StatusBadRequest
+		}
+		writeJSON(w, status, apiErr)
+	case errors.As(err, &fieldErr):
+		writeJSON(w, http.StatusUnprocessableEntity, &Error{Message: err.Error(), Field: fieldErr.Field()})
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		writeJSON(w, http.StatusServiceUnavailable, &Error{Message: err.Error()})
+	default:
+		writeJSON(w, http.StatusInternalServerError, &Error{Message: err.Error()})
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+// Serve answers requests on ln until ctx ends, then shuts down gracefully
+// within two seconds.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.mux,
+		ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.p.Logger.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		srv.Close()
+	}
+	<-errc
+	return nil
+}
+
+// Handler exposes the routes, for tests.
+func (s *Server) Handler() http.Handler { return s.mux }

@@ -1,0 +1,106 @@
+package api
+
+import (
+	"time"
+
+	"github.com/deepmarket/deepmarket/node/inventory"
+	"github.com/deepmarket/deepmarket/p2p"
+)
+
+// Status is `status --json`.
+type Status struct {
+	PeerID   string   `json:"peer_id"`
+	Addrs    []string `json:"addrs"`
+	Account  string   `json:"account"`
+	ChainID  string   `json:"chain_id"`
+	Height   int64    `json:"height"`
+	Peers    int      `json:"peers"`
+	Lending  bool     `json:"lending"`
+	Offering bool     `json:"offering"` // an offer is out now (inside the window)
+	API      string   `json:"api"`
+	Moniker  string   `json:"moniker"`
+	Site     string   `json:"site"`
+	Version  string   `json:"version"`
+	UptimeS  int64    `json:"uptime_s"`
+	Offers   int      `json:"offers"` // offers held from the market
+}
+
+// Inventory is the machine's inventory.
+type Inventory = inventory.Inventory
+
+// LendRequest sets what this machine lends.
+type LendRequest struct {
+	Cores    int         `json:"cores"`
+	MemBytes uint64      `json:"mem_bytes"`
+	GPUs     int         `json:"gpus"`
+	Window   string      `json:"window,omitempty"`
+	Price    *p2p.Prices `json:"price,omitempty"` // nil: the configured defaults
+}
+
+// LendState is what the machine lends now.
+type LendState struct {
+	Lending    bool         `json:"lending"`
+	Settings   *LendRequest `json:"settings,omitempty"`
+	Offering   bool         `json:"offering"`
+	Since      *time.Time   `json:"since,omitempty"`
+	NextChange *time.Time   `json:"next_change,omitempty"` // window opens or closes
+}
+
+// Offer is one entry of `offers --json`.
+type Offer struct {
+	Machine        string        `json:"machine"`
+	Owner          string        `json:"owner"`
+	Moniker        string        `json:"moniker"`
+	Site           string        `json:"site"`
+	Cores          uint32        `json:"cores"`
+	MemBytes       uint64        `json:"mem_bytes"`
+	GPUs           uint32        `json:"gpus"`
+	GPUModels      []p2p.GPU     `json:"gpu_models,omitempty"`
+	DiskBytes      uint64        `json:"disk_bytes"`
+	Allocated      p2p.Resources `json:"allocated"`
+	Price          uint64        `json:"price"` // micro-credits per hour for everything lent
+	Prices         p2p.Prices    `json:"prices"`
+	Window         string        `json:"window,omitempty"`
+	AvailableUntil *time.Time    `json:"available_until,omitempty"`
+	Addrs          []string      `json:"addrs"`
+	Software       p2p.Software  `json:"software"`
+	ExpiresAt      time.Time     `json:"expires_at"`
+	ReceivedAt     time.Time     `json:"received_at"`
+	Self           bool          `json:"self"`
+}
+
+// Peer is one entry of `peers --json`.
+type Peer struct {
+	PeerID     string   `json:"peer_id"`
+	Moniker    string   `json:"moniker,omitempty"`
+	Site       string   `json:"site,omitempty"`
+	Version    string   `json:"version,omitempty"`
+	DeepMarket bool     `json:"deepmarket"`
+	LatencyMS  float64  `json:"latency_ms"`
+	Score      float64  `json:"score"`
+	Direction  string   `json:"direction"`
+	Addrs      []string `json:"addrs"`
+}
+
+// SeenBid is one entry of `bids --json`.
+type SeenBid struct {
+	p2p.Bid
+	From       string    `json:"from"`
+	ReceivedAt time.Time `json:"received_at"`
+	ExpiresAt  time.Time `json:"expires_at"`
+}
+
+// PublishBidRequest asks the node to gossip a bid signed by its key.
+type PublishBidRequest struct {
+	Bid p2p.Bid `json:"bid"`
+	TTL string  `json:"ttl,omitempty"` // Go duration; default 10m
+}
+
+// Error is the body of every non-2xx answer.
+type Error struct {
+	Status  int    `json:"-"`
+	Message string `json:"error"`
+	Field   string `json:"field,omitempty"` // the request field at fault
+}
+
+func (e *Error) Error() string { return e.Message }

@@ -1,0 +1,387 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/units"
+)
+
+// Config is the node's configuration: defaults, then config.toml, then
+// DEEPMARKET_<SECTION>_<KEY> environment variables, then flags.
+type Config struct {
+	Node      NodeConfig      `toml:"node"`
+	P2P       P2PConfig       `toml:"p2p"`
+	API       APIConfig       `toml:"api"`
+	Inventory InventoryConfig `toml:"inventory"`
+	Prices    PricesConfig    `toml:"prices"`
+	Log       LogConfig       `toml:"log"`
+}
+
+// NodeConfig names the node and its network.
+type NodeConfig struct {
+	Moniker string `toml:"moniker"`
+	Site    string `toml:"site"`
+	ChainID string `toml:"chain_id"`
+}
+
+// P2PConfig configures the libp2p host, discovery and gossip.
+type P2PConfig struct {
+	Listen           []string `toml:"listen"`
+	Bootstrap        []string `toml:"bootstrap"`
+	MDNS             bool     `toml:"mdns"`
+	DHT              string   `toml:"dht"`
+	ConnLow          int      `toml:"conn_low"`
+	ConnHigh         int      `toml:"conn_high"`
+	OfferTTL         Duration `toml:"offer_ttl"`
+	AnnounceInterval Duration `toml:"announce_interval"`
+}
+
+// APIConfig configures the local HTTP API.
+type APIConfig struct {
+	Listen string `toml:"listen"`
+}
+
+// InventoryConfig says how the machine's software is probed.
+type InventoryConfig struct {
+	Python string `toml:"python"`
+}
+
+// PricesConfig holds default reserve prices in credits per unit-hour, used
+// when `lend` names none.
+type PricesConfig struct {
+	CoreHour   string `toml:"core_hour"`
+	MemGiBHour string `toml:"mem_gib_hour"`
+	GPUHour    string `toml:"gpu_hour"`
+}
+
+// LogConfig configures logging.
+type LogConfig struct {
+	Level       string `toml:"level"`
+	Format      string `toml:"format"`
+	Libp2pLevel string `toml:"libp2p_level"`
+}
+
+// Duration is a time.Duration written as "30s" in TOML.
+type Duration struct{ time.Duration }
+
+// UnmarshalText parses a Go duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("duration %q: want e.g. 30s, 5m", b)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalText prints the duration.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// Default ports: the API on 7700, libp2p on 7701 (TCP and QUIC).
+const (
+	DefaultAPIListen = "127.0.0.1:7700"
+	DefaultP2PPort   = 7701
+)
+
+// DefaultConfig returns the built-in defaults.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		Node: NodeConfig{Moniker: sanitizeLabel(host), Site: "default"},
+		P2P: P2PConfig{
+			Listen: []string{
+				fmt.Sprintf("/ip4/0.0.0.0/tcp/%d", DefaultP2PPort),
+				fmt.Sprintf("/ip4/0.0.0.0/udp/%d/quic-v1", DefaultP2PPort),
+				fmt.Sprintf("/ip6/::/tcp/%d", DefaultP2PPort),
+				fmt.Sprintf("/ip6/::/udp/%d/quic-v1", DefaultP2PPort),
+			},
+			MDNS:             true,
+			DHT:              p2p.DHTAuto,
+			ConnLow:          64,
+			ConnHigh:         192,
+			OfferTTL:         Duration{90 * time.Second},
+			AnnounceInterval: Duration{30 * time.Second},
+		},
+		API:       APIConfig{Listen: DefaultAPIListen},
+		Inventory: InventoryConfig{Python: "python3"},
+		Prices:    PricesConfig{CoreHour: "0.1", MemGiBHour: "0.02", GPUHour: "1"},
+		Log:       LogConfig{Level: "info", Format: "text", Libp2pLevel: "warn"},
+	}
+}
+
+func sanitizeLabel(s string) string {
+	var b strings.Builder
+	for _, c := range s {
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_' {
+			b.WriteRune(c)
+		}
+	}
+	if b.Len() == 0 {
+		return "node"
+	}
+	out := b.String()
+	if len(out) > 64 {
+		out = out[:64]
+	}
+	return out
+}
+
+// LoadConfig reads path over the defaults, then applies DEEPMARKET_*
+// environment overrides. Errors name the file, the line where known, and
+// the key.
+func LoadConfig(path string) (Config, error) {
+	cfg := DefaultConfig()
+	md, err := toml.DecodeFile(path, &cfg)
+	if err != nil {
+		var perr toml.ParseError
+		if errors.As(err, &perr) {
+			return Config{}, fmt.Errorf("%s:%d: %s", path, perr.Position.Line, perr.Message)
+		}
+		if errors.Is(err, os.ErrNotExist) {
+			return Config{}, fmt.Errorf("%w: no config at %s", ErrNoHome, path)
+		}
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	if undec := md.Undecoded(); len(undec) > 0 {
+		return Config{}, fmt.Errorf("%s: unknown key %q (check the spelling against the comments in the file)", path, undec[0].String())
+	}
+	if err := applyEnv(&cfg, os.Environ()); err != nil {
+		return Config{}, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// applyEnv sets every config key that has a DEEPMARKET_<SECTION>_<KEY>
+// variable, e.g. DEEPMARKET_API_LISTEN=127.0.0.1:7800. Lists are
+// comma-separated.
+func applyEnv(cfg *Config, environ []string) error {
+	env := map[string]string{}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "DEEPMARKET_") {
+			env[k] = v
+		}
+	}
+	root := reflect.ValueOf(cfg).Elem()
+	for i := 0; i < root.NumField(); i++ {
+		section := root.Type().Field(i).Tag.Get("toml")
+		sv := root.Field(i)
+		for j := 0; j < sv.NumField(); j++ {
+			key := sv.Type().Field(j).Tag.Get("toml")
+			name := "DEEPMARKET_" + strings.ToUpper(section+"_"+key)
+			val, ok := env[name]
+			if !ok {
+				continue
+			}
+			f := sv.Field(j)
+			var err error
+			switch f.Interface().(type) {
+			case string:
+				f.SetString(val)
+			case bool:
+				switch strings.ToLower(val) {
+				case "1", "true", "yes", "on":
+					f.SetBool(true)
+				case "0", "false", "no", "off":
+					f.SetBool(false)
+				default:
+					err = fmt.Errorf("want true or false")
+				}
+			case int:
+				var n int
+				if _, err = fmt.Sscan(val, &n); err == nil {
+					f.SetInt(int64(n))
+				}
+			case []string:
+				var list []string
+				for _, s := range strings.Split(val, ",") {
+					if s = strings.TrimSpace(s); s != "" {
+						list = append(list, s)
+					}
+				}
+				f.Set(reflect.ValueOf(list))
+			case Duration:
+				var d Duration
+				if err = d.UnmarshalText([]byte(val)); err == nil {
+					f.Set(reflect.ValueOf(d))
+				}
+			}
+			if err != nil {
+				return fmt.Errorf("environment %s=%q: %v", name, val, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Validate checks every section; errors name the section and key.
+func (c *Config) Validate() error {
+	bad := func(key, format string, args ...any) error {
+		return fmt.Errorf("[%s]: %s", key, fmt.Sprintf(format, args...))
+	}
+	if c.Node.ChainID == "" {
+		return bad("node] chain_id", "is empty; run `deepmarket init` to make a home")
+	}
+	if err := checkConfigLabel(c.Node.Moniker); err != nil {
+		return bad("node] moniker", "%v", err)
+	}
+	if err := checkConfigLabel(c.Node.Site); err != nil {
+		return bad("node] site", "%v", err)
+	}
+	if len(c.P2P.Listen) == 0 {
+		return bad("p2p] listen", "no listen address; e.g. [\"/ip4/0.0.0.0/tcp/7701\"]")
+	}
+	for _, a := range c.P2P.Listen {
+		if err := checkMultiaddr(a); err != nil {
+			return bad("p2p] listen", "%v", err)
+		}
+	}
+	if _, err := p2p.AddrInfos(c.P2P.Bootstrap); err != nil {
+		return bad("p2p] bootstrap", "%v", err)
+	}
+	switch c.P2P.DHT {
+	case p2p.DHTAuto, p2p.DHTServer, p2p.DHTClient, p2p.DHTOff:
+	default:
+		return bad("p2p] dht", "%q: want auto, server, client or off", c.P2P.DHT)
+	}
+	if c.P2P.ConnLow <= 0 || c.P2P.ConnHigh < c.P2P.ConnLow {
+		return bad("p2p] conn_low/conn_high", "want 0 < conn_low <= conn_high, have %d and %d", c.P2P.ConnLow, c.P2P.ConnHigh)
+	}
+	if c.P2P.OfferTTL.Duration < 10*time.Second || c.P2P.OfferTTL.Duration > time.Hour {
+		return bad("p2p] offer_ttl", "%s: want between 10s and 1h", c.P2P.OfferTTL)
+	}
+	if c.P2P.AnnounceInterval.Duration <= 0 || c.P2P.AnnounceInterval.Duration > c.P2P.OfferTTL.Duration/2 {
+		return bad("p2p] announce_interval", "%s: want positive and at most half of offer_ttl (%s), so an offer never lapses between announcements",
+			c.P2P.AnnounceInterval, c.P2P.OfferTTL)
+	}
+	host, _, err := net.SplitHostPort(c.API.Listen)
+	if err != nil {
+		return bad("api] listen", "%q: want HOST:PORT, e.g. 127.0.0.1:7700", c.API.Listen)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return bad("api] listen", "%q: the API serves on loopback only (127.0.0.1 or [::1])", c.API.Listen)
+	}
+	if c.Inventory.Python == "" {
+		return bad("inventory] python", "is empty; e.g. \"python3\"")
+	}
+	for key, v := range map[string]string{"core_hour": c.Prices.CoreHour, "mem_gib_hour": c.Prices.MemGiBHour, "gpu_hour": c.Prices.GPUHour} {
+		if _, err := units.ParseCredits(v); err != nil {
+			return bad("prices] "+key, "%v", err)
+		}
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		return bad("log] level", "%q: want debug, info, warn or error", c.Log.Level)
+	}
+	switch c.Log.Libp2pLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return bad("log] libp2p_level", "%q: want debug, info, warn or error", c.Log.Libp2pLevel)
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		return bad("log] format", "%q: want text or json", c.Log.Format)
+	}
+	return nil
+}
+
+func checkConfigLabel(s string) error {
+	if s == "" || len(s) > 64 {
+		return fmt.Errorf("%q: want 1 to 64 characters", s)
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("-._ ", c)) {
+			return fmt.Errorf("%q: use letters, digits, '-', '.', '_' and spaces", s)
+		}
+	}
+	return nil
+}
+
+// DefaultPrices returns the configured default reserve prices.
+func (c *Config) DefaultPrices() p2p.Prices {
+	core, _ := units.ParseCredits(c.Prices.CoreHour)
+	mem, _ := units.ParseCredits(c.Prices.MemGiBHour)
+	gpu, _ := units.ParseCredits(c.Prices.GPUHour)
+	return p2p.Prices{CoreHour: core, MemGiBHour: mem, GPUHour: gpu}
+}
+
+// configTemplate is config.toml as `init` writes it: every setting with a
+// comment saying what it does.
+const configTemplate = `# DeepMarket node configuration.
+# Precedence: built-in defaults < this file < DEEPMARKET_<SECTION>_<KEY>
+# environment variables (e.g. DEEPMARKET_API_LISTEN) < command-line flags.
+
+[node]
+# Name shown to other members for this machine.
+moniker = {{lit .Node.Moniker}}
+# Site label: your lab or university. Schedulers prefer placing one job's
+# workers within a site.
+site = {{lit .Node.Site}}
+# The network this node belongs to. Set by init (from --genesis when joining
+# an existing network); nodes only talk to nodes of the same chain ID.
+chain_id = {{lit .Node.ChainID}}
+
+[p2p]
+# Addresses libp2p listens on (TCP and QUIC, IPv4 and IPv6).
+listen = {{lit .P2P.Listen}}
+# Peers to connect to at start, as /ip4/HOST/tcp/PORT/p2p/PEER_ID. Needed
+# to join peers outside this LAN; with any set, the DHT runs (see dht).
+bootstrap = {{lit .P2P.Bootstrap}}
+# Find peers of the same network on the local network by mDNS.
+mdns = {{lit .P2P.MDNS}}
+# Kademlia DHT for finding peers across sites: "auto" (on when bootstrap
+# peers are set), "server", "client" or "off".
+dht = {{lit .P2P.DHT}}
+# Connection manager watermarks: above conn_high, idle connections are
+# trimmed down to conn_low.
+conn_low = {{lit .P2P.ConnLow}}
+conn_high = {{lit .P2P.ConnHigh}}
+# How long peers keep this machine's offer without hearing it again.
+offer_ttl = {{lit .P2P.OfferTTL}}
+# How often the offer is re-announced (at most half of offer_ttl); it is
+# also announced at once whenever it changes.
+announce_interval = {{lit .P2P.AnnounceInterval}}
+
+[api]
+# The local HTTP API, /metrics and the dashboard. Loopback only; the CLI
+# authenticates with the token in api.token beside this file.
+listen = {{lit .API.Listen}}
+
+[inventory]
+# The Python interpreter probed for TensorFlow and used to run workers.
+python = {{lit .Inventory.Python}}
+
+[prices]
+# Default reserve prices, in credits per unit-hour, when ` + "`lend`" + ` names none.
+core_hour = {{lit .Prices.CoreHour}}
+mem_gib_hour = {{lit .Prices.MemGiBHour}}
+gpu_hour = {{lit .Prices.GPUHour}}
+
+[log]
+# debug, info, warn or error.
+level = {{lit .Log.Level}}
+# text or json.
+format = {{lit .Log.Format}}
+# Level for messages from libp2p's own subsystems.
+libp2p_level = {{lit .Log.Libp2pLevel}}
+`
+
+// Render writes the config as commented TOML.
+func (c *Config) Render() (string, error) {
+	var b strings.Builder
+	err := renderTemplate(&b, configTemplate, c)
+	return b.String(), err
+}

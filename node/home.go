@@ -1,0 +1,228 @@
+package node
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/deepmarket/deepmarket/identity"
+)
+
+// ErrNoHome means the home directory has not been initialised.
+var ErrNoHome = errors.New("no DeepMarket home")
+
+// ErrHomeExists means init would overwrite an existing home.
+var ErrHomeExists = errors.New("home already initialised")
+
+// Home is the node's home directory and the files in it.
+type Home struct{ Dir string }
+
+// DefaultHomeDir returns $DEEPMARKET_HOME, else ~/.deepmarket.
+func DefaultHomeDir() string {
+	if h := os.Getenv("DEEPMARKET_HOME"); h != "" {
+		return h
+	}
+	if d, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(d, ".deepmarket")
+	}
+	return ".deepmarket"
+}
+
+// ConfigPath is config.toml.
+func (h Home) ConfigPath() string { return filepath.Join(h.Dir, "config.toml") }
+
+// KeyPath is the node's ed25519 key.
+func (h Home) KeyPath() string { return filepath.Join(h.Dir, "node.key") }
+
+// TokenPath is the API token the CLI presents.
+func (h Home) TokenPath() string { return filepath.Join(h.Dir, "api.token") }
+
+// APIAddrPath holds the running node's API address (written at start).
+func (h Home) APIAddrPath() string { return filepath.Join(h.Dir, "api.addr") }
+
+// StoreDir is the badger node store.
+func (h Home) StoreDir() string { return filepath.Join(h.Dir, "data", "node") }
+
+// GenesisPath is the network's genesis file, when joined with --genesis.
+func (h Home) GenesisPath() string { return filepath.Join(h.Dir, "genesis.json") }
+
+// Check reports ErrNoHome, with what to do, when the home is missing.
+func (h Home) Check() error {
+	if _, err := os.Stat(h.ConfigPath()); err != nil {
+		return fmt.Errorf("%w at %s: run `deepmarket init --home %s` first", ErrNoHome, h.Dir, h.Dir)
+	}
+	return nil
+}
+
+// LoadKey reads the node key.
+func (h Home) LoadKey() (*identity.Key, error) {
+	if err := h.Check(); err != nil {
+		return nil, err
+	}
+	return identity.LoadKey(h.KeyPath())
+}
+
+// LoadToken reads the API token.
+func (h Home) LoadToken() (string, error) {
+	b, err := os.ReadFile(h.TokenPath())
+	if err != nil {
+		return "", fmt.Errorf("read API token: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// InitOptions are init's settings; empty fields keep the defaults.
+type InitOptions struct {
+	Moniker   string
+	Site      string
+	Listen    []string
+	API       string
+	Bootstrap []string
+	ChainID   string
+	Genesis   string // path to a genesis.json to join
+	Force     bool
+}
+
+// InitResult says what Init made.
+type InitResult struct {
+	Home    string
+	PeerID  string
+	Address identity.Address
+	ChainID string
+	Backup  string // where --force moved the old home, if it did
+}
+
+// Init creates a home: node key, config.toml and API token. It refuses to
+// touch an existing home unless opts.Force, which moves the old one aside
+// rather than deleting it.
+func Init(h Home, opts InitOptions) (*InitResult, error) {
+	res := &InitResult{Home: h.Dir}
+	cfg := DefaultConfig()
+	if opts.Moniker != "" {
+		cfg.Node.Moniker = opts.Moniker
+	}
+	if opts.Site != "" {
+		cfg.Node.Site = opts.Site
+	}
+	if len(opts.Listen) > 0 {
+		cfg.P2P.Listen = opts.Listen
+	}
+	if opts.API != "" {
+		cfg.API.Listen = opts.API
+	}
+	cfg.P2P.Bootstrap = opts.Bootstrap
+	var genesis []byte
+	switch {
+	case opts.Genesis != "":
+		var err error
+		genesis, err = os.ReadFile(opts.Genesis)
+		if err != nil {
+			return nil, fmt.Errorf("--genesis: %w", err)
+		}
+		var g struct {
+			ChainID string `json:"chain_id"`
+		}
+		if err := json.Unmarshal(genesis, &g); err != nil {
+			return nil, fmt.Errorf("--genesis %s: not a genesis JSON file: %v", opts.Genesis, err)
+		}
+		if g.ChainID == "" {
+			return nil, fmt.Errorf("--genesis %s: no chain_id", opts.Genesis)
+		}
+		cfg.Node.ChainID = g.ChainID
+	case opts.ChainID != "":
+		cfg.Node.ChainID = opts.ChainID
+	default:
+		var b [4]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, err
+		}
+		cfg.Node.ChainID = "deepmarket-local-" + hex.EncodeToString(b[:])
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	text, err := cfg.Render()
+	if err != nil {
+		return nil, fmt.Errorf("render config: %w", err)
+	}
+
+	if entries, err := os.ReadDir(h.Dir); err == nil && len(entries) > 0 {
+		if !opts.Force {
+			return nil, fmt.Errorf("%w at %s: pass --force to move it aside and start over, or use another --home", ErrHomeExists, h.Dir)
+		}
+		res.Backup = fmt.Sprintf("%s.backup-%d", strings.TrimRight(h.Dir, "/"), time.Now().Unix())
+		if err := os.Rename(h.Dir, res.Backup); err != nil {
+			return nil, fmt.Errorf("move old home aside: %w", err)
+		}
+	}
+	if err := os.MkdirAll(h.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create home: %w", err)
+	}
+	key, err := identity.GenerateKey()
+	if err != nil {
+		return nil, err
+	}
+	if err := identity.SaveKey(h.KeyPath(), key); err != nil {
+		return nil, err
+	}
+	var tok [32]byte
+	if _, err := rand.Read(tok[:]); err != nil {
+		return nil, err
+	}
+	if err := writeFileAtomic(h.TokenPath(), []byte(hex.EncodeToString(tok[:])+"\n"), 0o600); err != nil {
+		return nil, fmt.Errorf("write API token: %w", err)
+	}
+	if genesis != nil {
+		if err := writeFileAtomic(h.GenesisPath(), genesis, 0o644); err != nil {
+			return nil, fmt.Errorf("write genesis: %w", err)
+		}
+	}
+	if err := writeFileAtomic(h.ConfigPath(), []byte(text), 0o644); err != nil {
+		return nil, fmt.Errorf("write config: %w", err)
+	}
+	res.PeerID = key.PeerID().String()
+	res.Address = key.Address()
+	res.ChainID = cfg.Node.ChainID
+	return res, nil
+}
+
+// writeFileAtomic writes via a temporary file and rename, so a crash never
+// leaves a half-written file.
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+func checkMultiaddr(s string) error {
+	if _, err := ma.NewMultiaddr(s); err != nil {
+		return fmt.Errorf("%q is not a multiaddr: %v (e.g. /ip4/0.0.0.0/tcp/7701)", s, err)
+	}
+	return nil
+}

@@ -1,0 +1,153 @@
+package inventory
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/deepmarket/deepmarket/p2p"
+)
+
+// Inventory is what this machine has: the ceiling for what it may lend.
+type Inventory struct {
+	Cores      int       `json:"cores"`
+	MemBytes   uint64    `json:"mem_bytes"`
+	GPUs       []p2p.GPU `json:"gpus"`
+	DiskFree   uint64    `json:"disk_free_bytes"`
+	OS         string    `json:"os"`
+	Arch       string    `json:"arch"`
+	Python     string    `json:"python,omitempty"`     // version, empty if none
+	TensorFlow string    `json:"tensorflow,omitempty"` // version, empty if not importable
+}
+
+// Detect probes the machine: cores, memory, GPUs (through
+// nvidia-smi when it is on PATH), free disk under dir, and whether python
+// can import TensorFlow. Probes that fail leave their fields empty; the
+// TensorFlow probe is bounded by ctx.
+func Detect(ctx context.Context, dir, python string) Inventory {
+	inv := Inventory{Cores: runtime.NumCPU(), OS: runtime.GOOS, Arch: runtime.GOARCH}
+	inv.MemBytes = memTotal()
+	inv.DiskFree = diskFree(dir)
+	inv.GPUs = detectGPUs(ctx)
+	inv.Python, inv.TensorFlow = detectPython(ctx, python)
+	return inv
+}
+
+func memTotal() uint64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 2 && fields[0] == "MemTotal:" {
+			kb, _ := strconv.ParseUint(fields[1], 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+func diskFree(dir string) uint64 {
+	for ; dir != ""; dir = parentDir(dir) {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(dir, &st); err == nil {
+			return st.Bavail * uint64(st.Bsize)
+		}
+	}
+	return 0
+}
+
+func parentDir(d string) string {
+	i := strings.LastIndexByte(strings.TrimRight(d, "/"), '/')
+	if i <= 0 {
+		if d == "/" {
+			return ""
+		}
+		return "/"
+	}
+	return d[:i]
+}
+
+// detectGPUs asks nvidia-smi for each GPU's index, name and memory.
+func detectGPUs(ctx context.Context) []p2p.GPU {
+	path, err := exec.LookPath("nvidia-smi")
+	if err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, path, "--query-gpu=index,name,memory.total",
+		"--format=csv,noheader,nounits").Output()
+	if err != nil {
+		return nil
+	}
+	return parseNvidiaSMI(out)
+}
+
+// parseNvidiaSMI reads "index, name, memory MiB" lines.
+func parseNvidiaSMI(out []byte) []p2p.GPU {
+	var gpus []p2p.GPU
+	for _, line := range strings.Split(string(out), "\n") {
+		parts := strings.Split(line, ",")
+		if len(parts) != 3 {
+			continue
+		}
+		idx, err1 := strconv.ParseUint(strings.TrimSpace(parts[0]), 10, 32)
+		mib, err2 := strconv.ParseUint(strings.TrimSpace(parts[2]), 10, 64)
+		name := strings.TrimSpace(parts[1])
+		if err1 != nil || err2 != nil || name == "" {
+			continue
+		}
+		gpus = append(gpus, p2p.GPU{Index: uint32(idx), Model: name, MemBytes: mib << 20})
+	}
+	return gpus
+}
+
+// detectPython returns python's version and TensorFlow's, if importable.
+// Importing TensorFlow takes seconds, so this runs off the start-up path.
+func detectPython(ctx context.Context, python string) (string, string) {
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	const probe = `import platform, sys
+print(platform.python_version())
+sys.stdout.flush()
+try:
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+    print(tf.__version__)
+except Exception:
+    print("")
+`
+	out, err := exec.CommandContext(ctx, python, "-c", probe).Output()
+	if err != nil && len(out) == 0 {
+		return "", ""
+	}
+	lines := strings.Split(string(bytes.TrimRight(out, "\n")), "\n")
+	py := strings.TrimSpace(lines[0])
+	tf := ""
+	if len(lines) > 1 {
+		tf = strings.TrimSpace(lines[len(lines)-1])
+	}
+	return py, tf
+}
+
+// String summarises the inventory for logs and the CLI.
+func (inv Inventory) String() string {
+	tf := "no TensorFlow"
+	if inv.TensorFlow != "" {
+		tf = "TensorFlow " + inv.TensorFlow
+	}
+	return fmt.Sprintf("%d cores, %d MiB memory, %d GPUs, %s", inv.Cores, inv.MemBytes>>20, len(inv.GPUs), tf)
+}

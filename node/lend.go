@@ -1,0 +1,261 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/inventory"
+	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/units"
+)
+
+// lendKey is where the lend settings live in the node store.
+const lendKey = "lend/settings"
+
+// LendSettings is what the owner lends; they survive restarts.
+type LendSettings struct {
+	Cores    int        `json:"cores"`
+	MemBytes uint64     `json:"mem_bytes"`
+	GPUs     int        `json:"gpus"`
+	Window   string     `json:"window,omitempty"`
+	Price    p2p.Prices `json:"price"`
+	Since    time.Time  `json:"since"`
+}
+
+// LendError is a lend request the inventory cannot satisfy; it names the
+// field at fault so the CLI and dashboard can point at it.
+type LendError struct {
+	field, msg string
+}
+
+func (e *LendError) Error() string { return e.msg }
+
+// Field names the request field at fault.
+func (e *LendError) Field() string { return e.field }
+
+var _ api.FieldError = (*LendError)(nil)
+
+// ValidateLend checks a request against the machine's inventory and fills
+// default prices.
+func ValidateLend(req api.LendRequest, inv inventory.Inventory, defaults p2p.Prices) (LendSettings, error) {
+	bad := func(field, format string, args ...any) (LendSettings, error) {
+		return LendSettings{}, &LendError{field, fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case req.Cores <= 0:
+		return bad("cores", "cores must be at least 1 (have %d)", req.Cores)
+	case req.Cores > inv.Cores:
+		return bad("cores", "cannot lend %d cores: this machine has %d", req.Cores, inv.Cores)
+	case req.MemBytes == 0:
+		return bad("mem_bytes", "memory must be more than 0")
+	case req.MemBytes > inv.MemBytes:
+		return bad("mem_bytes", "cannot lend %s of memory: this machine has %s", units.FormatSize(req.MemBytes), units.FormatSize(inv.MemBytes))
+	case req.GPUs < 0:
+		return bad("gpus", "GPUs cannot be negative (have %d)", req.GPUs)
+	case req.GPUs > len(inv.GPUs):
+		return bad("gpus", "cannot lend %d GPUs: this machine has %d (detected with nvidia-smi)", req.GPUs, len(inv.GPUs))
+	}
+	if req.Window != "" {
+		if _, err := p2p.ParseWindow(req.Window); err != nil {
+			return bad("window", "%v", err)
+		}
+	}
+	price := defaults
+	if req.Price != nil {
+		price = *req.Price
+	}
+	if price.CoreHour > p2p.MaxUnitPrice || price.MemGiBHour > p2p.MaxUnitPrice || price.GPUHour > p2p.MaxUnitPrice {
+		return bad("price", "a reserve price may be at most %s credits per unit-hour", units.FormatCredits(p2p.MaxUnitPrice))
+	}
+	return LendSettings{Cores: req.Cores, MemBytes: req.MemBytes, GPUs: req.GPUs, Window: req.Window, Price: price}, nil
+}
+
+// LenderParams configures a Lender.
+type LenderParams struct {
+	Store     *Store
+	Topic     *p2p.Topic
+	Offer     func(LendSettings, time.Time) p2p.Offer // builds the offer to announce
+	Inventory func() inventory.Inventory
+	Defaults  p2p.Prices
+	TTL       time.Duration
+	Interval  time.Duration
+	Logger    *slog.Logger
+}
+
+// Lender owns this machine's presence in the market: its lend settings and
+// the signed offer announced for them, periodically, on change, and only
+// inside the availability window; leaving the window or `lend --stop`
+// gossips a withdrawal.
+type Lender struct {
+	p     LenderParams
+	wake  chan struct{}
+	mu    sync.Mutex
+	set   *LendSettings
+	out   bool // an offer of ours is live in the market
+	until time.Time
+}
+
+// NewLender loads persisted settings.
+func NewLender(p LenderParams) (*Lender, error) {
+	l := &Lender{p: p, wake: make(chan struct{}, 1)}
+	var s LendSettings
+	found, err := p.Store.Get(lendKey, &s)
+	if err != nil {
+		return nil, err
+	}
+	if found {
+		l.set = &s
+	}
+	return l, nil
+}
+
+// State reports the settings and whether an offer is out.
+func (l *Lender) State(now time.Time) api.LendState {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := api.LendState{Lending: l.set != nil, Offering: l.out}
+	if l.set != nil {
+		price := l.set.Price
+		st.Settings = &api.LendRequest{Cores: l.set.Cores, MemBytes: l.set.MemBytes, GPUs: l.set.GPUs, Window: l.set.Window, Price: &price}
+		since := l.set.Since
+		st.Since = &since
+		if w, err := p2p.ParseWindow(l.set.Window); err == nil {
+			_, change := w.Next(now)
+			st.NextChange = &change
+		}
+	}
+	return st
+}
+
+// Set validates, persists and announces new settings.
+func (l *Lender) Set(ctx context.Context, req api.LendRequest) (api.LendState, error) {
+	s, err := ValidateLend(req, l.p.Inventory(), l.p.Defaults)
+	if err != nil {
+		return api.LendState{}, err
+	}
+	s.Since = time.Now().UTC().Truncate(time.Second)
+	if err := l.p.Store.Put(lendKey, s); err != nil {
+		return api.LendState{}, err
+	}
+	l.mu.Lock()
+	l.set = &s
+	err = l.syncLocked(ctx, time.Now(), true)
+	l.mu.Unlock()
+	if err != nil {
+		return api.LendState{}, fmt.Errorf("settings saved, but announcing failed (it will be retried): %w", err)
+	}
+	return l.State(time.Now()), nil
+}
+
+// Stop forgets the settings and withdraws the offer at once.
+func (l *Lender) Stop(ctx context.Context) error {
+	if err := l.p.Store.Delete(lendKey); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.set = nil
+	return l.syncLocked(ctx, time.Now(), true)
+}
+
+// Refresh re-announces at once (the inventory or addresses changed).
+func (l *Lender) Refresh() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// syncLocked makes the market match the settings: announce when lending
+// inside the window (always when force or when due), withdraw otherwise.
+func (l *Lender) syncLocked(ctx context.Context, now time.Time, force bool) error {
+	want := l.set != nil
+	var until time.Time
+	if want && l.set.Window != "" {
+		w, err := p2p.ParseWindow(l.set.Window)
+		if err != nil {
+			return err
+		}
+		var inside bool
+		inside, until = w.Next(now)
+		want = inside
+	}
+	switch {
+	case want:
+		offer := l.p.Offer(*l.set, now)
+		if !until.IsZero() {
+			offer.AvailableUntil = until.Unix()
+		}
+		ttl := l.p.TTL
+		if !until.IsZero() && until.Sub(now) < ttl {
+			ttl = until.Sub(now) // never advertise past the window
+		}
+		if err := l.p.Topic.Publish(ctx, p2p.TypeOffer, &offer, ttl); err != nil {
+			return err
+		}
+		l.out, l.until = true, until
+		l.p.Logger.Debug("announced offer", "cores", offer.Lent.Cores, "mem", offer.Lent.MemBytes, "ttl", ttl)
+	case l.out || force:
+		reason := "lend stopped"
+		if l.set != nil {
+			reason = "outside availability window"
+		}
+		if err := l.p.Topic.Publish(ctx, p2p.TypeWithdrawal, &p2p.Withdrawal{Machine: l.p.Topic.Signer().String(), Reason: reason}, l.p.TTL); err != nil {
+			return err
+		}
+		l.out = false
+		l.p.Logger.Info("withdrew offer", "reason", reason)
+	}
+	return nil
+}
+
+// Run announces every interval, at window boundaries, and on Refresh,
+// until ctx ends; then it withdraws the offer so peers drop it at once.
+func (l *Lender) Run(ctx context.Context) error {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			l.mu.Lock()
+			if l.out {
+				wctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				l.p.Topic.Publish(wctx, p2p.TypeWithdrawal, &p2p.Withdrawal{Machine: l.p.Topic.Signer().String(), Reason: "node stopping"}, l.p.TTL)
+				cancel()
+				l.out = false
+			}
+			l.mu.Unlock()
+			return nil
+		case <-timer.C:
+		case <-l.wake:
+		}
+		now := time.Now()
+		l.mu.Lock()
+		if err := l.syncLocked(ctx, now, false); err != nil && ctx.Err() == nil {
+			l.p.Logger.Warn("announce offer", "err", err)
+		}
+		next := l.p.Interval
+		if !l.until.IsZero() && l.until.Sub(now) < next {
+			next = l.until.Sub(now) + time.Second
+		}
+		if l.set != nil && l.set.Window != "" && !l.out {
+			if w, err := p2p.ParseWindow(l.set.Window); err == nil {
+				if _, change := w.Next(now); change.Sub(now) < next {
+					next = change.Sub(now) + time.Second
+				}
+			}
+		}
+		l.mu.Unlock()
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(next)
+	}
+}

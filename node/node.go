@@ -1,0 +1,313 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/inventory"
+	"github.com/deepmarket/deepmarket/p2p"
+)
+
+// Version is the DeepMarket release, set at build time with -ldflags.
+var Version = "0.1.0-dev"
+
+// Node is one DeepMarket daemon.
+type Node struct {
+	home    Home
+	cfg     Config
+	key     *identity.Key
+	log     *slog.Logger
+	reg     *prometheus.Registry
+	token   string
+	ready   chan struct{}
+	started time.Time
+
+	// Set while Run runs, before ready is closed.
+	host   host.Host
+	gossip *p2p.Gossip
+	store  *Store
+	lender *Lender
+	book   *OfferBook
+	bids   *BidLog
+	peers  *p2p.PeerWatcher
+	apiURL string
+	inv    atomic.Pointer[inventory.Inventory]
+}
+
+// New loads the key and token from home; it opens nothing.
+func New(home Home, cfg Config, log *slog.Logger) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	key, err := home.LoadKey()
+	if err != nil {
+		return nil, err
+	}
+	token, err := home.LoadToken()
+	if err != nil {
+		return nil, err
+	}
+	return &Node{home: home, cfg: cfg, key: key, log: log, reg: prometheus.NewRegistry(), token: token, ready: make(chan struct{})}, nil
+}
+
+// Ready is closed once every service has started.
+func (n *Node) Ready() <-chan struct{} { return n.ready }
+
+// APIURL is the API's base URL (valid after Ready).
+func (n *Node) APIURL() string { return n.apiURL }
+
+// Host is the libp2p host (valid after Ready).
+func (n *Node) Host() host.Host { return n.host }
+
+// Key is the node's key.
+func (n *Node) Key() *identity.Key { return n.key }
+
+// Run starts every service and blocks until ctx ends or one fails; then it
+// stops them all, withdrawing this machine's offer, and returns.
+func (n *Node) Run(ctx context.Context) (err error) {
+	n.started = time.Now()
+	log := n.log
+	n.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	// The API port first: a port in use should fail before anything heavy.
+	ln, err := net.Listen("tcp", n.cfg.API.Listen)
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("API address %s is in use (is another node running? set [api] listen in %s or pass --api)", n.cfg.API.Listen, n.home.ConfigPath())
+		}
+		return fmt.Errorf("API listen %s: %w", n.cfg.API.Listen, err)
+	}
+	defer ln.Close()
+	n.apiURL = "http://" + ln.Addr().String()
+
+	if n.store, err = OpenStore(n.home.StoreDir(), log.With("module", "store")); err != nil {
+		return err
+	}
+	defer n.store.Close()
+
+	quick := inventory.Detect(ctx, n.home.Dir, "") // no python: the TF probe runs below, off the start-up path
+	n.inv.Store(&quick)
+
+	bootstrap, _ := p2p.AddrInfos(n.cfg.P2P.Bootstrap) // validated with the config
+	n.host, err = p2p.NewHost(p2p.HostParams{
+		Key: n.key, Listen: n.cfg.P2P.Listen, Version: Version, Site: n.cfg.Node.Site, Moniker: n.cfg.Node.Moniker,
+		ConnLow: n.cfg.P2P.ConnLow, ConnHigh: n.cfg.P2P.ConnHigh, Registerer: n.reg,
+	})
+	if err != nil {
+		if strings.Contains(err.Error(), "address already in use") {
+			return fmt.Errorf("p2p listen %v: address already in use (set [p2p] listen in %s or pass --listen)", n.cfg.P2P.Listen, n.home.ConfigPath())
+		}
+		return err
+	}
+	defer n.host.Close()
+
+	g, gctx := errgroup.WithContext(ctx)
+	n.peers = p2p.NewPeerWatcher(n.host, 0)
+	n.gossip, err = p2p.NewGossip(gctx, p2p.GossipParams{
+		Host: n.host, Key: n.key, ChainID: n.cfg.Node.ChainID,
+		Logger:  slog.New(&levelHandler{min: ParseLevel(n.cfg.Log.Libp2pLevel), h: log.Handler()}),
+		Metrics: p2p.NewMetrics(n.reg), ScoreInspect: n.peers.SetScores, ScoreInspectPeriod: 10 * time.Second,
+	})
+	if err != nil {
+		return err
+	}
+	n.book = NewOfferBook()
+	n.bids = NewBidLog(1000)
+	n.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "deepmarket", Name: "offers_held", Help: "Live offers this node holds from the market.",
+	}, func() float64 { return float64(len(n.book.List(time.Now()))) }))
+	n.lender, err = NewLender(LenderParams{
+		Store: n.store, Topic: n.gossip.Offers(), Offer: n.buildOffer, Inventory: n.Inventory,
+		Defaults: n.cfg.DefaultPrices(), TTL: n.cfg.P2P.OfferTTL.Duration, Interval: n.cfg.P2P.AnnounceInterval.Duration,
+		Logger: log.With("module", "lender"),
+	})
+	if err != nil {
+		return err
+	}
+	disc, err := p2p.NewDiscovery(p2p.DiscoveryParams{
+		Host: n.host, ChainID: n.cfg.Node.ChainID, Bootstrap: bootstrap, MDNS: n.cfg.P2P.MDNS, DHT: n.cfg.P2P.DHT,
+		Logger: log.With("module", "discovery"),
+	})
+	if err != nil {
+		return err
+	}
+	server := api.NewServer(api.Params{
+		Token: n.token, Status: n, Lending: n, Market: n, Registry: n.reg, Logger: log.With("module", "api"),
+	})
+
+	g.Go(func() error { return disc.Run(gctx) })
+	g.Go(func() error { return n.peers.Run(gctx) })
+	g.Go(func() error {
+		return n.gossip.Offers().Run(gctx, func(r *p2p.Received) { n.book.Apply(r, time.Now()) })
+	})
+	g.Go(func() error {
+		return n.gossip.Bids().Run(gctx, func(r *p2p.Received) { n.bids.Add(r, time.Now()) })
+	})
+	g.Go(func() error { return n.lender.Run(gctx) })
+	g.Go(func() error { return server.Serve(gctx, ln) })
+	g.Go(func() error {
+		full := inventory.Detect(gctx, n.home.Dir, n.cfg.Inventory.Python)
+		if gctx.Err() != nil {
+			return nil
+		}
+		n.inv.Store(&full)
+		log.Info("inventory", "machine", full.String())
+		n.lender.Refresh()
+		return nil
+	})
+
+	if err := writeFileAtomic(n.home.APIAddrPath(), []byte(n.apiURL+"\n"), 0o644); err != nil {
+		log.Warn("cannot record API address", "err", err)
+	}
+	defer os.Remove(n.home.APIAddrPath())
+	log.Info("node started", "peer_id", n.host.ID(), "account", n.key.Address(), "chain_id", n.cfg.Node.ChainID,
+		"api", n.apiURL, "addrs", n.host.Addrs())
+	close(n.ready)
+
+	err = g.Wait()
+	log.Info("node stopped")
+	return err
+}
+
+// buildOffer turns lend settings into the offer this machine announces.
+func (n *Node) buildOffer(s LendSettings, now time.Time) p2p.Offer {
+	inv := n.Inventory()
+	gpus := make([]p2p.GPU, 0, s.GPUs)
+	for i := 0; i < s.GPUs && i < len(inv.GPUs); i++ {
+		gpus = append(gpus, inv.GPUs[i])
+	}
+	addrs := p2p.FullAddrs(n.host)
+	if len(addrs) > 32 {
+		addrs = addrs[:32]
+	}
+	return p2p.Offer{
+		Machine: n.host.ID().String(), Owner: string(n.key.Address()),
+		Moniker: n.cfg.Node.Moniker, Site: n.cfg.Node.Site,
+		Lent:      p2p.Resources{Cores: uint32(s.Cores), MemBytes: s.MemBytes, GPUs: uint32(len(gpus))},
+		GPUs:      gpus,
+		DiskBytes: inv.DiskFree,
+		Price:     s.Price,
+		Window:    s.Window,
+		Addrs:     addrs,
+		Software:  p2p.Software{OS: inv.OS, Arch: inv.Arch, Python: inv.Python, TensorFlow: inv.TensorFlow, Version: Version},
+	}
+}
+
+// Inventory returns what the machine has (the TensorFlow probe fills in
+// shortly after start).
+func (n *Node) Inventory() inventory.Inventory { return *n.inv.Load() }
+
+// Status implements api.StatusSource.
+func (n *Node) Status() api.Status {
+	lend := n.lender.State(time.Now())
+	return api.Status{
+		PeerID: n.host.ID().String(), Addrs: p2p.FullAddrs(n.host), Account: string(n.key.Address()),
+		ChainID: n.cfg.Node.ChainID, Height: 0, Peers: len(n.host.Network().Peers()),
+		Lending: lend.Lending, Offering: lend.Offering, API: n.apiURL,
+		Moniker: n.cfg.Node.Moniker, Site: n.cfg.Node.Site, Version: Version,
+		UptimeS: int64(time.Since(n.started).Seconds()), Offers: len(n.book.List(time.Now())),
+	}
+}
+
+// Lend implements api.Lending.
+func (n *Node) Lend() api.LendState { return n.lender.State(time.Now()) }
+
+// SetLend implements api.Lending.
+func (n *Node) SetLend(ctx context.Context, req api.LendRequest) (api.LendState, error) {
+	return n.lender.Set(ctx, req)
+}
+
+// StopLend implements api.Lending.
+func (n *Node) StopLend(ctx context.Context) error { return n.lender.Stop(ctx) }
+
+// Offers implements api.Market.
+func (n *Node) Offers() []api.Offer {
+	held := n.book.List(time.Now())
+	out := make([]api.Offer, 0, len(held))
+	for _, h := range held {
+		o := h.Offer
+		a := api.Offer{
+			Machine: o.Machine, Owner: o.Owner, Moniker: o.Moniker, Site: o.Site,
+			Cores: o.Lent.Cores, MemBytes: o.Lent.MemBytes, GPUs: o.Lent.GPUs, GPUModels: o.GPUs,
+			DiskBytes: o.DiskBytes, Allocated: o.Allocated, Price: o.Price.PerHour(o.Lent), Prices: o.Price,
+			Window: o.Window, Addrs: o.Addrs, Software: o.Software,
+			ExpiresAt: h.Expires.UTC(), ReceivedAt: h.Received.UTC(), Self: o.Machine == n.host.ID().String(),
+		}
+		if o.AvailableUntil > 0 {
+			t := time.Unix(o.AvailableUntil, 0).UTC()
+			a.AvailableUntil = &t
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// Bids implements api.Market.
+func (n *Node) Bids() []api.SeenBid {
+	seen := n.bids.List(time.Now())
+	out := make([]api.SeenBid, 0, len(seen))
+	for _, b := range seen {
+		out = append(out, api.SeenBid{Bid: b.Bid, From: b.From.String(), ReceivedAt: b.Received.UTC(), ExpiresAt: b.Expires.UTC()})
+	}
+	return out
+}
+
+// PublishBid implements api.Market: it gossips a bid signed by this node.
+func (n *Node) PublishBid(ctx context.Context, req api.PublishBidRequest) (api.SeenBid, error) {
+	ttl := 10 * time.Minute
+	if req.TTL != "" {
+		d, err := time.ParseDuration(req.TTL)
+		if err != nil || d <= 0 || d > p2p.MaxTTL {
+			return api.SeenBid{}, &api.Error{Status: 400, Field: "ttl", Message: fmt.Sprintf("ttl %q: want a duration up to %s", req.TTL, p2p.MaxTTL)}
+		}
+		ttl = d
+	}
+	if req.Bid.Submitter == "" {
+		req.Bid.Submitter = string(n.key.Address())
+	}
+	if err := req.Bid.Validate(); err != nil {
+		return api.SeenBid{}, &api.Error{Status: 422, Message: err.Error()}
+	}
+	if err := n.gossip.Bids().Publish(ctx, p2p.TypeBid, &req.Bid, ttl); err != nil {
+		return api.SeenBid{}, err
+	}
+	now := time.Now().UTC()
+	return api.SeenBid{Bid: req.Bid, From: n.host.ID().String(), ReceivedAt: now, ExpiresAt: now.Add(ttl)}, nil
+}
+
+// Peers implements api.Market.
+func (n *Node) Peers() []api.Peer {
+	var out []api.Peer
+	for _, p := range n.peers.Peers() {
+		out = append(out, api.Peer{
+			PeerID: p.ID.String(), Moniker: p.Moniker, Site: p.Site, Version: p.Version, DeepMarket: p.DeepMkt,
+			LatencyMS: float64(p.Latency.Microseconds()) / 1000, Score: p.Score, Direction: p.Direction, Addrs: p.Addrs,
+		})
+	}
+	return out
+}
+
+// PeerIDs lists connected peers (tests use it to wait for topologies).
+func (n *Node) PeerIDs() []peer.ID { return n.host.Network().Peers() }
+
+var (
+	_ api.StatusSource = (*Node)(nil)
+	_ api.Lending      = (*Node)(nil)
+	_ api.Market       = (*Node)(nil)
+)

@@ -1,0 +1,193 @@
+package p2p
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	dht "github.com/libp2p/go-libp2p-kad-dht"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/discovery/mdns"
+	drouting "github.com/libp2p/go-libp2p/p2p/discovery/routing"
+	dutil "github.com/libp2p/go-libp2p/p2p/discovery/util"
+)
+
+// DHT modes accepted by DiscoveryParams.DHT.
+const (
+	DHTAuto   = "auto"   // on when bootstrap peers are configured, in auto mode
+	DHTServer = "server" // always on, answering queries (well-connected machines)
+	DHTClient = "client" // always on, only querying
+	DHTOff    = "off"
+)
+
+// DiscoveryParams configures Discovery.
+type DiscoveryParams struct {
+	Host      host.Host
+	ChainID   string
+	Bootstrap []peer.AddrInfo
+	MDNS      bool
+	DHT       string
+	Logger    *slog.Logger
+	// Interval is how often bootstrap peers are re-dialled when the node
+	// has no peers, and the DHT is searched for more; zero means 30 s.
+	Interval time.Duration
+}
+
+// Discovery finds peers of the same network: mDNS on the LAN, bootstrap
+// peers, and a Kademlia DHT (with a DeepMarket protocol prefix, separate
+// from the public IPFS DHT) on a WAN.
+type Discovery struct {
+	p   DiscoveryParams
+	dht *dht.IpfsDHT
+}
+
+// NewDiscovery builds discovery; nothing runs until Run.
+func NewDiscovery(p DiscoveryParams) (*Discovery, error) {
+	switch p.DHT {
+	case "", DHTAuto, DHTServer, DHTClient, DHTOff:
+	default:
+		return nil, fmt.Errorf("dht mode %q: want auto, server, client or off", p.DHT)
+	}
+	if p.Interval <= 0 {
+		p.Interval = 30 * time.Second
+	}
+	if p.Logger == nil {
+		p.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Discovery{p: p}, nil
+}
+
+// rendezvous is the namespace under which nodes of one network find each
+// other, on mDNS and in the DHT.
+func rendezvous(chainID string) string {
+	sum := sha256.Sum256([]byte(chainID))
+	return "deepmarket-" + hex.EncodeToString(sum[:6])
+}
+
+func (d *Discovery) dhtMode() (dht.ModeOpt, bool) {
+	switch d.p.DHT {
+	case DHTServer:
+		return dht.ModeServer, true
+	case DHTClient:
+		return dht.ModeClient, true
+	case DHTOff:
+		return 0, false
+	default:
+		return dht.ModeAuto, len(d.p.Bootstrap) > 0
+	}
+}
+
+// Run connects to bootstrap peers, starts mDNS and the DHT as configured,
+// and keeps looking for peers until ctx ends.
+func (d *Discovery) Run(ctx context.Context) error {
+	log := d.p.Logger
+	h := d.p.Host
+	for _, ai := range d.p.Bootstrap {
+		h.ConnManager().Protect(ai.ID, "bootstrap")
+	}
+	d.dialBootstrap(ctx)
+
+	if d.p.MDNS {
+		svc := mdns.NewMdnsService(h, rendezvous(d.p.ChainID), &mdnsNotifee{ctx: ctx, h: h, log: log})
+		if err := svc.Start(); err != nil {
+			log.Warn("mDNS discovery unavailable", "err", err)
+		} else {
+			defer svc.Close()
+		}
+	}
+
+	var rd *drouting.RoutingDiscovery
+	if mode, on := d.dhtMode(); on {
+		kdht, err := dht.New(h, dht.Mode(mode), dht.ProtocolPrefix("/deepmarket"),
+			dht.BootstrapPeers(d.p.Bootstrap...))
+		if err != nil {
+			return fmt.Errorf("start DHT: %w", err)
+		}
+		defer kdht.Close()
+		d.dht = kdht
+		if err := kdht.Bootstrap(ctx); err != nil {
+			log.Warn("DHT bootstrap", "err", err)
+		}
+		rd = drouting.NewRoutingDiscovery(kdht)
+		dutil.Advertise(ctx, rd, rendezvous(d.p.ChainID))
+	}
+
+	tick := time.NewTicker(d.p.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		if len(h.Network().Peers()) == 0 {
+			d.dialBootstrap(ctx)
+		}
+		if rd != nil && len(h.Network().Peers()) < 16 {
+			d.findPeers(ctx, rd)
+		}
+	}
+}
+
+func (d *Discovery) dialBootstrap(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, ai := range d.p.Bootstrap {
+		if ai.ID == d.p.Host.ID() || d.p.Host.Network().Connectedness(ai.ID) == network.Connected {
+			continue
+		}
+		wg.Add(1)
+		go func(ai peer.AddrInfo) {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if err := d.p.Host.Connect(cctx, ai); err != nil {
+				d.p.Logger.Warn("cannot reach bootstrap peer", "peer", ai.ID, "err", err)
+			}
+		}(ai)
+	}
+	wg.Wait()
+}
+
+func (d *Discovery) findPeers(ctx context.Context, rd *drouting.RoutingDiscovery) {
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	peers, err := rd.FindPeers(cctx, rendezvous(d.p.ChainID))
+	if err != nil {
+		return
+	}
+	for ai := range peers {
+		if ai.ID == d.p.Host.ID() || len(ai.Addrs) == 0 ||
+			d.p.Host.Network().Connectedness(ai.ID) == network.Connected {
+			continue
+		}
+		if err := d.p.Host.Connect(cctx, ai); err == nil {
+			d.p.Logger.Debug("connected to peer found in DHT", "peer", ai.ID)
+		}
+	}
+}
+
+type mdnsNotifee struct {
+	ctx context.Context
+	h   host.Host
+	log *slog.Logger
+}
+
+// HandlePeerFound connects to a LAN peer of the same network.
+func (n *mdnsNotifee) HandlePeerFound(ai peer.AddrInfo) {
+	if ai.ID == n.h.ID() || n.h.Network().Connectedness(ai.ID) == network.Connected {
+		return
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
+	defer cancel()
+	if err := n.h.Connect(ctx, ai); err != nil {
+		n.log.Debug("cannot reach mDNS peer", "peer", ai.ID, "err", err)
+		return
+	}
+	n.log.Info("connected to LAN peer", "peer", ai.ID)
+}
