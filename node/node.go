@@ -122,7 +122,7 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	n.gossip, err = p2p.NewGossip(gctx, p2p.GossipParams{
 		Host: n.host, Key: n.key, ChainID: n.cfg.Node.ChainID,
 		Logger:  slog.New(&levelHandler{min: ParseLevel(n.cfg.Log.Libp2pLevel), h: log.Handler()}),
-		Metrics: p2p.NewMetrics(n.reg), ScoreInspect: n.peers.SetScores, ScoreInspectPeriod: 10 * time.Second,
+		Metrics: p2p.NewMetrics(n.reg), ScoreInspect: n.peers.SetScores, ScoreInspectPeriod: 5 * time.Second,
 	})
 	if err != nil {
 		return err

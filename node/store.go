@@ -90,9 +90,13 @@ func (s *Store) Close() error { return s.db.Close() }
 // badgerLogger routes badger's logs into slog; its info chatter is debug.
 type badgerLogger struct{ log *slog.Logger }
 
-func (l badgerLogger) Errorf(f string, a ...any) { l.log.Error(strings.TrimSpace(fmt.Sprintf(f, a...))) }
+func (l badgerLogger) Errorf(f string, a ...any) {
+	l.log.Error(strings.TrimSpace(fmt.Sprintf(f, a...)))
+}
 func (l badgerLogger) Warningf(f string, a ...any) {
 	l.log.Warn(strings.TrimSpace(fmt.Sprintf(f, a...)))
 }
-func (l badgerLogger) Infof(f string, a ...any)  { l.log.Debug(strings.TrimSpace(fmt.Sprintf(f, a...))) }
-func (l badgerLogger) Debugf(f string, a ...any) { l.log.Debug(strings.TrimSpace(fmt.Sprintf(f, a...))) }
+func (l badgerLogger) Infof(f string, a ...any) { l.log.Debug(strings.TrimSpace(fmt.Sprintf(f, a...))) }
+func (l badgerLogger) Debugf(f string, a ...any) {
+	l.log.Debug(strings.TrimSpace(fmt.Sprintf(f, a...)))
+}

@@ -1,0 +1,121 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deepmarket/deepmarket/node/api"
+)
+
+// testNet gives the nodes of one test their own network.
+func testNet(t *testing.T) string {
+	return fmt.Sprintf("deepmarket-test-%d", time.Now().UnixNano())
+}
+
+type testNode struct {
+	*Node
+	home   Home
+	client *api.Client
+	stop   func()
+}
+
+type nodeOpt func(*Config)
+
+func withBootstrap(addrs ...string) nodeOpt {
+	return func(c *Config) { c.P2P.Bootstrap = append(c.P2P.Bootstrap, addrs...) }
+}
+
+// initHome makes a home in dir on chain, listening on random loopback
+// ports, with mDNS and the DHT off so tests control the topology.
+func initHome(t *testing.T, dir, chain string) Home {
+	t.Helper()
+	h := Home{Dir: dir}
+	if _, err := Init(h, InitOptions{
+		Moniker: filepath.Base(dir), Site: "lab-a", ChainID: chain,
+		Listen: []string{"/ip4/127.0.0.1/tcp/0"}, API: "127.0.0.1:0",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// startNode runs a node from home until the test ends (or stop is called).
+func startNode(t *testing.T, h Home, opts ...nodeOpt) *testNode {
+	t.Helper()
+	cfg, err := LoadConfig(h.ConfigPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.P2P.MDNS = false
+	cfg.P2P.DHT = "off"
+	for _, o := range opts {
+		o(&cfg)
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	n, err := New(h, cfg, log.With("node", filepath.Base(h.Dir)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	select {
+	case <-n.Ready():
+	case err := <-done:
+		cancel()
+		t.Fatalf("node did not start: %v", err)
+	case <-time.After(30 * time.Second):
+		cancel()
+		t.Fatal("node did not start in 30s")
+	}
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("node %s: %v", h.Dir, err)
+		}
+	}
+	t.Cleanup(stop)
+	return &testNode{Node: n, home: h, client: api.NewClient(n.APIURL(), n.token), stop: stop}
+}
+
+func (n *testNode) addr() string { return n.Status().Addrs[0] }
+
+// testWriter sends logs through t.Log, so they show only on failure.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s", within, what)
+}
+
+func hasOffer(n *testNode, machine string) bool {
+	for _, o := range n.Offers() {
+		if o.Machine == machine {
+			return true
+		}
+	}
+	return false
+}

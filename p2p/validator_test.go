@@ -1,0 +1,227 @@
+package p2p
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fxamacker/cbor/v2"
+)
+
+func TestSealOpenRoundTrip(t *testing.T) {
+	k := testKey(t, 1)
+	now := time.Now()
+	data := seal(t, k, testChain, TypeOffer, testOffer(k), 7, now.Add(time.Minute))
+	env, err := Open(data, testChain, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.SignerID() != k.PeerID() || env.Seq != 7 || env.Type != TypeOffer {
+		t.Fatalf("envelope %+v", env)
+	}
+	var o Offer
+	if err := Unmarshal(env.Payload, &o); err != nil || o.Lent.Cores != 4 {
+		t.Fatalf("payload %+v %v", o, err)
+	}
+	// Deterministic: sealing the same values gives the same bytes.
+	if again := seal(t, k, testChain, TypeOffer, testOffer(k), 7, now.Add(time.Minute)); string(again) != string(data) {
+		t.Fatal("sealing is not deterministic")
+	}
+}
+
+// TestValidatorRejects covers every kind of bad message the gossip
+// validators must refuse, each with the reason the metrics will show.
+func TestValidatorRejects(t *testing.T) {
+	k, other := testKey(t, 1), testKey(t, 2)
+	now := time.Now()
+	exp := now.Add(time.Minute)
+	offers, bids := OffersTopic(testChain), BidsTopic(testChain)
+
+	tampered := func() []byte {
+		env := Envelope{}
+		if err := Unmarshal(seal(t, k, testChain, TypeOffer, testOffer(k), 1, exp), &env); err != nil {
+			t.Fatal(err)
+		}
+		env.Sig[0] ^= 0xff
+		b, _ := Marshal(&env)
+		return b
+	}
+	withOffer := func(mod func(*Offer)) []byte {
+		o := testOffer(k)
+		mod(o)
+		return seal(t, k, testChain, TypeOffer, o, 1, exp)
+	}
+	withBid := func(mod func(*Bid)) []byte {
+		b := testBid(k)
+		mod(b)
+		return seal(t, k, testChain, TypeBid, b, 1, exp)
+	}
+	// A payload whose cores field is a negative CBOR integer.
+	negative := func() []byte {
+		m := map[string]any{"machine": k.PeerID().String(), "owner": string(k.Address()), "lent": map[string]any{"cores": -4, "mem": 1}}
+		body, _ := cbor.Marshal(m)
+		env := Envelope{Signer: k.Public(), Type: TypeOffer, Payload: body, Seq: 1, Expiry: exp.UnixMilli()}
+		in, _ := env.signingBytes(testChain)
+		env.Sig = k.Sign(in)
+		b, _ := Marshal(&env)
+		return b
+	}
+
+	cases := []struct {
+		name   string
+		topic  string
+		data   []byte
+		author string // "" means the signer
+		reason string
+	}{
+		{"bad signature", offers, tampered(), "", "bad_signature"},
+		{"other chain", offers, seal(t, k, "deepmarket-other", TypeOffer, testOffer(k), 1, exp), "", "bad_signature"},
+		{"published by another peer", offers, seal(t, k, testChain, TypeOffer, testOffer(k), 1, exp), "other", "signer_mismatch"},
+		{"offer for another machine", offers, withOffer(func(o *Offer) { o.Machine = other.PeerID().String() }), "", "signer_mismatch"},
+		{"unknown type", offers, seal(t, k, testChain, "offer/99", testOffer(k), 1, exp), "", "unknown_type"},
+		{"bid on offers topic", offers, seal(t, k, testChain, TypeBid, testBid(k), 1, exp), "", "unknown_type"},
+		{"oversize", offers, append(seal(t, k, testChain, TypeOffer, testOffer(k), 1, exp), make([]byte, MaxEnvelopeSize)...), "", "oversize"},
+		{"not cbor", offers, []byte("hello, world"), "", "malformed"},
+		{"expired", offers, seal(t, k, testChain, TypeOffer, testOffer(k), 1, now.Add(-time.Minute)), "", "expired"},
+		{"expiry too far", offers, seal(t, k, testChain, TypeOffer, testOffer(k), 1, now.Add(48*time.Hour)), "", "out_of_range"},
+		{"absurd cores", offers, withOffer(func(o *Offer) { o.Lent.Cores = 1_000_000_000 }), "", "out_of_range"},
+		{"negative cores", offers, negative(), "", "malformed"},
+		{"zero memory", offers, withOffer(func(o *Offer) { o.Lent.MemBytes = 0 }), "", "out_of_range"},
+		{"allocated beyond lent", offers, withOffer(func(o *Offer) { o.Allocated.Cores = 5 }), "", "out_of_range"},
+		{"absurd price", offers, withOffer(func(o *Offer) { o.Price.CoreHour = MaxUnitPrice + 1 }), "", "out_of_range"},
+		{"bad window", offers, withOffer(func(o *Offer) { o.Window = "25:00-07:00" }), "", "out_of_range"},
+		{"bad owner", offers, withOffer(func(o *Offer) { o.Owner = "alice" }), "", "out_of_range"},
+		{"bad address", offers, withOffer(func(o *Offer) { o.Addrs = []string{"not a multiaddr"} }), "", "out_of_range"},
+		{"gpu models mismatch", offers, withOffer(func(o *Offer) { o.Lent.GPUs = 2 }), "", "out_of_range"},
+		{"bad site label", offers, withOffer(func(o *Offer) { o.Site = strings.Repeat("x", 100) }), "", "out_of_range"},
+		{"bid with zero workers", bids, withBid(func(b *Bid) { b.Workers = 0 }), "", "out_of_range"},
+		{"bid with absurd workers", bids, withBid(func(b *Bid) { b.Workers = 1 << 30 }), "", "out_of_range"},
+		{"bid with unknown framework", bids, withBid(func(b *Bid) { b.Framework = "caffe" }), "", "out_of_range"},
+		{"bid with bad job id", bids, withBid(func(b *Bid) { b.JobID = "xyz" }), "", "out_of_range"},
+		{"bid without price", bids, withBid(func(b *Bid) { b.MaxPrice = 0 }), "", "out_of_range"},
+		{"unknown topic", "/deepmarket/x/other/1", seal(t, k, testChain, TypeOffer, testOffer(k), 1, exp), "", "unknown_type"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			v := NewValidator(testChain)
+			author := k.PeerID()
+			if c.author == "other" {
+				author = other.PeerID()
+			}
+			rec, err := v.Validate(c.topic, c.data, author, now)
+			if err == nil {
+				t.Fatalf("accepted: %+v", rec.Payload)
+			}
+			if got := Reason(err); got != c.reason {
+				t.Fatalf("reason %q (%v), want %q", got, err, c.reason)
+			}
+		})
+	}
+}
+
+func TestValidatorReplay(t *testing.T) {
+	k := testKey(t, 1)
+	v := NewValidator(testChain)
+	now := time.Now()
+	topic := OffersTopic(testChain)
+	first := seal(t, k, testChain, TypeOffer, testOffer(k), 10, now.Add(time.Minute))
+	if _, err := v.Validate(topic, first, k.PeerID(), now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.Validate(topic, first, k.PeerID(), now); !errors.Is(err, ErrReplay) {
+		t.Fatalf("same message twice: %v", err)
+	}
+	older := seal(t, k, testChain, TypeOffer, testOffer(k), 9, now.Add(time.Minute))
+	if _, err := v.Validate(topic, older, k.PeerID(), now); !errors.Is(err, ErrReplay) {
+		t.Fatalf("older sequence: %v", err)
+	}
+	newer := seal(t, k, testChain, TypeWithdrawal, &Withdrawal{Machine: k.PeerID().String()}, 11, now.Add(time.Minute))
+	rec, err := v.Validate(topic, newer, k.PeerID(), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := rec.Payload.(*Withdrawal); !ok {
+		t.Fatalf("payload %T", rec.Payload)
+	}
+	// Sequences are per topic: a bid with a low number is still fresh.
+	if _, err := v.Validate(BidsTopic(testChain), seal(t, k, testChain, TypeBid, testBid(k), 1, now.Add(time.Minute)), k.PeerID(), now); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestValidatorAcceptsGoodMessages(t *testing.T) {
+	k := testKey(t, 3)
+	v := NewValidator(testChain)
+	now := time.Now()
+	o := testOffer(k)
+	o.Window = "19:00-07:00"
+	o.Lent.GPUs = 1
+	o.GPUs = []GPU{{Index: 0, Model: "Tesla T4", MemBytes: 16 << 30}}
+	rec, err := v.Validate(OffersTopic(testChain), seal(t, k, testChain, TypeOffer, o, 1, now.Add(time.Minute)), k.PeerID(), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := rec.Payload.(*Offer)
+	if got.GPUs[0].Model != "Tesla T4" || got.Window != "19:00-07:00" || rec.Signer != k.PeerID() {
+		t.Fatalf("decoded %+v", got)
+	}
+}
+
+func TestSequencerIncreases(t *testing.T) {
+	var s Sequencer
+	last := uint64(0)
+	for i := 0; i < 10000; i++ {
+		n := s.Next()
+		if n <= last {
+			t.Fatalf("sequence went from %d to %d", last, n)
+		}
+		last = n
+	}
+}
+
+func TestWindow(t *testing.T) {
+	w, err := ParseWindow("19:00-07:00")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := func(h, m int) time.Time { return time.Date(2026, 11, 21, h, m, 0, 0, time.UTC) }
+	for _, c := range []struct {
+		t      time.Time
+		inside bool
+		change time.Time
+	}{
+		{at(18, 59), false, at(19, 0)},
+		{at(19, 0), true, at(7, 0).AddDate(0, 0, 1)},
+		{at(23, 30), true, at(7, 0).AddDate(0, 0, 1)},
+		{at(3, 0), true, at(7, 0)},
+		{at(7, 0), false, at(19, 0)},
+	} {
+		inside, change := w.Next(c.t)
+		if inside != c.inside || !change.Equal(c.change) {
+			t.Errorf("at %s: inside=%v change=%s, want %v %s", c.t, inside, change, c.inside, c.change)
+		}
+	}
+	day, _ := ParseWindow("09:00-17:30")
+	if !day.Contains(at(12, 0)) || day.Contains(at(17, 30)) || day.String() != "09:00-17:30" {
+		t.Error("day window")
+	}
+	for _, bad := range []string{"", "9-17", "24:00-07:00", "19:60-07:00", "19:00-19:00", "19:00-07:00x", "aa:bb-cc:dd"} {
+		if _, err := ParseWindow(bad); err == nil {
+			t.Errorf("ParseWindow(%q) accepted", bad)
+		}
+	}
+}
+
+func FuzzValidate(f *testing.F) {
+	k := testKey(f, 1)
+	f.Add(seal(f, k, testChain, TypeOffer, testOffer(k), 1, time.Now().Add(time.Hour)))
+	f.Add([]byte{0xa0})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		v := NewValidator(testChain)
+		rec, err := v.Validate(OffersTopic(testChain), data, "", time.Now())
+		if err == nil && rec.Payload == nil {
+			t.Fatal("accepted without payload")
+		}
+	})
+}
