@@ -144,6 +144,9 @@ func LoadConfig(path string) (Config, error) {
 	if err != nil {
 		var perr toml.ParseError
 		if errors.As(err, &perr) {
+			if perr.LastKey != "" {
+				return Config{}, fmt.Errorf("%s:%d: key %q: %s", path, perr.Position.Line, perr.LastKey, perr.Message)
+			}
 			return Config{}, fmt.Errorf("%s:%d: %s", path, perr.Position.Line, perr.Message)
 		}
 		if errors.Is(err, os.ErrNotExist) {

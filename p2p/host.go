@@ -62,7 +62,9 @@ func NewHost(p HostParams) (host.Host, error) {
 	opts := []libp2p.Option{
 		libp2p.Identity(p.Key.PrivKey()),
 		libp2p.ListenAddrStrings(p.Listen...),
-		libp2p.Transport(tcp.NewTCPTransport),
+		// Without SO_REUSEPORT a second node on the same port fails at once
+		// instead of silently sharing the port with the first.
+		libp2p.Transport(tcp.NewTCPTransport, tcp.DisableReuseport()),
 		libp2p.Transport(quic.NewTransport),
 		libp2p.Security(noise.ID, noise.New),
 		libp2p.Security(libp2ptls.ID, libp2ptls.New),

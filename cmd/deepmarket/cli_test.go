@@ -1,0 +1,339 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// bin is the deepmarket binary built once for these tests: they run the
+// CLI as a user would, as a separate process.
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "deepmarket-cli")
+	if err != nil {
+		panic(err)
+	}
+	bin = filepath.Join(dir, "deepmarket")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+func run(t *testing.T, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "DEEPMARKET_HOME=") // only --home counts in tests
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return result{out.String(), errb.String(), code}
+}
+
+func mustRun(t *testing.T, args ...string) string {
+	t.Helper()
+	r := run(t, args...)
+	if r.code != 0 {
+		t.Fatalf("deepmarket %s: exit %d\n%s%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	}
+	return r.stdout
+}
+
+func expectFail(t *testing.T, code int, want string, args ...string) {
+	t.Helper()
+	r := run(t, args...)
+	if r.code != code || !strings.Contains(r.stderr, want) {
+		t.Errorf("deepmarket %s: exit %d, stderr %q; want exit %d and %q", strings.Join(args, " "), r.code, r.stderr, code, want)
+	}
+}
+
+func initHome(t *testing.T, extra ...string) string {
+	t.Helper()
+	home := filepath.Join(t.TempDir(), "home")
+	args := append([]string{"init", "--home", home, "--api", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--chain-id", "deepmarket-cli-test"}, extra...)
+	mustRun(t, args...)
+	// Tests choose their peers: no LAN discovery.
+	cfg := filepath.Join(home, "config.toml")
+	b, _ := os.ReadFile(cfg)
+	os.WriteFile(cfg, bytes.Replace(b, []byte("mdns = true"), []byte("mdns = false"), 1), 0o644)
+	return home
+}
+
+func TestInitAndKeysShow(t *testing.T) {
+	home := filepath.Join(t.TempDir(), "h")
+	var initOut struct {
+		PeerID  string `json:"peer_id"`
+		Address string `json:"address"`
+		ChainID string `json:"chain_id"`
+	}
+	out := mustRun(t, "init", "--home", home, "--moniker", "lab-pc-1", "--site", "psu", "--json")
+	if err := json.Unmarshal([]byte(out), &initOut); err != nil {
+		t.Fatalf("init --json: %v\n%s", err, out)
+	}
+	if !strings.HasPrefix(initOut.ChainID, "deepmarket-local-") {
+		t.Fatalf("chain ID %q", initOut.ChainID)
+	}
+	for _, f := range []string{"node.key", "api.token"} {
+		st, err := os.Stat(filepath.Join(home, f))
+		if err != nil || st.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v mode %v, want 0600", f, err, st.Mode().Perm())
+		}
+	}
+	cfg, _ := os.ReadFile(filepath.Join(home, "config.toml"))
+	for _, want := range []string{`moniker = "lab-pc-1"`, `site = "psu"`, "# Site label", "[p2p]", "[api]", "announce_interval"} {
+		if !bytes.Contains(cfg, []byte(want)) {
+			t.Errorf("config.toml lacks %q", want)
+		}
+	}
+	var keys struct {
+		Address string `json:"address"`
+		PeerID  string `json:"peer_id"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "keys", "show", "--json", "--home", home)), &keys); err != nil {
+		t.Fatal(err)
+	}
+	if keys.PeerID != initOut.PeerID || !strings.HasPrefix(keys.Address, "dm1") {
+		t.Fatalf("keys show = %+v, init said %+v", keys, initOut)
+	}
+	// DEEPMARKET_HOME works in place of --home.
+	cmd := exec.Command(bin, "keys", "show", "--json")
+	cmd.Env = append(os.Environ(), "DEEPMARKET_HOME="+home)
+	if o, err := cmd.Output(); err != nil || !bytes.Contains(o, []byte(keys.PeerID)) {
+		t.Fatalf("DEEPMARKET_HOME: %v %s", err, o)
+	}
+
+	expectFail(t, 1, "--force", "init", "--home", home)
+	if k2 := mustRun(t, "keys", "show", "--json", "--home", home); !strings.Contains(k2, keys.PeerID) {
+		t.Fatal("a refused init changed the key")
+	}
+	out = mustRun(t, "init", "--home", home, "--force")
+	if !strings.Contains(out, "Moved the old home to") {
+		t.Fatalf("init --force: %s", out)
+	}
+	if k3 := mustRun(t, "keys", "show", "--json", "--home", home); strings.Contains(k3, keys.PeerID) {
+		t.Fatal("init --force kept the old key")
+	}
+}
+
+func TestInitJoinsGenesis(t *testing.T) {
+	dir := t.TempDir()
+	gen := filepath.Join(dir, "genesis.json")
+	os.WriteFile(gen, []byte(`{"chain_id":"deepmarket-testnet-1","validators":[]}`), 0o644)
+	out := mustRun(t, "init", "--home", filepath.Join(dir, "h"), "--genesis", gen)
+	if !strings.Contains(out, "deepmarket-testnet-1") {
+		t.Fatalf("init --genesis: %s", out)
+	}
+	os.WriteFile(gen, []byte(`not json`), 0o644)
+	expectFail(t, 1, "not a genesis JSON", "init", "--home", filepath.Join(dir, "h2"), "--genesis", gen)
+	expectFail(t, 1, "bootstrap address", "init", "--home", filepath.Join(dir, "h3"), "--bootstrap", "/ip4/1.2.3.4/tcp/1")
+	expectFail(t, 1, "loopback only", "init", "--home", filepath.Join(dir, "h4"), "--api", "0.0.0.0:7700")
+	if _, err := os.Stat(filepath.Join(dir, "h3")); err == nil {
+		t.Fatal("a refused init left a home behind")
+	}
+}
+
+func TestMissingHome(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nope")
+	for _, args := range [][]string{{"status"}, {"keys", "show"}, {"node", "run"}, {"offers"}, {"lend", "--stop"}} {
+		expectFail(t, 1, "deepmarket init", append(args, "--home", missing)...)
+	}
+}
+
+func TestCorruptConfig(t *testing.T) {
+	home := initHome(t)
+	cfg := filepath.Join(home, "config.toml")
+	orig, _ := os.ReadFile(cfg)
+	lines := strings.Split(string(orig), "\n")
+	lines[6] = "moniker = = broken"
+	os.WriteFile(cfg, []byte(strings.Join(lines, "\n")), 0o644)
+	expectFail(t, 1, "config.toml:7:", "node", "run", "--home", home)
+
+	os.WriteFile(cfg, append(append([]byte{}, orig...), []byte("\n[p2p2]\nlisten = 1\n")...), 0o644)
+	expectFail(t, 1, `unknown key "p2p2`, "node", "run", "--home", home)
+
+	os.WriteFile(cfg, bytes.Replace(orig, []byte(`dht = "auto"`), []byte(`dht = "sometimes"`), 1), 0o644)
+	expectFail(t, 1, "[p2p] dht", "node", "run", "--home", home)
+}
+
+func TestLendFlagErrors(t *testing.T) {
+	home := initHome(t)
+	for _, c := range []struct {
+		want string
+		args []string
+	}{
+		{"unknown unit", []string{"--cores", "1", "--mem", "8XB"}},
+		{"negative", []string{"--cores", "1", "--mem", "-8GiB"}},
+		{"more than 0", []string{"--cores", "1", "--mem", "0"}},
+		{"at least 1 core", []string{"--cores", "0", "--mem", "1GiB"}},
+		{"at least 1 core", []string{"--cores", "-2", "--mem", "1GiB"}},
+		{"cannot be negative", []string{"--cores", "1", "--mem", "1GiB", "--gpus", "-1"}},
+		{"HH:MM-HH:MM", []string{"--cores", "1", "--mem", "1GiB", "--window", "7pm-7am"}},
+		{"more than 6 decimals", []string{"--cores", "1", "--mem", "1GiB", "--price", "core=0.0000001"}},
+		{"unknown resource", []string{"--cores", "1", "--mem", "1GiB", "--price", "disk=1"}},
+		{"both --cores and --mem", []string{"--cores", "1"}},
+		{"no other lend flags", []string{"--stop", "--cores", "1"}},
+		{"invalid argument", []string{"--cores", "many", "--mem", "1G"}},
+	} {
+		expectFail(t, 2, c.want, append([]string{"lend", "--home", home}, c.args...)...)
+	}
+}
+
+// startNodeProcess runs `deepmarket node run` and waits for its API.
+func startNodeProcess(t *testing.T, home string, extra ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"node", "run", "--home", home}, extra...)...)
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if r := run(t, "status", "--home", home, "--json"); r.code == 0 {
+			return cmd, &logs
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("node did not start:\n%s", logs.String())
+	return nil, nil
+}
+
+func TestNodeProcess(t *testing.T) {
+	home := initHome(t)
+	cmd, logs := startNodeProcess(t, home)
+
+	var st map[string]any
+	if err := json.Unmarshal([]byte(mustRun(t, "status", "--json", "--home", home)), &st); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"peer_id", "addrs", "account", "chain_id", "height", "peers", "lending", "api"} {
+		if _, ok := st[k]; !ok {
+			t.Errorf("status --json lacks %q: %v", k, st)
+		}
+	}
+	if st["lending"] != false || st["chain_id"] != "deepmarket-cli-test" {
+		t.Fatalf("status: %v", st)
+	}
+
+	cores := runtime.NumCPU()
+	expectFail(t, 2, fmt.Sprintf("this machine has %d", cores), "lend", "--home", home, "--cores", fmt.Sprint(cores+1), "--mem", "1GiB")
+	expectFail(t, 2, "this machine has 0", "lend", "--home", home, "--cores", "1", "--mem", "1GiB", "--gpus", "1")
+	expectFail(t, 2, "--mem: cannot lend", "lend", "--home", home, "--cores", "1", "--mem", "100TiB")
+	if out := mustRun(t, "lend", "--home", home, "--json"); !strings.Contains(out, `"lending": false`) {
+		t.Fatalf("refused lends changed the state: %s", out)
+	}
+
+	out := mustRun(t, "lend", "--home", home, "--cores", "1", "--mem", "512MiB", "--price", "core=0.5,mem=0.1")
+	if !strings.Contains(out, "Lending 1 cores, 512 MiB") || !strings.Contains(out, "0.5/core-hour") {
+		t.Fatalf("lend: %s", out)
+	}
+	var offers []map[string]any
+	if err := json.Unmarshal([]byte(mustRun(t, "offers", "--json", "--home", home)), &offers); err != nil {
+		t.Fatal(err)
+	}
+	if len(offers) != 1 {
+		t.Fatalf("offers: %v", offers)
+	}
+	for _, k := range []string{"machine", "owner", "site", "cores", "mem_bytes", "gpus", "price", "expires_at"} {
+		if _, ok := offers[0][k]; !ok {
+			t.Errorf("offers --json lacks %q", k)
+		}
+	}
+	// 1 core at 0.5 + 0.5 GiB (rounded up to 1) at 0.1 = 0.6 credits/h.
+	if offers[0]["price"] != float64(600000) || offers[0]["machine"] != st["peer_id"] {
+		t.Fatalf("offer %v", offers[0])
+	}
+	if out := mustRun(t, "peers", "--json", "--home", home); strings.TrimSpace(out) != "[]" {
+		t.Fatalf("peers: %s", out)
+	}
+	if out := mustRun(t, "offers", "--home", home); !strings.Contains(out, "(this machine)") {
+		t.Fatalf("offers table: %s", out)
+	}
+
+	// A second node on the same ports fails with a clear message.
+	api := strings.TrimPrefix(st["api"].(string), "http://")
+	other := initHome(t)
+	expectFail(t, 1, "is in use", "node", "run", "--home", other, "--api", api)
+	addr := st["addrs"].([]any)[0].(string)
+	listen := addr[:strings.Index(addr, "/p2p/")]
+	expectFail(t, 1, "address already in use", "node", "run", "--home", other, "--listen", listen)
+	// The same home twice: the store is locked.
+	expectFail(t, 1, "another", "node", "run", "--home", home, "--api", "127.0.0.1:0")
+
+	// SIGTERM stops it cleanly within 5 s.
+	start := time.Now()
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v\n%s", err, logs)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("still running 5 s after SIGTERM\n%s", logs)
+	}
+	t.Logf("stopped %s after SIGTERM", time.Since(start).Round(time.Millisecond))
+	if _, err := os.Stat(filepath.Join(home, "api.addr")); err == nil {
+		t.Error("api.addr left behind after a clean stop")
+	}
+	expectFail(t, 1, "not running", "status", "--home", home)
+
+	// Restarted, it lends again without being told.
+	startNodeProcess(t, home)
+	if out := mustRun(t, "lend", "--home", home, "--json"); !strings.Contains(out, `"lending": true`) {
+		t.Fatalf("lend lost over restart: %s", out)
+	}
+}
+
+func TestPortInUseAtStart(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	home := initHome(t)
+	expectFail(t, 1, "is in use", "node", "run", "--home", home, "--api", ln.Addr().String())
+}
+
+func TestHelp(t *testing.T) {
+	out := mustRun(t, "--help")
+	for _, c := range []string{"init", "node", "keys", "status", "lend", "offers", "peers"} {
+		if !strings.Contains(out, c) {
+			t.Errorf("--help lacks %q", c)
+		}
+	}
+	if out := mustRun(t, "lend", "--help"); !strings.Contains(out, "--window") || !strings.Contains(out, "Example") && !strings.Contains(out, "Examples") {
+		t.Errorf("lend --help: %s", out)
+	}
+	expectFail(t, 2, "unknown flag", "status", "--bogus")
+}
