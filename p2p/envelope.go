@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	voi "github.com/oasisprotocol/curve25519-voi/primitives/ed25519"
+	"github.com/oasisprotocol/curve25519-voi/primitives/ed25519/extra/cache"
 
 	"github.com/deepmarket/deepmarket/identity"
 )
@@ -22,6 +24,15 @@ const MaxTTL = 24 * time.Hour
 
 // clockSkew is the tolerance for peers' clocks when judging expiry.
 const clockSkew = 5 * time.Second
+
+// verifier checks ed25519 signatures with curve25519-voi, caching each
+// signer's expanded public key: the same machines re-announce every few
+// seconds, and skipping point decompression makes verification about 1.6x
+// faster than crypto/ed25519 on a lab machine (see make bench-p2p).
+var (
+	verifier   = cache.NewVerifier(cache.NewLRUCache(4096))
+	verifyOpts = &voi.Options{Verify: voi.VerifyOptionsStdLib}
+)
 
 // envelopeDomain separates DeepMarket envelope signatures from any other use
 // of the same key (libp2p records, ledger transactions).
@@ -116,7 +127,7 @@ func Open(data []byte, chainID string, now time.Time) (*Envelope, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !ed25519.Verify(env.Signer, in, env.Sig) {
+	if !verifier.VerifyWithOptions(env.Signer, in, env.Sig, verifyOpts) {
 		return nil, ErrBadSignature
 	}
 	exp := env.ExpiresAt()

@@ -108,7 +108,7 @@ withdrawing this machine's offer first.`,
 			go func() {
 				select {
 				case <-n.Ready():
-					fmt.Fprintf(os.Stderr, "DeepMarket node %s is running.\n  API and dashboard: %s\n  Stop with Ctrl-C.\n", n.Key().PeerID(), n.APIURL())
+					fmt.Fprintf(os.Stderr, "DeepMarket node %s is running.\n  local API: %s  (OpenAPI: %s/api/v1/openapi.json, metrics: %s/metrics)\n  Stop with Ctrl-C.\n", n.Key().PeerID(), n.APIURL(), n.APIURL(), n.APIURL())
 				case <-ctx.Done():
 				}
 			}()

@@ -1,0 +1,49 @@
+# DeepMarket. `make help` lists the targets.
+
+GO        ?= go
+BIN       := bin/deepmarket
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X github.com/deepmarket/deepmarket/node.Version=$(VERSION)
+HOME_DIR  ?= $(or $(DEEPMARKET_HOME),$(HOME)/.deepmarket)
+FUZZTIME  ?= 10s
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build bin/deepmarket
+	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/deepmarket
+
+.PHONY: run
+run: build ## Build and run a node on this machine (inits $(HOME_DIR) on first use)
+	@test -f "$(HOME_DIR)/config.toml" || ./$(BIN) init --home "$(HOME_DIR)"
+	./$(BIN) node run --home "$(HOME_DIR)"
+
+.PHONY: deps
+deps: ## Install what the tests need (Go modules)
+	$(GO) mod download
+
+.PHONY: test
+test: deps lint ## Install what the tests need and run every test
+	$(GO) test -count=1 -timeout 20m ./...
+	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZTIME) ./p2p
+
+.PHONY: lint
+lint: ## gofmt and go vet
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+.PHONY: bench
+bench: bench-p2p ## Run every benchmark
+
+.PHONY: bench-p2p
+bench-p2p: build ## Gossip: propagation over 50 nodes, validation rate, idle node cost
+	$(GO) run ./bench/p2p -bin $(BIN) -out bench/results/p2p.json
+
+.PHONY: clean
+clean: ## Remove build outputs
+	rm -rf bin
