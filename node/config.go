@@ -43,6 +43,7 @@ type P2PConfig struct {
 	ConnHigh         int      `toml:"conn_high"`
 	OfferTTL         Duration `toml:"offer_ttl"`
 	AnnounceInterval Duration `toml:"announce_interval"`
+	DiscoverInterval Duration `toml:"discover_interval"`
 }
 
 // APIConfig configures the local HTTP API.
@@ -110,6 +111,7 @@ func DefaultConfig() Config {
 			ConnHigh:         192,
 			OfferTTL:         Duration{90 * time.Second},
 			AnnounceInterval: Duration{30 * time.Second},
+			DiscoverInterval: Duration{30 * time.Second},
 		},
 		API:       APIConfig{Listen: DefaultAPIListen},
 		Inventory: InventoryConfig{Python: "python3"},
@@ -268,6 +270,9 @@ func (c *Config) Validate() error {
 		return bad("p2p] announce_interval", "%s: want positive and at most half of offer_ttl (%s), so an offer never lapses between announcements",
 			c.P2P.AnnounceInterval, c.P2P.OfferTTL)
 	}
+	if d := c.P2P.DiscoverInterval.Duration; d < time.Second || d > time.Hour {
+		return bad("p2p] discover_interval", "%s: want between 1s and 1h", c.P2P.DiscoverInterval)
+	}
 	host, _, err := net.SplitHostPort(c.API.Listen)
 	if err != nil {
 		return bad("api] listen", "%q: want HOST:PORT, e.g. 127.0.0.1:7700", c.API.Listen)
@@ -357,6 +362,9 @@ offer_ttl = {{lit .P2P.OfferTTL}}
 # How often the offer is re-announced (at most half of offer_ttl); it is
 # also announced at once whenever it changes.
 announce_interval = {{lit .P2P.AnnounceInterval}}
+# How often to look for more peers in the DHT, and to re-dial bootstrap
+# peers when the node has none.
+discover_interval = {{lit .P2P.DiscoverInterval}}
 
 [api]
 # The local HTTP API, /metrics and the dashboard. Loopback only; the CLI

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -114,6 +115,21 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 func hasOffer(n *testNode, machine string) bool {
 	for _, o := range n.Offers() {
 		if o.Machine == machine {
+			return true
+		}
+	}
+	return false
+}
+
+// multicastAvailable reports whether some interface other than loopback
+// is up and multicast-capable (mDNS needs one).
+func multicastAvailable() bool {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return false
+	}
+	for _, i := range ifs {
+		if i.Flags&net.FlagUp != 0 && i.Flags&net.FlagMulticast != 0 && i.Flags&net.FlagLoopback == 0 {
 			return true
 		}
 	}

@@ -142,6 +142,7 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	}
 	disc, err := p2p.NewDiscovery(p2p.DiscoveryParams{
 		Host: n.host, ChainID: n.cfg.Node.ChainID, Bootstrap: bootstrap, MDNS: n.cfg.P2P.MDNS, DHT: n.cfg.P2P.DHT,
+		Interval: n.cfg.P2P.DiscoverInterval.Duration,
 		Logger: log.With("module", "discovery"),
 	})
 	if err != nil {
@@ -160,6 +161,7 @@ func (n *Node) Run(ctx context.Context) (err error) {
 		return n.gossip.Bids().Run(gctx, func(r *p2p.Received) { n.bids.Add(r, time.Now()) })
 	})
 	g.Go(func() error { return n.lender.Run(gctx) })
+	g.Go(func() error { return n.store.Run(gctx) })
 	g.Go(func() error { return server.Serve(gctx, ln) })
 	g.Go(func() error {
 		full := inventory.Detect(gctx, n.home.Dir, n.cfg.Inventory.Python)
