@@ -143,7 +143,7 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	disc, err := p2p.NewDiscovery(p2p.DiscoveryParams{
 		Host: n.host, ChainID: n.cfg.Node.ChainID, Bootstrap: bootstrap, MDNS: n.cfg.P2P.MDNS, DHT: n.cfg.P2P.DHT,
 		Interval: n.cfg.P2P.DiscoverInterval.Duration,
-		Logger: log.With("module", "discovery"),
+		Logger:   log.With("module", "discovery"),
 	})
 	if err != nil {
 		return err

@@ -262,7 +262,7 @@ func validation(msgs int) []row {
 	verify := float64(msgs) / time.Since(start).Seconds()
 	return []row{
 		{Name: "offers validated per second, 1 core", Value: ours, Unit: "msg/s", Goal: ">= 20000",
-			Ratio: ours / verify, RefDoc: "validator / bare ed25519.Verify on the same core (the ceiling)", Pass: ours >= 20000},
+			Ratio: ours / verify, RefDoc: "full validation / bare crypto/ed25519.Verify on one core (a validator on the standard library stays below 1.0; ours caches expanded keys with curve25519-voi)", Pass: ours >= 20000},
 		{Name: "bare ed25519 verifications per second, 1 core", Value: verify, Unit: "op/s", Goal: "reference", Pass: true},
 	}
 }
