@@ -170,6 +170,29 @@ func (l *Lender) Refresh() {
 	}
 }
 
+// withdrawGrace is how long a stopping node waits for its withdrawal to
+// leave: gossipsub sends asynchronously and has no flush.
+const withdrawGrace = 300 * time.Millisecond
+
+// withdrawOnStop tells peers at once that this machine is leaving, so its
+// offer does not linger on their books until the TTL.
+func (l *Lender) withdrawOnStop() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.out {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	w := &p2p.Withdrawal{Machine: l.p.Topic.Signer().String(), Reason: "node stopping"}
+	if err := l.p.Topic.Publish(ctx, p2p.TypeWithdrawal, w, l.p.TTL); err != nil {
+		l.p.Logger.Warn("withdraw offer while stopping", "err", err)
+		return
+	}
+	l.out = false
+	time.Sleep(withdrawGrace)
+}
+
 // syncLocked makes the market match the settings: announce when lending
 // inside the window (always when force or when due), withdraw otherwise.
 func (l *Lender) syncLocked(ctx context.Context, now time.Time, force bool) error {
@@ -221,14 +244,7 @@ func (l *Lender) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			l.mu.Lock()
-			if l.out {
-				wctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				l.p.Topic.Publish(wctx, p2p.TypeWithdrawal, &p2p.Withdrawal{Machine: l.p.Topic.Signer().String(), Reason: "node stopping"}, l.p.TTL)
-				cancel()
-				l.out = false
-			}
-			l.mu.Unlock()
+			l.withdrawOnStop()
 			return nil
 		case <-timer.C:
 		case <-l.wake:

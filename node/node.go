@@ -118,8 +118,12 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	defer n.host.Close()
 
 	g, gctx := errgroup.WithContext(ctx)
+	// The gossip router outlives the other services by a moment, so the
+	// lender can still withdraw this machine's offer while stopping.
+	psCtx, psCancel := context.WithCancel(context.Background())
+	defer psCancel()
 	n.peers = p2p.NewPeerWatcher(n.host, 0)
-	n.gossip, err = p2p.NewGossip(gctx, p2p.GossipParams{
+	n.gossip, err = p2p.NewGossip(psCtx, p2p.GossipParams{
 		Host: n.host, Key: n.key, ChainID: n.cfg.Node.ChainID,
 		Logger:  slog.New(&levelHandler{min: ParseLevel(n.cfg.Log.Libp2pLevel), h: log.Handler()}),
 		Metrics: p2p.NewMetrics(n.reg), ScoreInspect: n.peers.SetScores, ScoreInspectPeriod: 5 * time.Second,

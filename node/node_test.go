@@ -54,6 +54,15 @@ func TestTwoNodesOfferAndWithdraw(t *testing.T) {
 	if st := a.Lend(); st.Lending || st.Offering {
 		t.Fatalf("after stop: %+v", st)
 	}
+
+	// Lending again, then stopping the node: peers drop the offer at once
+	// rather than after its TTL.
+	if _, err := a.client.SetLend(ctx, api.LendRequest{Cores: 1, MemBytes: 512 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "A's new offer on B", func() bool { return hasOffer(b, machine) })
+	a.stop()
+	eventually(t, 5*time.Second, "A's offer gone from B after A stopped", func() bool { return !hasOffer(b, machine) })
 }
 
 // TestSparseTopologyPropagation: 20 nodes, each connected to only 2-3
