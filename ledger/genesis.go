@@ -1,0 +1,105 @@
+package ledger
+
+import (
+	"crypto/ed25519"
+	"encoding/json"
+	"fmt"
+	"math/bits"
+	"time"
+
+	cmted "github.com/cometbft/cometbft/crypto/ed25519"
+	cmttypes "github.com/cometbft/cometbft/types"
+
+	"github.com/deepmarket/deepmarket/identity"
+)
+
+// GenesisState is the ledger's part of genesis.json (app_state).
+type GenesisState struct {
+	Issuers  []GenesisIssuer  `json:"issuers"`
+	Balances []GenesisBalance `json:"balances"`
+	Params   *Params          `json:"params,omitempty"`
+}
+
+// GenesisIssuer is an issuer (one per university) and its quota.
+type GenesisIssuer struct {
+	Address string `json:"address"`
+	Name    string `json:"name,omitempty"`
+	Quota   uint64 `json:"quota"`
+}
+
+// GenesisBalance is an initial balance; it counts as a grant in the supply.
+type GenesisBalance struct {
+	Address string `json:"address"`
+	Amount  uint64 `json:"amount"`
+}
+
+// State builds the initial state, checking every entry.
+func (g GenesisState) State(chainID string) (*State, error) {
+	s := NewState()
+	s.ChainID = chainID
+	s.Params = DefaultParams()
+	if g.Params != nil {
+		s.Params = *g.Params
+	}
+	if s.Params.ClaimGrace < 0 || s.Params.MaxEscrowTTL <= 0 {
+		return nil, fmt.Errorf("genesis params: claim_grace_s must be >= 0 and max_escrow_ttl_s > 0")
+	}
+	for _, is := range g.Issuers {
+		if _, err := identity.ParseAddress(is.Address); err != nil {
+			return nil, fmt.Errorf("genesis issuer: %w", err)
+		}
+		if _, dup := s.Issuers[is.Address]; dup {
+			return nil, fmt.Errorf("genesis issuer %s listed twice", is.Address)
+		}
+		s.Issuers[is.Address] = &Issuer{Quota: is.Quota}
+	}
+	for _, b := range g.Balances {
+		if _, err := identity.ParseAddress(b.Address); err != nil {
+			return nil, fmt.Errorf("genesis balance: %w", err)
+		}
+		a := s.account(b.Address)
+		var carry uint64
+		a.Balance, carry = bits.Add64(a.Balance, b.Amount, 0)
+		if carry != 0 {
+			return nil, fmt.Errorf("genesis balance of %s overflows", b.Address)
+		}
+		s.Supply, carry = bits.Add64(s.Supply, b.Amount, 0)
+		if carry != 0 {
+			return nil, fmt.Errorf("genesis supply overflows")
+		}
+	}
+	return s, nil
+}
+
+// GenesisValidator is a validator of a new network.
+type GenesisValidator struct {
+	Name   string
+	PubKey ed25519.PublicKey
+	Power  int64
+}
+
+// NewGenesis makes a CometBFT genesis document for a DeepMarket network.
+func NewGenesis(chainID string, validators []GenesisValidator, app GenesisState) (*cmttypes.GenesisDoc, error) {
+	if _, err := app.State(chainID); err != nil {
+		return nil, err
+	}
+	appState, err := json.Marshal(app)
+	if err != nil {
+		return nil, err
+	}
+	doc := &cmttypes.GenesisDoc{
+		GenesisTime:     time.Now().UTC().Truncate(time.Second),
+		ChainID:         chainID,
+		InitialHeight:   1,
+		ConsensusParams: cmttypes.DefaultConsensusParams(),
+		AppState:        appState,
+	}
+	for _, v := range validators {
+		pk := cmted.PubKey(v.PubKey)
+		doc.Validators = append(doc.Validators, cmttypes.GenesisValidator{Address: pk.Address(), PubKey: pk, Power: v.Power, Name: v.Name})
+	}
+	if err := doc.ValidateAndComplete(); err != nil {
+		return nil, fmt.Errorf("genesis: %w", err)
+	}
+	return doc, nil
+}

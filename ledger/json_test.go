@@ -1,0 +1,5 @@
+package ledger
+
+import "encoding/json"
+
+func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }

@@ -1,0 +1,313 @@
+package ledger
+
+import (
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+
+	voi "github.com/oasisprotocol/curve25519-voi/primitives/ed25519"
+	"github.com/oasisprotocol/curve25519-voi/primitives/ed25519/extra/cache"
+
+	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/wire"
+)
+
+// Transaction types.
+const (
+	TypeTransfer    = "transfer"
+	TypeGrant       = "grant"
+	TypeLinkMachine = "link_machine"
+	TypeOpenEscrow  = "open_escrow"
+	TypeSettle      = "settle"
+	TypeClaim       = "claim"
+	TypeExpire      = "expire"
+)
+
+// MaxTxSize bounds a transaction's encoding.
+const MaxTxSize = 16 << 10
+
+// Response codes. Every rejection carries one of these and a reason; codes
+// are stable so clients can branch on them.
+const (
+	CodeOK uint32 = iota
+	CodeMalformed
+	CodeUnknownType
+	CodeBadSignature
+	CodeBadNonce
+	CodeInvalidAddress
+	CodeInvalidAmount
+	CodeInsufficientFunds
+	CodeOverflow
+	CodeNotIssuer
+	CodeQuotaExceeded
+	CodeEscrowExists
+	CodeUnknownEscrow
+	CodeNotPayer
+	CodeNotPayee
+	CodeNotExpired
+	CodeExpired
+	CodeBadReceipt
+	CodeTooLarge
+	CodeInvalidJob
+)
+
+// Error is a rejected transaction: a stable code and a readable reason.
+type Error struct {
+	Code   uint32
+	Reason string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("code %d: %s", e.Code, e.Reason) }
+
+func reject(code uint32, format string, args ...any) *Error {
+	return &Error{Code: code, Reason: fmt.Sprintf(format, args...)}
+}
+
+// CodeOf returns the code of a ledger error (CodeOK for nil, CodeMalformed
+// for any other error).
+func CodeOf(err error) uint32 {
+	if err == nil {
+		return CodeOK
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return CodeMalformed
+}
+
+// Tx is a signed ledger transaction.
+type Tx struct {
+	Type   string `cbor:"1,keyasint"`
+	Signer []byte `cbor:"2,keyasint"` // ed25519 public key
+	Nonce  uint64 `cbor:"3,keyasint"` // the signer's next nonce
+	Body   []byte `cbor:"4,keyasint"` // the message, encoded
+	Sig    []byte `cbor:"5,keyasint"`
+}
+
+// Messages, one per transaction type.
+type (
+	// Transfer moves credits between accounts.
+	Transfer struct {
+		To     string `cbor:"to"`
+		Amount uint64 `cbor:"amount"`
+		Memo   string `cbor:"memo,omitempty"`
+	}
+	// Grant creates credits for a member, within the issuer's quota.
+	Grant struct {
+		To     string `cbor:"to"`
+		Amount uint64 `cbor:"amount"`
+	}
+	// LinkMachine makes a machine earn into the signer's account; the
+	// machine's key co-signs.
+	LinkMachine struct {
+		Machine    []byte `cbor:"machine"` // the machine's ed25519 public key
+		MachineSig []byte `cbor:"machine_sig"`
+	}
+	// OpenEscrow locks a job's maximum price until it settles or expires.
+	OpenEscrow struct {
+		Job    string   `cbor:"job"`
+		Amount uint64   `cbor:"amount"`
+		Expiry int64    `cbor:"expiry"` // unix seconds, block time
+		Payees []string `cbor:"payees"` // machine addresses
+	}
+	// Payment is one machine's share at settlement.
+	Payment struct {
+		Machine string `cbor:"machine"`
+		Amount  uint64 `cbor:"amount"`
+		Failed  bool   `cbor:"failed,omitempty"`
+	}
+	// Settle pays each machine for time used and refunds the rest.
+	Settle struct {
+		Job      string    `cbor:"job"`
+		Payments []Payment `cbor:"payments"`
+	}
+	// Receipt is the payer's signed statement that a machine has earned
+	// Amount (cumulative) on a job.
+	Receipt struct {
+		Job    string `cbor:"job"`
+		Payee  string `cbor:"payee"`
+		Amount uint64 `cbor:"amount"`
+		Seq    uint64 `cbor:"seq"`
+		Sig    []byte `cbor:"sig"`
+	}
+	// Claim lets a machine take what its latest receipt covers after the
+	// escrow expired unsettled.
+	Claim struct {
+		Receipt Receipt `cbor:"receipt"`
+	}
+	// Expire returns an expired escrow's remainder to its payer.
+	Expire struct {
+		Job string `cbor:"job"`
+	}
+)
+
+var jobRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// Signing domains keep each kind of signature from being reused as another.
+const (
+	txDomain      = "deepmarket/tx/1"
+	linkDomain    = "deepmarket/link/1"
+	receiptDomain = "deepmarket/receipt/1"
+)
+
+type txSigning struct {
+	_       struct{} `cbor:",toarray"`
+	Domain  string
+	ChainID string
+	Type    string
+	Signer  []byte
+	Nonce   uint64
+	Body    []byte
+}
+
+func (tx *Tx) signBytes(chainID string) []byte {
+	b, err := wire.Marshal(txSigning{Domain: txDomain, ChainID: chainID, Type: tx.Type, Signer: tx.Signer, Nonce: tx.Nonce, Body: tx.Body})
+	if err != nil {
+		panic(err) // plain values always encode
+	}
+	return b
+}
+
+// Signer is a key that signs transactions: identity.Key satisfies it.
+type Signer interface {
+	Public() ed25519.PublicKey
+	Sign([]byte) []byte
+}
+
+// NewTx encodes msg as a transaction of type typ, signed by key for chainID
+// with the given nonce, and returns its bytes.
+func NewTx(key Signer, chainID, typ string, nonce uint64, msg any) ([]byte, error) {
+	body, err := wire.Marshal(msg)
+	if err != nil {
+		return nil, err
+	}
+	tx := Tx{Type: typ, Signer: key.Public(), Nonce: nonce, Body: body}
+	tx.Sig = key.Sign(tx.signBytes(chainID))
+	return wire.Marshal(&tx)
+}
+
+// SignReceipt signs a usage receipt as the payer.
+func SignReceipt(payer Signer, chainID string, r Receipt) Receipt {
+	r.Sig = payer.Sign(receiptBytes(chainID, r))
+	return r
+}
+
+func receiptBytes(chainID string, r Receipt) []byte {
+	b, _ := wire.Marshal([]any{receiptDomain, chainID, r.Job, r.Payee, r.Amount, r.Seq})
+	return b
+}
+
+// SignLink is the machine's half of a LinkMachine: it agrees to earn into
+// owner's account.
+func SignLink(machine Signer, chainID string, owner identity.Address) []byte {
+	return machine.Sign(linkBytes(chainID, owner))
+}
+
+func linkBytes(chainID string, owner identity.Address) []byte {
+	b, _ := wire.Marshal([]any{linkDomain, chainID, string(owner)})
+	return b
+}
+
+// TxHash is the hash CometBFT names a transaction by.
+func TxHash(tx []byte) [32]byte { return sha256.Sum256(tx) }
+
+// TxHashHex is TxHash as upper-case hex, as CometBFT's RPC prints it.
+func TxHashHex(tx []byte) string {
+	h := TxHash(tx)
+	return fmt.Sprintf("%X", h[:])
+}
+
+// decoded is a transaction parsed and checked for form (not yet for state).
+type decoded struct {
+	tx     Tx
+	signer identity.Address
+	msg    any
+}
+
+// DecodeTx parses tx bytes and checks their form; it does not check the
+// signature.
+func DecodeTx(b []byte) (*decoded, error) {
+	if len(b) > MaxTxSize {
+		return nil, reject(CodeTooLarge, "transaction is %d bytes, limit %d", len(b), MaxTxSize)
+	}
+	var d decoded
+	if err := wire.Unmarshal(b, &d.tx); err != nil {
+		return nil, reject(CodeMalformed, "%v", err)
+	}
+	if len(d.tx.Signer) != ed25519.PublicKeySize || len(d.tx.Sig) != ed25519.SignatureSize {
+		return nil, reject(CodeMalformed, "signer key or signature missing")
+	}
+	d.signer = identity.AddressOf(d.tx.Signer)
+	var err error
+	switch d.tx.Type {
+	case TypeTransfer:
+		d.msg, err = decodeBody[Transfer](d.tx.Body)
+	case TypeGrant:
+		d.msg, err = decodeBody[Grant](d.tx.Body)
+	case TypeLinkMachine:
+		d.msg, err = decodeBody[LinkMachine](d.tx.Body)
+	case TypeOpenEscrow:
+		d.msg, err = decodeBody[OpenEscrow](d.tx.Body)
+	case TypeSettle:
+		d.msg, err = decodeBody[Settle](d.tx.Body)
+	case TypeClaim:
+		d.msg, err = decodeBody[Claim](d.tx.Body)
+	case TypeExpire:
+		d.msg, err = decodeBody[Expire](d.tx.Body)
+	default:
+		return nil, reject(CodeUnknownType, "unknown transaction type %q", d.tx.Type)
+	}
+	if err != nil {
+		return nil, reject(CodeMalformed, "%s body: %v", d.tx.Type, err)
+	}
+	return &d, nil
+}
+
+func decodeBody[T any](b []byte) (*T, error) {
+	var v T
+	if err := wire.Unmarshal(b, &v); err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
+// verifier caches expanded public keys: a ledger sees the same accounts
+// sign again and again.
+var (
+	verifier   = cache.NewVerifier(cache.NewLRUCache(8192))
+	verifyOpts = &voi.Options{Verify: voi.VerifyOptionsStdLib}
+)
+
+func verify(pub, msg, sig []byte) bool { return verifier.VerifyWithOptions(pub, msg, sig, verifyOpts) }
+
+// verifySig checks the transaction's signature under chainID.
+func (d *decoded) verifySig(chainID string) error {
+	if !verify(d.tx.Signer, d.tx.signBytes(chainID), d.tx.Sig) {
+		return reject(CodeBadSignature, "signature does not verify for signer %s on chain %s", d.signer, chainID)
+	}
+	return nil
+}
+
+func checkAddress(field, s string) error {
+	if _, err := identity.ParseAddress(s); err != nil {
+		return reject(CodeInvalidAddress, "%s: %v", field, err)
+	}
+	return nil
+}
+
+func checkJob(job string) error {
+	if !jobRE.MatchString(job) {
+		return reject(CodeInvalidJob, "job %q is not a hex SHA-256", job)
+	}
+	return nil
+}
+
+// JobID returns the job ID of a job spec's bytes: hex SHA-256.
+func JobID(spec []byte) string {
+	h := sha256.Sum256(spec)
+	return hex.EncodeToString(h[:])
+}
