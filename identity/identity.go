@@ -141,3 +141,7 @@ func LoadKey(path string) (*Key, error) {
 	}
 	return KeyFromSeed(data[len(keyFileMagic):])
 }
+
+// Ed25519 returns the raw private key, for libraries that take one
+// (CometBFT's validator key).
+func (k *Key) Ed25519() ed25519.PrivateKey { return k.priv }

@@ -1,0 +1,170 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	abci "github.com/cometbft/cometbft/abci/types"
+	cfg "github.com/cometbft/cometbft/config"
+	cmted "github.com/cometbft/cometbft/crypto/ed25519"
+	cmtlog "github.com/cometbft/cometbft/libs/log"
+	nm "github.com/cometbft/cometbft/node"
+	cmtp2p "github.com/cometbft/cometbft/p2p"
+	"github.com/cometbft/cometbft/privval"
+	"github.com/cometbft/cometbft/proxy"
+	rpclocal "github.com/cometbft/cometbft/rpc/client/local"
+	cmttypes "github.com/cometbft/cometbft/types"
+
+	"github.com/deepmarket/deepmarket/identity"
+)
+
+// ChainParams configures a CometBFT node running an ABCI app in-process.
+type ChainParams struct {
+	Dir     string        // CometBFT's home: config/ and data/
+	Key     *identity.Key // the validator key and CometBFT node key
+	Genesis *cmttypes.GenesisDoc
+	App     abci.Application
+	// P2PListen and RPCListen are CometBFT's addresses, e.g.
+	// "tcp://127.0.0.1:26656"; RPC empty disables it.
+	P2PListen, RPCListen string
+	Peers                []string // persistent peers: "ID@host:port"
+	Logger               *slog.Logger
+	// Metrics registers CometBFT's metrics in Prometheus' default registry.
+	// They are process-wide: only the first chain of a process gets them.
+	Metrics bool
+	// Configure adjusts CometBFT's config last (timeouts in tests, ...).
+	Configure func(*cfg.Config)
+}
+
+// Chain is a running CometBFT node.
+type Chain struct {
+	node *nm.Node
+	cfg  *cfg.Config
+}
+
+var metricsOnce sync.Once
+
+// StartChain writes CometBFT's files if missing (genesis, validator key and
+// its last-sign state, node key) and starts the node; the handshake with
+// the app replays whatever blocks the app has not committed.
+func StartChain(p ChainParams) (*Chain, error) {
+	c := cfg.DefaultConfig()
+	c.SetRoot(p.Dir)
+	c.Moniker = "deepmarket"
+	c.P2P.ListenAddress = p.P2PListen
+	c.P2P.PersistentPeers = joinComma(p.Peers)
+	c.P2P.AllowDuplicateIP = true
+	c.P2P.AddrBookStrict = false
+	c.RPC.ListenAddress = p.RPCListen
+	c.Instrumentation.Prometheus = false
+	c.TxIndex.Indexer = "kv"
+	if p.Configure != nil {
+		p.Configure(c)
+	}
+	for _, d := range []string{filepath.Join(p.Dir, "config"), filepath.Join(p.Dir, "data")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("chain dir: %w", err)
+		}
+	}
+	if err := c.ValidateBasic(); err != nil {
+		return nil, fmt.Errorf("CometBFT config: %w", err)
+	}
+	if _, err := os.Stat(c.GenesisFile()); err != nil {
+		if err := p.Genesis.SaveAs(c.GenesisFile()); err != nil {
+			return nil, fmt.Errorf("write genesis: %w", err)
+		}
+	}
+	priv := cmted.PrivKey(p.Key.Ed25519())
+	var pv *privval.FilePV
+	if _, err := os.Stat(c.PrivValidatorStateFile()); err == nil {
+		pv = privval.LoadFilePV(c.PrivValidatorKeyFile(), c.PrivValidatorStateFile())
+	} else {
+		pv = privval.NewFilePV(priv, c.PrivValidatorKeyFile(), c.PrivValidatorStateFile())
+		pv.Save()
+	}
+	log := p.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	metrics := nm.DefaultMetricsProvider(c.Instrumentation)
+	if p.Metrics {
+		metricsOnce.Do(func() {
+			ic := *c.Instrumentation
+			ic.Prometheus = true
+			metrics = nm.DefaultMetricsProvider(&ic)
+		})
+	}
+	node, err := nm.NewNode(c, pv, &cmtp2p.NodeKey{PrivKey: priv}, proxy.NewLocalClientCreator(p.App),
+		nm.DefaultGenesisDocProviderFunc(c), cfg.DefaultDBProvider, metrics, slogAdapter{log})
+	if err != nil {
+		return nil, fmt.Errorf("create CometBFT node: %w", err)
+	}
+	if err := node.Start(); err != nil {
+		return nil, fmt.Errorf("start CometBFT node: %w", err)
+	}
+	return &Chain{node: node, cfg: c}, nil
+}
+
+// Stop stops the node and waits for it.
+func (c *Chain) Stop() error {
+	if !c.node.IsRunning() {
+		return nil
+	}
+	err := c.node.Stop()
+	c.node.Wait()
+	return err
+}
+
+// Client is an in-process RPC client of the node.
+func (c *Chain) Client() *rpclocal.Local { return rpclocal.New(c.node) }
+
+// NodeID is the node's CometBFT peer ID.
+func (c *Chain) NodeID() string { return string(c.node.NodeInfo().ID()) }
+
+// Height is the last committed height.
+func (c *Chain) Height() int64 { return c.node.BlockStore().Height() }
+
+// WaitHeight waits until the chain reaches height h.
+func (c *Chain) WaitHeight(ctx context.Context, h int64) error {
+	for c.Height() < h {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for height %d (at %d): %w", h, c.Height(), ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+func joinComma(s []string) string {
+	out := ""
+	for i, v := range s {
+		if i > 0 {
+			out += ","
+		}
+		out += v
+	}
+	return out
+}
+
+// NodeIDOf is the CometBFT peer ID a key will have.
+func NodeIDOf(k *identity.Key) string {
+	return string(cmtp2p.PubKeyToID(cmted.PrivKey(k.Ed25519()).PubKey()))
+}
+
+// slogAdapter routes CometBFT's logs into slog. CometBFT logs every block
+// at info; those go to debug so a node's log stays readable.
+type slogAdapter struct{ l *slog.Logger }
+
+func (a slogAdapter) Debug(msg string, kv ...any) { a.l.Debug(msg, kv...) }
+func (a slogAdapter) Info(msg string, kv ...any)  { a.l.Debug(msg, kv...) }
+func (a slogAdapter) Warn(msg string, kv ...any)  { a.l.Warn(msg, kv...) }
+func (a slogAdapter) Error(msg string, kv ...any) { a.l.Error(msg, kv...) }
+func (a slogAdapter) With(kv ...any) cmtlog.Logger {
+	return slogAdapter{a.l.With(kv...)}
+}
