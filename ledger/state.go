@@ -136,8 +136,6 @@ func (s *State) account(addr string) *Account {
 type canonical struct {
 	_        struct{} `cbor:",toarray"`
 	ChainID  string
-	Height   int64
-	Time     int64
 	Supply   uint64
 	Params   Params
 	Accounts []kv[Account]
@@ -162,8 +160,10 @@ func sortedPtr[T any](m map[string]*T) []kv[T] {
 	return out
 }
 
-// Hash is the app hash: SHA-256 of the canonical encoding of the state at
-// its height. Empty accounts (created by a lookup, never funded or used)
+// Hash is the app hash: SHA-256 of the canonical encoding of the state.
+// Height and block time are left out (the block header has them), so an
+// empty block leaves the hash as it was and CometBFT needs no extra block
+// to prove it; only transactions change it. Empty accounts (created by a lookup, never funded or used)
 // are left out so a read can never change the hash.
 func (s *State) Hash() []byte {
 	accounts := make(map[string]*Account, len(s.Accounts))
@@ -178,7 +178,7 @@ func (s *State) Hash() []byte {
 	}
 	sort.Slice(links, func(i, j int) bool { return links[i].K < links[j].K })
 	b, err := wire.Marshal(canonical{
-		ChainID: s.ChainID, Height: s.Height, Time: s.Time, Supply: s.Supply, Params: s.Params,
+		ChainID: s.ChainID, Supply: s.Supply, Params: s.Params,
 		Accounts: sortedPtr(accounts), Issuers: sortedPtr(s.Issuers), Links: links,
 		Escrows: sortedPtr(s.Escrows), Machines: sortedPtr(s.Machines),
 	})

@@ -311,3 +311,6 @@ func JobID(spec []byte) string {
 	h := sha256.Sum256(spec)
 	return hex.EncodeToString(h[:])
 }
+
+// Address is identity.Address, re-exported for callers of this package.
+type Address = identity.Address
