@@ -110,10 +110,9 @@ type tamperingRPC struct {
 func (r *tamperingRPC) Block(ctx context.Context, h *int64) (*ctypes.ResultBlock, error) {
 	res, err := r.AuditRPC.Block(ctx, h)
 	if err == nil && *h == r.height {
-		cp := *res.Block
-		cp.Data.Txs = append(cmttypes.Txs(nil), res.Block.Txs...)
-		r.swap(&cp)
-		res = &ctypes.ResultBlock{BlockID: res.BlockID, Block: &cp}
+		cp := &cmttypes.Block{Header: res.Block.Header, Data: cmttypes.Data{Txs: append(cmttypes.Txs(nil), res.Block.Txs...)}, LastCommit: res.Block.LastCommit}
+		r.swap(cp)
+		res = &ctypes.ResultBlock{BlockID: res.BlockID, Block: cp}
 	}
 	return res, err
 }

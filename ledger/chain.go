@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	dbm "github.com/cometbft/cometbft-db"
+
 	abci "github.com/cometbft/cometbft/abci/types"
 	cfg "github.com/cometbft/cometbft/config"
 	cmted "github.com/cometbft/cometbft/crypto/ed25519"
@@ -45,6 +47,34 @@ type ChainParams struct {
 type Chain struct {
 	node *nm.Node
 	cfg  *cfg.Config
+	dbs  *openDBs
+}
+
+// openDBs remembers every database CometBFT opens: its node does not close
+// the transaction index on Stop, which would keep a restart in the same
+// process from opening it.
+type openDBs struct {
+	mu  sync.Mutex
+	all []dbm.DB
+}
+
+func (o *openDBs) provider(ctx *cfg.DBContext) (dbm.DB, error) {
+	db, err := cfg.DefaultDBProvider(ctx)
+	if err == nil {
+		o.mu.Lock()
+		o.all = append(o.all, db)
+		o.mu.Unlock()
+	}
+	return db, err
+}
+
+func (o *openDBs) closeAll() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, db := range o.all {
+		db.Close() // already closed by the node: an error we do not need
+	}
+	o.all = nil
 }
 
 var metricsOnce sync.Once
@@ -99,19 +129,23 @@ func StartChain(p ChainParams) (*Chain, error) {
 			metrics = nm.DefaultMetricsProvider(&ic)
 		})
 	}
+	dbs := &openDBs{}
 	node, err := nm.NewNode(c, pv, &cmtp2p.NodeKey{PrivKey: priv}, proxy.NewLocalClientCreator(p.App),
-		nm.DefaultGenesisDocProviderFunc(c), cfg.DefaultDBProvider, metrics, slogAdapter{log})
+		nm.DefaultGenesisDocProviderFunc(c), dbs.provider, metrics, slogAdapter{log})
 	if err != nil {
+		dbs.closeAll()
 		return nil, fmt.Errorf("create CometBFT node: %w", err)
 	}
 	if err := node.Start(); err != nil {
+		dbs.closeAll()
 		return nil, fmt.Errorf("start CometBFT node: %w", err)
 	}
-	return &Chain{node: node, cfg: c}, nil
+	return &Chain{node: node, cfg: c, dbs: dbs}, nil
 }
 
 // Stop stops the node and waits for it.
 func (c *Chain) Stop() error {
+	defer c.dbs.closeAll()
 	if !c.node.IsRunning() {
 		return nil
 	}

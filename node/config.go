@@ -21,6 +21,7 @@ type Config struct {
 	Node      NodeConfig      `toml:"node"`
 	P2P       P2PConfig       `toml:"p2p"`
 	API       APIConfig       `toml:"api"`
+	Ledger    LedgerConfig    `toml:"ledger"`
 	Inventory InventoryConfig `toml:"inventory"`
 	Prices    PricesConfig    `toml:"prices"`
 	Log       LogConfig       `toml:"log"`
@@ -44,6 +45,16 @@ type P2PConfig struct {
 	OfferTTL         Duration `toml:"offer_ttl"`
 	AnnounceInterval Duration `toml:"announce_interval"`
 	DiscoverInterval Duration `toml:"discover_interval"`
+}
+
+// LedgerConfig configures this node's replica of the credit ledger (an
+// in-process CometBFT node).
+type LedgerConfig struct {
+	P2PListen          string   `toml:"p2p_listen"`
+	RPCListen          string   `toml:"rpc_listen"`
+	Peers              []string `toml:"peers"`
+	BlockTime          Duration `toml:"block_time"`
+	EmptyBlockInterval Duration `toml:"empty_block_interval"`
 }
 
 // APIConfig configures the local HTTP API.
@@ -89,8 +100,10 @@ func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil
 
 // Default ports: the API on 7700, libp2p on 7701 (TCP and QUIC).
 const (
-	DefaultAPIListen = "127.0.0.1:7700"
-	DefaultP2PPort   = 7701
+	DefaultAPIListen       = "127.0.0.1:7700"
+	DefaultP2PPort         = 7701
+	DefaultLedgerP2PListen = "tcp://0.0.0.0:7702"
+	DefaultLedgerRPCListen = "tcp://127.0.0.1:7703"
 )
 
 // DefaultConfig returns the built-in defaults.
@@ -113,7 +126,11 @@ func DefaultConfig() Config {
 			AnnounceInterval: Duration{30 * time.Second},
 			DiscoverInterval: Duration{30 * time.Second},
 		},
-		API:       APIConfig{Listen: DefaultAPIListen},
+		API: APIConfig{Listen: DefaultAPIListen},
+		Ledger: LedgerConfig{
+			P2PListen: DefaultLedgerP2PListen, RPCListen: DefaultLedgerRPCListen,
+			BlockTime: Duration{time.Second}, EmptyBlockInterval: Duration{30 * time.Second},
+		},
 		Inventory: InventoryConfig{Python: "python3"},
 		Prices:    PricesConfig{CoreHour: "0.1", MemGiBHour: "0.02", GPUHour: "1"},
 		Log:       LogConfig{Level: "info", Format: "text", Libp2pLevel: "warn"},
@@ -280,6 +297,26 @@ func (c *Config) Validate() error {
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		return bad("api] listen", "%q: the API serves on loopback only (127.0.0.1 or [::1])", c.API.Listen)
 	}
+	for key, v := range map[string]string{"p2p_listen": c.Ledger.P2PListen, "rpc_listen": c.Ledger.RPCListen} {
+		if err := checkTCPListen(v); err != nil {
+			return bad("ledger] "+key, "%v", err)
+		}
+	}
+	for _, p := range c.Ledger.Peers {
+		id, addr, ok := strings.Cut(p, "@")
+		if !ok || len(id) != 40 {
+			return bad("ledger] peers", "%q: want NODE_ID@HOST:PORT (the node ID is in `deepmarket status`)", p)
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return bad("ledger] peers", "%q: %v", p, err)
+		}
+	}
+	if d := c.Ledger.BlockTime.Duration; d < 10*time.Millisecond || d > time.Minute {
+		return bad("ledger] block_time", "%s: want between 10ms and 1m", c.Ledger.BlockTime)
+	}
+	if d := c.Ledger.EmptyBlockInterval.Duration; d < 0 || d > time.Hour {
+		return bad("ledger] empty_block_interval", "%s: want between 0 and 1h", c.Ledger.EmptyBlockInterval)
+	}
 	if c.Inventory.Python == "" {
 		return bad("inventory] python", "is empty; e.g. \"python3\"")
 	}
@@ -302,6 +339,18 @@ func (c *Config) Validate() error {
 	case "text", "json":
 	default:
 		return bad("log] format", "%q: want text or json", c.Log.Format)
+	}
+	return nil
+}
+
+// checkTCPListen checks a CometBFT listen address, tcp://HOST:PORT.
+func checkTCPListen(s string) error {
+	rest, ok := strings.CutPrefix(s, "tcp://")
+	if !ok {
+		return fmt.Errorf("%q: want tcp://HOST:PORT", s)
+	}
+	if _, _, err := net.SplitHostPort(rest); err != nil {
+		return fmt.Errorf("%q: %v", s, err)
 	}
 	return nil
 }
@@ -365,6 +414,22 @@ announce_interval = {{lit .P2P.AnnounceInterval}}
 # How often to look for more peers in the DHT, and to re-dial bootstrap
 # peers when the node has none.
 discover_interval = {{lit .P2P.DiscoverInterval}}
+
+[ledger]
+# This node's replica of the credit ledger, a CometBFT node in the same
+# process. Its peer-to-peer address (other ledger nodes connect here):
+p2p_listen = {{lit .Ledger.P2PListen}}
+# CometBFT's RPC: what "deepmarket ledger audit --rpc" reads. Loopback by
+# default; open it to let auditors elsewhere replay the chain from this node.
+rpc_listen = {{lit .Ledger.RPCListen}}
+# Other ledger nodes to keep connected to, as NODE_ID@HOST:PORT (a node's ID
+# is in "deepmarket status"). Validators of a network list each other.
+peers = {{lit .Ledger.Peers}}
+# Time between blocks while there are transactions (CometBFT timeout_commit).
+block_time = {{lit .Ledger.BlockTime}}
+# With no transactions, a block at least this often, so time-based rules
+# (escrow expiry) advance; 0 makes blocks continuously.
+empty_block_interval = {{lit .Ledger.EmptyBlockInterval}}
 
 [api]
 # The local HTTP API, /metrics and the dashboard. Loopback only; the CLI

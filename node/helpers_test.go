@@ -39,6 +39,7 @@ func initHome(t *testing.T, dir, chain string) Home {
 	if _, err := Init(h, InitOptions{
 		Moniker: filepath.Base(dir), Site: "lab-a", ChainID: chain,
 		Listen: []string{"/ip4/127.0.0.1/tcp/0"}, API: "127.0.0.1:0",
+		LedgerP2P: "tcp://127.0.0.1:" + freePort(t), LedgerRPC: "tcp://127.0.0.1:" + freePort(t),
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -54,6 +55,7 @@ func startNode(t *testing.T, h Home, opts ...nodeOpt) *testNode {
 	}
 	cfg.P2P.MDNS = false
 	cfg.P2P.DHT = "off"
+	cfg.Ledger.BlockTime = Duration{100 * time.Millisecond}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -134,4 +136,16 @@ func multicastAvailable() bool {
 		}
 	}
 	return false
+}
+
+// freePort returns a loopback TCP port free at the time of asking.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return port
 }

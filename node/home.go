@@ -11,9 +11,11 @@ import (
 	"strings"
 	"time"
 
+	cmtjson "github.com/cometbft/cometbft/libs/json"
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/ledger"
 )
 
 // ErrNoHome means the home directory has not been initialised.
@@ -51,7 +53,14 @@ func (h Home) APIAddrPath() string { return filepath.Join(h.Dir, "api.addr") }
 // StoreDir is the badger node store.
 func (h Home) StoreDir() string { return filepath.Join(h.Dir, "data", "node") }
 
-// GenesisPath is the network's genesis file, when joined with --genesis.
+// LedgerDir holds the ledger's state (badger).
+func (h Home) LedgerDir() string { return filepath.Join(h.Dir, "data", "ledger") }
+
+// CometDir is CometBFT's home: its config and block store.
+func (h Home) CometDir() string { return filepath.Join(h.Dir, "data", "cometbft") }
+
+// GenesisPath is the network's genesis file: made by init for a local
+// network, or the one given with --genesis.
 func (h Home) GenesisPath() string { return filepath.Join(h.Dir, "genesis.json") }
 
 // Check reports ErrNoHome, with what to do, when the home is missing.
@@ -88,8 +97,17 @@ type InitOptions struct {
 	Bootstrap []string
 	ChainID   string
 	Genesis   string // path to a genesis.json to join
+	LedgerP2P string // CometBFT p2p listen, tcp://HOST:PORT
+	LedgerRPC string // CometBFT RPC listen
 	Force     bool
 }
+
+// Local network defaults: the node's own account is the issuer, with a
+// quota, and starts with a balance.
+const (
+	LocalIssuerQuota   = 1_000_000 * 1_000_000 // micro-credits
+	LocalStarterCredit = 1_000 * 1_000_000
+)
 
 // InitResult says what Init made.
 type InitResult struct {
@@ -119,6 +137,12 @@ func Init(h Home, opts InitOptions) (*InitResult, error) {
 		cfg.API.Listen = opts.API
 	}
 	cfg.P2P.Bootstrap = opts.Bootstrap
+	if opts.LedgerP2P != "" {
+		cfg.Ledger.P2PListen = opts.LedgerP2P
+	}
+	if opts.LedgerRPC != "" {
+		cfg.Ledger.RPCListen = opts.LedgerRPC
+	}
 	var genesis []byte
 	switch {
 	case opts.Genesis != "":
@@ -170,6 +194,21 @@ func Init(h Home, opts InitOptions) (*InitResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	if genesis == nil {
+		// A network of one: this node validates, issues and holds credits.
+		doc, err := ledger.NewGenesis(cfg.Node.ChainID,
+			[]ledger.GenesisValidator{{Name: cfg.Node.Moniker, PubKey: key.Public(), Power: 10}},
+			ledger.GenesisState{
+				Issuers:  []ledger.GenesisIssuer{{Address: string(key.Address()), Name: cfg.Node.Site, Quota: LocalIssuerQuota}},
+				Balances: []ledger.GenesisBalance{{Address: string(key.Address()), Amount: LocalStarterCredit}},
+			})
+		if err != nil {
+			return nil, fmt.Errorf("make genesis: %w", err)
+		}
+		if genesis, err = cmtjson.MarshalIndent(doc, "", "  "); err != nil {
+			return nil, fmt.Errorf("make genesis: %w", err)
+		}
+	}
 	if err := identity.SaveKey(h.KeyPath(), key); err != nil {
 		return nil, err
 	}
@@ -180,10 +219,8 @@ func Init(h Home, opts InitOptions) (*InitResult, error) {
 	if err := writeFileAtomic(h.TokenPath(), []byte(hex.EncodeToString(tok[:])+"\n"), 0o600); err != nil {
 		return nil, fmt.Errorf("write API token: %w", err)
 	}
-	if genesis != nil {
-		if err := writeFileAtomic(h.GenesisPath(), genesis, 0o644); err != nil {
-			return nil, fmt.Errorf("write genesis: %w", err)
-		}
+	if err := writeFileAtomic(h.GenesisPath(), genesis, 0o644); err != nil {
+		return nil, fmt.Errorf("write genesis: %w", err)
 	}
 	if err := writeFileAtomic(h.ConfigPath(), []byte(text), 0o644); err != nil {
 		return nil, fmt.Errorf("write config: %w", err)

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/inventory"
 	"github.com/deepmarket/deepmarket/p2p"
@@ -39,15 +40,18 @@ type Node struct {
 	started time.Time
 
 	// Set while Run runs, before ready is closed.
-	host   host.Host
-	gossip *p2p.Gossip
-	store  *Store
-	lender *Lender
-	book   *OfferBook
-	bids   *BidLog
-	peers  *p2p.PeerWatcher
-	apiURL string
-	inv    atomic.Pointer[inventory.Inventory]
+	host      host.Host
+	gossip    *p2p.Gossip
+	store     *Store
+	lender    *Lender
+	book      *OfferBook
+	bids      *BidLog
+	peers     *p2p.PeerWatcher
+	apiURL    string
+	inv       atomic.Pointer[inventory.Inventory]
+	chain     *ledger.Chain
+	ledgerApp *ledger.App
+	ledger    *ledger.Client
 }
 
 // New loads the key and token from home; it opens nothing.
@@ -117,6 +121,11 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	}
 	defer n.host.Close()
 
+	if err := n.startLedger(); err != nil {
+		return err
+	}
+	defer n.stopLedger()
+
 	g, gctx := errgroup.WithContext(ctx)
 	// The gossip router outlives the other services by a moment, so the
 	// lender can still withdraw this machine's offer while stopping.
@@ -153,7 +162,10 @@ func (n *Node) Run(ctx context.Context) (err error) {
 		return err
 	}
 	server := api.NewServer(api.Params{
-		Token: n.token, Status: n, Lending: n, Market: n, Registry: n.reg, Logger: log.With("module", "api"),
+		Token: n.token, Status: n, Lending: n, Market: n, Ledger: n,
+		// CometBFT registers its metrics process-wide; serve them beside ours.
+		Gatherer: prometheus.Gatherers{n.reg, prometheus.DefaultGatherer},
+		Logger:   log.With("module", "api"),
 	})
 
 	g.Go(func() error { return disc.Run(gctx) })
@@ -224,7 +236,8 @@ func (n *Node) Status() api.Status {
 	lend := n.lender.State(time.Now())
 	return api.Status{
 		PeerID: n.host.ID().String(), Addrs: p2p.FullAddrs(n.host), Account: string(n.key.Address()),
-		ChainID: n.cfg.Node.ChainID, Height: 0, Peers: len(n.host.Network().Peers()),
+		ChainID: n.cfg.Node.ChainID, Height: n.chain.Height(), Peers: len(n.host.Network().Peers()),
+		LedgerNodeID: n.chain.NodeID(), LedgerRPC: n.cfg.Ledger.RPCListen,
 		Lending: lend.Lending, Offering: lend.Offering, API: n.apiURL,
 		Moniker: n.cfg.Node.Moniker, Site: n.cfg.Node.Site, Version: Version,
 		UptimeS: int64(time.Since(n.started).Seconds()), Offers: len(n.book.List(time.Now())),

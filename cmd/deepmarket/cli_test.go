@@ -75,7 +75,8 @@ func expectFail(t *testing.T, code int, want string, args ...string) {
 func initHome(t *testing.T, extra ...string) string {
 	t.Helper()
 	home := filepath.Join(t.TempDir(), "home")
-	args := append([]string{"init", "--home", home, "--api", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--chain-id", "deepmarket-cli-test"}, extra...)
+	args := append([]string{"init", "--home", home, "--api", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--chain-id", "deepmarket-cli-test",
+		"--ledger-p2p", "tcp://127.0.0.1:" + freePort(t), "--ledger-rpc", "tcp://127.0.0.1:" + freePort(t)}, extra...)
 	mustRun(t, args...)
 	// Tests choose their peers: no LAN discovery.
 	cfg := filepath.Join(home, "config.toml")
@@ -336,4 +337,88 @@ func TestHelp(t *testing.T) {
 		t.Errorf("lend --help: %s", out)
 	}
 	expectFail(t, 2, "unknown flag", "status", "--bogus")
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return port
+}
+
+func balanceOf(t *testing.T, home string, addr ...string) uint64 {
+	t.Helper()
+	var b struct {
+		Balance uint64 `json:"balance"`
+	}
+	args := append([]string{"ledger", "balance", "--json", "--home", home}, addr...)
+	if err := json.Unmarshal([]byte(mustRun(t, args...)), &b); err != nil {
+		t.Fatal(err)
+	}
+	return b.Balance
+}
+
+// TestLedgerCLI: on a node's local one-validator chain, the node's account
+// starts with credits; transfers and grants commit, history shows them,
+// bad input is refused before anything is sent, and the audit balances.
+func TestLedgerCLI(t *testing.T) {
+	home := initHome(t)
+	startNodeProcess(t, home)
+	other := "dm1qje8qcjtdsz9a3aq2e7kv3wgwrkapzlunwqgpu"
+	if b := balanceOf(t, home); b != 1000_000000 {
+		t.Fatalf("starter balance %d", b)
+	}
+	out := mustRun(t, "ledger", "transfer", other, "12.5", "--memo", "gpu time", "--home", home)
+	if !strings.Contains(out, "Sent 12.5 credits") {
+		t.Fatalf("transfer: %s", out)
+	}
+	if b := balanceOf(t, home, other); b != 12_500000 {
+		t.Fatalf("recipient has %d", b)
+	}
+	mustRun(t, "ledger", "grant", other, "100", "--home", home)
+	if b := balanceOf(t, home, other); b != 112_500000 {
+		t.Fatalf("after grant recipient has %d", b)
+	}
+	before := balanceOf(t, home)
+	expectFail(t, 2, "more than 6 decimals", "ledger", "transfer", other, "1.0000001", "--home", home)
+	expectFail(t, 2, "not a DeepMarket address", "ledger", "transfer", "dm1nothing", "1", "--home", home)
+	expectFail(t, 2, "must be more than 0", "ledger", "transfer", other, "0", "--home", home)
+	expectFail(t, 1, "your balance is 987.5", "ledger", "transfer", other, "5000", "--home", home)
+	if after := balanceOf(t, home); after != before {
+		t.Fatalf("refused transfers changed the balance: %d -> %d", before, after)
+	}
+
+	var hist []struct {
+		Type  string            `json:"type"`
+		Attrs map[string]string `json:"attrs"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "ledger", "history", "--json", "--home", home)), &hist); err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != 2 || hist[0].Type != "grant" || hist[1].Type != "transfer" || hist[1].Attrs["memo"] != "gpu time" {
+		t.Fatalf("history %+v", hist)
+	}
+
+	var rep struct {
+		OK       bool     `json:"ok"`
+		Height   int64    `json:"height"`
+		Supply   uint64   `json:"supply"`
+		Balances uint64   `json:"balances"`
+		Escrowed uint64   `json:"escrowed"`
+		Problems []string `json:"problems"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "ledger", "audit", "--json", "--home", home)), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK || rep.Supply != 1100_000000 || rep.Balances != rep.Supply || rep.Escrowed != 0 || rep.Height < 2 || rep.Problems == nil {
+		t.Fatalf("audit %+v", rep)
+	}
+	if out := mustRun(t, "ledger", "audit", "--home", home); !strings.Contains(out, "audit OK") {
+		t.Fatalf("audit: %s", out)
+	}
+	expectFail(t, 1, "ledger RPC listening", "ledger", "audit", "--rpc", "http://127.0.0.1:"+freePort(t))
 }

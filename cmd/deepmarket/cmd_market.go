@@ -38,8 +38,8 @@ func newStatusCmd(c *cli) *cobra.Command {
 					lending = "yes (outside its window: no offer now)"
 				}
 			}
-			fmt.Fprintf(c.out, "peer ID:   %s\naccount:   %s\nmoniker:   %s (site %s)\nchain ID:  %s\nheight:    %d\npeers:     %d\nlending:   %s\noffers:    %d held\napi:       %s\nversion:   %s, up %s\n",
-				s.PeerID, s.Account, s.Moniker, s.Site, s.ChainID, s.Height, s.Peers, lending, s.Offers, s.API, s.Version,
+			fmt.Fprintf(c.out, "peer ID:   %s\naccount:   %s\nmoniker:   %s (site %s)\nchain ID:  %s\nheight:    %d\nledger:    node %s, RPC %s\npeers:     %d\nlending:   %s\noffers:    %d held\napi:       %s\nversion:   %s, up %s\n",
+				s.PeerID, s.Account, s.Moniker, s.Site, s.ChainID, s.Height, s.LedgerNodeID, s.LedgerRPC, s.Peers, lending, s.Offers, s.API, s.Version,
 				(time.Duration(s.UptimeS) * time.Second).String())
 			for _, a := range s.Addrs {
 				fmt.Fprintf(c.out, "addr:      %s\n", a)

@@ -60,6 +60,8 @@ An existing home is never overwritten unless --force, which moves it aside.`,
 	f.StringVar(&bootstrap, "bootstrap", "", "comma-separated peers to join: /ip4/HOST/tcp/PORT/p2p/PEER_ID,...")
 	f.StringVar(&opts.Genesis, "genesis", "", "genesis.json of an existing network to join")
 	f.StringVar(&opts.ChainID, "chain-id", "", "network ID to use instead of a new local one")
+	f.StringVar(&opts.LedgerP2P, "ledger-p2p", "", "ledger (CometBFT) peer address, tcp://HOST:PORT (default tcp://0.0.0.0:7702)")
+	f.StringVar(&opts.LedgerRPC, "ledger-rpc", "", "ledger RPC address, tcp://HOST:PORT (default tcp://127.0.0.1:7703)")
 	f.BoolVar(&opts.Force, "force", false, "move an existing home aside and start over")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	return cmd

@@ -32,7 +32,7 @@ func main() {
 	switch {
 	case errors.As(err, &ue):
 		os.Exit(exitUsage)
-	case errors.As(err, &apiErr) && apiErr.Status == 422:
+	case errors.As(err, &apiErr) && apiErr.Status == 422 && apiErr.Field != "":
 		os.Exit(exitUsage)
 	}
 	os.Exit(1)

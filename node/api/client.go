@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
+
+	"github.com/deepmarket/deepmarket/ledger"
 )
 
 // ErrNodeNotRunning means nothing answers at the API address.
@@ -124,4 +127,29 @@ func (c *Client) Bids(ctx context.Context) ([]SeenBid, error) {
 func (c *Client) PublishBid(ctx context.Context, req PublishBidRequest) (SeenBid, error) {
 	var out SeenBid
 	return out, c.do(ctx, http.MethodPost, "/api/v1/bids", req, &out)
+}
+
+// Balance returns an account's balance (addr empty: the node's own).
+func (c *Client) Balance(ctx context.Context, addr string) (Balance, error) {
+	var b Balance
+	return b, c.do(ctx, http.MethodGet, "/api/v1/ledger/balance?address="+url.QueryEscape(addr), nil, &b)
+}
+
+// History lists what moved credits for an account, newest first.
+func (c *Client) History(ctx context.Context, addr string, limit int) ([]ledger.HistoryEntry, error) {
+	var h []ledger.HistoryEntry
+	q := fmt.Sprintf("/api/v1/ledger/history?address=%s&limit=%d", url.QueryEscape(addr), limit)
+	return h, c.do(ctx, http.MethodGet, q, nil, &h)
+}
+
+// Send transfers (or, for issuers, grants) credits and waits for commit.
+func (c *Client) Send(ctx context.Context, req SendRequest) (SendResult, error) {
+	var r SendResult
+	return r, c.do(ctx, http.MethodPost, "/api/v1/ledger/send", req, &r)
+}
+
+// Audit replays the node's chain from genesis and reports the books.
+func (c *Client) Audit(ctx context.Context) (*ledger.AuditReport, error) {
+	var r ledger.AuditReport
+	return &r, c.do(ctx, http.MethodGet, "/api/v1/ledger/audit", nil, &r)
 }

@@ -9,11 +9,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/deepmarket/deepmarket/ledger"
 )
 
 //go:embed openapi.json
@@ -39,6 +42,13 @@ type (
 		PublishBid(ctx context.Context, req PublishBidRequest) (SeenBid, error)
 		Peers() []Peer
 	}
+	// Ledger answers /ledger/...
+	Ledger interface {
+		Balance(ctx context.Context, addr string) (Balance, error)
+		History(ctx context.Context, addr string, limit int) ([]ledger.HistoryEntry, error)
+		Send(ctx context.Context, req SendRequest) (SendResult, error)
+		Audit(ctx context.Context) (*ledger.AuditReport, error)
+	}
 )
 
 // FieldError is implemented by validation errors that can name the request
@@ -54,7 +64,8 @@ type Params struct {
 	Status   StatusSource
 	Lending  Lending
 	Market   Market
-	Registry *prometheus.Registry
+	Ledger   Ledger
+	Gatherer prometheus.Gatherer // what /metrics serves
 	Logger   *slog.Logger
 }
 
@@ -70,7 +81,7 @@ func NewServer(p Params) *Server {
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(p.Registry, promhttp.HandlerOpts{Registry: p.Registry}))
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(p.Gatherer, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("GET /api/v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(openAPI)
@@ -101,6 +112,22 @@ func NewServer(p Params) *Server {
 		}
 		return p.Market.PublishBid(r.Context(), req)
 	})
+	s.handle("GET /api/v1/ledger/balance", func(r *http.Request) (any, error) {
+		return p.Ledger.Balance(r.Context(), r.URL.Query().Get("address"))
+	})
+	s.handle("GET /api/v1/ledger/history", func(r *http.Request) (any, error) {
+		limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
+		h, err := p.Ledger.History(r.Context(), r.URL.Query().Get("address"), limit)
+		return nonNil(h), err
+	})
+	s.handle("POST /api/v1/ledger/send", func(r *http.Request) (any, error) {
+		var req SendRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return p.Ledger.Send(r.Context(), req)
+	})
+	s.handle("GET /api/v1/ledger/audit", func(r *http.Request) (any, error) { return p.Ledger.Audit(r.Context()) })
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, &Error{Message: "no such endpoint: " + r.Method + " " + r.URL.Path + " (see /api/v1/openapi.json)"})
 	})

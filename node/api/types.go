@@ -1,6 +1,7 @@
 package api
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/deepmarket/deepmarket/node/inventory"
@@ -23,6 +24,32 @@ type Status struct {
 	Version  string   `json:"version"`
 	UptimeS  int64    `json:"uptime_s"`
 	Offers   int      `json:"offers"` // offers held from the market
+	// LedgerNodeID and LedgerRPC identify this node's ledger replica: other
+	// ledger nodes list it as LedgerNodeID@host:port, auditors read LedgerRPC.
+	LedgerNodeID string `json:"ledger_node_id"`
+	LedgerRPC    string `json:"ledger_rpc"`
+}
+
+// Balance is `ledger balance --json`.
+type Balance struct {
+	Address string `json:"address"`
+	Balance uint64 `json:"balance"`
+	Nonce   uint64 `json:"nonce"`
+	Height  int64  `json:"height"`
+}
+
+// SendRequest moves credits: a transfer, or a grant by an issuer.
+type SendRequest struct {
+	Kind   string `json:"kind,omitempty"` // transfer (default) or grant
+	To     string `json:"to"`
+	Amount uint64 `json:"amount"`
+	Memo   string `json:"memo,omitempty"`
+}
+
+// SendResult names the committed transaction.
+type SendResult struct {
+	Hash   string `json:"hash"`
+	Height int64  `json:"height"`
 }
 
 // Inventory is the machine's inventory.
@@ -101,6 +128,12 @@ type Error struct {
 	Status  int    `json:"-"`
 	Message string `json:"error"`
 	Field   string `json:"field,omitempty"` // the request field at fault
+	Code    uint32 `json:"code,omitempty"`  // the ledger's rejection code
 }
 
-func (e *Error) Error() string { return e.Message }
+func (e *Error) Error() string {
+	if e.Code != 0 {
+		return fmt.Sprintf("%s (ledger code %d)", e.Message, e.Code)
+	}
+	return e.Message
+}

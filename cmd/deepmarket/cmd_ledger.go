@@ -1,0 +1,257 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node"
+	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/units"
+)
+
+func newLedgerCmd(c *cli) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "ledger",
+		Short: "Credits: balances, history, transfers, grants, and the audit",
+		Long: `The credit ledger is replicated by every node (CometBFT). Amounts are in
+credits with up to six decimals (1 credit = 1,000,000 micro-credits); --json
+prints integers in micro-credits.`,
+	}
+	cmd.AddCommand(newBalanceCmd(c), newHistoryCmd(c), newSendCmd(c, ledger.TypeTransfer), newSendCmd(c, ledger.TypeGrant), newAuditCmd(c))
+	return cmd
+}
+
+func optionalAddress(args []string) (string, error) {
+	if len(args) == 0 {
+		return "", nil
+	}
+	if _, err := identity.ParseAddress(args[0]); err != nil {
+		return "", usageError{fmt.Errorf("%v (addresses look like dm1...)", err)}
+	}
+	return args[0], nil
+}
+
+func newBalanceCmd(c *cli) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use: "balance [ADDR]", Short: "Show an account's balance (default: this node's)", Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			addr, err := optionalAddress(args)
+			if err != nil {
+				return err
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := timeout(cmd.Context())
+			defer cancel()
+			b, err := cl.Balance(ctx, addr)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return c.printJSON(map[string]any{"address": b.Address, "balance": b.Balance, "nonce": b.Nonce, "height": b.Height})
+			}
+			fmt.Fprintf(c.out, "%s  %s credits  (at height %d)\n", b.Address, units.FormatCredits(b.Balance), b.Height)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	return cmd
+}
+
+func newHistoryCmd(c *cli) *cobra.Command {
+	var asJSON bool
+	var limit int
+	cmd := &cobra.Command{
+		Use: "history [ADDR]", Short: "List what moved credits for an account, newest first", Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			addr, err := optionalAddress(args)
+			if err != nil {
+				return err
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := timeout(cmd.Context())
+			defer cancel()
+			h, err := cl.History(ctx, addr, limit)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return c.printJSON(h)
+			}
+			if len(h) == 0 {
+				fmt.Fprintln(c.out, "No transactions yet.")
+				return nil
+			}
+			var rows [][]string
+			for _, e := range h {
+				detail := []string{}
+				for _, k := range []string{"from", "to", "job", "memo"} {
+					if v := e.Attrs[k]; v != "" {
+						if k == "job" && len(v) > 12 {
+							v = v[:12]
+						}
+						detail = append(detail, k+"="+v)
+					}
+				}
+				amount := e.Attrs["amount"]
+				if amount == "" {
+					amount = e.Attrs["refund"]
+				}
+				if amount != "" {
+					v, _ := strconv.ParseUint(amount, 10, 64)
+					amount = units.FormatCredits(v)
+				}
+				rows = append(rows, []string{strconv.FormatInt(e.Height, 10), e.Type, amount, strings.Join(append(detail, e.Paid...), " ")})
+			}
+			c.table("HEIGHT\tTYPE\tCREDITS\tDETAILS", rows)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	cmd.Flags().IntVar(&limit, "limit", 50, "how many transactions at most")
+	return cmd
+}
+
+func newSendCmd(c *cli, kind string) *cobra.Command {
+	var asJSON bool
+	var memo string
+	use, short := "transfer ADDR AMOUNT", "Send credits to another account"
+	if kind == ledger.TypeGrant {
+		use, short = "grant ADDR AMOUNT", "Issue new credits to a member (issuers only, within quota)"
+	}
+	cmd := &cobra.Command{
+		Use: use, Short: short, Args: cobra.ExactArgs(2),
+		Example: "  deepmarket ledger " + strings.Fields(use)[0] + " dm1qje8qcjtdsz9a3aq2e7kv3wgwrkapzlunwqgpu 12.5",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			to, err := identity.ParseAddress(args[0])
+			if err != nil {
+				return usageError{fmt.Errorf("%v (addresses look like dm1...)", err)}
+			}
+			amount, err := units.ParseCredits(args[1])
+			if err != nil {
+				return usageError{err}
+			}
+			if amount == 0 {
+				return usageError{fmt.Errorf("amount must be more than 0")}
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 60*time.Second)
+			defer cancel()
+			if kind == ledger.TypeTransfer { // say so before sending anything
+				b, err := cl.Balance(ctx, "")
+				if err != nil {
+					return err
+				}
+				if b.Balance < amount {
+					return fmt.Errorf("cannot send %s credits: your balance is %s", units.FormatCredits(amount), units.FormatCredits(b.Balance))
+				}
+			}
+			res, err := cl.Send(ctx, api.SendRequest{Kind: kind, To: string(to), Amount: amount, Memo: memo})
+			if err != nil {
+				return fmt.Errorf("%s rejected: %w", kind, err)
+			}
+			if asJSON {
+				return c.printJSON(res)
+			}
+			fmt.Fprintf(c.out, "Sent %s credits to %s (tx %s, height %d)\n", units.FormatCredits(amount), to, res.Hash, res.Height)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	if kind == ledger.TypeTransfer {
+		cmd.Flags().StringVar(&memo, "memo", "", "a note stored with the transfer (at most 256 bytes)")
+	}
+	return cmd
+}
+
+func newAuditCmd(c *cli) *cobra.Command {
+	var asJSON bool
+	var rpc string
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "Replay the whole chain from genesis and prove the books balance",
+		Long: `Fetches every block from genesis over CometBFT RPC, re-executes each in a fresh
+ledger, compares the app hash after every block with the one the chain
+committed to, checks every invariant (supply = balances + escrowed, nothing
+negative), and prints supply, balances, escrowed and each account's flows.
+Exits non-zero on any mismatch. Works from any machine against any node's RPC
+(--rpc); without it, reads this node's ledger RPC ([ledger] rpc_listen).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if rpc == "" {
+				h := c.home()
+				if err := h.Check(); err != nil {
+					return fmt.Errorf("%w (or pass --rpc http://HOST:PORT)", err)
+				}
+				cfg, err := node.LoadConfig(h.ConfigPath())
+				if err != nil {
+					return err
+				}
+				rpc = "http://" + strings.TrimPrefix(cfg.Ledger.RPCListen, "tcp://")
+			}
+			var progress func(int64, int64)
+			if !asJSON {
+				last := time.Now()
+				progress = func(h, latest int64) {
+					if time.Since(last) > 500*time.Millisecond || h == latest {
+						fmt.Fprintf(os.Stderr, "\rreplayed %d/%d blocks", h, latest)
+						last = time.Now()
+					}
+				}
+			}
+			rep, err := ledger.Audit(cmd.Context(), rpc, progress)
+			if progress != nil {
+				fmt.Fprintln(os.Stderr)
+			}
+			if err != nil {
+				return fmt.Errorf("%w (is a node's ledger RPC listening at %s?)", err, rpc)
+			}
+			if asJSON {
+				if err := c.printJSON(rep); err != nil {
+					return err
+				}
+			} else {
+				status := "OK"
+				if !rep.OK {
+					status = "FAILED"
+				}
+				fmt.Fprintf(c.out, "audit %s: chain %s, height %d, %d transactions replayed (%d accepted)\n", status, rep.ChainID, rep.Height, rep.Txs, rep.TxsOK)
+				fmt.Fprintf(c.out, "supply %s = balances %s + escrowed %s credits\n", units.FormatCredits(rep.Supply), units.FormatCredits(rep.Balances), units.FormatCredits(rep.Escrowed))
+				var rows [][]string
+				for _, a := range rep.Accounts {
+					rows = append(rows, []string{a.Address, units.FormatCredits(a.Balance), units.FormatCredits(a.In), units.FormatCredits(a.Out)})
+				}
+				if len(rows) > 0 {
+					c.table("ACCOUNT\tBALANCE\tIN\tOUT", rows)
+				}
+				for _, p := range rep.Problems {
+					fmt.Fprintln(c.out, "problem:", p)
+				}
+			}
+			if !rep.OK {
+				return fmt.Errorf("audit found %d problems", len(rep.Problems))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	cmd.Flags().StringVar(&rpc, "rpc", "", "CometBFT RPC of any node, e.g. http://10.0.0.5:7703")
+	return cmd
+}

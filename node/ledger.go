@@ -1,0 +1,135 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	cfg "github.com/cometbft/cometbft/config"
+	cmttypes "github.com/cometbft/cometbft/types"
+
+	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node/api"
+)
+
+// startLedger opens the ledger's state and starts this node's CometBFT
+// replica of the chain in genesis.json.
+func (n *Node) startLedger() error {
+	doc, err := cmttypes.GenesisDocFromFile(n.home.GenesisPath())
+	if err != nil {
+		return fmt.Errorf("read genesis %s: %w", n.home.GenesisPath(), err)
+	}
+	if doc.ChainID != n.cfg.Node.ChainID {
+		return fmt.Errorf("genesis %s is for chain %q but config.toml says chain_id %q", n.home.GenesisPath(), doc.ChainID, n.cfg.Node.ChainID)
+	}
+	app, err := ledger.OpenApp(n.home.LedgerDir(), n.log.With("module", "ledger"))
+	if err != nil {
+		return err
+	}
+	lc := n.cfg.Ledger
+	n.chain, err = ledger.StartChain(ledger.ChainParams{
+		Dir: n.home.CometDir(), Key: n.key, Genesis: doc, App: app,
+		P2PListen: lc.P2PListen, RPCListen: lc.RPCListen, Peers: lc.Peers,
+		Logger: n.log.With("module", "cometbft"), Metrics: true,
+		Configure: func(c *cfg.Config) {
+			c.Consensus.TimeoutCommit = lc.BlockTime.Duration
+			c.Consensus.CreateEmptyBlocksInterval = lc.EmptyBlockInterval.Duration
+		},
+	})
+	if err != nil {
+		app.Close()
+		if strings.Contains(err.Error(), "address already in use") {
+			return fmt.Errorf("ledger: %w (set [ledger] p2p_listen and rpc_listen in %s)", err, n.home.ConfigPath())
+		}
+		return fmt.Errorf("ledger: %w", err)
+	}
+	n.ledgerApp = app
+	n.ledger = ledger.NewClient(n.chain.Client(), n.key, n.cfg.Node.ChainID)
+	return nil
+}
+
+func (n *Node) stopLedger() {
+	if err := n.chain.Stop(); err != nil {
+		n.log.Warn("stop ledger", "err", err)
+	}
+	n.ledgerApp.Close()
+}
+
+// ledgerError turns a ledger rejection into an API error the CLI can show.
+func ledgerError(err error) error {
+	var lerr *ledger.Error
+	if errors.As(err, &lerr) {
+		return &api.Error{Status: http.StatusUnprocessableEntity, Code: lerr.Code, Message: lerr.Reason}
+	}
+	return err
+}
+
+func (n *Node) addressOrSelf(s string) (identity.Address, error) {
+	if s == "" {
+		return n.key.Address(), nil
+	}
+	a, err := identity.ParseAddress(s)
+	if err != nil {
+		return "", &api.Error{Status: http.StatusBadRequest, Field: "address", Message: err.Error()}
+	}
+	return a, nil
+}
+
+// Balance implements api.Ledger.
+func (n *Node) Balance(ctx context.Context, addr string) (api.Balance, error) {
+	a, err := n.addressOrSelf(addr)
+	if err != nil {
+		return api.Balance{}, err
+	}
+	acct, err := n.ledger.Account(ctx, a)
+	if err != nil {
+		return api.Balance{}, ledgerError(err)
+	}
+	return api.Balance{Address: string(a), Balance: acct.Balance, Nonce: acct.Nonce, Height: n.chain.Height()}, nil
+}
+
+// History implements api.Ledger.
+func (n *Node) History(ctx context.Context, addr string, limit int) ([]ledger.HistoryEntry, error) {
+	a, err := n.addressOrSelf(addr)
+	if err != nil {
+		return nil, err
+	}
+	h, err := n.ledger.History(ctx, a, limit)
+	return h, ledgerError(err)
+}
+
+// Send implements api.Ledger: a transfer or grant signed by this node.
+func (n *Node) Send(ctx context.Context, req api.SendRequest) (api.SendResult, error) {
+	to, err := identity.ParseAddress(req.To)
+	if err != nil {
+		return api.SendResult{}, &api.Error{Status: http.StatusBadRequest, Field: "to", Message: err.Error()}
+	}
+	if req.Amount == 0 {
+		return api.SendResult{}, &api.Error{Status: http.StatusBadRequest, Field: "amount", Message: "amount must be more than 0"}
+	}
+	switch req.Kind {
+	case "", ledger.TypeTransfer:
+		r, err := n.ledger.Transfer(ctx, to, req.Amount, req.Memo)
+		if err != nil {
+			return api.SendResult{}, ledgerError(err)
+		}
+		return api.SendResult{Hash: r.Hash.String(), Height: r.Height}, nil
+	case ledger.TypeGrant:
+		r, err := n.ledger.Grant(ctx, to, req.Amount)
+		if err != nil {
+			return api.SendResult{}, ledgerError(err)
+		}
+		return api.SendResult{Hash: r.Hash.String(), Height: r.Height}, nil
+	}
+	return api.SendResult{}, &api.Error{Status: http.StatusBadRequest, Field: "kind", Message: fmt.Sprintf("kind %q: want transfer or grant", req.Kind)}
+}
+
+// Audit implements api.Ledger: replays this node's chain from genesis.
+func (n *Node) Audit(ctx context.Context) (*ledger.AuditReport, error) {
+	return ledger.AuditWith(ctx, n.chain.Client(), nil)
+}
+
+var _ api.Ledger = (*Node)(nil)
