@@ -5,7 +5,7 @@ BIN       := bin/deepmarket
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X github.com/deepmarket/deepmarket/node.Version=$(VERSION)
 HOME_DIR  ?= $(or $(DEEPMARKET_HOME),$(HOME)/.deepmarket)
-FUZZTIME  ?= 10s
+FUZZTIME  ?= 8s
 
 .DEFAULT_GOAL := help
 
@@ -30,6 +30,8 @@ deps: ## Install what the tests need (Go modules)
 test: deps lint ## Install what the tests need and run every test
 	$(GO) test -count=1 -timeout 20m ./...
 	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZTIME) ./p2p
+	$(GO) test -run '^$$' -fuzz FuzzCheckTx -fuzztime $(FUZZTIME) ./ledger
+	$(GO) test -run '^$$' -fuzz FuzzDecodeTx -fuzztime $(FUZZTIME) ./ledger
 
 .PHONY: lint
 lint: ## gofmt and go vet
@@ -38,11 +40,15 @@ lint: ## gofmt and go vet
 	$(GO) vet ./...
 
 .PHONY: bench
-bench: bench-p2p ## Run every benchmark
+bench: bench-p2p bench-ledger ## Run every benchmark
 
 .PHONY: bench-p2p
 bench-p2p: build ## Gossip: propagation over 50 nodes, validation rate, idle node cost
 	$(GO) run ./bench/p2p -bin $(BIN) -out bench/results/p2p.json
+
+.PHONY: bench-ledger
+bench-ledger: ## Ledger vs CometBFT's kvstore: tx/s and commit latency (1 and 4 validators), audit replay rate
+	$(GO) run ./bench/ledger -out bench/results/ledger.json
 
 .PHONY: clean
 clean: ## Remove build outputs

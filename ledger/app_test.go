@@ -351,3 +351,23 @@ func FuzzCheckTx(f *testing.F) {
 		}
 	})
 }
+
+func FuzzDecodeTx(f *testing.F) {
+	k := key(f, 1)
+	for _, typ := range []string{TypeTransfer, TypeGrant, TypeOpenEscrow, TypeSettle, TypeClaim, TypeExpire, TypeLinkMachine} {
+		b, _ := NewTx(k, testChain, typ, 0, &Transfer{To: string(k.Address()), Amount: 1})
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d, err := DecodeTx(b)
+		if err != nil {
+			if CodeOf(err) == CodeOK {
+				t.Fatal("error with code OK")
+			}
+			return
+		}
+		if d.msg == nil || d.signer == "" {
+			t.Fatal("decoded without a message or signer")
+		}
+	})
+}

@@ -99,7 +99,9 @@ type InitOptions struct {
 	Genesis   string // path to a genesis.json to join
 	LedgerP2P string // CometBFT p2p listen, tcp://HOST:PORT
 	LedgerRPC string // CometBFT RPC listen
-	Force     bool
+	// LedgerPeers are other ledger nodes, NODE_ID@HOST:PORT.
+	LedgerPeers []string
+	Force       bool
 }
 
 // Local network defaults: the node's own account is the issuer, with a
@@ -143,6 +145,7 @@ func Init(h Home, opts InitOptions) (*InitResult, error) {
 	if opts.LedgerRPC != "" {
 		cfg.Ledger.RPCListen = opts.LedgerRPC
 	}
+	cfg.Ledger.Peers = opts.LedgerPeers
 	var genesis []byte
 	switch {
 	case opts.Genesis != "":

@@ -7,5 +7,5 @@
 // it reaches the rest of the node.
 //
 // p2p must not import ledger, scheduler, storage or node: node wires them.
-// It may import identity (keys and addresses) and units.
+// It may import identity (keys and addresses) and wire (encoding).
 package p2p

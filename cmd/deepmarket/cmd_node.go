@@ -14,7 +14,7 @@ import (
 
 func newInitCmd(c *cli) *cobra.Command {
 	var opts node.InitOptions
-	var bootstrap string
+	var bootstrap, ledgerPeers string
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "init",
@@ -27,7 +27,8 @@ Without --genesis, the node starts its own local network (chain ID
 deepmarket-local-<random>). With --genesis FILE it joins an existing network.
 An existing home is never overwritten unless --force, which moves it aside.`,
 		Example: `  deepmarket init --moniker lab-pc-12 --site psu-fab-lab
-  deepmarket init --genesis genesis.json --bootstrap /ip4/10.0.0.5/tcp/7701/p2p/12D3KooW...`,
+  deepmarket init --genesis genesis.json --bootstrap /ip4/10.0.0.5/tcp/7701/p2p/12D3KooW... \
+                  --ledger-peers 3f2a...c9@10.0.0.5:7702`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if bootstrap != "" {
@@ -35,6 +36,11 @@ An existing home is never overwritten unless --force, which moves it aside.`,
 					if b = strings.TrimSpace(b); b != "" {
 						opts.Bootstrap = append(opts.Bootstrap, b)
 					}
+				}
+			}
+			for _, p := range strings.Split(ledgerPeers, ",") {
+				if p = strings.TrimSpace(p); p != "" {
+					opts.LedgerPeers = append(opts.LedgerPeers, p)
 				}
 			}
 			res, err := node.Init(c.home(), opts)
@@ -61,6 +67,7 @@ An existing home is never overwritten unless --force, which moves it aside.`,
 	f.StringVar(&opts.Genesis, "genesis", "", "genesis.json of an existing network to join")
 	f.StringVar(&opts.ChainID, "chain-id", "", "network ID to use instead of a new local one")
 	f.StringVar(&opts.LedgerP2P, "ledger-p2p", "", "ledger (CometBFT) peer address, tcp://HOST:PORT (default tcp://0.0.0.0:7702)")
+	f.StringVar(&ledgerPeers, "ledger-peers", "", "comma-separated ledger nodes to sync with: NODE_ID@HOST:PORT (the ID is in 'deepmarket status' there)")
 	f.StringVar(&opts.LedgerRPC, "ledger-rpc", "", "ledger RPC address, tcp://HOST:PORT (default tcp://127.0.0.1:7703)")
 	f.BoolVar(&opts.Force, "force", false, "move an existing home aside and start over")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
