@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"encoding/hex"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -370,4 +371,41 @@ func FuzzDecodeTx(f *testing.F) {
 			t.Fatal("decoded without a message or signer")
 		}
 	})
+}
+
+// TestCompactionWithoutBackgroundCompactors: the state store runs no
+// compactors, so Commit's own compaction must keep level 0 from filling.
+func TestCompactionWithoutBackgroundCompactors(t *testing.T) {
+	defer func(v int64) { memTableSize = v }(memTableSize)
+	memTableSize = 1 << 20
+	issuer, alice := key(t, 1), key(t, 2)
+	app, err := OpenApp(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	h := newHarness(t, app, genesis(issuer, map[*identity.Key]uint64{alice: 10 * credit}))
+	val := make([]byte, 4<<10)
+	maxL0 := 0
+	for round := 0; round < 6; round++ {
+		wb := app.db.NewWriteBatch()
+		for i := 0; i < 600; i++ { // ~2.4 MiB: two memtables
+			wb.Set([]byte(fmt.Sprintf("x/%d/%d", round, i)), val)
+		}
+		if err := wb.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if l := app.db.Levels(); l[0].NumTables > maxL0 {
+			maxL0 = l[0].NumTables
+		}
+		for i := 0; i < compactEvery; i++ {
+			h.block()
+		}
+	}
+	if maxL0 < 4 {
+		t.Fatalf("level 0 peaked at %d tables: the test did not fill it", maxL0)
+	}
+	if l := app.db.Levels(); l[0].NumTables >= 4 {
+		t.Fatalf("level 0 still holds %d tables", l[0].NumTables)
+	}
 }
