@@ -29,101 +29,71 @@ prints integers in micro-credits.`,
 	return cmd
 }
 
-func optionalAddress(args []string) (string, error) {
+// addressArg accepts at most one argument, a well-formed address.
+func addressArg(cmd *cobra.Command, args []string) error {
+	if len(args) > 1 {
+		return usageError{fmt.Errorf("%s takes at most one address", cmd.CommandPath())}
+	}
+	if len(args) == 1 {
+		if _, err := identity.ParseAddress(args[0]); err != nil {
+			return usageError{fmt.Errorf("%v (addresses look like dm1...)", err)}
+		}
+	}
+	return nil
+}
+
+func firstOr(args []string) string {
 	if len(args) == 0 {
-		return "", nil
+		return ""
 	}
-	if _, err := identity.ParseAddress(args[0]); err != nil {
-		return "", usageError{fmt.Errorf("%v (addresses look like dm1...)", err)}
-	}
-	return args[0], nil
+	return args[0]
 }
 
 func newBalanceCmd(c *cli) *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use: "balance [ADDR]", Short: "Show an account's balance (default: this node's)", Args: cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			addr, err := optionalAddress(args)
-			if err != nil {
-				return err
-			}
-			cl, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := timeout(cmd.Context())
-			defer cancel()
-			b, err := cl.Balance(ctx, addr)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return c.printJSON(map[string]any{"address": b.Address, "balance": b.Balance, "nonce": b.Nonce, "height": b.Height})
-			}
-			fmt.Fprintf(c.out, "%s  %s credits  (at height %d)\n", b.Address, units.FormatCredits(b.Balance), b.Height)
-			return nil
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
-	return cmd
+	cmd := &cobra.Command{Use: "balance [ADDR]", Short: "Show an account's balance (default: this node's)", Args: addressArg}
+	return showCmd(c, cmd, func(ctx context.Context, cl *api.Client, args []string) (api.Balance, error) {
+		return cl.Balance(ctx, firstOr(args))
+	}, func(b api.Balance) error {
+		fmt.Fprintf(c.out, "%s  %s credits  (at height %d)\n", b.Address, units.FormatCredits(b.Balance), b.Height)
+		return nil
+	})
 }
 
 func newHistoryCmd(c *cli) *cobra.Command {
-	var asJSON bool
 	var limit int
-	cmd := &cobra.Command{
-		Use: "history [ADDR]", Short: "List what moved credits for an account, newest first", Args: cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			addr, err := optionalAddress(args)
-			if err != nil {
-				return err
-			}
-			cl, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := timeout(cmd.Context())
-			defer cancel()
-			h, err := cl.History(ctx, addr, limit)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return c.printJSON(h)
-			}
-			if len(h) == 0 {
-				fmt.Fprintln(c.out, "No transactions yet.")
-				return nil
-			}
-			var rows [][]string
-			for _, e := range h {
-				detail := []string{}
-				for _, k := range []string{"from", "to", "job", "memo"} {
-					if v := e.Attrs[k]; v != "" {
-						if k == "job" && len(v) > 12 {
-							v = v[:12]
-						}
-						detail = append(detail, k+"="+v)
-					}
-				}
-				amount := e.Attrs["amount"]
-				if amount == "" {
-					amount = e.Attrs["refund"]
-				}
-				if amount != "" {
-					v, _ := strconv.ParseUint(amount, 10, 64)
-					amount = units.FormatCredits(v)
-				}
-				rows = append(rows, []string{strconv.FormatInt(e.Height, 10), e.Type, amount, strings.Join(append(detail, e.Paid...), " ")})
-			}
-			c.table("HEIGHT\tTYPE\tCREDITS\tDETAILS", rows)
-			return nil
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	cmd := &cobra.Command{Use: "history [ADDR]", Short: "List what moved credits for an account, newest first", Args: addressArg}
 	cmd.Flags().IntVar(&limit, "limit", 50, "how many transactions at most")
-	return cmd
+	return showCmd(c, cmd, func(ctx context.Context, cl *api.Client, args []string) ([]ledger.HistoryEntry, error) {
+		return cl.History(ctx, firstOr(args), limit)
+	}, func(h []ledger.HistoryEntry) error {
+		if len(h) == 0 {
+			fmt.Fprintln(c.out, "No transactions yet.")
+			return nil
+		}
+		var rows [][]string
+		for _, e := range h {
+			detail := []string{}
+			for _, k := range []string{"from", "to", "job", "memo"} {
+				if v := e.Attrs[k]; v != "" {
+					if k == "job" && len(v) > 12 {
+						v = v[:12]
+					}
+					detail = append(detail, k+"="+v)
+				}
+			}
+			amount := e.Attrs["amount"]
+			if amount == "" {
+				amount = e.Attrs["refund"]
+			}
+			if amount != "" {
+				v, _ := strconv.ParseUint(amount, 10, 64)
+				amount = units.FormatCredits(v)
+			}
+			rows = append(rows, []string{strconv.FormatInt(e.Height, 10), e.Type, amount, strings.Join(append(detail, e.Paid...), " ")})
+		}
+		c.table("HEIGHT\tTYPE\tCREDITS\tDETAILS", rows)
+		return nil
+	})
 }
 
 func newSendCmd(c *cli, kind string) *cobra.Command {

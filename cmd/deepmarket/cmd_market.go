@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -14,41 +15,25 @@ import (
 )
 
 func newStatusCmd(c *cli) *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use: "status", Short: "Show the running node's status", Args: noArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := c.client()
-			if err != nil {
-				return err
+	cmd := &cobra.Command{Use: "status", Short: "Show the running node's status", Args: noArgs}
+	return showCmd(c, cmd, func(ctx context.Context, cl *api.Client, _ []string) (api.Status, error) {
+		return cl.Status(ctx)
+	}, func(s api.Status) error {
+		lending := "no"
+		if s.Lending {
+			lending = "yes (offer out)"
+			if !s.Offering {
+				lending = "yes (outside its window: no offer now)"
 			}
-			ctx, cancel := timeout(cmd.Context())
-			defer cancel()
-			s, err := cl.Status(ctx)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return c.printJSON(s)
-			}
-			lending := "no"
-			if s.Lending {
-				lending = "yes (offer out)"
-				if !s.Offering {
-					lending = "yes (outside its window: no offer now)"
-				}
-			}
-			fmt.Fprintf(c.out, "peer ID:   %s\naccount:   %s\nmoniker:   %s (site %s)\nchain ID:  %s\nheight:    %d\nledger:    node %s, RPC %s\npeers:     %d\nlending:   %s\noffers:    %d held\napi:       %s\nversion:   %s, up %s\n",
-				s.PeerID, s.Account, s.Moniker, s.Site, s.ChainID, s.Height, s.LedgerNodeID, s.LedgerRPC, s.Peers, lending, s.Offers, s.API, s.Version,
-				(time.Duration(s.UptimeS) * time.Second).String())
-			for _, a := range s.Addrs {
-				fmt.Fprintf(c.out, "addr:      %s\n", a)
-			}
-			return nil
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
-	return cmd
+		}
+		fmt.Fprintf(c.out, "peer ID:   %s\naccount:   %s\nmoniker:   %s (site %s)\nchain ID:  %s\nheight:    %d\nledger:    node %s, RPC %s\npeers:     %d\nlending:   %s\noffers:    %d held\napi:       %s\nversion:   %s, up %s\n",
+			s.PeerID, s.Account, s.Moniker, s.Site, s.ChainID, s.Height, s.LedgerNodeID, s.LedgerRPC, s.Peers, lending, s.Offers, s.API, s.Version,
+			(time.Duration(s.UptimeS) * time.Second).String())
+		for _, a := range s.Addrs {
+			fmt.Fprintf(c.out, "addr:      %s\n", a)
+		}
+		return nil
+	})
 }
 
 // parsePrices reads --price "core=0.5,mem=0.1,gpu=2" (credits per
@@ -215,46 +200,30 @@ func printLendState(c *cli, st api.LendState, stopped bool) {
 }
 
 func newOffersCmd(c *cli) *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use: "offers", Short: "List the machines offered on the market (as this node sees it)", Args: noArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := timeout(cmd.Context())
-			defer cancel()
-			offers, err := cl.Offers(ctx)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return c.printJSON(offers)
-			}
-			if len(offers) == 0 {
-				fmt.Fprintln(c.out, "No offers yet. Offers arrive from peers within a few seconds of connecting; see `deepmarket peers`.")
-				return nil
-			}
-			var rows [][]string
-			for _, o := range offers {
-				name := o.Moniker
-				if o.Self {
-					name += " (this machine)"
-				}
-				window := "all day"
-				if o.Window != "" {
-					window = o.Window
-				}
-				rows = append(rows, []string{shortID(o.Machine), name, o.Site, strconv.Itoa(int(o.Cores)), units.FormatSize(o.MemBytes),
-					strconv.Itoa(int(o.GPUs)), units.FormatCredits(o.Price), window, time.Until(o.ExpiresAt).Round(time.Second).String()})
-			}
-			c.table("MACHINE\tNAME\tSITE\tCORES\tMEMORY\tGPUS\tCREDITS/H\tWINDOW\tEXPIRES IN", rows)
+	cmd := &cobra.Command{Use: "offers", Short: "List the machines offered on the market (as this node sees it)", Args: noArgs}
+	return showCmd(c, cmd, func(ctx context.Context, cl *api.Client, _ []string) ([]api.Offer, error) {
+		return cl.Offers(ctx)
+	}, func(offers []api.Offer) error {
+		if len(offers) == 0 {
+			fmt.Fprintln(c.out, "No offers yet. Offers arrive from peers within a few seconds of connecting; see `deepmarket peers`.")
 			return nil
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
-	return cmd
+		}
+		var rows [][]string
+		for _, o := range offers {
+			name := o.Moniker
+			if o.Self {
+				name += " (this machine)"
+			}
+			window := "all day"
+			if o.Window != "" {
+				window = o.Window
+			}
+			rows = append(rows, []string{shortID(o.Machine), name, o.Site, strconv.Itoa(int(o.Cores)), units.FormatSize(o.MemBytes),
+				strconv.Itoa(int(o.GPUs)), units.FormatCredits(o.Price), window, time.Until(o.ExpiresAt).Round(time.Second).String()})
+		}
+		c.table("MACHINE\tNAME\tSITE\tCORES\tMEMORY\tGPUS\tCREDITS/H\tWINDOW\tEXPIRES IN", rows)
+		return nil
+	})
 }
 
 func shortID(id string) string {
@@ -265,75 +234,43 @@ func shortID(id string) string {
 }
 
 func newPeersCmd(c *cli) *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use: "peers", Short: "List connected peers with their sites and latency", Args: noArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := timeout(cmd.Context())
-			defer cancel()
-			peers, err := cl.Peers(ctx)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return c.printJSON(peers)
-			}
-			if len(peers) == 0 {
-				fmt.Fprintln(c.out, "No peers. On a LAN, peers of the same network appear by mDNS; across sites, set bootstrap peers (init --bootstrap or [p2p] bootstrap).")
-				return nil
-			}
-			var rows [][]string
-			for _, p := range peers {
-				lat := "-"
-				if p.LatencyMS > 0 {
-					lat = strconv.FormatFloat(p.LatencyMS, 'f', 1, 64) + " ms"
-				}
-				rows = append(rows, []string{p.PeerID, p.Moniker, p.Site, lat, strconv.FormatFloat(p.Score, 'f', 1, 64), p.Direction})
-			}
-			c.table("PEER\tNAME\tSITE\tLATENCY\tSCORE\tDIRECTION", rows)
+	cmd := &cobra.Command{Use: "peers", Short: "List connected peers with their sites and latency", Args: noArgs}
+	return showCmd(c, cmd, func(ctx context.Context, cl *api.Client, _ []string) ([]api.Peer, error) {
+		return cl.Peers(ctx)
+	}, func(peers []api.Peer) error {
+		if len(peers) == 0 {
+			fmt.Fprintln(c.out, "No peers. On a LAN, peers of the same network appear by mDNS; across sites, set bootstrap peers (init --bootstrap or [p2p] bootstrap).")
 			return nil
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
-	return cmd
+		}
+		var rows [][]string
+		for _, p := range peers {
+			lat := "-"
+			if p.LatencyMS > 0 {
+				lat = strconv.FormatFloat(p.LatencyMS, 'f', 1, 64) + " ms"
+			}
+			rows = append(rows, []string{p.PeerID, p.Moniker, p.Site, lat, strconv.FormatFloat(p.Score, 'f', 1, 64), p.Direction})
+		}
+		c.table("PEER\tNAME\tSITE\tLATENCY\tSCORE\tDIRECTION", rows)
+		return nil
+	})
 }
 
 func newBidsCmd(c *cli) *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use: "bids", Short: "List job bids seen recently (for debugging)", Args: noArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := c.client()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := timeout(cmd.Context())
-			defer cancel()
-			bids, err := cl.Bids(ctx)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return c.printJSON(bids)
-			}
-			if len(bids) == 0 {
-				fmt.Fprintln(c.out, "No bids seen.")
-				return nil
-			}
-			var rows [][]string
-			for _, b := range bids {
-				rows = append(rows, []string{b.JobID[:12], shortID(b.From), strconv.Itoa(int(b.Workers)),
-					fmt.Sprintf("%dc/%s/%dg", b.PerWorker.Cores, units.FormatSize(b.PerWorker.MemBytes), b.PerWorker.GPUs),
-					units.FormatCredits(b.MaxPrice), b.Framework})
-			}
-			c.table("JOB\tFROM\tWORKERS\tPER WORKER\tMAX CREDITS\tFRAMEWORK", rows)
+	cmd := &cobra.Command{Use: "bids", Short: "List job bids seen recently (for debugging)", Args: noArgs}
+	return showCmd(c, cmd, func(ctx context.Context, cl *api.Client, _ []string) ([]api.SeenBid, error) {
+		return cl.Bids(ctx)
+	}, func(bids []api.SeenBid) error {
+		if len(bids) == 0 {
+			fmt.Fprintln(c.out, "No bids seen.")
 			return nil
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
-	return cmd
+		}
+		var rows [][]string
+		for _, b := range bids {
+			rows = append(rows, []string{b.JobID[:12], shortID(b.From), strconv.Itoa(int(b.Workers)),
+				fmt.Sprintf("%dc/%s/%dg", b.PerWorker.Cores, units.FormatSize(b.PerWorker.MemBytes), b.PerWorker.GPUs),
+				units.FormatCredits(b.MaxPrice), b.Framework})
+		}
+		c.table("JOB\tFROM\tWORKERS\tPER WORKER\tMAX CREDITS\tFRAMEWORK", rows)
+		return nil
+	})
 }

@@ -102,6 +102,30 @@ func (c *cli) table(header string, rows [][]string) {
 	tw.Flush()
 }
 
+// showCmd completes a command that reads something from the node and
+// prints it: as JSON with --json, else with text.
+func showCmd[T any](c *cli, cmd *cobra.Command, fetch func(ctx context.Context, cl *api.Client, args []string) (T, error), text func(T) error) *cobra.Command {
+	var asJSON bool
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		cl, err := c.client()
+		if err != nil {
+			return err
+		}
+		ctx, cancel := timeout(cmd.Context())
+		defer cancel()
+		v, err := fetch(ctx, cl, args)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return c.printJSON(v)
+		}
+		return text(v)
+	}
+	return cmd
+}
+
 func timeout(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, 30*time.Second)
 }
