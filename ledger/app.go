@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"sort"
 	"strings"
 	"sync"
 
@@ -189,8 +190,6 @@ func (app *App) InitChain(_ context.Context, req *abci.RequestInitChain) (*abci.
 // signed, uses the account's next nonce (counting pending ones) and, for
 // spends, the account can cover it with what pending transactions leave.
 func (app *App) CheckTx(_ context.Context, req *abci.RequestCheckTx) (*abci.ResponseCheckTx, error) {
-	app.mu.Lock()
-	defer app.mu.Unlock()
 	if err := app.checkTx(req.Tx, req.Type == abci.CheckTxType_Recheck); err != nil {
 		return &abci.ResponseCheckTx{Code: CodeOf(err), Log: err.Error(), Codespace: "deepmarket"}, nil
 	}
@@ -203,11 +202,19 @@ func (app *App) checkTx(b []byte, recheck bool) error {
 		return err
 	}
 	h := TxHash(b)
-	if _, ok := app.verified[h]; !ok || !recheck {
-		if err := d.verifySig(app.state.ChainID); err != nil {
+	// The signature is checked outside the lock: it is most of the cost,
+	// and blocks may execute meanwhile. A recheck trusts the first check.
+	app.mu.RLock()
+	_, known := app.verified[h]
+	chainID := app.state.ChainID
+	app.mu.RUnlock()
+	if !known || !recheck {
+		if err := d.verifySig(chainID); err != nil {
 			return err
 		}
 	}
+	app.mu.Lock()
+	defer app.mu.Unlock()
 	signer := string(d.signer)
 	next, ok := app.checkNonce[signer]
 	if !ok {
@@ -241,6 +248,58 @@ func (app *App) checkTx(b []byte, recheck bool) error {
 	app.checkNonce[signer] = next + 1
 	app.verified[h] = struct{}{}
 	return nil
+}
+
+// PrepareProposal orders each signer's transactions by nonce. Mempools
+// can hold one account's transactions out of order (a node hears them from
+// several peers at once), and a block that ran nonce 8 before 7 would
+// reject both; the order between signers is kept. Transactions beyond the
+// block's byte limit wait for the next block.
+func (app *App) PrepareProposal(_ context.Context, req *abci.RequestPrepareProposal) (*abci.ResponsePrepareProposal, error) {
+	var total int64
+	txs := make([][]byte, 0, len(req.Txs))
+	for _, tx := range req.Txs {
+		if total += int64(len(tx)); total > req.MaxTxBytes {
+			break
+		}
+		txs = append(txs, tx)
+	}
+	return &abci.ResponsePrepareProposal{Txs: orderByNonce(txs)}, nil
+}
+
+// orderByNonce sorts the transactions of each signer by nonce, each signer
+// keeping the positions its transactions had; undecodable ones stay put.
+func orderByNonce(txs [][]byte) [][]byte {
+	type slot struct {
+		pos   int
+		nonce uint64
+	}
+	bySigner := map[string][]slot{}
+	var order []string
+	for i, b := range txs {
+		d, err := DecodeTx(b)
+		if err != nil {
+			continue
+		}
+		k := string(d.tx.Signer)
+		if _, ok := bySigner[k]; !ok {
+			order = append(order, k)
+		}
+		bySigner[k] = append(bySigner[k], slot{i, d.tx.Nonce})
+	}
+	out := append([][]byte(nil), txs...)
+	for _, k := range order {
+		slots := bySigner[k]
+		if len(slots) < 2 {
+			continue
+		}
+		sorted := append([]slot(nil), slots...)
+		sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].nonce < sorted[j].nonce })
+		for i, s := range slots {
+			out[s.pos] = txs[sorted[i].pos]
+		}
+	}
+	return out
 }
 
 // FinalizeBlock executes the block's transactions in order at the block's

@@ -409,3 +409,35 @@ func TestCompactionWithoutBackgroundCompactors(t *testing.T) {
 		t.Fatalf("level 0 still holds %d tables", l[0].NumTables)
 	}
 }
+
+// TestPrepareProposalOrdersNonces: a mempool that holds an account's
+// transactions out of order still yields a block that runs them all.
+func TestPrepareProposalOrdersNonces(t *testing.T) {
+	issuer, alice, bob := key(t, 1), key(t, 2), key(t, 3)
+	h := newHarness(t, nil, genesis(issuer, map[*identity.Key]uint64{alice: 10 * credit, bob: 10 * credit}))
+	mk := func(k *identity.Key, n uint64) []byte {
+		b, _ := NewTx(k, testChain, TypeTransfer, n, &Transfer{To: string(issuer.Address()), Amount: 1})
+		return b
+	}
+	mempool := [][]byte{mk(alice, 2), mk(bob, 1), mk(alice, 0), []byte("junk"), mk(bob, 0), mk(alice, 1)}
+	resp, err := h.app.PrepareProposal(context.Background(), &abci.RequestPrepareProposal{Txs: mempool, MaxTxBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Txs) != len(mempool) || string(resp.Txs[3]) != "junk" {
+		t.Fatalf("proposal changed the set or moved undecodable bytes")
+	}
+	ok := 0
+	for _, r := range h.block(resp.Txs...) {
+		if r.Code == CodeOK {
+			ok++
+		}
+	}
+	if ok != 5 {
+		t.Fatalf("%d of 5 transfers ran", ok)
+	}
+	small, _ := h.app.PrepareProposal(context.Background(), &abci.RequestPrepareProposal{Txs: mempool, MaxTxBytes: int64(len(mempool[0]) + 1)})
+	if len(small.Txs) != 1 {
+		t.Fatalf("byte limit: %d txs", len(small.Txs))
+	}
+}

@@ -79,7 +79,9 @@ func (o *openDBs) closeAll() {
 
 var metricsOnce sync.Once
 
-// StartChain writes CometBFT's files if missing (genesis, validator key and
+// StartChain runs the app behind one ABCI client per connection (the app
+// locks its own state), so the mempool's CheckTx need not wait for blocks.
+// It writes CometBFT's files if missing (genesis, validator key and
 // its last-sign state, node key) and starts the node; the handshake with
 // the app replays whatever blocks the app has not committed.
 func StartChain(p ChainParams) (*Chain, error) {
@@ -130,7 +132,7 @@ func StartChain(p ChainParams) (*Chain, error) {
 		})
 	}
 	dbs := &openDBs{}
-	node, err := nm.NewNode(c, pv, &cmtp2p.NodeKey{PrivKey: priv}, proxy.NewLocalClientCreator(p.App),
+	node, err := nm.NewNode(c, pv, &cmtp2p.NodeKey{PrivKey: priv}, proxy.NewConnSyncLocalClientCreator(p.App),
 		nm.DefaultGenesisDocProviderFunc(c), dbs.provider, metrics, slogAdapter{log})
 	if err != nil {
 		dbs.closeAll()
