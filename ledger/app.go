@@ -473,7 +473,9 @@ func mustEncode(v any) []byte {
 	return b
 }
 
-// Query answers reads of the committed state. Paths:
+// Query answers reads of the state as of the last executed block (between
+// FinalizeBlock and Commit that block is decided but not yet stored).
+// Paths:
 // /account/ADDR, /issuer/ADDR, /escrow/JOB, /machine/ADDR, /link/ADDR,
 // /totals. Values are JSON.
 func (app *App) Query(_ context.Context, req *abci.RequestQuery) (*abci.ResponseQuery, error) {
@@ -527,8 +529,8 @@ func (app *App) query(path string) (any, error) {
 	return nil, reject(CodeUnknownEscrow, "%s %s: %v", kind, arg, ErrNotFound)
 }
 
-// Snapshot returns a deep copy of the committed state (for tests, audit and
-// the node's own reads).
+// Snapshot returns a deep copy of the state as of the last executed block
+// (for tests, audit and the node's own reads).
 func (app *App) Snapshot() *State {
 	app.mu.RLock()
 	defer app.mu.RUnlock()
