@@ -83,7 +83,7 @@ func (v *testValidator) start(t testing.TB, doc *cmttypes.GenesisDoc, all []*tes
 	}
 	chain, err := StartChain(ChainParams{
 		Dir: v.dir, Key: v.key, Genesis: doc, App: app, P2PListen: fmt.Sprintf("tcp://127.0.0.1:%d", v.p2p),
-		Peers: peers, Logger: slog.New(slog.DiscardHandler), Configure: fastBlocks,
+		Peers: peers, Logger: slog.New(slog.DiscardHandler), Configure: netConfig,
 	})
 	if err != nil {
 		app.Close()

@@ -5,14 +5,11 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
-	"log/slog"
-	"path/filepath"
 	"testing"
 	"time"
 
 	cfg "github.com/cometbft/cometbft/config"
 	"github.com/cometbft/cometbft/p2p"
-	cmttypes "github.com/cometbft/cometbft/types"
 
 	"github.com/deepmarket/deepmarket/identity"
 )
@@ -50,58 +47,6 @@ func dropStalePeers(t *testing.T, live []*testValidator, stopped *testValidator)
 func netConfig(c *cfg.Config) {
 	fastBlocks(c)
 	c.Consensus.PeerQueryMaj23SleepDuration = time.Hour
-}
-
-// startNetwork is startValidators with netConfig: n validators of one
-// network on loopback, each with a persistent app in its own directory.
-func startNetwork(t *testing.T, n int, g GenesisState) ([]*testValidator, *cmttypes.GenesisDoc) {
-	t.Helper()
-	vals := make([]*testValidator, n)
-	var gv []GenesisValidator
-	root := t.TempDir()
-	for i := range vals {
-		k := key(t, byte(100+i))
-		vals[i] = &testValidator{key: k, dir: filepath.Join(root, fmt.Sprintf("v%d", i)), p2p: freePort(t)}
-		gv = append(gv, GenesisValidator{Name: fmt.Sprintf("v%d", i), PubKey: k.Public(), Power: 10})
-	}
-	doc, err := NewGenesis(testChain, gv, g)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, v := range vals {
-			v.stop()
-		}
-	})
-	for _, v := range vals {
-		startNetValidator(t, v, doc, vals)
-	}
-	return vals, doc
-}
-
-// startNetValidator starts (or restarts, from its directories) one
-// validator of a network: testValidator.start with netConfig.
-func startNetValidator(t *testing.T, v *testValidator, doc *cmttypes.GenesisDoc, all []*testValidator) {
-	t.Helper()
-	app, err := OpenApp(filepath.Join(v.dir, "app"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var peers []string
-	for _, o := range all {
-		if o != v {
-			peers = append(peers, fmt.Sprintf("%s@127.0.0.1:%d", NodeIDOf(o.key), o.p2p))
-		}
-	}
-	chain, err := StartChain(ChainParams{
-		Dir: v.dir, Key: v.key, Genesis: doc, App: app, P2PListen: fmt.Sprintf("tcp://127.0.0.1:%d", v.p2p),
-		Peers: peers, Logger: slog.New(slog.DiscardHandler), Configure: netConfig,
-	})
-	if err != nil {
-		app.Close()
-		t.Fatal(err)
-	}
-	v.app, v.chain = app, chain
 }
 
 // netAccount is a funded account that submits its transactions through
@@ -277,7 +222,7 @@ func TestNetworkFourValidatorsToleratesOneFailure(t *testing.T) {
 		funds[accts[i].key] = 1000 * credit
 		want[accts[i].key.Address()] = 1000 * credit
 	}
-	vals, doc := startNetwork(t, 4, genesis(issuer, funds))
+	vals, doc := startValidators(t, 4, genesis(issuer, funds))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	t0 := time.Now()
@@ -353,7 +298,7 @@ func TestNetworkFourValidatorsToleratesOneFailure(t *testing.T) {
 	// One back: 30 of 40 again. It catches up from its own directories
 	// and the others, and the chain goes on, pending tx included.
 	dropStalePeers(t, live, vals[2])
-	startNetValidator(t, vals[2], doc, vals)
+	vals[2].start(t, doc, vals)
 	if h := vals[2].app.Snapshot().Height; h < stoppedAt {
 		t.Fatalf("restarted app is at height %d, it had committed %d", h, stoppedAt)
 	}
