@@ -322,9 +322,9 @@ func runLoad(ctx context.Context, nw *network, src source, opts loadOpts) phaseR
 					// account's txs from two peers at once can hold them
 					// out of nonce order: CometBFT's local ABCI client
 					// calls CheckTx under its mutex but adds the tx to the
-					// mempool after releasing it. If it proposes, the
-					// later nonce comes first in the block and fails, and
-					// so does the rest.)
+					// mempool after releasing it. The ledger's
+					// PrepareProposal reorders them; this path remains for
+					// whatever else makes a transaction fail in a block.)
 					if _, ok := tr.take(h); ok && slots != nil {
 						<-slots
 					}

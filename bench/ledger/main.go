@@ -30,9 +30,10 @@
 //
 // The ledger's load is transfers between -accounts funded accounts, signed
 // beforehand, each account's in nonce order from one worker. On several
-// validators CometBFT's mempool can put an account's transactions out of
-// order in a block (see load.go); the failed ones are counted and the
-// account's stream goes on from its committed nonce, as a client would.
+// validators a mempool can hold an account's transactions out of order;
+// the ledger's PrepareProposal puts them back in nonce order. Any that
+// still fail in a block are counted and the account's stream goes on from
+// its committed nonce, as a client would (see load.go).
 package main
 
 import (
