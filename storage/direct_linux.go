@@ -1,0 +1,5 @@
+package storage
+
+import "syscall"
+
+const oDirect = syscall.O_DIRECT

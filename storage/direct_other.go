@@ -1,0 +1,5 @@
+//go:build !linux
+
+package storage
+
+const oDirect = 0
