@@ -189,9 +189,9 @@ func (s *Store) offlineDAG() ipld.DAGService {
 // Has reports whether the block c is on this node's disk.
 func (s *Store) Has(ctx context.Context, c cid.Cid) (bool, error) { return s.bs.Has(ctx, c) }
 
-// checkedBlockstore hashes every block it reads. A block whose bytes no
-// longer match its CID (a bad disk, a stray write) is deleted and reported
-// as missing, so it is never served and a fetch gets it again.
+// checkedBlockstore drops every block whose bytes no longer match (a bad
+// disk, a stray write: see packBlockstore.Get for the check) and reports
+// it as missing, so it is never served and a fetch gets it again.
 type checkedBlockstore struct {
 	blockstore.Blockstore
 	store *Store
@@ -202,11 +202,7 @@ func (c *checkedBlockstore) Get(ctx context.Context, k cid.Cid) (blocks.Block, e
 	if ipld.IsNotFound(err) && isEmptyBlock(k) {
 		return blocks.NewBlockWithCid(nil, k)
 	}
-	if err != nil {
-		return nil, err
-	}
-	got, err := k.Prefix().Sum(b.RawData())
-	if err != nil || !got.Equals(k) {
+	if errors.Is(err, errCorrupt) {
 		c.store.opts.Logger.Warn("block on disk does not match its CID; dropped, it will be fetched again", "cid", k)
 		c.store.opts.Metrics.incCorrupt()
 		if err := c.Blockstore.DeleteBlock(ctx, k); err != nil {
@@ -214,7 +210,7 @@ func (c *checkedBlockstore) Get(ctx context.Context, k cid.Cid) (blocks.Block, e
 		}
 		return nil, ipld.ErrNotFound{Cid: k}
 	}
-	return b, nil
+	return b, err
 }
 
 func (c *checkedBlockstore) Has(ctx context.Context, k cid.Cid) (bool, error) {
