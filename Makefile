@@ -40,7 +40,7 @@ lint: ## gofmt and go vet
 	$(GO) vet ./...
 
 .PHONY: bench
-bench: bench-p2p bench-ledger ## Run every benchmark
+bench: bench-p2p bench-ledger bench-storage ## Run every benchmark
 
 .PHONY: bench-p2p
 bench-p2p: build ## Gossip: propagation over 50 nodes, validation rate, idle node cost
@@ -49,6 +49,10 @@ bench-p2p: build ## Gossip: propagation over 50 nodes, validation rate, idle nod
 .PHONY: bench-ledger
 bench-ledger: ## Ledger vs CometBFT's kvstore: tx/s and commit latency (1 and 4 validators), audit replay rate
 	$(GO) run ./bench/ledger -out bench/results/ledger.json
+
+.PHONY: bench-storage
+bench-storage: ## Datasets: import vs sha256sum, 1 GiB transfer vs raw libp2p stream and TCP, 3 providers, peak RSS
+	$(GO) run ./bench/storage -out bench/results/storage.json
 
 .PHONY: clean
 clean: ## Remove build outputs

@@ -53,6 +53,9 @@ func (h Home) APIAddrPath() string { return filepath.Join(h.Dir, "api.addr") }
 // StoreDir is the badger node store.
 func (h Home) StoreDir() string { return filepath.Join(h.Dir, "data", "node") }
 
+// BlocksDir is the blockstore: datasets by content address.
+func (h Home) BlocksDir() string { return filepath.Join(h.Dir, "data", "blocks") }
+
 // LedgerDir holds the ledger's state (badger).
 func (h Home) LedgerDir() string { return filepath.Join(h.Dir, "data", "ledger") }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/inventory"
 	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/storage"
 )
 
 // Version is the DeepMarket release, set at build time with -ldflags.
@@ -52,6 +53,7 @@ type Node struct {
 	chain     *ledger.Chain
 	ledgerApp *ledger.App
 	ledger    *ledger.Client
+	blocks    *storage.Store
 }
 
 // New loads the key and token from home; it opens nothing.
@@ -121,6 +123,17 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	}
 	defer n.host.Close()
 
+	n.blocks, err = storage.Open(n.home.BlocksDir(), storage.Options{
+		Logger: log.With("module", "storage"), Metrics: storage.NewMetrics(n.reg),
+	})
+	if err != nil {
+		if errors.Is(err, storage.ErrLocked) {
+			return fmt.Errorf("%w: is another `deepmarket node run` using this home?", err)
+		}
+		return err
+	}
+	defer n.blocks.Close()
+
 	if err := n.startLedger(); err != nil {
 		return err
 	}
@@ -161,8 +174,9 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	n.blocks.Attach(n.host, disc.ContentRouting())
 	server := api.NewServer(api.Params{
-		Token: n.token, Status: n, Lending: n, Market: n, Ledger: n,
+		Token: n.token, Status: n, Lending: n, Market: n, Ledger: n, Data: n,
 		// CometBFT registers its metrics process-wide; serve them beside ours.
 		Gatherer: prometheus.Gatherers{n.reg, prometheus.DefaultGatherer},
 		Logger:   log.With("module", "api"),
@@ -178,6 +192,7 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	})
 	g.Go(func() error { return n.lender.Run(gctx) })
 	g.Go(func() error { return n.store.Run(gctx) })
+	g.Go(func() error { return n.blocks.Run(gctx) })
 	g.Go(func() error { return server.Serve(gctx, ln) })
 	g.Go(func() error {
 		full := inventory.Detect(gctx, n.home.Dir, n.cfg.Inventory.Python)

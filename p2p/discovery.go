@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/ipfs/go-cid"
 	dht "github.com/libp2p/go-libp2p-kad-dht"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
@@ -44,7 +46,7 @@ type DiscoveryParams struct {
 // from the public IPFS DHT) on a WAN.
 type Discovery struct {
 	p   DiscoveryParams
-	dht *dht.IpfsDHT
+	dht atomic.Pointer[dht.IpfsDHT] // set while Run runs the DHT
 }
 
 // NewDiscovery builds discovery; nothing runs until Run.
@@ -110,7 +112,8 @@ func (d *Discovery) Run(ctx context.Context) error {
 			return fmt.Errorf("start DHT: %w", err)
 		}
 		defer kdht.Close()
-		d.dht = kdht
+		d.dht.Store(kdht)
+		defer d.dht.Store(nil)
 		if err := kdht.Bootstrap(ctx); err != nil {
 			log.Warn("DHT bootstrap", "err", err)
 		}
@@ -190,4 +193,31 @@ func (n *mdnsNotifee) HandlePeerFound(ai peer.AddrInfo) {
 		return
 	}
 	n.log.Info("connected to LAN peer", "peer", ai.ID)
+}
+
+// ContentRouting finds providers of content and announces this node as
+// one, through the DHT while Run has it up (with [p2p] dht = "off", or
+// before it starts, it finds nothing and announces nothing: peers are
+// then found among connected ones).
+func (d *Discovery) ContentRouting() *ContentRouting { return &ContentRouting{d: d} }
+
+// ContentRouting is Discovery's content router; see Discovery.ContentRouting.
+type ContentRouting struct{ d *Discovery }
+
+// FindProvidersAsync streams up to count providers of c.
+func (r *ContentRouting) FindProvidersAsync(ctx context.Context, c cid.Cid, count int) <-chan peer.AddrInfo {
+	if k := r.d.dht.Load(); k != nil {
+		return k.FindProvidersAsync(ctx, c, count)
+	}
+	ch := make(chan peer.AddrInfo)
+	close(ch)
+	return ch
+}
+
+// Provide announces that this node has c.
+func (r *ContentRouting) Provide(ctx context.Context, c cid.Cid, announce bool) error {
+	if k := r.d.dht.Load(); k != nil {
+		return k.Provide(ctx, c, announce)
+	}
+	return nil
 }

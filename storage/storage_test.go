@@ -251,21 +251,34 @@ func TestTamperedPeerIsIgnored(t *testing.T) {
 		tamperingBlockstore{liarStore.Blockstore()})
 	defer liar.Close()
 
+	// The fetcher knows only the liar at first, so the liar is asked;
+	// the honest peer turns up once the liar has answered.
 	fetcher := openNode(t, "", Options{})
 	connect(t, fetcher.host, liarHost)
-	connect(t, fetcher.host, honest.host)
 	out := filepath.Join(t.TempDir(), "out.bin")
-	if _, _, err := fetcher.Get(t.Context(), p.CID, out, nil); err != nil {
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := fetcher.Get(t.Context(), p.CID, out, nil)
+		done <- err
+	}()
+	var st *bitswap.Stat
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if st, _ = liar.Stat(); st.BlocksSent > 0 {
+			break
+		}
+	}
+	if st.BlocksSent == 0 {
+		t.Fatal("the liar was never asked, so the test proves nothing")
+	}
+	connect(t, fetcher.host, honest.host)
+	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
 	got, _ := os.ReadFile(out)
 	if !bytes.Equal(got, data) {
 		t.Fatal("fetched bytes differ from the honest peer's")
 	}
-	st, _ := liar.Stat()
-	if st.BlocksSent == 0 {
-		t.Fatal("the liar was never asked, so the test proves nothing")
-	}
+	st, _ = liar.Stat()
 	t.Logf("liar sent %d tampered blocks; all were rejected", st.BlocksSent)
 }
 

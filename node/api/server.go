@@ -42,6 +42,14 @@ type (
 		PublishBid(ctx context.Context, req PublishBidRequest) (SeenBid, error)
 		Peers() []Peer
 	}
+	// Data answers /data/...: datasets by content address.
+	Data interface {
+		DataAdd(ctx context.Context, req DataAddRequest, progress func(Progress)) (DataPin, error)
+		DataGet(ctx context.Context, req DataGetRequest, progress func(Progress)) (DataGetResult, error)
+		DataList(ctx context.Context) ([]DataPin, error)
+		DataRemove(ctx context.Context, cid string) error
+		DataGC(ctx context.Context) (DataGCResult, error)
+	}
 	// Ledger answers /ledger/...
 	Ledger interface {
 		Balance(ctx context.Context, addr string) (Balance, error)
@@ -65,6 +73,7 @@ type Params struct {
 	Lending  Lending
 	Market   Market
 	Ledger   Ledger
+	Data     Data
 	Gatherer prometheus.Gatherer // what /metrics serves
 	Logger   *slog.Logger
 }
@@ -128,6 +137,28 @@ func NewServer(p Params) *Server {
 		return p.Ledger.Send(r.Context(), req)
 	})
 	s.handle("GET /api/v1/ledger/audit", func(r *http.Request) (any, error) { return p.Ledger.Audit(r.Context()) })
+	s.stream("POST /api/v1/data/add", func(r *http.Request, progress func(Progress)) (any, error) {
+		var req DataAddRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return p.Data.DataAdd(r.Context(), req, progress)
+	})
+	s.stream("POST /api/v1/data/get", func(r *http.Request, progress func(Progress)) (any, error) {
+		var req DataGetRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return p.Data.DataGet(r.Context(), req, progress)
+	})
+	s.handle("GET /api/v1/data", func(r *http.Request) (any, error) {
+		l, err := p.Data.DataList(r.Context())
+		return nonNil(l), err
+	})
+	s.handle("DELETE /api/v1/data/{cid}", func(r *http.Request) (any, error) {
+		return map[string]string{"removed": r.PathValue("cid")}, p.Data.DataRemove(r.Context(), r.PathValue("cid"))
+	})
+	s.handle("POST /api/v1/data/gc", func(r *http.Request) (any, error) { return p.Data.DataGC(r.Context()) })
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, &Error{Message: "no such endpoint: " + r.Method + " " + r.URL.Path + " (see /api/v1/openapi.json)"})
 	})
@@ -144,9 +175,7 @@ func nonNil[T any](s []T) []T {
 // handle registers a token-guarded JSON route.
 func (s *Server) handle(pattern string, fn func(*http.Request) (any, error)) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		if !s.authorized(r) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="deepmarket"`)
-			writeJSON(w, http.StatusUnauthorized, &Error{Message: "missing or wrong API token (the CLI reads it from api.token in the node's home)"})
+		if s.refuse(w, r) {
 			return
 		}
 		out, err := fn(r)
@@ -156,6 +185,16 @@ func (s *Server) handle(pattern string, fn func(*http.Request) (any, error)) {
 		}
 		writeJSON(w, http.StatusOK, out)
 	})
+}
+
+// refuse answers 401 unless the request carries the token.
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request) bool {
+	if s.authorized(r) {
+		return false
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="deepmarket"`)
+	writeJSON(w, http.StatusUnauthorized, &Error{Message: "missing or wrong API token (the CLI reads it from api.token in the node's home)"})
+	return true
 }
 
 func (s *Server) authorized(r *http.Request) bool {
@@ -176,21 +215,27 @@ func decodeBody(r *http.Request, v any) error {
 }
 
 func writeError(w http.ResponseWriter, err error) {
+	e := toAPIError(err)
+	writeJSON(w, e.Status, e)
+}
+
+// toAPIError maps an error to the API's error document and status.
+func toAPIError(err error) *Error {
 	var apiErr *Error
 	var fieldErr FieldError
 	switch {
 	case errors.As(err, &apiErr):
-		status := apiErr.Status
-		if status == 0 {
-			status = http.StatusBadRequest
+		e := *apiErr
+		if e.Status == 0 {
+			e.Status = http.StatusBadRequest
 		}
-		writeJSON(w, status, apiErr)
+		return &e
 	case errors.As(err, &fieldErr):
-		writeJSON(w, http.StatusUnprocessableEntity, &Error{Message: err.Error(), Field: fieldErr.Field()})
+		return &Error{Status: http.StatusUnprocessableEntity, Message: err.Error(), Field: fieldErr.Field()}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		writeJSON(w, http.StatusServiceUnavailable, &Error{Message: err.Error()})
+		return &Error{Status: http.StatusServiceUnavailable, Message: err.Error()}
 	default:
-		writeJSON(w, http.StatusInternalServerError, &Error{Message: err.Error()})
+		return &Error{Status: http.StatusInternalServerError, Message: err.Error()}
 	}
 }
 
