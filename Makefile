@@ -32,6 +32,7 @@ test: deps lint ## Install what the tests need and run every test
 	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZTIME) ./p2p
 	$(GO) test -run '^$$' -fuzz FuzzCheckTx -fuzztime $(FUZZTIME) ./ledger
 	$(GO) test -run '^$$' -fuzz FuzzDecodeTx -fuzztime $(FUZZTIME) ./ledger
+	$(GO) test -run '^$$' -fuzz FuzzDecodeEntry -fuzztime $(FUZZTIME) ./storage
 
 .PHONY: lint
 lint: ## gofmt and go vet

@@ -289,6 +289,49 @@ func (s *Store) Get(ctx context.Context, root cid.Cid, out string, progress func
 	return path, p, err
 }
 
+// FetchInto fetches root (see Fetch), pins it, and writes it into the
+// directory dir, creating dir if needed: a directory root's entries become
+// dir's entries, a file root becomes dir/<cid>. It refuses to overwrite
+// anything already in dir. This is what the executor uses to lay out a
+// job's inputs.
+func (s *Store) FetchInto(ctx context.Context, root cid.Cid, dir string, progress func(Progress)) (Pin, error) {
+	p, err := s.Fetch(ctx, root, progress)
+	if err != nil {
+		return Pin{}, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return Pin{}, err
+	}
+	if p.Kind != "directory" {
+		_, err := s.Export(ctx, root, filepath.Join(dir, root.String()))
+		return p, err
+	}
+	tmp, err := os.MkdirTemp(dir, ".fetch-")
+	if err != nil {
+		return Pin{}, err
+	}
+	defer os.RemoveAll(tmp)
+	staged, err := s.Export(ctx, root, filepath.Join(tmp, "root"))
+	if err != nil {
+		return Pin{}, err
+	}
+	entries, err := os.ReadDir(staged)
+	if err != nil {
+		return Pin{}, err
+	}
+	for _, e := range entries {
+		if _, err := os.Lstat(filepath.Join(dir, e.Name())); err == nil {
+			return Pin{}, fmt.Errorf("fetch %s into %s: %s already exists", root, dir, e.Name())
+		}
+	}
+	for _, e := range entries {
+		if err := os.Rename(filepath.Join(staged, e.Name()), filepath.Join(dir, e.Name())); err != nil {
+			return Pin{}, err
+		}
+	}
+	return p, nil
+}
+
 // Export writes root, whose blocks must all be on this node, to out (see
 // Get). It writes into a temporary name beside out and renames it into
 // place, so out appears whole or not at all.
