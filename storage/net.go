@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/ipfs/boxo/bitswap"
@@ -40,7 +41,6 @@ func (s *Store) Attach(h host.Host, router Router) {
 		bitswap.WithTargetMessageSize(3<<19),
 		bitswap.ProviderSearchDelay(500*time.Millisecond),
 		bitswap.RebroadcastDelay(2*time.Second),
-		bitswap.WithoutDuplicatedBlockStats(),
 	)
 	s.exch.Store(&exchangeBox{bs})
 	s.router = router
@@ -103,4 +103,14 @@ func (s *Store) announce(c cid.Cid) {
 	case s.provideCh <- c:
 	default:
 	}
+}
+
+// BitswapStat reports bitswap's counters (blocks and bytes sent and
+// received, duplicates) while attached.
+func (s *Store) BitswapStat() (*bitswap.Stat, error) {
+	e := s.exch.Load()
+	if e == nil {
+		return nil, errors.New("bitswap is not attached")
+	}
+	return e.Interface.(*bitswap.Bitswap).Stat()
 }

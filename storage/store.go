@@ -132,13 +132,14 @@ func Open(dir string, opts Options) (*Store, error) {
 	bo.Options = badger.DefaultOptions(dir).
 		WithLogger(badgerLogger{opts.Logger}).
 		WithValueThreshold(opts.ValueThreshold).
-		WithMemTableSize(16 << 20).
+		// Entries are small (large blocks live in packs): small tables.
+		WithMemTableSize(4 << 20).
 		WithNumMemtables(2).
 		WithNumLevelZeroTables(2).
 		WithNumLevelZeroTablesStall(16).
-		WithBlockCacheSize(8 << 20).
+		WithBlockCacheSize(4 << 20).
 		WithIndexCacheSize(4 << 20).
-		WithValueLogFileSize(256 << 20).
+		WithValueLogFileSize(64 << 20).
 		// Compactors cost an idle node CPU for nothing; Maintain
 		// compacts level 0 when it grows.
 		WithNumCompactors(0)

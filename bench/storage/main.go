@@ -13,7 +13,11 @@
 //     both chunk sizes, and as `data get` (fetch, then write the file out);
 //   - 3 providers -> 1 fetcher (goal: >= the single-provider rate);
 //   - peak RSS of the fetching node (VmHWM of its process) over the 1 GiB
-//     fetch (goal: <= 256 MiB).
+//     fetches (goal: <= 256 MiB).
+//
+// Each transfer is measured three times (fresh blockstores) and the
+// median reported: a shared 2-core machine drifts. BENCH_CPUPROFILE=PREFIX
+// writes a CPU profile of each process to PREFIX.PID.
 //
 // Providers live in this process; each fetcher is a child process (this
 // binary with -child) so its memory is its own. Output: a table, and JSON
@@ -33,6 +37,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -332,6 +337,7 @@ func runChild(args []string) error {
 	raw := fs.Bool("raw", false, "measure a raw libp2p stream first")
 	tcpAddr := fs.String("tcp", "", "measure plain TCP from this address first")
 	get := fs.Bool("get", false, "also time `data get` (fetch into a fresh store, write the file)")
+	reps := fs.Int("reps", 3, "repetitions of each measurement (the median is reported)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -360,60 +366,68 @@ func runChild(args []string) error {
 		}
 	}
 	var t transfer
-	if *tcpAddr != "" {
-		conn, err := net.Dial("tcp", *tcpAddr)
-		if err != nil {
-			return err
+	var tcpRates, rawRates, fetchRates []float64
+	for range *reps {
+		if *tcpAddr != "" {
+			conn, err := net.Dial("tcp", *tcpAddr)
+			if err != nil {
+				return err
+			}
+			start := time.Now()
+			fmt.Fprintf(conn, "%d\n", *size)
+			if n, err := io.Copy(io.Discard, conn); err != nil || n != *size {
+				return fmt.Errorf("tcp: %d bytes: %v", n, err)
+			}
+			tcpRates = append(tcpRates, mbs(*size, time.Since(start)))
+			conn.Close()
 		}
-		start := time.Now()
-		fmt.Fprintf(conn, "%d\n", *size)
-		if n, err := io.Copy(io.Discard, conn); err != nil || n != *size {
-			return fmt.Errorf("tcp: %d bytes: %v", n, err)
+		if *raw {
+			s, err := h.NewStream(ctx, first, rawProto)
+			if err != nil {
+				return err
+			}
+			start := time.Now()
+			fmt.Fprintf(s, "%d\n", *size)
+			s.CloseWrite()
+			if n, err := io.Copy(io.Discard, bufio.NewReaderSize(s, 1<<20)); err != nil || n != *size {
+				return fmt.Errorf("raw stream: %d bytes: %v", n, err)
+			}
+			rawRates = append(rawRates, mbs(*size, time.Since(start)))
+			s.Close()
 		}
-		t.TCPMBs = mbs(*size, time.Since(start))
-		conn.Close()
 	}
-	if *raw {
-		s, err := h.NewStream(ctx, first, rawProto)
-		if err != nil {
-			return err
-		}
-		start := time.Now()
-		fmt.Fprintf(s, "%d\n", *size)
-		s.CloseWrite()
-		if n, err := io.Copy(io.Discard, bufio.NewReaderSize(s, 1<<20)); err != nil || n != *size {
-			return fmt.Errorf("raw stream: %d bytes: %v", n, err)
-		}
-		t.RawMBs = mbs(*size, time.Since(start))
-		s.Close()
-	}
+	t.TCPMBs, t.RawMBs = median(tcpRates), median(rawRates)
 
-	store, err := storage.Open(filepath.Join(*dir, "fetch"), storage.Options{})
-	if err != nil {
-		return err
-	}
-	store.Attach(h, nil)
+	// Each repetition fetches into a fresh blockstore. The peak memory
+	// is the first one's: one node, one store, one 1 GiB fetch.
 	peak.reset()
-	start := time.Now()
-	self0, parent0 := cpuTicks(os.Getpid()), cpuTicks(os.Getppid())
-	if p := os.Getenv("BENCH_FETCHPROFILE"); p != "" {
-		f, err := os.Create(fmt.Sprintf("%s.%d", p, os.Getpid()))
+	var fetched int64
+	for rep := range *reps {
+		storeDir := filepath.Join(*dir, fmt.Sprintf("fetch%d", rep))
+		store, err := storage.Open(storeDir, storage.Options{})
 		if err != nil {
 			return err
 		}
-		pprof.StartCPUProfile(f)
+		store.Attach(h, nil)
+		start := time.Now()
+		self0, parent0 := cpuTicks(os.Getpid()), cpuTicks(os.Getppid())
+		p, err := store.Fetch(ctx, c, nil)
+		if err != nil {
+			return err
+		}
+		wall := time.Since(start)
+		fetchRates = append(fetchRates, mbs(p.Size, wall))
+		t.FetcherCPU = float64(cpuTicks(os.Getpid())-self0) / 100 / wall.Seconds()
+		t.ProviderCPU = float64(cpuTicks(os.Getppid())-parent0) / 100 / wall.Seconds()
+		fetched = p.Size
+		if rep == 0 {
+			t.PeakRSS, t.PeakAnon = peak.read()
+		}
+		store.Close()
+		os.RemoveAll(storeDir)
 	}
-	p, err := store.Fetch(ctx, c, nil)
-	if err != nil {
-		return err
-	}
-	wall := time.Since(start)
-	pprof.StopCPUProfile()
-	t.FetchMBs = mbs(p.Size, wall)
-	t.FetcherCPU = float64(cpuTicks(os.Getpid())-self0) / 100 / wall.Seconds()
-	t.ProviderCPU = float64(cpuTicks(os.Getppid())-parent0) / 100 / wall.Seconds()
-	t.PeakRSS, t.PeakAnon = peak.read()
-	store.Close()
+	t.FetchMBs = median(fetchRates)
+	p := storage.Pin{Size: fetched}
 
 	if *get {
 		store, err := storage.Open(filepath.Join(*dir, "get"), storage.Options{})
@@ -478,6 +492,15 @@ func cpuTicks(pid int) int64 {
 	fmt.Sscan(f[11], &u)
 	fmt.Sscan(f[12], &s)
 	return u + s
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 func statusKiB(field string) int64 {
