@@ -19,7 +19,9 @@ import (
 	blocks "github.com/ipfs/go-block-format"
 	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p"
+	dht "github.com/libp2p/go-libp2p-kad-dht"
 	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	mh "github.com/multiformats/go-multihash"
 )
@@ -628,4 +630,77 @@ func TestTornPackAfterCrash(t *testing.T) {
 	if got, _ := os.ReadFile(out); !bytes.Equal(got, data) {
 		t.Fatal("repaired file differs")
 	}
+}
+
+// TestProvidersThroughDHT: beyond the peers it is connected to, a fetcher
+// finds a provider through the DHT, where the provider announced what it
+// pinned.
+func TestProvidersThroughDHT(t *testing.T) {
+	hA, hB, hC := newHost(t), newHost(t), newHost(t)
+	connect(t, hA, hC)
+	connect(t, hB, hC)
+	// B is a DHT client (a lab machine behind a NAT, say): A's announce
+	// goes to C only, so A and B meet only through the provider record.
+	newDHT := func(h host.Host, mode dht.ModeOpt) *dht.IpfsDHT {
+		d, err := dht.New(h, dht.Mode(mode), dht.ProtocolPrefix("/deepmarket-test"), dht.DisableAutoRefresh())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	dA, dB, dC := newDHT(hA, dht.ModeServer), newDHT(hB, dht.ModeClient), newDHT(hC, dht.ModeServer)
+	connect(t, hA, hC) // again, now that the DHTs are up to see it
+	connect(t, hB, hC)
+	waitFor(t, func() bool { return dA.RoutingTable().Size() > 0 && dB.RoutingTable().Size() > 0 })
+	hB.Network().ClosePeer(hA.ID())
+
+	a, err := Open(t.TempDir(), Options{Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	a.Attach(hA, dA)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go a.Run(ctx)
+	src := filepath.Join(t.TempDir(), "d.bin")
+	data := randomFile(t, src, 2<<20)
+	p, err := a.Add(t.Context(), src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The add announced the root: C, the only other DHT server A knows,
+	// holds the provider record.
+	waitFor(t, func() bool {
+		provs, _ := dC.ProviderStore().GetProviders(t.Context(), p.CID.Hash())
+		return len(provs) > 0
+	})
+
+	b, err := Open(t.TempDir(), Options{Logger: testLogger(t), StallTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	b.Attach(hB, dB)
+	if hB.Network().Connectedness(hA.ID()) == network.Connected {
+		t.Fatal("B is already connected to A; the test would not need the DHT")
+	}
+	out := filepath.Join(t.TempDir(), "out.bin")
+	if _, _, err := b.Get(t.Context(), p.CID, out, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(out); !bytes.Equal(got, data) {
+		t.Fatal("fetched bytes differ")
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatal("condition not reached in 10 s")
 }
