@@ -53,7 +53,7 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 			res.Kept++
 			continue
 		}
-		if n, err := s.bs.GetSize(ctx, k); err == nil {
+		if n, err := s.packs.GetSize(ctx, k); err == nil {
 			res.RemovedBytes += int64(n)
 		}
 		if err := s.bs.DeleteBlock(ctx, k); err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -15,9 +16,14 @@ import (
 
 	"github.com/ipfs/boxo/bitswap"
 	bsnet "github.com/ipfs/boxo/bitswap/network/bsnet"
+	"github.com/ipfs/boxo/blockservice"
 	"github.com/ipfs/boxo/blockstore"
+	"github.com/ipfs/boxo/ipld/merkledag"
+	uio "github.com/ipfs/boxo/ipld/unixfs/io"
 	blocks "github.com/ipfs/go-block-format"
 	"github.com/ipfs/go-cid"
+	ds "github.com/ipfs/go-datastore"
+	dssync "github.com/ipfs/go-datastore/sync"
 	"github.com/libp2p/go-libp2p"
 	dht "github.com/libp2p/go-libp2p-kad-dht"
 	"github.com/libp2p/go-libp2p/core/host"
@@ -703,4 +709,50 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 	}
 	t.Fatal("condition not reached in 10 s")
+}
+
+// TestStockBitswapClientFetches: a plain boxo bitswap client (what kubo
+// runs) gets our blocks, the empty file's block included.
+func TestStockBitswapClientFetches(t *testing.T) {
+	a := openNode(t, "", Options{})
+	src := t.TempDir()
+	randomFile(t, filepath.Join(src, "empty"), 0)
+	data := randomFile(t, filepath.Join(src, "big"), 2<<20+5)
+	p, err := a.Add(t.Context(), src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHost(t)
+	bs := blockstore.NewBlockstore(dssync.MutexWrap(ds.NewMapDatastore()))
+	client := bitswap.New(t.Context(), bsnet.NewFromIpfsHost(h), nil, bs, bitswap.WithServerEnabled(false))
+	defer client.Close()
+	connect(t, h, a.host)
+	dag := merkledag.NewDAGService(blockservice.New(bs, client))
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	root, err := dag.Get(ctx, p.CID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := uio.NewDirectoryFromNode(dag, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"empty", "big"} {
+		nd, err := dir.Find(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := uio.NewDagReader(ctx, nd, dag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(r)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if want := map[string][]byte{"empty": {}, "big": data}[name]; !bytes.Equal(got, want) {
+			t.Fatalf("%s: %d bytes, want %d", name, len(got), len(want))
+		}
+	}
 }

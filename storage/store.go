@@ -222,6 +222,18 @@ func (c *checkedBlockstore) Has(ctx context.Context, k cid.Cid) (bool, error) {
 	return ok, err
 }
 
+// GetSize reports a block's size, but 1 for the empty block: boxo's
+// bitswap server takes size 0 for "not here" (blockstoreManager keeps only
+// non-zero sizes), so without this no bitswap peer (kubo included) could
+// get an empty file's block from us. The size only feeds accounting.
+func (c *checkedBlockstore) GetSize(ctx context.Context, k cid.Cid) (int, error) {
+	n, err := c.Blockstore.GetSize(ctx, k)
+	if (err == nil && n == 0) || (ipld.IsNotFound(err) && isEmptyBlock(k)) {
+		return 1, nil
+	}
+	return n, err
+}
+
 // isEmptyBlock reports whether k names zero bytes (an empty file's only
 // block). Every node has it, so nobody needs to send it; bitswap servers
 // do not send empty blocks.
