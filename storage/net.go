@@ -40,7 +40,6 @@ func (s *Store) Attach(h host.Host, router Router) {
 		bitswap.EngineBlockstoreWorkerCount(16),
 		bitswap.WithTargetMessageSize(3<<19),
 		bitswap.ProviderSearchDelay(500*time.Millisecond),
-		bitswap.RebroadcastDelay(2*time.Second),
 	)
 	s.exch.Store(&exchangeBox{bs})
 	s.router = router
