@@ -41,7 +41,7 @@ lint: ## gofmt and go vet
 	$(GO) vet ./...
 
 .PHONY: bench
-bench: bench-p2p bench-ledger bench-storage ## Run every benchmark
+bench: bench-p2p bench-ledger bench-storage bench-scheduler ## Run every benchmark
 
 .PHONY: bench-p2p
 bench-p2p: build ## Gossip: propagation over 50 nodes, validation rate, idle node cost
@@ -54,6 +54,10 @@ bench-ledger: ## Ledger vs CometBFT's kvstore: tx/s and commit latency (1 and 4 
 .PHONY: bench-storage
 bench-storage: ## Datasets: import vs sha256sum, 1 GiB transfer vs raw libp2p stream and TCP, 3 providers, peak RSS
 	$(GO) run ./bench/storage -out bench/results/storage.json
+
+.PHONY: bench-scheduler
+bench-scheduler: ## Scheduler: placements/s and p99 for an 8-worker job over 100 / 1,000 / 10,000 machines
+	$(GO) run ./bench/scheduler -out bench/results/scheduler.json
 
 .PHONY: clean
 clean: ## Remove build outputs
