@@ -11,6 +11,8 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
 )
@@ -24,6 +26,7 @@ type Config struct {
 	Ledger    LedgerConfig    `toml:"ledger"`
 	Inventory InventoryConfig `toml:"inventory"`
 	Prices    PricesConfig    `toml:"prices"`
+	Scheduler SchedulerConfig `toml:"scheduler"`
 	Log       LogConfig       `toml:"log"`
 }
 
@@ -73,6 +76,14 @@ type PricesConfig struct {
 	CoreHour   string `toml:"core_hour"`
 	MemGiBHour string `toml:"mem_gib_hour"`
 	GPUHour    string `toml:"gpu_hour"`
+}
+
+// SchedulerConfig says which machines this node's scheduler prices and
+// places on, of those whose offers it holds.
+type SchedulerConfig struct {
+	Subset   string   `toml:"subset"`
+	Nearest  int      `toml:"nearest"`
+	Machines []string `toml:"machines"`
 }
 
 // LogConfig configures logging.
@@ -133,6 +144,7 @@ func DefaultConfig() Config {
 		},
 		Inventory: InventoryConfig{Python: "python3"},
 		Prices:    PricesConfig{CoreHour: "0.1", MemGiBHour: "0.02", GPUHour: "1"},
+		Scheduler: SchedulerConfig{Subset: SubsetAll, Nearest: 16},
 		Log:       LogConfig{Level: "info", Format: "text", Libp2pLevel: "warn"},
 	}
 }
@@ -325,6 +337,23 @@ func (c *Config) Validate() error {
 			return bad("prices] "+key, "%v", err)
 		}
 	}
+	switch c.Scheduler.Subset {
+	case SubsetAll, SubsetSite, SubsetNearest:
+	case SubsetList:
+		if len(c.Scheduler.Machines) == 0 {
+			return bad("scheduler] machines", "is empty, but subset = \"list\" schedules only on the machines it names")
+		}
+	default:
+		return bad("scheduler] subset", "%q: want all, site, nearest or list", c.Scheduler.Subset)
+	}
+	if c.Scheduler.Nearest < 1 || c.Scheduler.Nearest > 100000 {
+		return bad("scheduler] nearest", "%d: want 1 to 100000", c.Scheduler.Nearest)
+	}
+	for _, m := range c.Scheduler.Machines {
+		if _, err := peer.Decode(m); err != nil {
+			return bad("scheduler] machines", "%q is not a peer ID: %v", m, err)
+		}
+	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:
@@ -445,6 +474,15 @@ python = {{lit .Inventory.Python}}
 core_hour = {{lit .Prices.CoreHour}}
 mem_gib_hour = {{lit .Prices.MemGiBHour}}
 gpu_hour = {{lit .Prices.GPUHour}}
+
+[scheduler]
+# Which machines this node's scheduler prices and places jobs on, of those
+# whose offers it holds: "all", "site" (this node's site only), "nearest"
+# (the ` + "`nearest`" + ` machines with the lowest measured round-trip time), or
+# "list" (the peer IDs in ` + "`machines`" + `).
+subset = {{lit .Scheduler.Subset}}
+nearest = {{.Scheduler.Nearest}}
+machines = {{lit .Scheduler.Machines}}
 
 [log]
 # debug, info, warn or error.

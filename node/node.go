@@ -176,7 +176,7 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	}
 	n.blocks.Attach(n.host, disc.ContentRouting())
 	server := api.NewServer(api.Params{
-		Token: n.token, Status: n, Lending: n, Market: n, Ledger: n, Data: n,
+		Token: n.token, Status: n, Lending: n, Market: n, Ledger: n, Data: n, Sched: n,
 		// CometBFT registers its metrics process-wide; serve them beside ours.
 		Gatherer: prometheus.Gatherers{n.reg, prometheus.DefaultGatherer},
 		Logger:   log.With("module", "api"),

@@ -193,7 +193,7 @@ func greedy(v View, j Job, now time.Time, pick func(ms []Machine, ok []bool) int
 	any := false
 	for i := range ms {
 		run := time.Duration(float64(j.Duration) / ms[i].speed())
-		ok[i] = ms[i].fits(j.Per) && ms[i].Window.Covers(now, now.Add(run))
+		ok[i] = ms[i].fits(j.Per) && ms[i].available(now, now.Add(run))
 		any = any || ok[i]
 	}
 	if !any {

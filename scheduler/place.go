@@ -54,7 +54,7 @@ func Place(v View, j Job, now time.Time, p Params) (Placement, error) {
 		m := &v.Machines[i]
 		hrs[i] = hours(j.Duration) / m.speed()
 		cost[i] = math.NaN()
-		if !m.fits(j.Per) || !m.Window.Covers(now, now.Add(time.Duration(hrs[i]*float64(time.Hour)))) {
+		if !m.fits(j.Per) || !m.available(now, now.Add(time.Duration(hrs[i]*float64(time.Hour)))) {
 			lb[i], cost[i] = math.Inf(1), math.Inf(1)
 			continue
 		}
@@ -227,7 +227,7 @@ func explain(v View, j Job, now time.Time, placed int) *Rejection {
 	for i := range v.Machines {
 		m := &v.Machines[i]
 		run := time.Duration(float64(j.Duration) / m.speed())
-		if !m.Window.Covers(now, now.Add(run)) {
+		if !m.available(now, now.Add(run)) {
 			continue
 		}
 		inWindow++

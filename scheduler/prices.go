@@ -51,7 +51,7 @@ func MarketPrices(v View, now time.Time, p Params) Market {
 			}
 			return min(alloc/lent, 1)
 		}
-		mp := MachinePrices{ID: m.ID, Site: m.Site, Available: m.Window.Covers(now, now)}
+		mp := MachinePrices{ID: m.ID, Site: m.Site, Available: m.available(now, now)}
 		mp.Load = [3]float64{
 			load(float64(m.Allocated.Cores), float64(m.Lent.Cores)),
 			load(float64(m.Allocated.MemBytes), float64(m.Lent.MemBytes)),

@@ -426,6 +426,11 @@ func TestWindowCovers(t *testing.T) {
 	if !(Window{}).Covers(at(12, 0), at(12, 0).Add(72*time.Hour)) {
 		t.Error("all-day window refused a long job")
 	}
+	// An offer that ends at 14:00 takes a 2 h job at noon, not a 2 h 1 min one.
+	m := Machine{Until: at(14, 0)}
+	if !m.available(at(12, 0), at(14, 0)) || m.available(at(12, 0), at(14, 1)) {
+		t.Error("Until ignored")
+	}
 }
 
 // bruteForce is Place without its shortcuts: every machine's exact cost
@@ -439,7 +444,7 @@ func bruteForce(v View, j Job, now time.Time, p Params) []int {
 		for i := range ms {
 			m := &ms[i]
 			h := j.Duration.Hours() / m.speed()
-			if !m.fits(j.Per) || !m.Window.Covers(now, now.Add(time.Duration(h*float64(time.Hour)))) {
+			if !m.fits(j.Per) || !m.available(now, now.Add(time.Duration(h*float64(time.Hour)))) {
 				continue
 			}
 			c, _ := md.workerCost(m, j.Per)

@@ -77,6 +77,9 @@ type Machine struct {
 	Allocated Resources
 	Reserve   Prices
 	Window    Window
+	// Until, when set, is when the machine's offer ends (the close of
+	// its lending window, as the lender announced it).
+	Until time.Time
 	// Speed is relative (1 = the reference machine Job.Duration is for);
 	// 0 means 1.
 	Speed float64
@@ -102,6 +105,11 @@ func (m *Machine) Free() Resources {
 		MemBytes: m.Lent.MemBytes - min(m.Allocated.MemBytes, m.Lent.MemBytes),
 		GPUs:     m.Lent.GPUs - min(m.Allocated.GPUs, m.Lent.GPUs),
 	}
+}
+
+// available reports whether the machine can run a job over [from, to).
+func (m *Machine) available(from, to time.Time) bool {
+	return m.Window.Covers(from, to) && (m.Until.IsZero() || !to.After(m.Until))
 }
 
 func (m *Machine) fits(d Resources) bool {
@@ -201,11 +209,11 @@ func (j Job) Validate() error {
 // Rejection says why a job gets no quote. Resource names what is missing
 // or too expensive: "cores", "memory", "gpus", "window", "price" or "job".
 type Rejection struct {
-	Resource string
-	Reason   string
+	Resource string `json:"resource"`
+	Reason   string `json:"reason"`
 	// Price is the job's current price (micro-credits) when it fits but
 	// costs more than its benefit; 0 otherwise.
-	Price uint64
+	Price uint64 `json:"price,omitempty"`
 }
 
 func (r *Rejection) Error() string { return r.Reason }

@@ -510,3 +510,40 @@ func TestDataCLI(t *testing.T) {
 		t.Fatalf("pin lost over restart: %s", ls)
 	}
 }
+
+// TestPricesAndQuoteCLI: a node lending itself prices and quotes on its
+// own machine; a job that cannot fit gets a reason, not an error.
+func TestPricesAndQuoteCLI(t *testing.T) {
+	home := initHome(t)
+	startNodeProcess(t, home)
+	mustRun(t, "lend", "--home", home, "--cores", "1", "--mem", "1GiB")
+	var pr struct {
+		Subset   string `json:"subset"`
+		Machines []struct {
+			Machine string `json:"machine"`
+			Unit    struct {
+				Core uint64 `json:"core"`
+			} `json:"unit"`
+		} `json:"machines"`
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(pr.Machines) == 0 && time.Now().Before(deadline) {
+		json.Unmarshal([]byte(mustRun(t, "prices", "--json", "--home", home)), &pr)
+		time.Sleep(100 * time.Millisecond)
+	}
+	// 0.1 credit a core-hour at idle, times 1/0.9 for the risk of a lab
+	// machine with no record yet.
+	if pr.Subset != "all" || len(pr.Machines) != 1 || pr.Machines[0].Unit.Core != 111112 {
+		t.Fatalf("prices: %+v", pr)
+	}
+	if out := mustRun(t, "prices", "--home", home); !strings.Contains(out, "market (1 machines") {
+		t.Fatalf("prices table: %s", out)
+	}
+	if out := mustRun(t, "quote", "--workers", "1", "--cores", "1", "--mem", "512MiB", "--duration", "2h", "--home", home); !strings.Contains(out, "credits in all") {
+		t.Fatalf("quote: %s", out)
+	}
+	if out := mustRun(t, "quote", "--workers", "3", "--cores", "1", "--mem", "256MiB", "--home", home); !strings.Contains(out, "no quote") || !strings.Contains(out, "1 of the 3 workers") {
+		t.Fatalf("quote of 3 workers on 1 core: %s", out)
+	}
+	expectFail(t, 2, "--mem", "quote", "--mem", "lots", "--home", home)
+}

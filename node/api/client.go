@@ -153,3 +153,15 @@ func (c *Client) Audit(ctx context.Context) (*ledger.AuditReport, error) {
 	var r ledger.AuditReport
 	return &r, c.do(ctx, http.MethodGet, "/api/v1/ledger/audit", nil, &r)
 }
+
+// Prices returns the node's scheduler's current prices.
+func (c *Client) Prices(ctx context.Context) (MarketPrices, error) {
+	var out MarketPrices
+	return out, c.do(ctx, http.MethodGet, "/api/v1/prices", nil, &out)
+}
+
+// Quote prices a job shape on the node's scheduler.
+func (c *Client) Quote(ctx context.Context, req QuoteRequest) (QuoteResult, error) {
+	var out QuoteResult
+	return out, c.do(ctx, http.MethodPost, "/api/v1/quote", req, &out)
+}

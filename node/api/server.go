@@ -50,6 +50,11 @@ type (
 		DataRemove(ctx context.Context, cid string) error
 		DataGC(ctx context.Context) (DataGCResult, error)
 	}
+	// Scheduling answers /prices and /quote.
+	Scheduling interface {
+		MarketPrices(ctx context.Context) (MarketPrices, error)
+		QuoteJob(ctx context.Context, req QuoteRequest) (QuoteResult, error)
+	}
 	// Ledger answers /ledger/...
 	Ledger interface {
 		Balance(ctx context.Context, addr string) (Balance, error)
@@ -74,6 +79,7 @@ type Params struct {
 	Market   Market
 	Ledger   Ledger
 	Data     Data
+	Sched    Scheduling
 	Gatherer prometheus.Gatherer // what /metrics serves
 	Logger   *slog.Logger
 }
@@ -157,6 +163,14 @@ func NewServer(p Params) *Server {
 	})
 	s.handle("DELETE /api/v1/data/{cid}", func(r *http.Request) (any, error) {
 		return map[string]string{"removed": r.PathValue("cid")}, p.Data.DataRemove(r.Context(), r.PathValue("cid"))
+	})
+	s.handle("GET /api/v1/prices", func(r *http.Request) (any, error) { return p.Sched.MarketPrices(r.Context()) })
+	s.handle("POST /api/v1/quote", func(r *http.Request) (any, error) {
+		var req QuoteRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return p.Sched.QuoteJob(r.Context(), req)
 	})
 	s.handle("POST /api/v1/data/gc", func(r *http.Request) (any, error) { return p.Data.DataGC(r.Context()) })
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

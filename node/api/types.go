@@ -6,6 +6,7 @@ import (
 
 	"github.com/deepmarket/deepmarket/node/inventory"
 	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/scheduler"
 )
 
 // Status is `status --json`.
@@ -136,4 +137,49 @@ func (e *Error) Error() string {
 		return fmt.Sprintf("%s (ledger code %d)", e.Message, e.Code)
 	}
 	return e.Message
+}
+
+// MachinePrices is one machine's current prices, load and free capacity.
+type MachinePrices struct {
+	scheduler.MachinePrices
+	Moniker string              `json:"moniker,omitempty"`
+	Free    scheduler.Resources `json:"free"`
+}
+
+// MarketPrices is `deepmarket prices`: what this node's scheduler charges
+// now, per machine and market-wide (micro-credits per unit-hour; memory
+// per GiB-hour).
+type MarketPrices struct {
+	Subset   string               `json:"subset"`
+	Lowest   scheduler.UnitPrices `json:"lowest"`
+	Median   scheduler.UnitPrices `json:"median"`
+	Machines []MachinePrices      `json:"machines"`
+}
+
+// QuoteRequest is a job shape to price.
+type QuoteRequest struct {
+	Workers   int                 `json:"workers"`
+	PerWorker scheduler.Resources `json:"per_worker"`
+	DurationS int64               `json:"duration_s"`
+	MaxPrice  uint64              `json:"max_price,omitempty"` // micro-credits; 0: no limit
+	Deadline  int64               `json:"deadline,omitempty"`  // unix seconds
+}
+
+// QuotedWorker is where one worker would run, at what hourly price.
+type QuotedWorker struct {
+	Machine string `json:"machine"`
+	Moniker string `json:"moniker,omitempty"`
+	Site    string `json:"site,omitempty"`
+	PerHour uint64 `json:"per_hour"`
+}
+
+// QuoteResult is a quote, or the reason there is none.
+type QuoteResult struct {
+	OK        bool                 `json:"ok"`
+	Machines  int                  `json:"machines_in_view"`
+	Workers   []QuotedWorker       `json:"workers,omitempty"`
+	PerHour   uint64               `json:"per_hour,omitempty"`
+	Total     uint64               `json:"total,omitempty"`
+	DoneAt    time.Time            `json:"done_at,omitzero"`
+	Rejection *scheduler.Rejection `json:"rejection,omitempty"`
 }
