@@ -81,6 +81,7 @@ type PricesConfig struct {
 // SchedulerConfig says which machines this node's scheduler prices and
 // places on, of those whose offers it holds.
 type SchedulerConfig struct {
+	Quote    bool     `toml:"quote"`
 	Subset   string   `toml:"subset"`
 	Nearest  int      `toml:"nearest"`
 	Machines []string `toml:"machines"`
@@ -144,7 +145,7 @@ func DefaultConfig() Config {
 		},
 		Inventory: InventoryConfig{Python: "python3"},
 		Prices:    PricesConfig{CoreHour: "0.1", MemGiBHour: "0.02", GPUHour: "1"},
-		Scheduler: SchedulerConfig{Subset: SubsetAll, Nearest: 16},
+		Scheduler: SchedulerConfig{Quote: true, Subset: SubsetAll, Nearest: 16},
 		Log:       LogConfig{Level: "info", Format: "text", Libp2pLevel: "warn"},
 	}
 }
@@ -476,6 +477,9 @@ mem_gib_hour = {{lit .Prices.MemGiBHour}}
 gpu_hour = {{lit .Prices.GPUHour}}
 
 [scheduler]
+# Answer the market's job bids with quotes (holding the placement on the
+# machines for a minute).
+quote = {{.Scheduler.Quote}}
 # Which machines this node's scheduler prices and places jobs on, of those
 # whose offers it holds: "all", "site" (this node's site only), "nearest"
 # (the ` + "`nearest`" + ` machines with the lowest measured round-trip time), or

@@ -54,6 +54,8 @@ func TestBidsTravel(t *testing.T) {
 	a := startNode(t, initHome(t, filepath.Join(t.TempDir(), "a"), chain))
 	b := startNode(t, initHome(t, filepath.Join(t.TempDir(), "b"), chain), withBootstrap(a.addr()))
 	eventually(t, 10*time.Second, "B connected to A", func() bool { return len(b.PeerIDs()) == 1 })
+	// Gossip goes to peers known to be on the topic: wait until A knows.
+	eventually(t, 10*time.Second, "A to see B on the bids topic", func() bool { return len(a.gossip.Bids().ListPeers()) == 1 })
 	bid := p2p.Bid{
 		JobID: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", Workers: 2,
 		PerWorker: p2p.Resources{Cores: 1, MemBytes: 1 << 30}, MaxPrice: 3_000_000, Duration: 600, Framework: "tensorflow",

@@ -1,12 +1,17 @@
 package node
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/scheduler"
 )
 
@@ -69,4 +74,186 @@ func TestPricesAndQuote(t *testing.T) {
 	if _, err := s.client.Quote(ctx, api.QuoteRequest{Workers: 0, PerWorker: scheduler.Resources{Cores: 1}, DurationS: 60}); err == nil {
 		t.Fatal("0 workers quoted")
 	}
+}
+
+// TestOverlappingSchedulersNeverOverCommit: three schedulers whose views
+// overlap (each sees four of six lending machines) answer 200 concurrent
+// bids. Every bid ends with quotes, each either holding its placement on
+// the machines or saying why not, and no machine ever holds more than it
+// lends, whichever schedulers ask.
+func TestOverlappingSchedulersNeverOverCommit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10 nodes")
+	}
+	chain := testNet(t)
+	noQuotes := func(c *Config) { c.Scheduler.Quote = false }
+	bidder := startNode(t, initHome(t, filepath.Join(t.TempDir(), "bidder"), chain), noQuotes)
+	var lenders []*testNode
+	for i := range 6 {
+		l := startNode(t, initHome(t, filepath.Join(t.TempDir(), fmt.Sprintf("lender%d", i)), chain), withBootstrap(bidder.addr()), noQuotes,
+			func(c *Config) { c.P2P.AnnounceInterval = Duration{time.Second} })
+		if _, err := l.client.SetLend(t.Context(), api.LendRequest{Cores: 2, MemBytes: 1 << 30}); err != nil {
+			t.Fatal(err)
+		}
+		lenders = append(lenders, l)
+	}
+	id := func(i int) string { return lenders[i%6].Host().ID().String() }
+	var scheds []*testNode
+	for s := range 3 {
+		subset := []string{id(2 * s), id(2*s + 1), id(2*s + 2), id(2*s + 3)}
+		sch := startNode(t, initHome(t, filepath.Join(t.TempDir(), fmt.Sprintf("sched%d", s)), chain), withBootstrap(bidder.addr()),
+			func(c *Config) { c.Scheduler.Subset, c.Scheduler.Machines = SubsetList, subset })
+		scheds = append(scheds, sch)
+	}
+	for _, s := range scheds {
+		eventually(t, 20*time.Second, "each scheduler sees its four machines", func() bool { return len(s.machineIDs()) == 4 })
+	}
+	eventually(t, 10*time.Second, "the bidder to see every node on the bids topic", func() bool { return len(bidder.gossip.Bids().ListPeers()) == 9 })
+
+	// Watch the machines' own books while the bids are answered.
+	stop := make(chan struct{})
+	overs := make(chan string, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			for _, l := range lenders {
+				if a := l.holds.Allocated(time.Now()); a.Cores > 2 || a.MemBytes > 1<<30 {
+					select {
+					case overs <- fmt.Sprintf("%s holds %+v of 2 cores, 1 GiB", l.home.Dir, a):
+					default:
+					}
+				}
+			}
+		}
+	}()
+
+	const bids = 200
+	jobs := make([]string, bids)
+	for i := range jobs {
+		sum := sha256.Sum256([]byte(fmt.Sprintf("%s job %d", chain, i)))
+		jobs[i] = hex.EncodeToString(sum[:])
+	}
+	publish := func(js []string) {
+		var wg sync.WaitGroup
+		for _, j := range js {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := bidder.client.PublishBid(t.Context(), api.PublishBidRequest{Bid: p2p.Bid{
+					JobID: j, Workers: 1, PerWorker: p2p.Resources{Cores: 1, MemBytes: 128 << 20},
+					MaxPrice: 1_000_000_000, Duration: 600, Framework: "tensorflow"}})
+				if err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	// answered counts the distinct schedulers that answered a job.
+	answered := func(j string) int {
+		qs, _ := bidder.Quotes(t.Context(), j)
+		from := map[string]bool{}
+		for _, q := range qs {
+			from[q.Scheduler] = true
+		}
+		return len(from)
+	}
+	publish(jobs)
+	// Gossip is best effort: like any bidder, re-bid what got no answer
+	// from some scheduler after a while (answers are idempotent: the same
+	// holds, by ID).
+	for retry := 0; retry < 3; retry++ {
+		var missing []string
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			missing = missing[:0]
+			for _, j := range jobs {
+				if answered(j) < 3 {
+					missing = append(missing, j)
+				}
+			}
+			if len(missing) == 0 {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if len(missing) == 0 {
+			break
+		}
+		t.Logf("re-bidding %d jobs short of three answers", len(missing))
+		publish(missing)
+	}
+
+	defer func() {
+		if t.Failed() {
+			hist := map[int]int{}
+			for _, j := range jobs {
+				hist[answered(j)]++
+			}
+			t.Logf("answers per bid: %v", hist)
+			for i, s := range scheds {
+				t.Logf("scheduler %d saw %d bids", i, len(s.bids.List(time.Now())))
+			}
+		}
+	}()
+	eventually(t, 20*time.Second, "three answers to every bid", func() bool {
+		for _, j := range jobs {
+			if answered(j) < 3 {
+				return false
+			}
+		}
+		return true
+	})
+	close(stop)
+	select {
+	case over := <-overs:
+		t.Fatal("over-committed: " + over)
+	default:
+	}
+
+	held := map[string]int{} // machine -> workers held by quotes
+	holds := map[string]bool{}
+	quoted, rejected := 0, 0
+	for _, j := range jobs {
+		qs, _ := bidder.Quotes(t.Context(), j)
+		placed := false
+		for _, q := range qs {
+			switch {
+			case len(q.Workers) > 0:
+				placed = true
+				for _, w := range q.Workers {
+					if !holds[w.Hold] { // a re-bid's answer repeats its holds
+						holds[w.Hold] = true
+						held[w.Machine]++
+					}
+				}
+			case q.Reason == "":
+				t.Fatalf("job %s: a quote with neither placement nor reason: %+v", j, q)
+			}
+		}
+		if placed {
+			quoted++
+		} else {
+			rejected++
+		}
+	}
+	for m, n := range held {
+		if n > 2 {
+			t.Fatalf("quotes hold %d one-core workers on %s, which lends 2 cores", n, m)
+		}
+	}
+	total := 0
+	for _, n := range held {
+		total += n
+	}
+	if total == 0 || total > 12 {
+		t.Fatalf("quotes hold %d workers on 6 machines of 2 cores", total)
+	}
+	t.Logf("%d bids: %d quoted and held (%d workers held on %d machines), %d rejected with reasons", bids, quoted, total, len(held), rejected)
+	qs, _ := bidder.Quotes(t.Context(), jobs[bids-1])
+	t.Logf("e.g. %+v", qs[len(qs)-1].Reason)
 }

@@ -172,11 +172,14 @@ func TestMisbehavingPeersAreDroppedAndScored(t *testing.T) {
 	m.send(t, m.seal(t, "deepmarket-elsewhere", p2p.TypeOffer, m.offer(3, "elsewhere"), 1, exp))
 
 	// Replays: a valid offer (listed: this is honest), then the very same
-	// bytes again, then an older sequence with different content.
+	// bytes again, twice (rejected), and an older sequence with different
+	// content (a signer's messages may arrive slightly out of order, so
+	// it passes validation, but it must not displace the newer offer).
 	replayer := mk()
 	first := replayer.seal(t, chain, p2p.TypeOffer, replayer.offer(1, "replayer"), 100, exp)
 	replayer.send(t, first)
 	eventually(t, 10*time.Second, "the replayer's first, valid offer on V", func() bool { return hasOffer(v, replayer.key.PeerID().String()) })
+	replayer.send(t, first)
 	replayer.send(t, first)
 	replayer.send(t, replayer.seal(t, chain, p2p.TypeOffer, replayer.offer(2, "replayed-old"), 50, exp))
 

@@ -54,6 +54,10 @@ type Node struct {
 	ledgerApp *ledger.App
 	ledger    *ledger.Client
 	blocks    *storage.Store
+	holds     *Holds
+	rpc       *p2p.RPC
+	quotes    *QuoteBook
+	bidQ      chan bidWork
 }
 
 // New loads the key and token from home; it opens nothing.
@@ -166,6 +170,12 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	n.holds = NewHolds(n.lentNow, n.lender.Refresh)
+	n.quotes = newQuoteBook()
+	n.bidQ = make(chan bidWork, bidQueue)
+	n.rpc = &p2p.RPC{Host: n.host, Key: n.key, ChainID: n.cfg.Node.ChainID, Logger: log.With("module", "rpc")}
+	n.rpc.Handle(p2p.ReserveProtocol(n.cfg.Node.ChainID), n.handleReserve)
+	n.rpc.Handle(p2p.QuoteProtocol(n.cfg.Node.ChainID), n.handleQuote)
 	disc, err := p2p.NewDiscovery(p2p.DiscoveryParams{
 		Host: n.host, ChainID: n.cfg.Node.ChainID, Bootstrap: bootstrap, MDNS: n.cfg.P2P.MDNS, DHT: n.cfg.P2P.DHT,
 		Interval: n.cfg.P2P.DiscoverInterval.Duration,
@@ -188,9 +198,15 @@ func (n *Node) Run(ctx context.Context) (err error) {
 		return n.gossip.Offers().Run(gctx, func(r *p2p.Received) { n.book.Apply(r, time.Now()) })
 	})
 	g.Go(func() error {
-		return n.gossip.Bids().Run(gctx, func(r *p2p.Received) { n.bids.Add(r, time.Now()) })
+		return n.gossip.Bids().Run(gctx, func(r *p2p.Received) {
+			n.bids.Add(r, time.Now())
+			n.onBid(r)
+		})
 	})
 	g.Go(func() error { return n.lender.Run(gctx) })
+	for range answerBids {
+		g.Go(func() error { return n.priceBids(gctx) })
+	}
 	g.Go(func() error { return n.store.Run(gctx) })
 	g.Go(func() error { return n.blocks.Run(gctx) })
 	g.Go(func() error { return server.Serve(gctx, ln) })
@@ -229,10 +245,14 @@ func (n *Node) buildOffer(s LendSettings, now time.Time) p2p.Offer {
 	if len(addrs) > 32 {
 		addrs = addrs[:32]
 	}
+	lent := p2p.Resources{Cores: uint32(s.Cores), MemBytes: s.MemBytes, GPUs: uint32(len(gpus))}
+	alloc := n.holds.Allocated(now)
+	alloc = p2p.Resources{Cores: min(alloc.Cores, lent.Cores), MemBytes: min(alloc.MemBytes, lent.MemBytes), GPUs: min(alloc.GPUs, lent.GPUs)}
 	return p2p.Offer{
 		Machine: n.host.ID().String(), Owner: string(n.key.Address()),
 		Moniker: n.cfg.Node.Moniker, Site: n.cfg.Node.Site,
-		Lent:      p2p.Resources{Cores: uint32(s.Cores), MemBytes: s.MemBytes, GPUs: uint32(len(gpus))},
+		Lent:      lent,
+		Allocated: alloc,
 		GPUs:      gpus,
 		DiskBytes: inv.DiskFree,
 		Price:     s.Price,
@@ -240,6 +260,16 @@ func (n *Node) buildOffer(s LendSettings, now time.Time) p2p.Offer {
 		Addrs:     addrs,
 		Software:  p2p.Software{OS: inv.OS, Arch: inv.Arch, Python: inv.Python, TensorFlow: inv.TensorFlow, Version: Version},
 	}
+}
+
+// lentNow is what this machine lends at this moment: its lend settings
+// while its offer is out, nothing otherwise.
+func (n *Node) lentNow() p2p.Resources {
+	st := n.lender.State(time.Now())
+	if !st.Offering || st.Settings == nil {
+		return p2p.Resources{}
+	}
+	return p2p.Resources{Cores: uint32(st.Settings.Cores), MemBytes: st.Settings.MemBytes, GPUs: uint32(st.Settings.GPUs)}
 }
 
 // Inventory returns what the machine has (the TensorFlow probe fills in
@@ -318,6 +348,7 @@ func (n *Node) PublishBid(ctx context.Context, req api.PublishBidRequest) (api.S
 	if err := req.Bid.Validate(); err != nil {
 		return api.SeenBid{}, &api.Error{Status: 422, Message: err.Error()}
 	}
+	n.quotes.expect(req.Bid.JobID, time.Now().Add(ttl))
 	if err := n.gossip.Bids().Publish(ctx, p2p.TypeBid, &req.Bid, ttl); err != nil {
 		return api.SeenBid{}, err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync"
 	"time"
 
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
@@ -119,6 +120,10 @@ func NewGossip(ctx context.Context, p GossipParams) (*Gossip, error) {
 		pubsub.WithPeerExchange(true),
 		pubsub.WithFloodPublish(true),
 		pubsub.WithMaxMessageSize(4 * MaxEnvelopeSize), // larger ones reach our validator and are scored
+		// A researcher submitting a sweep publishes hundreds of bids at
+		// once: the default queues (32) drop most of such a burst.
+		pubsub.WithPeerOutboundQueueSize(512),
+		pubsub.WithValidateQueueSize(512),
 		pubsub.WithLogger(p.Logger.With("module", "pubsub")),
 	}
 	if p.ScoreInspect != nil {
@@ -156,7 +161,9 @@ func (g *Gossip) join(name string, p GossipParams) (*Topic, error) {
 		msg.ValidatorData = rec
 		return pubsub.ValidationAccept
 	}
-	if err := g.ps.RegisterTopicValidator(name, validate); err != nil {
+	// Inline: validated by pubsub's workers in arrival order, so a burst
+	// from one signer stays (nearly) in sequence order; the check is cheap.
+	if err := g.ps.RegisterTopicValidator(name, validate, pubsub.WithValidatorInline(true)); err != nil {
 		return nil, fmt.Errorf("register validator for %s: %w", name, err)
 	}
 	t, err := g.ps.Join(name)
@@ -190,6 +197,9 @@ type Topic struct {
 	seq     Sequencer
 	metrics *Metrics
 	log     *slog.Logger
+	// pubMu keeps publishing in sequence order: peers (and our own
+	// validator) drop a sequence lower than one already seen.
+	pubMu sync.Mutex
 }
 
 // Name returns the topic's name.
@@ -197,6 +207,8 @@ func (t *Topic) Name() string { return t.name }
 
 // Publish signs payload as typ, valid for ttl, and publishes it.
 func (t *Topic) Publish(ctx context.Context, typ string, payload any, ttl time.Duration) error {
+	t.pubMu.Lock()
+	defer t.pubMu.Unlock()
 	data, err := Seal(t.key, t.chainID, typ, payload, t.seq.Next(), time.Now().Add(ttl))
 	if err != nil {
 		return err

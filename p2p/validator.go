@@ -49,17 +49,51 @@ func decodeBid(b []byte, _ peer.ID) (any, error) {
 	return &bid, bid.Validate()
 }
 
-// maxTracked bounds the replay table; beyond it the oldest entries go.
-const maxTracked = 100_000
+// maxTracked bounds the replay table (about 1 KiB a signer and topic);
+// beyond it the oldest entries go.
+const maxTracked = 20_000
 
 type seqKey struct {
 	topic  string
 	signer peer.ID
 }
 
+// replayWindow is how many of a signer's latest sequence numbers (per
+// topic) are remembered. Messages validated concurrently, or relayed along
+// different paths, arrive slightly out of order: a sequence not seen yet
+// and above the oldest remembered one is accepted; one seen already, or
+// older than the window, is a replay.
+const replayWindow = 128
+
 type seqEntry struct {
-	seq  uint64
-	seen time.Time
+	recent [replayWindow]uint64 // ring of the latest accepted sequences
+	n      int                  // how many of recent are filled
+	next   int                  // where the next one goes
+	seen   time.Time
+}
+
+// floor is the oldest sequence the window still remembers, once full;
+// anything at or below it is too old to tell from a replay.
+func (e *seqEntry) floor() uint64 {
+	if e.n < replayWindow {
+		return 0
+	}
+	return e.recent[e.next] // the oldest: the next to be overwritten
+}
+
+func (e *seqEntry) has(seq uint64) bool {
+	for i := range e.n {
+		if e.recent[i] == seq {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *seqEntry) add(seq uint64) {
+	e.recent[e.next] = seq
+	e.next = (e.next + 1) % replayWindow
+	e.n = min(e.n+1, replayWindow)
 }
 
 // Validator checks every message that arrives on a DeepMarket topic: size,
@@ -71,7 +105,7 @@ type Validator struct {
 	kinds   map[string]map[string]payloadKind // topic -> type -> kind
 
 	mu   sync.Mutex
-	last map[seqKey]seqEntry
+	last map[seqKey]*seqEntry
 }
 
 // NewValidator returns a validator for the topics of chainID.
@@ -87,7 +121,7 @@ func NewValidator(chainID string) *Validator {
 				TypeBid: {decodeBid},
 			},
 		},
-		last: make(map[seqKey]seqEntry),
+		last: make(map[seqKey]*seqEntry),
 	}
 }
 
@@ -127,13 +161,23 @@ func (v *Validator) Validate(topic string, data []byte, author peer.ID, now time
 func (v *Validator) advance(k seqKey, seq uint64, now time.Time) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if e, ok := v.last[k]; ok && seq <= e.seq {
-		return fmt.Errorf("%w: sequence %d, last seen %d", ErrReplay, seq, e.seq)
+	e, ok := v.last[k]
+	if ok {
+		if e.has(seq) {
+			return fmt.Errorf("%w: sequence %d seen already", ErrReplay, seq)
+		}
+		if f := e.floor(); seq <= f {
+			return fmt.Errorf("%w: sequence %d is older than the last %d seen (from %d)", ErrReplay, seq, replayWindow, f)
+		}
+	} else {
+		if len(v.last) >= maxTracked {
+			v.pruneLocked(now)
+		}
+		e = &seqEntry{}
+		v.last[k] = e
 	}
-	if len(v.last) >= maxTracked {
-		v.pruneLocked(now)
-	}
-	v.last[k] = seqEntry{seq: seq, seen: now}
+	e.add(seq)
+	e.seen = now
 	return nil
 }
 

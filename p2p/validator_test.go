@@ -132,11 +132,29 @@ func TestValidatorReplay(t *testing.T) {
 	if _, err := v.Validate(topic, first, k.PeerID(), now); !errors.Is(err, ErrReplay) {
 		t.Fatalf("same message twice: %v", err)
 	}
-	older := seal(t, k, testChain, TypeOffer, testOffer(k), 9, now.Add(time.Minute))
-	if _, err := v.Validate(topic, older, k.PeerID(), now); !errors.Is(err, ErrReplay) {
-		t.Fatalf("older sequence: %v", err)
+	// Slightly out of order (validated concurrently, relayed along
+	// another path): still fresh.
+	reordered := seal(t, k, testChain, TypeOffer, testOffer(k), 9, now.Add(time.Minute))
+	if _, err := v.Validate(topic, reordered, k.PeerID(), now); err != nil {
+		t.Fatalf("sequence 9 after 10: %v", err)
 	}
-	newer := seal(t, k, testChain, TypeWithdrawal, &Withdrawal{Machine: k.PeerID().String()}, 11, now.Add(time.Minute))
+	if _, err := v.Validate(topic, reordered, k.PeerID(), now); !errors.Is(err, ErrReplay) {
+		t.Fatalf("sequence 9 twice: %v", err)
+	}
+	// Once the window has moved on, an old sequence is a replay.
+	for s := uint64(100); s < 100+replayWindow; s++ {
+		if _, err := v.Validate(topic, seal(t, k, testChain, TypeOffer, testOffer(k), s, now.Add(time.Minute)), k.PeerID(), now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	older := seal(t, k, testChain, TypeOffer, testOffer(k), 50, now.Add(time.Minute))
+	if _, err := v.Validate(topic, older, k.PeerID(), now); !errors.Is(err, ErrReplay) {
+		t.Fatalf("sequence below the window: %v", err)
+	}
+	if _, err := v.Validate(topic, first, k.PeerID(), now); !errors.Is(err, ErrReplay) {
+		t.Fatalf("the first message again, after the window moved: %v", err)
+	}
+	newer := seal(t, k, testChain, TypeWithdrawal, &Withdrawal{Machine: k.PeerID().String()}, 1000, now.Add(time.Minute))
 	rec, err := v.Validate(topic, newer, k.PeerID(), now)
 	if err != nil {
 		t.Fatal(err)

@@ -165,3 +165,9 @@ func (c *Client) Quote(ctx context.Context, req QuoteRequest) (QuoteResult, erro
 	var out QuoteResult
 	return out, c.do(ctx, http.MethodPost, "/api/v1/quote", req, &out)
 }
+
+// Quotes returns the quotes received for a job this node bid.
+func (c *Client) Quotes(ctx context.Context, job string) ([]ReceivedQuote, error) {
+	var out []ReceivedQuote
+	return out, c.do(ctx, http.MethodGet, "/api/v1/quotes?job="+url.QueryEscape(job), nil, &out)
+}

@@ -54,6 +54,7 @@ type (
 	Scheduling interface {
 		MarketPrices(ctx context.Context) (MarketPrices, error)
 		QuoteJob(ctx context.Context, req QuoteRequest) (QuoteResult, error)
+		Quotes(ctx context.Context, job string) ([]ReceivedQuote, error)
 	}
 	// Ledger answers /ledger/...
 	Ledger interface {
@@ -171,6 +172,10 @@ func NewServer(p Params) *Server {
 			return nil, err
 		}
 		return p.Sched.QuoteJob(r.Context(), req)
+	})
+	s.handle("GET /api/v1/quotes", func(r *http.Request) (any, error) {
+		q, err := p.Sched.Quotes(r.Context(), r.URL.Query().Get("job"))
+		return nonNil(q), err
 	})
 	s.handle("POST /api/v1/data/gc", func(r *http.Request) (any, error) { return p.Data.DataGC(r.Context()) })
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

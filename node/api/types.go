@@ -183,3 +183,10 @@ type QuoteResult struct {
 	DoneAt    time.Time            `json:"done_at,omitzero"`
 	Rejection *scheduler.Rejection `json:"rejection,omitempty"`
 }
+
+// ReceivedQuote is a scheduler's quote for one of this node's bids.
+type ReceivedQuote struct {
+	Scheduler string `json:"scheduler"`
+	p2p.Quote
+	ReceivedAt time.Time `json:"received_at"`
+}

@@ -1,0 +1,326 @@
+package node
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
+	ma "github.com/multiformats/go-multiaddr"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/scheduler"
+)
+
+// holdTTL is how long a quote's holds last before the bidder commits them.
+const holdTTL = time.Minute
+
+// quoteAttempts bounds re-quoting when machines refuse holds (another
+// scheduler got there first).
+const quoteAttempts = 3
+
+// answerBids limits the bids a node prices at once.
+const answerBids = 16
+
+// handleReserve answers a scheduler's hold request on this machine.
+func (n *Node) handleReserve(_ context.Context, from peer.ID, env *p2p.Envelope) (string, any, error) {
+	if env.Type != p2p.TypeReserve {
+		return "", nil, fmt.Errorf("%w %q", p2p.ErrUnknownType, env.Type)
+	}
+	var r p2p.Reserve
+	if err := p2p.Unmarshal(env.Payload, &r); err != nil {
+		return "", nil, err
+	}
+	if err := r.Validate(); err != nil {
+		return "", nil, err
+	}
+	return p2p.TypeReserveReply, n.holds.Apply(from, &r, time.Now()), nil
+}
+
+// reserve asks machine (this node itself, or a peer over a stream) to
+// apply r.
+func (n *Node) reserve(ctx context.Context, machine peer.ID, addrs []string, r p2p.Reserve) (p2p.ReserveReply, error) {
+	if machine == n.host.ID() {
+		return n.holds.Apply(machine, &r, time.Now()), nil
+	}
+	for _, a := range addrs {
+		if m, err := ma.NewMultiaddr(a); err == nil {
+			if tr, id := peer.SplitAddr(m); tr != nil && id == machine {
+				n.host.Peerstore().AddAddr(machine, tr, peerstore.TempAddrTTL)
+			}
+		}
+	}
+	var reply p2p.ReserveReply
+	err := n.rpc.Call(ctx, machine, p2p.ReserveProtocol(n.cfg.Node.ChainID), p2p.TypeReserve, &r, p2p.TypeReserveReply, &reply)
+	return reply, err
+}
+
+// answerBid prices a bid over this node's view, holds the placement on
+// its machines (every hold or none: a machine that refuses, because
+// another scheduler took its capacity first, makes this one release what
+// it got and re-quote on what the machines said they have), and returns
+// the quote, or the reason there is none.
+func (n *Node) answerBid(ctx context.Context, b p2p.Bid) p2p.Quote {
+	now := time.Now()
+	v, offers := n.schedulerView(now)
+	job := scheduler.Job{ID: b.JobID, Workers: int(b.Workers),
+		Per:      scheduler.Resources{Cores: b.PerWorker.Cores, MemBytes: b.PerWorker.MemBytes, GPUs: b.PerWorker.GPUs},
+		Duration: time.Duration(b.Duration) * time.Second,
+		Benefit:  scheduler.Benefit{Kind: scheduler.FixedPrice, Max: b.MaxPrice}}
+	if b.Deadline > 0 {
+		job.Benefit = scheduler.Benefit{Kind: scheduler.ByDeadline, Max: b.MaxPrice, Deadline: time.Unix(b.Deadline, 0)}
+	}
+	refused := ""
+	for attempt := range quoteAttempts {
+		pl, err := scheduler.Quote(v, job, now, scheduler.Params{})
+		var rej *scheduler.Rejection
+		if errors.As(err, &rej) {
+			reason := rej.Reason
+			if refused != "" {
+				reason += " (after machines refused holds: " + refused + ")"
+			}
+			return p2p.Quote{JobID: b.JobID, Resource: rej.Resource, Reason: truncate(reason, 256)}
+		}
+		if err != nil {
+			return p2p.Quote{JobID: b.JobID, Resource: "job", Reason: truncate(err.Error(), 256)}
+		}
+		// One hold per machine, for all its workers.
+		perMachine := map[int]p2p.Resources{}
+		for _, i := range pl.Machines {
+			r := perMachine[i]
+			r.Cores += job.Per.Cores
+			r.MemBytes += job.Per.MemBytes
+			r.GPUs += job.Per.GPUs
+			perMachine[i] = r
+		}
+		holds := map[int]string{}
+		replies := map[int]p2p.ReserveReply{}
+		var mu sync.Mutex
+		g, gctx := errgroup.WithContext(ctx)
+		for i, res := range perMachine {
+			id := holdID(b.JobID, n.host.ID(), offers[i].Machine, attempt)
+			holds[i] = id
+			g.Go(func() error {
+				machine, _ := peer.Decode(offers[i].Machine)
+				reply, err := n.reserve(gctx, machine, offers[i].Addrs, p2p.Reserve{
+					Op: p2p.OpReserve, ID: id, JobID: b.JobID, Res: res, TTL: int64(holdTTL / time.Second)})
+				if err != nil {
+					reply = p2p.ReserveReply{Reason: "unreachable: " + err.Error()}
+				}
+				mu.Lock()
+				replies[i] = reply
+				mu.Unlock()
+				return nil
+			})
+		}
+		g.Wait()
+		var failed []int
+		heldUntil := int64(0)
+		for i, r := range replies {
+			if !r.OK {
+				failed = append(failed, i)
+			} else if heldUntil == 0 || r.Expires < heldUntil {
+				heldUntil = r.Expires
+			}
+		}
+		if len(failed) == 0 {
+			q := p2p.Quote{JobID: b.JobID, PerHour: pl.PerHour, Total: pl.Total, DoneAt: pl.Done.Unix(), HeldUntil: heldUntil}
+			for w, i := range pl.Machines {
+				q.Workers = append(q.Workers, p2p.QuotedWorker{Machine: offers[i].Machine, PerHour: pl.Worker[w], Hold: holds[i]})
+			}
+			return q
+		}
+		// Release what was granted; believe what the refusers said.
+		for i, r := range replies {
+			if r.OK {
+				machine, _ := peer.Decode(offers[i].Machine)
+				n.reserve(ctx, machine, offers[i].Addrs, p2p.Reserve{Op: p2p.OpRelease, ID: holds[i], JobID: b.JobID})
+			}
+		}
+		slices.Sort(failed)
+		for _, i := range failed {
+			m := &v.Machines[i]
+			f := replies[i].Free
+			if replies[i].Reason != "" && len(refused) < 200 {
+				refused += offers[i].Moniker + ": " + replies[i].Reason + "; "
+			}
+			m.Allocated = scheduler.Resources{
+				Cores:    m.Lent.Cores - min(f.Cores, m.Lent.Cores),
+				MemBytes: m.Lent.MemBytes - min(f.MemBytes, m.Lent.MemBytes),
+				GPUs:     m.Lent.GPUs - min(f.GPUs, m.Lent.GPUs),
+			}
+			if f == (p2p.Resources{}) {
+				m.Allocated = m.Lent // unreachable or not lending: nothing there
+			}
+		}
+	}
+	return p2p.Quote{JobID: b.JobID, Resource: "cores", Reason: truncate(fmt.Sprintf(
+		"machines refused holds %d times (other schedulers took their capacity): %s", quoteAttempts, refused), 256)}
+}
+
+// holdID names a hold: one per job, scheduler, machine and attempt.
+func holdID(job string, scheduler peer.ID, machine string, attempt int) string {
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%s|%s|%s|%d", job, scheduler, machine, attempt)))
+	return hex.EncodeToString(sum[:16])
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
+}
+
+// bidQueue bounds the bids waiting to be priced; past it a node under a
+// flood of bids drops the newest (their bidders get no quote from it).
+const bidQueue = 1024
+
+type bidWork struct {
+	bid    p2p.Bid
+	bidder peer.ID
+}
+
+// onBid is the bids topic's handler: it queues the bid for the pricing
+// workers, off the gossip loop.
+func (n *Node) onBid(rec *p2p.Received) {
+	b, ok := rec.Payload.(*p2p.Bid)
+	if !ok || !n.cfg.Scheduler.Quote {
+		return
+	}
+	select {
+	case n.bidQ <- bidWork{*b, rec.Signer}:
+	default:
+		n.log.Warn("too many bids waiting to be priced; dropped one", "job", b.JobID)
+	}
+}
+
+// priceBids answers queued bids until ctx ends; the node runs answerBids
+// of these.
+func (n *Node) priceBids(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case w := <-n.bidQ:
+			q := n.answerBid(ctx, w.bid)
+			if err := n.sendQuote(ctx, w.bidder, q); err != nil {
+				n.log.Debug("quote not delivered", "job", w.bid.JobID, "bidder", w.bidder, "err", err)
+				for _, qw := range q.Workers { // nobody will commit them
+					machine, _ := peer.Decode(qw.Machine)
+					n.reserve(ctx, machine, nil, p2p.Reserve{Op: p2p.OpRelease, ID: qw.Hold, JobID: q.JobID})
+				}
+			}
+		}
+	}
+}
+
+func (n *Node) sendQuote(ctx context.Context, bidder peer.ID, q p2p.Quote) error {
+	if bidder == n.host.ID() {
+		n.quotes.add(n.host.ID(), q, time.Now())
+		return nil
+	}
+	var ack p2p.QuoteAck
+	if err := n.rpc.Call(ctx, bidder, p2p.QuoteProtocol(n.cfg.Node.ChainID), p2p.TypeQuote, &q, p2p.TypeQuoteAck, &ack); err != nil {
+		return err
+	}
+	if !ack.OK {
+		return errors.New("the bidder refused the quote")
+	}
+	return nil
+}
+
+// handleQuote takes a scheduler's quote for one of this node's bids.
+func (n *Node) handleQuote(_ context.Context, from peer.ID, env *p2p.Envelope) (string, any, error) {
+	if env.Type != p2p.TypeQuote {
+		return "", nil, fmt.Errorf("%w %q", p2p.ErrUnknownType, env.Type)
+	}
+	var q p2p.Quote
+	if err := p2p.Unmarshal(env.Payload, &q); err != nil {
+		return "", nil, err
+	}
+	if err := q.Validate(); err != nil {
+		return "", nil, err
+	}
+	if !n.quotes.expecting(q.JobID) {
+		return p2p.TypeQuoteAck, p2p.QuoteAck{}, nil
+	}
+	n.quotes.add(from, q, time.Now())
+	return p2p.TypeQuoteAck, p2p.QuoteAck{OK: true}, nil
+}
+
+// QuoteBook holds the quotes schedulers sent for this node's bids.
+type QuoteBook struct {
+	mu     sync.Mutex
+	mine   map[string]time.Time // job -> when its bid expires
+	quotes map[string][]api.ReceivedQuote
+}
+
+func newQuoteBook() *QuoteBook {
+	return &QuoteBook{mine: map[string]time.Time{}, quotes: map[string][]api.ReceivedQuote{}}
+}
+
+func (b *QuoteBook) expect(job string, until time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := time.Now()
+	for j, exp := range b.mine {
+		if now.After(exp.Add(time.Hour)) {
+			delete(b.mine, j)
+			delete(b.quotes, j)
+		}
+	}
+	b.mine[job] = until
+}
+
+func (b *QuoteBook) expecting(job string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.mine[job]
+	return ok
+}
+
+func (b *QuoteBook) add(from peer.ID, q p2p.Quote, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.quotes[q.JobID]) < 64 {
+		b.quotes[q.JobID] = append(b.quotes[q.JobID], api.ReceivedQuote{Scheduler: from.String(), Quote: q, ReceivedAt: now.UTC()})
+	}
+}
+
+func (b *QuoteBook) list(job string) []api.ReceivedQuote {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.quotes[job])
+}
+
+// Quotes implements api.Scheduling: the quotes received for a job this
+// node bid, cheapest first, then those without a placement.
+func (n *Node) Quotes(ctx context.Context, job string) ([]api.ReceivedQuote, error) {
+	if !n.quotes.expecting(job) {
+		return nil, &api.Error{Status: http.StatusNotFound, Field: "job", Message: fmt.Sprintf("this node has not bid for job %q", job)}
+	}
+	qs := n.quotes.list(job)
+	slices.SortStableFunc(qs, func(a, b api.ReceivedQuote) int {
+		switch {
+		case len(a.Workers) > 0 && len(b.Workers) == 0:
+			return -1
+		case len(a.Workers) == 0 && len(b.Workers) > 0:
+			return 1
+		case a.Total < b.Total:
+			return -1
+		case a.Total > b.Total:
+			return 1
+		}
+		return 0
+	})
+	return qs, nil
+}
