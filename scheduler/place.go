@@ -78,22 +78,46 @@ func Place(v View, j Job, now time.Time, p Params) (Placement, error) {
 	var perSite []int
 	perMachine := make([]int32, n)
 	if v.RTT == nil {
-		ids := map[string]int{}
 		sites = make([]int32, n)
+		perSite = make([]int, 1, 16)
+		var names []string // a lab market has a handful of sites: a list beats a map
+		var ids map[string]int32
 		for i := range v.Machines {
 			s := v.Machines[i].Site
-			id, ok := ids[s]
-			if !ok || s == "" {
-				id = len(ids) + 1
-				if s != "" {
-					ids[s] = id
+			id := int32(-1)
+			if s != "" {
+				if ids != nil {
+					if x, ok := ids[s]; ok {
+						id = x
+					}
 				} else {
-					ids["\x00"+fmt.Sprint(i)] = id // no site: a site of its own
+					for k, name := range names {
+						if name == s {
+							id = int32(k + 1)
+							break
+						}
+					}
 				}
 			}
-			sites[i] = int32(id)
+			if id < 0 { // a new site; a machine with none is a site of its own
+				id = int32(len(perSite))
+				perSite = append(perSite, 0)
+				if s != "" {
+					names = append(names, s)
+					if ids != nil {
+						ids[s] = id
+					} else if len(names) > 32 {
+						ids = make(map[string]int32, 64)
+						for k, name := range names {
+							ids[name] = int32(k + 1)
+						}
+					}
+				} else {
+					names = append(names, "\x00")
+				}
+			}
+			sites[i] = id
 		}
-		perSite = make([]int, len(ids)+2)
 	}
 	sameSite, crossSite := float64(md.p.SameSite), float64(md.p.CrossSite)
 	netOf := func(i, placed int) float64 {
