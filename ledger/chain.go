@@ -2,8 +2,10 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -233,7 +235,20 @@ type slogAdapter struct{ l *slog.Logger }
 func (a slogAdapter) Debug(msg string, kv ...any) { a.l.Debug(msg, kv...) }
 func (a slogAdapter) Info(msg string, kv ...any)  { a.l.Debug(msg, kv...) }
 func (a slogAdapter) Warn(msg string, kv ...any)  { a.l.Warn(msg, kv...) }
-func (a slogAdapter) Error(msg string, kv ...any) { a.l.Error(msg, kv...) }
+func (a slogAdapter) Error(msg string, kv ...any) {
+	// CometBFT reports its listeners closing at shutdown as errors.
+	for _, v := range kv {
+		if err, ok := v.(error); ok && errors.Is(err, net.ErrClosed) {
+			a.l.Debug(msg, kv...)
+			return
+		}
+	}
+	if msg == "Stopped accept routine, as transport is closed" {
+		a.l.Debug(msg, kv...)
+		return
+	}
+	a.l.Error(msg, kv...)
+}
 func (a slogAdapter) With(kv ...any) cmtlog.Logger {
 	return slogAdapter{a.l.With(kv...)}
 }

@@ -230,7 +230,7 @@ func treeSize(path string, fi fs.FileInfo) (int64, error) {
 func kindOf(nd ipld.Node) string {
 	pn, ok := nd.(*merkledag.ProtoNode)
 	if !ok {
-		return "raw"
+		return "file" // a raw block is a file's bytes
 	}
 	fsn, err := ft.FSNodeFromBytes(pn.Data())
 	if err != nil {

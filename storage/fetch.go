@@ -38,7 +38,7 @@ func (s *Store) Fetch(ctx context.Context, root cid.Cid, progress func(Progress)
 		return Pin{}, err
 	}
 	if !pinned || p.Partial {
-		p = Pin{CID: root, Kind: "raw", Added: time.Now().UTC(), Partial: true}
+		p = Pin{CID: root, Kind: "file", Added: time.Now().UTC(), Partial: true}
 		if err := s.putPin(ctx, p); err != nil {
 			return Pin{}, err
 		}

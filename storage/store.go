@@ -82,7 +82,7 @@ func (o *Options) defaults() {
 type Pin struct {
 	CID  cid.Cid `json:"cid"`
 	Name string  `json:"name,omitempty"`
-	// Kind is "file", "directory", "symlink" or "raw".
+	// Kind is "file", "directory" or "symlink".
 	Kind string `json:"kind"`
 	// Size is the bytes of all the root's blocks (the DAG size).
 	Size  int64     `json:"size"`

@@ -16,7 +16,7 @@ import (
 type DataPin struct {
 	CID     string    `json:"cid"`
 	Name    string    `json:"name,omitempty"`
-	Kind    string    `json:"kind"` // file, directory, symlink, raw
+	Kind    string    `json:"kind"` // file, directory, symlink
 	Size    int64     `json:"size"`
 	AddedAt time.Time `json:"added_at"`
 	// Partial marks a get that has not finished; its blocks are kept and
