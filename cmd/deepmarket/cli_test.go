@@ -424,18 +424,25 @@ func TestLedgerCLI(t *testing.T) {
 	expectFail(t, 1, "ledger RPC listening", "ledger", "audit", "--rpc", "http://127.0.0.1:"+freePort(t))
 }
 
-// TestDataCLI: a directory added on one node is fetched byte for byte by
-// another over bitswap; bad input is refused; rm and gc free the space;
-// pins survive a restart.
-func TestDataCLI(t *testing.T) {
-	homeA := initHome(t)
-	nodeA, _ := startNodeProcess(t, homeA)
+// twoNodeProcesses starts node A, then node B bootstrapping from A.
+func twoNodeProcesses(t *testing.T) (homeA string, nodeA *exec.Cmd, homeB string) {
+	t.Helper()
+	homeA = initHome(t)
+	nodeA, _ = startNodeProcess(t, homeA)
 	var stA struct {
 		Addrs []string `json:"addrs"`
 	}
 	json.Unmarshal([]byte(mustRun(t, "status", "--json", "--home", homeA)), &stA)
-	homeB := initHome(t, "--bootstrap", stA.Addrs[0])
+	homeB = initHome(t, "--bootstrap", stA.Addrs[0])
 	startNodeProcess(t, homeB)
+	return homeA, nodeA, homeB
+}
+
+// TestDataCLI: a directory added on one node is fetched byte for byte by
+// another over bitswap; bad input is refused; rm and gc free the space;
+// pins survive a restart.
+func TestDataCLI(t *testing.T) {
+	homeA, nodeA, homeB := twoNodeProcesses(t)
 
 	src := filepath.Join(t.TempDir(), "fashion")
 	os.MkdirAll(filepath.Join(src, "train"), 0o755)
@@ -551,14 +558,7 @@ func TestPricesAndQuoteCLI(t *testing.T) {
 // TestDataGetInterruptedResumes: Ctrl-C during `data get` keeps what was
 // fetched (listed as partial), and the next get finishes the job.
 func TestDataGetInterruptedResumes(t *testing.T) {
-	homeA := initHome(t)
-	startNodeProcess(t, homeA)
-	var stA struct {
-		Addrs []string `json:"addrs"`
-	}
-	json.Unmarshal([]byte(mustRun(t, "status", "--json", "--home", homeA)), &stA)
-	homeB := initHome(t, "--bootstrap", stA.Addrs[0])
-	startNodeProcess(t, homeB)
+	homeA, _, homeB := twoNodeProcesses(t)
 
 	src := filepath.Join(t.TempDir(), "big.bin")
 	f, _ := os.Create(src)
