@@ -8,8 +8,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
-
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/scheduler"
@@ -129,18 +127,6 @@ func (n *Node) QuoteJob(ctx context.Context, req api.QuoteRequest) (api.QuoteRes
 			Site: offers[i].Site, PerHour: pl.Worker[w]})
 	}
 	return res, nil
-}
-
-// machineIDs is for tests: the peer IDs in this node's scheduler view.
-func (n *Node) machineIDs() []peer.ID {
-	v, _ := n.schedulerView(time.Now())
-	var out []peer.ID
-	for _, m := range v.Machines {
-		if id, err := peer.Decode(m.ID); err == nil {
-			out = append(out, id)
-		}
-	}
-	return out
 }
 
 var _ api.Scheduling = (*Node)(nil)

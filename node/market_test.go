@@ -106,7 +106,10 @@ func TestOverlappingSchedulersNeverOverCommit(t *testing.T) {
 		scheds = append(scheds, sch)
 	}
 	for _, s := range scheds {
-		eventually(t, 20*time.Second, "each scheduler sees its four machines", func() bool { return len(s.machineIDs()) == 4 })
+		eventually(t, 20*time.Second, "each scheduler sees its four machines", func() bool {
+			v, _ := s.schedulerView(time.Now())
+			return len(v.Machines) == 4
+		})
 	}
 	eventually(t, 10*time.Second, "the bidder to see every node on the bids topic", func() bool { return len(bidder.gossip.Bids().ListPeers()) == 9 })
 

@@ -427,7 +427,6 @@ func runChild(args []string) error {
 		os.RemoveAll(storeDir)
 	}
 	t.FetchMBs = median(fetchRates)
-	p := storage.Pin{Size: fetched}
 
 	if *get {
 		store, err := storage.Open(filepath.Join(*dir, "get"), storage.Options{})
@@ -439,7 +438,7 @@ func runChild(args []string) error {
 		if _, _, err := store.Get(ctx, c, filepath.Join(*dir, "out.bin"), nil); err != nil {
 			return err
 		}
-		t.GetMBs = mbs(p.Size, time.Since(start))
+		t.GetMBs = mbs(fetched, time.Since(start))
 		store.Close()
 	}
 	return json.NewEncoder(os.Stdout).Encode(t)
