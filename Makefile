@@ -56,8 +56,12 @@ bench-storage: ## Datasets: import vs sha256sum, 1 GiB transfer vs raw libp2p st
 	$(GO) run ./bench/storage -out bench/results/storage.json
 
 .PHONY: bench-scheduler
-bench-scheduler: ## Scheduler: placements/s and p99 for an 8-worker job over 100 / 1,000 / 10,000 machines
+bench-scheduler: ## Scheduler: placements/s and p99 over 100 / 1,000 / 10,000 machines; slowdown vs the baselines in the simulator
 	$(GO) run ./bench/scheduler -out bench/results/scheduler.json
+
+.PHONY: sim
+sim: build ## Simulator: every policy on the shipped scenarios (20 seeds per load); tables and plots in bench/results/sim
+	./$(BIN) sim --seeds 20 --out bench/results/sim
 
 .PHONY: clean
 clean: ## Remove build outputs

@@ -17,9 +17,13 @@ type Params struct {
 	Base Prices
 	// The network term, per hour for each pair of a job's workers on
 	// different machines: SameSite between machines of one site (default
-	// 0.01 credit), CrossSite between sites (default 0.5 credit: workers
-	// across data centres train several times slower); with a measured
-	// RTT, PerRTTMs per millisecond of it (default 0.02 credit) instead.
+	// 0.1 credit), CrossSite between sites (default 10 credits); with a
+	// measured RTT, PerRTTMs per millisecond of it (default 1 credit)
+	// instead. Workers across slow links train many times slower, which
+	// costs the job its whole placement for longer: the edge scenario of
+	// package sim measured terms a tenth of these leaving a fifth of
+	// multi-worker jobs spread over sites at light load, with slowdowns
+	// ten times those of site-local placements.
 	SameSite, CrossSite, PerRTTMs uint64
 	// N is the base of the exponential; 0 means the number of machines in
 	// the view (at least 2), as in the paper.
@@ -41,13 +45,13 @@ func (p Params) withDefaults(machines int) Params {
 		p.Base.GPUHour = DefaultBase.GPUHour
 	}
 	if p.SameSite == 0 {
-		p.SameSite = 10_000
+		p.SameSite = 100_000
 	}
 	if p.CrossSite == 0 {
-		p.CrossSite = 500_000
+		p.CrossSite = 10_000_000
 	}
 	if p.PerRTTMs == 0 {
-		p.PerRTTMs = 20_000
+		p.PerRTTMs = 1_000_000
 	}
 	if p.N == 0 {
 		p.N = machines

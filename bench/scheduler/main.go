@@ -15,6 +15,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"math"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -23,6 +24,7 @@ import (
 	"time"
 
 	"github.com/deepmarket/deepmarket/scheduler"
+	"github.com/deepmarket/deepmarket/scheduler/sim"
 )
 
 type row struct {
@@ -37,6 +39,7 @@ type row struct {
 func main() {
 	out := flag.String("out", "", "write JSON results here")
 	dur := flag.Duration("duration", 3*time.Second, "time per case")
+	seeds := flag.Int("seeds", 10, "random scenarios per load in the quality comparison")
 	flag.Parse()
 	log.SetFlags(0)
 	runtime.GOMAXPROCS(1)
@@ -74,8 +77,13 @@ func main() {
 	}
 	fmt.Printf("\ngrowth, marginal cost: 100 -> 10,000 machines is %.0fx the machines and %.1fx the time per placement (linear: 100x)\n",
 		100.0, mc(10000).P50Micros/mc(100).P50Micros)
+	runtime.GOMAXPROCS(runtime.NumCPU())
+	q := quality(*seeds)
 	if *out != "" {
-		b, _ := json.MarshalIndent(rows, "", "  ")
+		b, _ := json.MarshalIndent(struct {
+			Throughput []row         `json:"throughput"`
+			Quality    []*sim.Report `json:"quality"`
+		}{rows, q}, "", "  ")
 		if err := os.WriteFile(*out, append(b, '\n'), 0o644); err != nil {
 			log.Fatal(err)
 		}
@@ -110,4 +118,48 @@ func randomView(r *rand.Rand, n int) scheduler.View {
 		}
 	}
 	return v
+}
+
+// quality replays the shipped scenarios under every policy, the same work
+// for each, and prints the comparisons the scheduler is judged by.
+func quality(seeds int) []*sim.Report {
+	start := time.Now()
+	ws, err := sim.WorkstationsExperiment([]float64{0.3, 0.5, 0.7, 0.85, 0.95}, seeds).Run(nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	edge, err := sim.EdgeExperiment([]float64{0.3, 0.5, 0.7, 0.9}, seeds).Run(nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("\nquality: mean slowdown, %d seeded scenarios per load, same trace for every policy (%s)\n", seeds, time.Since(start).Round(time.Second))
+	kube := []string{"least-requested", "balanced-resource", "kube-default"}
+	for _, rep := range []*sim.Report{ws, edge} {
+		fmt.Printf("\n%s (%s model)\n", rep.Experiment, rep.Model)
+		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprint(tw, "load\tmarginal cost\tdecentralized-4\tround robin\tbest Kubernetes-style\t")
+		if rep.Model == sim.Shared {
+			fmt.Fprint(tw, "mosix\tRR / MC (paper 1.47)\tMC / mosix (paper 1.14)\tRR / mosix (paper 1.68)\t")
+		}
+		fmt.Fprintln(tw, "MC / RR (goal <= 0.70)\tMC / best kube (goal <= 0.90)\tdecentral / central (goal within 10%)")
+		for _, load := range rep.Loads {
+			mc, _ := rep.Row("marginal-cost", load)
+			dc, _ := rep.Row("decentralized-4", load)
+			rr, _ := rep.Row("round-robin", load)
+			best := sim.Summary{MeanSlowdown: math.Inf(1)}
+			for _, k := range kube {
+				if s, ok := rep.Row(k, load); ok && s.MeanSlowdown < best.MeanSlowdown {
+					best = s
+				}
+			}
+			fmt.Fprintf(tw, "%.2f\t%.2f\t%.2f\t%.2f\t%.2f (%s)\t", load, mc.MeanSlowdown, dc.MeanSlowdown, rr.MeanSlowdown, best.MeanSlowdown, best.Policy)
+			if rep.Model == sim.Shared {
+				mo, _ := rep.Row("mosix", load)
+				fmt.Fprintf(tw, "%.2f\t%.2f\t%.2f\t%.2f\t", mo.MeanSlowdown, rr.MeanSlowdown/mc.MeanSlowdown, mc.MeanSlowdown/mo.MeanSlowdown, rr.MeanSlowdown/mo.MeanSlowdown)
+			}
+			fmt.Fprintf(tw, "%.2f\t%.2f\t%+.1f%%\n", mc.MeanSlowdown/rr.MeanSlowdown, mc.MeanSlowdown/best.MeanSlowdown, 100*(dc.MeanSlowdown/mc.MeanSlowdown-1))
+		}
+		tw.Flush()
+	}
+	return []*sim.Report{ws, edge}
 }

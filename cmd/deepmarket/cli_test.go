@@ -607,3 +607,38 @@ func TestDataGetInterruptedResumes(t *testing.T) {
 		t.Fatal("the resumed get differs")
 	}
 }
+
+func TestSimCLI(t *testing.T) {
+	dir := t.TempDir()
+	out := mustRun(t, "sim", "--scenario", "edge", "--loads", "0.4", "--seeds", "1", "--policies", "round-robin,kube-default", "--out", dir)
+	for _, want := range []string{"edge (reserved model, 1 seeds)", "marginal-cost", "round-robin", "kube-default"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("sim output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, f := range []string{"sim.md", "sim.json", "edge-slowdown.svg"} {
+		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s not written: %v", f, err)
+		}
+	}
+	// A drawn trace, written and replayed.
+	trace := filepath.Join(dir, "ws.json")
+	mustRun(t, "sim", "--scenario", "workstations", "--load", "0.5", "--seed", "3", "--write-trace", trace)
+	var reps []struct {
+		Experiment string `json:"experiment"`
+		Rows       []struct {
+			Policy       string  `json:"policy"`
+			MeanSlowdown float64 `json:"mean_slowdown"`
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "sim", "--trace", trace, "--policies", "mosix", "--json")), &reps); err != nil {
+		t.Fatal(err)
+	}
+	if len(reps) != 1 || len(reps[0].Rows) != 2 || reps[0].Rows[1].Policy != "mosix" || reps[0].Rows[0].MeanSlowdown < 1 {
+		t.Errorf("replayed trace: %+v", reps)
+	}
+	expectFail(t, 2, "no such policy", "sim", "--policies", "fastest")
+	expectFail(t, 2, "--loads", "sim", "--loads", "x")
+	expectFail(t, 2, "--scenario", "sim", "--scenario", "cloud")
+	expectFail(t, 1, "no such file", "sim", "--trace", filepath.Join(dir, "missing.json"))
+}
