@@ -1,0 +1,375 @@
+#!/usr/bin/env python3
+"""Distributed Fashion-MNIST training with tf.distribute.MultiWorkerMirroredStrategy.
+
+The cluster comes from the TF_CONFIG environment variable, read by TensorFlow
+itself (nothing here changes how TF interprets it). Without TF_CONFIG the
+program trains as a single worker. Every worker runs this same program; worker
+0 (or "chief") writes OUT/model.keras and OUT/result.json.
+
+Data: the four Fashion-MNIST IDX files (gzipped or plain) in --data, parsed
+with numpy; nothing is downloaded.
+
+A restarted job resumes from its last finished epoch thanks to
+keras.callbacks.BackupAndRestore (OUT/backup on the chief).
+"""
+
+import time
+
+T_START = time.time()
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras -> tf_keras (see main())
+
+import numpy as np
+
+DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
+FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description="Train a small classifier on Fashion-MNIST, on one or more "
+                    "workers (tf.distribute.MultiWorkerMirroredStrategy; cluster "
+                    "from TF_CONFIG, single worker without it).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", default=os.environ.get("DM_DATA_DIR") or DEFAULT_DATA,
+                   help="directory with train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], "
+                        "t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz] "
+                        "(default: $DM_DATA_DIR, else %s)" % DEFAULT_DATA)
+    p.add_argument("--out", default=os.environ.get("DM_OUTPUT_DIR") or "./out",
+                   help="output directory: model.keras, result.json, backup/ "
+                        "(default: $DM_OUTPUT_DIR, else ./out)")
+    p.add_argument("--epochs", type=int, default=2, help="number of epochs")
+    p.add_argument("--steps-per-epoch", type=int, default=None,
+                   help="training steps per epoch (default: one full pass over the training set)")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="batch size per worker (global batch = this x workers)")
+    p.add_argument("--train-examples", type=int, default=None,
+                   help="use only the first N training examples (for quick tests)")
+    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp",
+                   help="mlp: Flatten+Dense(128)+Dense(10); cnn: a tiny conv net (slower, more accurate)")
+    p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate")
+    p.add_argument("--seed", type=int, default=42, help="random seed (same on every worker)")
+    a = p.parse_args(argv)
+    for name in ("epochs", "batch_size"):
+        if getattr(a, name) < 1:
+            p.error("--%s must be >= 1" % name.replace("_", "-"))
+    if a.steps_per_epoch is not None and a.steps_per_epoch < 1:
+        p.error("--steps-per-epoch must be >= 1")
+    if a.train_examples is not None and a.train_examples < 1:
+        p.error("--train-examples must be >= 1")
+    return a
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+# ---------------------------------------------------------------- IDX reading
+
+def find_idx(data_dir, name):
+    for cand in (name, name + ".gz"):
+        path = os.path.join(data_dir, cand)
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError("%s[.gz] not found in %s" % (name, data_dir))
+
+
+def read_idx(path):
+    """Reads an IDX file (optionally gzipped) into a numpy array of uint8."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+        raise ValueError("%s: not an IDX file (bad magic)" % path)
+    if raw[2] != 0x08:
+        raise ValueError("%s: IDX element type 0x%02x, expected 0x08 (unsigned byte)" % (path, raw[2]))
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
+    count = int(np.prod(shape)) if shape else 0
+    if len(raw) - header != count:
+        raise ValueError("%s: header says %s (%d bytes), file has %d data bytes"
+                         % (path, shape, count, len(raw) - header))
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
+
+
+def load_data(data_dir, train_examples=None):
+    arr = {k: read_idx(find_idx(data_dir, v)) for k, v in FILES.items()}
+    for split in ("train", "test"):
+        x, y = arr[split + "_images"], arr[split + "_labels"]
+        if x.ndim != 3 or x.shape[1:] != (28, 28) or y.ndim != 1 or len(x) != len(y):
+            raise ValueError("%s: unexpected shapes images %s labels %s" % (split, x.shape, y.shape))
+    x_train, y_train = arr["train_images"], arr["train_labels"]
+    if train_examples is not None:
+        x_train, y_train = x_train[:train_examples], y_train[:train_examples]
+    prep = lambda x: (x.astype(np.float32) / 255.0)[..., None]
+    return (prep(x_train), y_train.astype(np.int64)), (prep(arr["test_images"]), arr["test_labels"].astype(np.int64))
+
+
+# ---------------------------------------------------------------- cluster role
+
+def is_chief(resolver):
+    task_type = getattr(resolver, "task_type", None)
+    task_id = getattr(resolver, "task_id", None)
+    if task_type is None:
+        return True
+    if task_type == "chief":
+        return True
+    cluster = resolver.cluster_spec().as_dict() if resolver else {}
+    return task_type == "worker" and task_id == 0 and "chief" not in cluster
+
+
+def sync_backup_from_chief(tf, strategy, backup_dir, chief, tag):
+    """Gives every worker the chief's BackupAndRestore checkpoint.
+
+    tf_keras' BackupAndRestore restores every worker from BACKUP/chief/, which
+    only the chief writes: that assumes all workers share one OUT folder. When
+    each worker has its own OUT (separate machines), a restarted job would
+    have the chief resume while the others start over, and the collectives
+    then fail. So before fit() the chief's checkpoint files are sent to all
+    workers through the cluster's own all-reduce (non-chief workers add
+    zeros), and each worker's BACKUP/chief/ is made identical to the chief's.
+    Returns (the chief has a checkpoint, this worker wrote a copy of it).
+    """
+    src = os.path.join(backup_dir, "chief")
+
+    def broadcast(arr):
+        # Sum of the chief's int32 array and zeros from everyone else.
+        arr = np.asarray(arr, dtype=np.int32)
+        out = strategy.reduce(tf.distribute.ReduceOp.SUM,
+                              strategy.run(lambda: tf.constant(arr)), axis=None)
+        return out.numpy()
+
+    blob = b""
+    if chief and os.path.isdir(src):
+        files = {n: open(os.path.join(src, n), "rb").read()
+                 for n in sorted(os.listdir(src)) if os.path.isfile(os.path.join(src, n))}
+        if files:
+            header = json.dumps({n: len(b) for n, b in files.items()}).encode()
+            blob = len(header).to_bytes(8, "big") + header + b"".join(files.values())
+    size = int(broadcast([len(blob) if chief else 0])[0])
+    if size == 0:
+        # No checkpoint on the chief: nobody may restore (drop stale copies).
+        if not chief and os.path.isdir(src):
+            log("%s dropping a stale checkpoint copy: the chief has none" % tag)
+            shutil.rmtree(src, ignore_errors=True)
+        return False, False
+    padded = (size + 3) // 4 * 4
+    words = (np.frombuffer(blob.ljust(padded, b"\0"), dtype=np.int32) if chief
+             else np.zeros(padded // 4, dtype=np.int32))
+    data = broadcast(words).astype(np.int32).tobytes()[:size]
+    if not chief:
+        hlen = int.from_bytes(data[:8], "big")
+        sizes = json.loads(data[8:8 + hlen])
+        os.makedirs(src, exist_ok=True)
+        pos, changed = 8 + hlen, 0
+        for name, n in sizes.items():
+            content, path = data[pos:pos + n], os.path.join(src, name)
+            pos += n
+            try:
+                same = open(path, "rb").read() == content  # shared OUT: the chief's own file
+            except OSError:
+                same = False
+            if not same:
+                with open(path + ".tmp", "wb") as f:
+                    f.write(content)
+                os.replace(path + ".tmp", path)
+                changed += 1
+        for name in os.listdir(src):
+            if name not in sizes and os.path.isfile(os.path.join(src, name)):
+                os.remove(os.path.join(src, name))
+        if changed:
+            log("%s received the chief's checkpoint (%d bytes)" % (tag, size))
+        return True, changed > 0
+    return True, False
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    t_data0 = time.time()
+    try:
+        (x_train, y_train), (x_test, y_test) = load_data(args.data, args.train_examples)
+    except (OSError, EOFError, ValueError) as e:
+        print("train.py: error: cannot read the data set: %s" % e, file=sys.stderr)
+        return 2
+    t_data = time.time() - t_data0
+
+    t_tf0 = time.time()
+    import tensorflow as tf
+    # tf_keras (Keras 2), not Keras 3: Keras 3's fit() does not work with
+    # MultiWorkerMirroredStrategy across workers (keras-team/keras#20585);
+    # tf_keras is what TF's multi-worker Keras tutorial runs on.
+    import tf_keras as keras
+    t_tf = time.time() - t_tf0
+
+    cores = os.environ.get("DM_CORES")
+    if cores:
+        n = max(1, int(float(cores)))
+        tf.config.threading.set_intra_op_parallelism_threads(n)
+        tf.config.threading.set_inter_op_parallelism_threads(n)
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    resolver = strategy.cluster_resolver
+    chief = is_chief(resolver)
+    task_id = resolver.task_id or 0
+    task = "%s %d" % (resolver.task_type or "worker", task_id)
+    workers = strategy.num_replicas_in_sync
+    global_batch = args.batch_size * workers
+    steps = args.steps_per_epoch or max(1, len(x_train) // global_batch)
+    tag = "[%s]" % task
+    log("%s start: %d replicas in sync, chief=%s, %d train / %d test examples, "
+        "global batch %d, %d steps/epoch, %d epochs, TF %s (import %.1fs, data load %.1fs)"
+        % (tag, workers, chief,
+           len(x_train), len(x_test), global_batch, steps, args.epochs, tf.__version__, t_tf, t_data))
+
+    keras.utils.set_random_seed(args.seed)
+    opts = tf.data.Options()
+    opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    if cores:
+        opts.threading.private_threadpool_size = max(1, int(float(cores)))
+    train_ds = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
+                .shuffle(min(len(x_train), 10000), seed=args.seed, reshuffle_each_iteration=True)
+                .repeat()
+                .batch(global_batch, drop_remainder=True)
+                .with_options(opts)
+                .prefetch(tf.data.AUTOTUNE))
+    # Larger batches for evaluation: fewer steps, so fewer all-reduces.
+    test_ds = (tf.data.Dataset.from_tensor_slices((x_test, y_test))
+               .batch(max(global_batch, 512 * workers))
+               .with_options(opts))
+
+    with strategy.scope():
+        if args.model == "cnn":
+            layers = [keras.Input((28, 28, 1)),
+                      keras.layers.Conv2D(16, 3, activation="relu"),
+                      keras.layers.MaxPooling2D(),
+                      keras.layers.Conv2D(32, 3, activation="relu"),
+                      keras.layers.MaxPooling2D(),
+                      keras.layers.Flatten(),
+                      keras.layers.Dense(64, activation="relu"),
+                      keras.layers.Dense(10)]
+        else:
+            layers = [keras.Input((28, 28, 1)),
+                      keras.layers.Flatten(),
+                      keras.layers.Dense(128, activation="relu"),
+                      keras.layers.Dense(10)]
+        model = keras.Sequential(layers, name="fashion_mnist_" + args.model)
+        model.compile(optimizer=keras.optimizers.Adam(args.learning_rate),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+
+    os.makedirs(args.out, exist_ok=True)
+    # BackupAndRestore (tf_keras): the chief saves its checkpoint after every
+    # epoch in OUT/backup/chief/, other workers write to temporary folders in
+    # OUT/backup/; on a restart every worker restores from OUT/backup/chief/.
+    backup_dir = os.path.join(args.out, "backup")
+    got_copy = False
+    if workers > 1:
+        has_ckpt, got_copy = sync_backup_from_chief(tf, strategy, backup_dir, chief, tag)
+    else:
+        has_ckpt = os.path.isdir(os.path.join(backup_dir, "chief"))
+    if has_ckpt and chief:
+        log("%s resuming from the checkpoint in %s" % (tag, backup_dir))
+
+    class Progress(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.epochs_run = 0
+            self.first_step_at = None
+            self.train_seconds = 0.0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.t_epoch = time.time()
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.first_step_at is None:
+                self.first_step_at = time.time() - T_START
+                log("%s first step done %.1fs after process start" % (tag, self.first_step_at))
+
+        def on_epoch_end(self, epoch, logs=None):
+            dt = time.time() - self.t_epoch
+            self.epochs_run += 1
+            self.train_seconds += dt
+            logs = logs or {}
+            log("%s epoch %d/%d: loss %.4f accuracy %.4f, %.1fs, %.0f examples/s"
+                % (tag, epoch + 1, args.epochs, logs.get("loss", float("nan")),
+                   logs.get("accuracy", float("nan")), dt, steps * global_batch / dt))
+
+    progress = Progress()
+    callbacks = [keras.callbacks.BackupAndRestore(backup_dir=backup_dir), progress]
+    t_fit = time.time()
+    log("%s fit starts %.1fs after process start" % (tag, t_fit - T_START))
+    model.fit(train_ds, epochs=args.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+    log("%s fit done in %.1fs" % (tag, time.time() - t_fit))
+    if progress.epochs_run < args.epochs:
+        log("%s resumed from backup: ran %d of %d epochs" % (tag, progress.epochs_run, args.epochs))
+
+    # BackupAndRestore deletes the checkpoint after fit on the chief; also drop
+    # the copy a non-chief worker got (own OUT only) and the empty folder.
+    if got_copy:
+        shutil.rmtree(os.path.join(backup_dir, "chief"), ignore_errors=True)
+    try:
+        os.rmdir(backup_dir)
+    except OSError:
+        pass
+
+    t_eval = time.time()
+    test_loss, test_acc = model.evaluate(test_ds, verbose=0)
+    log("%s test: loss %.4f accuracy %.4f (%.1fs)" % (tag, test_loss, test_acc, time.time() - t_eval))
+
+    # Every worker saves (saving may involve collective ops); only the chief
+    # keeps its copy, the others write to a temporary folder and delete it.
+    t_save = time.time()
+    save_dir = args.out if chief else tempfile.mkdtemp(prefix="dm-worker%d-" % task_id)
+    try:
+        model.save(os.path.join(save_dir, "model.keras"))
+    finally:
+        if not chief:
+            shutil.rmtree(save_dir, ignore_errors=True)
+    log("%s model saved (%.1fs)" % (tag, time.time() - t_save))
+
+    if chief:
+        seconds = time.time() - T_START
+        examples = progress.epochs_run * steps * global_batch
+        result = {
+            "test_accuracy": float(test_acc),
+            "test_loss": float(test_loss),
+            "epochs": args.epochs,
+            "workers": workers,
+            "seconds": round(seconds, 3),
+            "examples_per_second": round(examples / progress.train_seconds, 1) if progress.train_seconds else 0.0,
+            "epochs_run": progress.epochs_run,
+            "steps_per_epoch": steps,
+            "global_batch_size": global_batch,
+            "train_examples": int(len(x_train)),
+            "first_step_seconds": round(progress.first_step_at, 3) if progress.first_step_at else None,
+            "tf_import_seconds": round(t_tf, 3),
+            "model": args.model,
+            "tensorflow": tf.__version__,
+        }
+        tmp = os.path.join(args.out, "result.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, os.path.join(args.out, "result.json"))
+        log("%s wrote %s and %s (%.1fs total)" % (tag, os.path.join(args.out, "model.keras"),
+                                               os.path.join(args.out, "result.json"), seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
