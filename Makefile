@@ -6,6 +6,9 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -X github.com/deepmarket/deepmarket/node.Version=$(VERSION)
 HOME_DIR  ?= $(or $(DEEPMARKET_HOME),$(HOME)/.deepmarket)
 FUZZTIME  ?= 8s
+# The Python environment jobs run with (tensorflow-cpu). As root it lives
+# outside the checkout, where the unprivileged job user can reach it.
+VENV      ?= $(if $(filter 0,$(shell id -u)),/opt/deepmarket/venv,$(CURDIR)/.venv)
 
 .DEFAULT_GOAL := help
 
@@ -23,12 +26,13 @@ run: build ## Build and run a node on this machine (inits $(HOME_DIR) on first u
 	./$(BIN) node run --home "$(HOME_DIR)"
 
 .PHONY: deps
-deps: ## Install what the tests need (Go modules)
+deps: ## Install what the tests need: Go modules, Fashion-MNIST, a tensorflow-cpu virtualenv ($(VENV))
 	$(GO) mod download
+	DM_VENV=$(VENV) scripts/python-env.sh
 
 .PHONY: test
 test: deps lint ## Install what the tests need and run every test
-	$(GO) test -count=1 -timeout 20m ./...
+	DM_PYTHON=$(VENV)/bin/python3 DM_REQUIRE_TF=1 $(GO) test -count=1 -timeout 25m ./...
 	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZTIME) ./p2p
 	$(GO) test -run '^$$' -fuzz FuzzCheckTx -fuzztime $(FUZZTIME) ./ledger
 	$(GO) test -run '^$$' -fuzz FuzzDecodeTx -fuzztime $(FUZZTIME) ./ledger

@@ -69,7 +69,7 @@ func (n *Node) reserve(ctx context.Context, machine peer.ID, addrs []string, r p
 // another scheduler took its capacity first, makes this one release what
 // it got and re-quote on what the machines said they have), and returns
 // the quote, or the reason there is none.
-func (n *Node) answerBid(ctx context.Context, b p2p.Bid) p2p.Quote {
+func (n *Node) answerBid(ctx context.Context, b p2p.Bid, bidder peer.ID) p2p.Quote {
 	now := time.Now()
 	v, offers := n.schedulerView(now)
 	job := scheduler.Job{ID: b.JobID, Workers: int(b.Workers),
@@ -112,7 +112,7 @@ func (n *Node) answerBid(ctx context.Context, b p2p.Bid) p2p.Quote {
 			g.Go(func() error {
 				machine, _ := peer.Decode(offers[i].Machine)
 				reply, err := n.reserve(gctx, machine, offers[i].Addrs, p2p.Reserve{
-					Op: p2p.OpReserve, ID: id, JobID: b.JobID, Res: res, TTL: int64(holdTTL / time.Second)})
+					Op: p2p.OpReserve, ID: id, JobID: b.JobID, Res: res, TTL: int64(holdTTL / time.Second), Bidder: bidder.String()})
 				if err != nil {
 					reply = p2p.ReserveReply{Reason: "unreachable: " + err.Error()}
 				}
@@ -211,7 +211,7 @@ func (n *Node) priceBids(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case w := <-n.bidQ:
-			q := n.answerBid(ctx, w.bid)
+			q := n.answerBid(ctx, w.bid, w.bidder)
 			if err := n.sendQuote(ctx, w.bidder, q); err != nil {
 				n.log.Debug("quote not delivered", "job", w.bid.JobID, "bidder", w.bidder, "err", err)
 				for _, qw := range q.Workers { // nobody will commit them

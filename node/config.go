@@ -27,7 +27,19 @@ type Config struct {
 	Inventory InventoryConfig `toml:"inventory"`
 	Prices    PricesConfig    `toml:"prices"`
 	Scheduler SchedulerConfig `toml:"scheduler"`
+	Executor  ExecutorConfig  `toml:"executor"`
 	Log       LogConfig       `toml:"log"`
+}
+
+// ExecutorConfig says where lent workers run.
+type ExecutorConfig struct {
+	// WorkDir holds each worker's work dir (inputs, output, scratch);
+	// empty means /var/tmp/deepmarket-jobs. Jobs run as another user, so
+	// it must not sit under a private directory such as the node's home.
+	WorkDir string `toml:"work_dir"`
+	// CPUs, when set, are the CPU ids lent workers are pinned to (else the
+	// highest-numbered free ones).
+	CPUs []int `toml:"cpus"`
 }
 
 // NodeConfig names the node and its network.
@@ -487,6 +499,14 @@ quote = {{.Scheduler.Quote}}
 subset = {{lit .Scheduler.Subset}}
 nearest = {{.Scheduler.Nearest}}
 machines = {{lit .Scheduler.Machines}}
+
+[executor]
+# Where workers of lent jobs run (their inputs, output and scratch space).
+# Empty: /var/tmp/deepmarket-jobs. Jobs run as an unprivileged user, so this
+# must not be under a private directory.
+work_dir = {{lit .Executor.WorkDir}}
+# CPU ids lent workers may be pinned to; empty: the highest-numbered free ones.
+cpus = {{lit .Executor.CPUs}}
 
 [log]
 # debug, info, warn or error.

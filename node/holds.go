@@ -28,6 +28,7 @@ type Holds struct {
 
 type hold struct {
 	from      peer.ID
+	bidder    peer.ID // may commit, release and launch too
 	job       string
 	res       p2p.Resources
 	expires   time.Time // zero once committed
@@ -102,7 +103,7 @@ func (h *Holds) Apply(from peer.ID, r *p2p.Reserve, now time.Time) p2p.ReserveRe
 
 func (h *Holds) applyLocked(from peer.ID, r *p2p.Reserve, lent p2p.Resources, now time.Time) p2p.ReserveReply {
 	x, exists := h.holds[r.ID]
-	if exists && x.from != from {
+	if exists && x.from != from && !(r.Op != p2p.OpReserve && x.bidder != "" && x.bidder == from) {
 		return p2p.ReserveReply{Reason: "reservation " + r.ID + " belongs to another scheduler"}
 	}
 	switch r.Op {
@@ -119,7 +120,8 @@ func (h *Holds) applyLocked(from peer.ID, r *p2p.Reserve, lent p2p.Resources, no
 			return p2p.ReserveReply{Reason: why}
 		}
 		exp := now.Add(time.Duration(r.TTL) * time.Second)
-		h.holds[r.ID] = &hold{from: from, job: r.JobID, res: r.Res, expires: exp}
+		bidder, _ := peer.Decode(r.Bidder)
+		h.holds[r.ID] = &hold{from: from, bidder: bidder, job: r.JobID, res: r.Res, expires: exp}
 		return p2p.ReserveReply{OK: true, Expires: exp.UnixMilli()}
 	case p2p.OpCommit:
 		if !exists {
@@ -134,4 +136,27 @@ func (h *Holds) applyLocked(from peer.ID, r *p2p.Reserve, lent p2p.Resources, no
 		return p2p.ReserveReply{OK: true}
 	}
 	return p2p.ReserveReply{Reason: "unknown operation " + r.Op}
+}
+
+// Committed reports the resources of hold id if it is committed for job
+// and launcher may use it (its scheduler or its bidder).
+func (h *Holds) Committed(id, job string, launcher peer.ID) (p2p.Resources, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	x, ok := h.holds[id]
+	if !ok || !x.committed || x.job != job || (x.from != launcher && x.bidder != launcher) {
+		return p2p.Resources{}, false
+	}
+	return x.res, true
+}
+
+// Release drops hold id (a job's worker ended for good).
+func (h *Holds) Release(id string) {
+	h.mu.Lock()
+	_, ok := h.holds[id]
+	delete(h.holds, id)
+	h.mu.Unlock()
+	if ok && h.changed != nil {
+		h.changed()
+	}
 }

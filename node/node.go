@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -58,6 +59,8 @@ type Node struct {
 	rpc       *p2p.RPC
 	quotes    *QuoteBook
 	bidQ      chan bidWork
+	exec      *Executor
+	jobs      *JobManager
 }
 
 // New loads the key and token from home; it opens nothing.
@@ -176,6 +179,15 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	n.rpc = &p2p.RPC{Host: n.host, Key: n.key, ChainID: n.cfg.Node.ChainID, Logger: log.With("module", "rpc")}
 	n.rpc.Handle(p2p.ReserveProtocol(n.cfg.Node.ChainID), n.handleReserve)
 	n.rpc.Handle(p2p.QuoteProtocol(n.cfg.Node.ChainID), n.handleQuote)
+	workDir := n.cfg.Executor.WorkDir
+	if workDir == "" {
+		workDir = filepath.Join("/var/tmp/deepmarket-jobs", n.host.ID().String()[len(n.host.ID().String())-12:])
+	}
+	if n.exec, err = newExecutor(n, workDir, n.cfg.Inventory.Python); err != nil {
+		return err
+	}
+	n.rpc.Handle(p2p.JobProtocol(n.cfg.Node.ChainID), n.exec.handle)
+	n.jobs = newJobManager(n)
 	disc, err := p2p.NewDiscovery(p2p.DiscoveryParams{
 		Host: n.host, ChainID: n.cfg.Node.ChainID, Bootstrap: bootstrap, MDNS: n.cfg.P2P.MDNS, DHT: n.cfg.P2P.DHT,
 		Interval: n.cfg.P2P.DiscoverInterval.Duration,
@@ -186,7 +198,7 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	}
 	n.blocks.Attach(n.host, disc.ContentRouting())
 	server := api.NewServer(api.Params{
-		Token: n.token, Status: n, Lending: n, Market: n, Ledger: n, Data: n, Sched: n,
+		Token: n.token, Status: n, Lending: n, Market: n, Ledger: n, Data: n, Sched: n, Jobs: n.jobs,
 		// CometBFT registers its metrics process-wide; serve them beside ours.
 		Gatherer: prometheus.Gatherers{n.reg, prometheus.DefaultGatherer},
 		Logger:   log.With("module", "api"),
@@ -208,6 +220,8 @@ func (n *Node) Run(ctx context.Context) (err error) {
 		g.Go(func() error { return n.priceBids(gctx) })
 	}
 	g.Go(func() error { return n.store.Run(gctx) })
+	g.Go(func() error { return n.exec.Run(gctx) })
+	g.Go(func() error { return n.jobs.Run(gctx) })
 	g.Go(func() error { return n.blocks.Run(gctx) })
 	g.Go(func() error { return server.Serve(gctx, ln) })
 	g.Go(func() error {

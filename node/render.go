@@ -23,6 +23,9 @@ func tomlLiteral(v any) (string, error) {
 	if l, ok := v.([]string); ok && len(l) == 0 {
 		return "[]", nil // the encoder writes nothing for an empty list
 	}
+	if l, ok := v.([]int); ok && len(l) == 0 {
+		return "[]", nil
+	}
 	var buf bytes.Buffer
 	if err := toml.NewEncoder(&buf).Encode(map[string]any{"k": v}); err != nil {
 		return "", err

@@ -81,6 +81,25 @@ func (s *Store) Put(key string, v any) error {
 	return nil
 }
 
+// Each calls fn with every key under prefix and its raw document, in key
+// order; fn's error stops the scan and is returned.
+func (s *Store) Each(prefix string, fn func(key string, doc []byte) error) error {
+	return s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(prefix), PrefetchValues: true, PrefetchSize: 16})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			b, err := it.Item().ValueCopy(nil)
+			if err != nil {
+				return err
+			}
+			if err := fn(string(it.Item().Key()), b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // Delete removes key.
 func (s *Store) Delete(key string) error {
 	if err := s.db.Update(func(txn *badger.Txn) error { return txn.Delete([]byte(key)) }); err != nil {

@@ -69,6 +69,9 @@ type Reserve struct {
 	JobID string    `cbor:"job" json:"job_id"`
 	Res   Resources `cbor:"res,omitempty" json:"resources"`
 	TTL   int64     `cbor:"ttl,omitempty" json:"ttl_s"` // seconds, OpReserve only
+	// Bidder is the peer that bid for the job (OpReserve): it may commit
+	// or release the hold too, and launch the job on it.
+	Bidder string `cbor:"bidder,omitempty" json:"bidder,omitempty"`
 }
 
 // Validate checks a reservation request.
@@ -83,6 +86,11 @@ func (r *Reserve) Validate() error {
 		}
 		if r.TTL <= 0 || r.TTL > int64(MaxHoldTTL/time.Second) {
 			return rangeErr("ttl %ds not in 1..%d", r.TTL, int64(MaxHoldTTL/time.Second))
+		}
+		if r.Bidder != "" {
+			if _, err := peer.Decode(r.Bidder); err != nil {
+				return rangeErr("bidder %q: %v", r.Bidder, err)
+			}
 		}
 	case OpCommit, OpRelease:
 	default:

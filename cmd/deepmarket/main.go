@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/sandbox"
 )
 
 // exitUsage is the exit status for bad command lines.
@@ -20,6 +21,8 @@ const exitUsage = 2
 type usageError struct{ error }
 
 func main() {
+	// A sandboxed job's first moments run this binary: nothing else first.
+	sandbox.MaybeRunTrampoline()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := newRoot().ExecuteContext(ctx)
 	stop()

@@ -9,10 +9,12 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node/jobs"
 )
 
 // ErrNodeNotRunning means nothing answers at the API address.
@@ -170,4 +172,40 @@ func (c *Client) Quote(ctx context.Context, req QuoteRequest) (QuoteResult, erro
 func (c *Client) Quotes(ctx context.Context, job string) ([]ReceivedQuote, error) {
 	var out []ReceivedQuote
 	return out, c.do(ctx, http.MethodGet, "/api/v1/quotes?job="+url.QueryEscape(job), nil, &out)
+}
+
+// Submit submits a job (see SubmitRequest).
+func (c *Client) Submit(ctx context.Context, req SubmitRequest) (*jobs.Job, error) {
+	var out jobs.Job
+	return &out, c.do(ctx, "POST", "/api/v1/jobs", req, &out)
+}
+
+// ConfirmJob lets a quoted job go on.
+func (c *Client) ConfirmJob(ctx context.Context, id string) (*jobs.Job, error) {
+	var out jobs.Job
+	return &out, c.do(ctx, "POST", "/api/v1/jobs/"+url.PathEscape(id)+"/confirm", nil, &out)
+}
+
+// CancelJob stops a job.
+func (c *Client) CancelJob(ctx context.Context, id string) (*jobs.Job, error) {
+	var out jobs.Job
+	return &out, c.do(ctx, "POST", "/api/v1/jobs/"+url.PathEscape(id)+"/cancel", nil, &out)
+}
+
+// Job returns one job.
+func (c *Client) Job(ctx context.Context, id string) (*jobs.Job, error) {
+	var out jobs.Job
+	return &out, c.do(ctx, "GET", "/api/v1/jobs/"+url.PathEscape(id), nil, &out)
+}
+
+// Jobs lists the jobs submitted from the node.
+func (c *Client) Jobs(ctx context.Context) ([]jobs.Job, error) {
+	var out []jobs.Job
+	return out, c.do(ctx, "GET", "/api/v1/jobs", nil, &out)
+}
+
+// JobLogs reads a job's log from offset.
+func (c *Client) JobLogs(ctx context.Context, id string, offset int64) (JobLogs, error) {
+	var out JobLogs
+	return out, c.do(ctx, "GET", "/api/v1/jobs/"+url.PathEscape(id)+"/logs?offset="+strconv.FormatInt(offset, 10), nil, &out)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node/jobs"
 )
 
 //go:embed openapi.json
@@ -56,6 +57,15 @@ type (
 		QuoteJob(ctx context.Context, req QuoteRequest) (QuoteResult, error)
 		Quotes(ctx context.Context, job string) ([]ReceivedQuote, error)
 	}
+	// Jobs answers /jobs/...: jobs submitted from this node.
+	Jobs interface {
+		Submit(ctx context.Context, req SubmitRequest) (*jobs.Job, error)
+		Confirm(ctx context.Context, id string) (*jobs.Job, error)
+		Cancel(ctx context.Context, id string) (*jobs.Job, error)
+		Job(ctx context.Context, id string) (*jobs.Job, error)
+		Jobs(ctx context.Context) ([]jobs.Job, error)
+		Logs(ctx context.Context, id string, offset int64) (JobLogs, error)
+	}
 	// Ledger answers /ledger/...
 	Ledger interface {
 		Balance(ctx context.Context, addr string) (Balance, error)
@@ -81,6 +91,7 @@ type Params struct {
 	Ledger   Ledger
 	Data     Data
 	Sched    Scheduling
+	Jobs     Jobs
 	Gatherer prometheus.Gatherer // what /metrics serves
 	Logger   *slog.Logger
 }
@@ -176,6 +187,24 @@ func NewServer(p Params) *Server {
 	s.handle("GET /api/v1/quotes", func(r *http.Request) (any, error) {
 		q, err := p.Sched.Quotes(r.Context(), r.URL.Query().Get("job"))
 		return nonNil(q), err
+	})
+	s.handle("POST /api/v1/jobs", func(r *http.Request) (any, error) {
+		var req SubmitRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return p.Jobs.Submit(r.Context(), req)
+	})
+	s.handle("GET /api/v1/jobs", func(r *http.Request) (any, error) {
+		l, err := p.Jobs.Jobs(r.Context())
+		return nonNil(l), err
+	})
+	s.handle("GET /api/v1/jobs/{id}", func(r *http.Request) (any, error) { return p.Jobs.Job(r.Context(), r.PathValue("id")) })
+	s.handle("POST /api/v1/jobs/{id}/confirm", func(r *http.Request) (any, error) { return p.Jobs.Confirm(r.Context(), r.PathValue("id")) })
+	s.handle("POST /api/v1/jobs/{id}/cancel", func(r *http.Request) (any, error) { return p.Jobs.Cancel(r.Context(), r.PathValue("id")) })
+	s.handle("GET /api/v1/jobs/{id}/logs", func(r *http.Request) (any, error) {
+		off, _ := strconv.ParseInt(r.URL.Query().Get("offset"), 10, 64)
+		return p.Jobs.Logs(r.Context(), r.PathValue("id"), off)
 	})
 	s.handle("POST /api/v1/data/gc", func(r *http.Request) (any, error) { return p.Data.DataGC(r.Context()) })
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

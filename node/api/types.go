@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/deepmarket/deepmarket/node/inventory"
+	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/scheduler"
 )
@@ -189,4 +190,20 @@ type ReceivedQuote struct {
 	Scheduler string `json:"scheduler"`
 	p2p.Quote
 	ReceivedAt time.Time `json:"received_at"`
+}
+
+// SubmitRequest submits a job: its spec as written, the directory its
+// relative paths are from, and whether to go on without confirmation.
+type SubmitRequest struct {
+	Spec    jobs.File `json:"spec"`
+	BaseDir string    `json:"base_dir"`
+	Yes     bool      `json:"yes"`
+}
+
+// JobLogs is a chunk of a job's log; Done when the job has ended and
+// nothing more will come.
+type JobLogs struct {
+	Data string `json:"data"`
+	Next int64  `json:"next"`
+	Done bool   `json:"done"`
 }

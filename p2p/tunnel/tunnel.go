@@ -211,6 +211,7 @@ type workerKey struct {
 type exposure struct {
 	key     workerKey
 	port    int
+	ns      Namespace // nil: this host's loopback
 	allowed map[peer.ID]struct{}
 	tag     string
 	stats   *jobCounters
@@ -227,11 +228,24 @@ type exposure struct {
 // The allowed peers' connections are protected from the connection
 // manager's trimming while the worker is exposed.
 func (s *Service) Expose(job string, index int, port int, allowed []peer.ID) (unexpose func()) {
+	return s.ExposeIn(nil, job, index, port, allowed)
+}
+
+// Namespace is where a job's workers listen: a network namespace of their
+// own, whose loopback the node reaches through it.
+type Namespace interface {
+	ListenTCP(port int) (*net.TCPListener, error)
+	DialTCP(ctx context.Context, port int) (*net.TCPConn, error)
+}
+
+// ExposeIn is Expose for a worker listening on port of ns's loopback (nil:
+// this host's).
+func (s *Service) ExposeIn(ns Namespace, job string, index int, port int, allowed []peer.ID) (unexpose func()) {
 	if err := (header{Job: job, Index: index}).validate(); err != nil || port <= 0 || port > 65535 {
 		s.log.Error("worker not exposed: bad arguments", "job", job, "index", index, "port", port, "err", err)
 		return func() {}
 	}
-	e := &exposure{key: workerKey{job, index}, port: port, allowed: make(map[peer.ID]struct{}, len(allowed))}
+	e := &exposure{key: workerKey{job, index}, port: port, ns: ns, allowed: make(map[peer.ID]struct{}, len(allowed))}
 	for _, p := range allowed {
 		e.allowed[p] = struct{}{}
 	}
@@ -317,8 +331,16 @@ func (s *Service) handle(st network.Stream) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, setupTimeout)
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(e.port)))
+	var c net.Conn
+	if e.ns != nil {
+		var tc *net.TCPConn
+		if tc, err = e.ns.DialTCP(ctx, e.port); err == nil {
+			c = tc
+		}
+	} else {
+		var d net.Dialer
+		c, err = d.DialContext(ctx, "tcp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(e.port)))
+	}
 	cancel()
 	stop()
 	if err != nil {
@@ -370,6 +392,11 @@ func (s *Service) Forward(ctx context.Context, job string, index int, p peer.ID)
 
 // ForwardPort is Forward on 127.0.0.1:port (0 lets the system pick).
 func (s *Service) ForwardPort(ctx context.Context, port int, job string, index int, p peer.ID) (addr string, closer io.Closer, err error) {
+	return s.ForwardIn(ctx, nil, port, job, index, p)
+}
+
+// ForwardIn is ForwardPort listening on ns's loopback (nil: this host's).
+func (s *Service) ForwardIn(ctx context.Context, ns Namespace, port int, job string, index int, p peer.ID) (addr string, closer io.Closer, err error) {
 	hdr, err := header{Job: job, Index: index}.marshal()
 	if err != nil {
 		return "", nil, fmt.Errorf("forward: %w", err)
@@ -384,7 +411,12 @@ func (s *Service) ForwardPort(ctx context.Context, port int, job string, index i
 		return "", nil, fmt.Errorf("forward: connect to %s: %w", p, err)
 	}
 	// Loopback only, always: the other end runs anything it is sent.
-	ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
+	var ln *net.TCPListener
+	if ns != nil {
+		ln, err = ns.ListenTCP(port)
+	} else {
+		ln, err = net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
+	}
 	if err != nil {
 		return "", nil, fmt.Errorf("forward: %w", err)
 	}

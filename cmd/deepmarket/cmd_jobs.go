@@ -1,0 +1,336 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+	"github.com/mattn/go-isatty"
+	"github.com/spf13/cobra"
+
+	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/units"
+)
+
+func newSubmitCmd(c *cli) *cobra.Command {
+	var yes, wait, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "submit JOB.toml",
+		Short: "Submit a training job: quote it, confirm, pay into escrow, launch it on lent machines",
+		Long: `submit reads a job spec (see examples/fashion-mnist/job.toml), adds its bundle and
+dataset directories to storage, bids on the market, and shows the cheapest
+quote: the machines, their sites, the price per hour and the most the job can
+cost. Once you confirm (or with --yes), the node commits the machines' holds,
+locks the job's max price in escrow on the ledger and launches the workers.
+What the workers use is paid; the rest is refunded when the job ends.`,
+		Example: `  deepmarket submit job.toml                  # shows the quote, asks to confirm
+  deepmarket submit job.toml --yes --wait      # no question; follow the logs to the end
+  deepmarket submit job.toml --yes --json`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError{fmt.Errorf("submit takes one job spec file, got %d arguments", len(args))}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := args[0]
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			var f jobs.File
+			md, err := toml.Decode(string(b), &f)
+			if err != nil {
+				return usageError{fmt.Errorf("%s: %v", path, err)}
+			}
+			if und := md.Undecoded(); len(und) > 0 {
+				return usageError{fmt.Errorf("%s: unknown key %q", path, und[0].String())}
+			}
+			base, err := filepath.Abs(filepath.Dir(path))
+			if err != nil {
+				return err
+			}
+			// Check here first, for errors that name the file.
+			if _, err := f.Validate(base); err != nil {
+				return usageError{fmt.Errorf("%s: %w", path, err)}
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			if !asJSON {
+				fmt.Fprintf(os.Stderr, "adding inputs and asking the market for quotes...\n")
+			}
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+			defer cancel()
+			j, err := cl.Submit(sctx, api.SubmitRequest{Spec: f, BaseDir: base, Yes: yes})
+			if err != nil {
+				return err
+			}
+			if j.State == jobs.Failed {
+				if asJSON {
+					return c.printJSON(submitOut(j))
+				}
+				return fmt.Errorf("job %s: %s", short(j.ID), j.Reason)
+			}
+			if !yes {
+				showQuote(c.out, j)
+				if !isatty.IsTerminal(os.Stdin.Fd()) {
+					return usageError{errors.New("not confirmed: run with --yes to submit without a terminal")}
+				}
+				fmt.Fprint(c.out, "Submit this job? [y/N] ")
+				answer, _ := bufio.NewReader(os.Stdin).ReadString('\n')
+				if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
+					if _, err := cl.CancelJob(ctx, j.ID); err != nil {
+						return err
+					}
+					fmt.Fprintln(c.out, "not submitted; the machines' holds are released")
+					return nil
+				}
+				if j, err = cl.ConfirmJob(ctx, j.ID); err != nil {
+					return err
+				}
+			}
+			if asJSON && !wait {
+				return c.printJSON(submitOut(j))
+			}
+			if !asJSON {
+				fmt.Fprintf(c.out, "job %s submitted (%s)\n", j.ID, j.State)
+			}
+			if !wait {
+				if !asJSON {
+					fmt.Fprintf(c.out, "follow it with: deepmarket logs %s -f\n", short(j.ID))
+				}
+				return nil
+			}
+			out := c.out
+			if asJSON {
+				out = io.Discard
+			}
+			if err := followLogs(ctx, cl, j.ID, 0, out); err != nil {
+				return err
+			}
+			j, err = cl.Job(ctx, j.ID)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return c.printJSON(submitOut(j))
+			}
+			printJobEnd(c.out, j)
+			if j.State != jobs.Succeeded {
+				return fmt.Errorf("job %s %s: %s", short(j.ID), j.State, j.Reason)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "submit without asking to confirm the quote")
+	cmd.Flags().BoolVar(&wait, "wait", false, "follow the job's logs until it ends; exit non-zero unless it succeeded")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print {job_id, state, max_price, ...} as JSON")
+	return cmd
+}
+
+func submitOut(j *jobs.Job) map[string]any {
+	out := map[string]any{"job_id": j.ID, "state": j.State, "max_price": j.Spec.MaxPrice, "reason": j.Reason,
+		"result_cid": j.ResultCID, "cost": j.Cost}
+	if r := j.Current(); r != nil {
+		out["per_hour"] = r.PerHour
+		out["quoted_total"] = r.Quoted
+		out["workers"] = r.Workers
+	}
+	return out
+}
+
+func short(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+func showQuote(w io.Writer, j *jobs.Job) {
+	r := j.Current()
+	fmt.Fprintf(w, "\njob %s (%s): %d workers x %d cores, %s", short(j.ID), j.Spec.Name, j.Spec.Workers, j.Spec.Cores, units.FormatSize(j.Spec.MemBytes))
+	if j.Spec.GPUs > 0 {
+		fmt.Fprintf(w, ", %d GPUs", j.Spec.GPUs)
+	}
+	fmt.Fprintf(w, " each\n")
+	for i, wk := range r.Workers {
+		name := wk.Moniker
+		if name == "" {
+			name = short(wk.Machine)
+		}
+		fmt.Fprintf(w, "  worker %d  %-16s %-12s %s credits/h\n", i, name, wk.Site, units.FormatCredits(wk.PerHour))
+	}
+	fmt.Fprintf(w, "price: %s credits an hour; at most %s credits for %s (your max price %s, locked in escrow, the rest refunded)\n\n",
+		units.FormatCredits(r.PerHour), units.FormatCredits(r.Quoted), j.Spec.MaxDuration, units.FormatCredits(j.Spec.MaxPrice))
+}
+
+func printJobEnd(w io.Writer, j *jobs.Job) {
+	fmt.Fprintf(w, "\njob %s %s", short(j.ID), j.State)
+	if j.Reason != "" {
+		fmt.Fprintf(w, ": %s", j.Reason)
+	}
+	fmt.Fprintf(w, "\ncost: %s credits\n", units.FormatCredits(j.Cost))
+	if j.ResultCID != "" {
+		fmt.Fprintf(w, "result: %s (deepmarket data get %s -o result)\n", j.ResultCID, j.ResultCID)
+	}
+}
+
+// followLogs prints a job's log from offset until the job ends.
+func followLogs(ctx context.Context, cl *api.Client, id string, offset int64, out io.Writer) error {
+	for {
+		lg, err := cl.JobLogs(ctx, id, offset)
+		if err != nil {
+			return err
+		}
+		io.WriteString(out, lg.Data)
+		offset = lg.Next
+		if lg.Done {
+			return nil
+		}
+		if lg.Data == "" {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+func newJobsCmd(c *cli) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "jobs",
+		Short: "List the jobs submitted from this node",
+		Args:  noArgs,
+	}
+	showCmd(c, cmd, func(ctx context.Context, cl *api.Client, _ []string) ([]jobs.Job, error) {
+		return cl.Jobs(ctx)
+	}, func(js []jobs.Job) error {
+		if len(js) == 0 {
+			fmt.Fprintln(c.out, "no jobs yet: deepmarket submit JOB.toml")
+			return nil
+		}
+		rows := make([][]string, 0, len(js))
+		for _, j := range js {
+			rows = append(rows, []string{short(j.ID), j.Spec.Name, string(j.State), fmt.Sprint(j.Spec.Workers),
+				units.FormatCredits(j.Cost), j.Created.Local().Format("2006-01-02 15:04"), short(j.ResultCID)})
+		}
+		c.table("JOB\tNAME\tSTATE\tWORKERS\tCOST\tSUBMITTED\tRESULT", rows)
+		return nil
+	})
+	show := &cobra.Command{
+		Use:   "show ID",
+		Short: "Show a job: its state, workers, cost and result",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError{errors.New("jobs show takes one job ID (a unique prefix will do)")}
+			}
+			return nil
+		},
+	}
+	showCmd(c, show, func(ctx context.Context, cl *api.Client, args []string) (*jobs.Job, error) {
+		return cl.Job(ctx, args[0])
+	}, func(j *jobs.Job) error {
+		fmt.Fprintf(c.out, "job %s (%s): %s", j.ID, j.Spec.Name, j.State)
+		if j.Reason != "" {
+			fmt.Fprintf(c.out, ": %s", j.Reason)
+		}
+		fmt.Fprintf(c.out, "\ncommand: %s\nbundle %s, dataset %s\ncost %s credits of at most %s\n", strings.Join(j.Spec.Command, " "),
+			j.BundleCID, orStr(j.DatasetCID, "none"), units.FormatCredits(j.Cost), units.FormatCredits(j.Spec.MaxPrice))
+		if r := j.Current(); r != nil {
+			rows := make([][]string, 0, len(r.Workers))
+			for i, w := range r.Workers {
+				rows = append(rows, []string{fmt.Sprint(i), orStr(w.Moniker, short(w.Machine)), w.Site, w.State,
+					units.FormatCredits(w.PerHour), w.Reason})
+			}
+			fmt.Fprintf(c.out, "run %d of %d:\n", len(j.Runs), 2)
+			c.table("WORKER\tMACHINE\tSITE\tSTATE\tCREDITS/H\tNOTE", rows)
+		}
+		if j.ResultCID != "" {
+			fmt.Fprintf(c.out, "result: %s\n", j.ResultCID)
+		}
+		return nil
+	})
+	cmd.AddCommand(show)
+	return cmd
+}
+
+func orStr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func newLogsCmd(c *cli) *cobra.Command {
+	var follow bool
+	cmd := &cobra.Command{
+		Use:   "logs ID",
+		Short: "Print a job's log: what the node did and every worker's output",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError{errors.New("logs takes one job ID (a unique prefix will do)")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			if follow {
+				return followLogs(cmd.Context(), cl, args[0], 0, c.out)
+			}
+			var off int64
+			for {
+				lg, err := cl.JobLogs(cmd.Context(), args[0], off)
+				if err != nil {
+					return err
+				}
+				io.WriteString(c.out, lg.Data)
+				if lg.Data == "" {
+					return nil
+				}
+				off = lg.Next
+			}
+		},
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing until the job ends")
+	return cmd
+}
+
+func newCancelCmd(c *cli) *cobra.Command {
+	return &cobra.Command{
+		Use:   "cancel ID",
+		Short: "Stop a job: its machines are paid for the time used, the rest is refunded",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError{errors.New("cancel takes one job ID (a unique prefix will do)")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			j, err := cl.CancelJob(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(c.out, "job %s %s; cost %s credits\n", short(j.ID), j.State, units.FormatCredits(j.Cost))
+			return nil
+		},
+	}
+}

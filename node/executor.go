@@ -1,0 +1,713 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node/sandbox"
+	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/p2p/tunnel"
+)
+
+// Executor timings.
+const (
+	// submitterSilence stops a worker whose submitter stopped asking
+	// after it: work past its last receipt would not be paid.
+	submitterSilence = 90 * time.Second
+	// stopGrace is how long a stopped worker has to write its
+	// checkpoint before it is killed.
+	stopGrace = 10 * time.Second
+	// claimDelay waits past an escrow's expiry before claiming, so the
+	// ledger's block time has passed it.
+	claimDelay = 30 * time.Second
+)
+
+// Executor runs the workers this machine was asked to launch: it is the
+// lender's side of a job. Each worker gets a fresh work dir (bundle/,
+// data/, out/), its inputs fetched by CID, loopback ports for its cluster
+// reached through authenticated libp2p tunnels, and a sandbox with the
+// limits its hold reserved. Only the submitter that committed the hold
+// can launch, watch, read the logs of, or stop a worker.
+type Executor struct {
+	n       *Node
+	dir     string
+	tunnels *tunnel.Service
+	python  string
+
+	mu      sync.Mutex
+	workers map[string]*worker // run/index
+	nets    map[string]*runNet // run -> its network namespace here
+	cpus    map[int]string     // CPU id -> worker using it
+	ctx     context.Context
+	wg      sync.WaitGroup
+}
+
+type worker struct {
+	l      p2p.Launch
+	bidder peer.ID
+	key    string
+	dir    string
+	logs   string
+	cpus   []int
+
+	mu       sync.Mutex
+	state    string
+	exit     int
+	reason   string
+	started  time.Time
+	ended    time.Time
+	result   string
+	ckpt     string
+	beat     time.Time
+	proc     *sandbox.Process
+	cancel   context.CancelFunc
+	stopping bool
+	wantCkpt bool
+	closers  []func()
+	done     chan struct{}
+}
+
+func workerKey(run string, index int) string { return run + "/" + strconv.Itoa(index) }
+
+// newExecutor prepares the work area; Run serves until ctx ends.
+func newExecutor(n *Node, dir, python string) (*Executor, error) {
+	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o711); err != nil {
+		return nil, fmt.Errorf("executor work dir: %w", err)
+	}
+	// The job user must be able to reach its own dir through this one.
+	os.Chmod(dir, 0o711)
+	return &Executor{n: n, dir: dir, python: python, tunnels: tunnel.New(n.host, n.cfg.Node.ChainID, n.log.With("module", "tunnel")),
+		workers: map[string]*worker{}, nets: map[string]*runNet{}, cpus: map[int]string{}}, nil
+}
+
+// Run watches workers for silent submitters and over-long runs until ctx
+// ends, then stops them all.
+func (e *Executor) Run(ctx context.Context) error {
+	e.mu.Lock()
+	e.ctx = ctx
+	e.mu.Unlock()
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			e.mu.Lock()
+			ws := make([]*worker, 0, len(e.workers))
+			for _, w := range e.workers {
+				ws = append(ws, w)
+			}
+			e.mu.Unlock()
+			for _, w := range ws {
+				e.stop(w, "the node is stopping", false)
+			}
+			e.wg.Wait()
+			e.tunnels.Close()
+			return nil
+		case now := <-t.C:
+			e.mu.Lock()
+			ws := make([]*worker, 0, len(e.workers))
+			for _, w := range e.workers {
+				ws = append(ws, w)
+			}
+			e.mu.Unlock()
+			for _, w := range ws {
+				w.mu.Lock()
+				live := w.state == p2p.WorkerRunning || w.state == p2p.WorkerFetching
+				silent := now.Sub(w.beat) > submitterSilence
+				over := !w.started.IsZero() && now.Sub(w.started) > time.Duration(w.l.MaxSecs)*time.Second
+				w.mu.Unlock()
+				switch {
+				case live && silent:
+					e.stop(w, "the submitter stopped answering", false)
+				case live && over:
+					e.stop(w, "max duration reached", false)
+				}
+			}
+		}
+	}
+}
+
+// handle answers the job protocol.
+func (e *Executor) handle(ctx context.Context, from peer.ID, env *p2p.Envelope) (string, any, error) {
+	switch env.Type {
+	case p2p.TypeLaunch:
+		var l p2p.Launch
+		if err := p2p.Unmarshal(env.Payload, &l); err != nil {
+			return "", nil, err
+		}
+		if err := l.Validate(); err != nil {
+			return "", nil, err
+		}
+		if err := e.launch(ctx, from, l); err != nil {
+			return p2p.TypeLaunchReply, p2p.LaunchReply{Reason: truncate(err.Error(), 512)}, nil
+		}
+		return p2p.TypeLaunchReply, p2p.LaunchReply{OK: true}, nil
+	case p2p.TypeStatusReq:
+		var r p2p.StatusReq
+		if err := p2p.Unmarshal(env.Payload, &r); err != nil {
+			return "", nil, err
+		}
+		w, err := e.owned(from, r.JobID, r.Index)
+		if err != nil {
+			return "", nil, err
+		}
+		if r.Receipt != nil {
+			e.keepReceipt(w, *r.Receipt)
+		}
+		return p2p.TypeJobStatus, w.status(time.Now()), nil
+	case p2p.TypeLogsReq:
+		var r p2p.LogsReq
+		if err := p2p.Unmarshal(env.Payload, &r); err != nil {
+			return "", nil, err
+		}
+		w, err := e.owned(from, r.JobID, r.Index)
+		if err != nil {
+			return "", nil, err
+		}
+		return p2p.TypeLogs, readLogs(w.logs, r.Offset), nil
+	case p2p.TypeStop:
+		var r p2p.Stop
+		if err := p2p.Unmarshal(env.Payload, &r); err != nil {
+			return "", nil, err
+		}
+		w, err := e.owned(from, r.JobID, r.Index)
+		if err != nil {
+			return "", nil, err
+		}
+		reason := r.Reason
+		if reason == "" {
+			reason = "stopped by the submitter"
+		}
+		e.stop(w, truncate(reason, 200), r.Checkpoint)
+		if r.Final {
+			go e.finish(w)
+		}
+		return p2p.TypeJobStatus, w.status(time.Now()), nil
+	}
+	return "", nil, fmt.Errorf("%w %q", p2p.ErrUnknownType, env.Type)
+}
+
+// owned finds worker index of run, if from launched it.
+func (e *Executor) owned(from peer.ID, run string, index int) (*worker, error) {
+	e.mu.Lock()
+	w := e.workers[workerKey(run, index)]
+	e.mu.Unlock()
+	if w == nil || w.bidder != from {
+		return nil, fmt.Errorf("no worker %d of job %s launched by %s here", index, run, from)
+	}
+	w.mu.Lock()
+	w.beat = time.Now()
+	w.mu.Unlock()
+	return w, nil
+}
+
+// launch checks a launch request against this machine's hold and the
+// ledger's escrow, then starts the worker in the background.
+func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) error {
+	self := e.n.host.ID().String()
+	if l.World[l.Index] != self {
+		return fmt.Errorf("worker %d is placed on %s, not on this machine", l.Index, l.World[l.Index])
+	}
+	held, ok := e.n.holds.Committed(l.Hold, l.JobID, from)
+	if !ok {
+		return errors.New("no committed hold for this job here from you: reserve and commit first")
+	}
+	// The hold covers every worker of the run on this machine.
+	var mine uint32
+	for _, m := range l.World {
+		if m == self {
+			mine++
+		}
+	}
+	if l.Res.Cores*mine > held.Cores || l.Res.MemBytes*uint64(mine) > held.MemBytes || l.Res.GPUs*mine > held.GPUs {
+		return fmt.Errorf("the hold reserved %d cores, %d bytes, %d GPUs: less than %d workers of this size", held.Cores, held.MemBytes, held.GPUs, mine)
+	}
+	pub, err := from.ExtractPublicKey()
+	if err != nil {
+		return fmt.Errorf("submitter key: %w", err)
+	}
+	raw, err := pub.Raw()
+	if err != nil {
+		return err
+	}
+	payer := identity.AddressOf(raw)
+	// The escrow was just committed: this machine's replica of the
+	// ledger may be a block behind.
+	var esc *ledger.Escrow
+	for {
+		if esc, err = e.n.ledger.Escrow(ctx, l.JobID); err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no escrow for this job on the ledger: %w", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	me := string(e.n.key.Address())
+	switch {
+	case esc.Payer != string(payer):
+		return fmt.Errorf("the escrow is paid by %s, not by the submitter %s", esc.Payer, payer)
+	case !slices.Contains(esc.Payees, me):
+		return fmt.Errorf("this machine (%s) is not a payee of the escrow", me)
+	case time.Unix(esc.Expiry, 0).Before(time.Now().Add(time.Duration(l.MaxSecs) * time.Second)):
+		return errors.New("the escrow expires before the job's max duration ends")
+	case esc.Amount == 0:
+		return errors.New("the escrow is empty")
+	}
+	for _, c := range []string{l.Bundle, l.Dataset, l.Resume} {
+		if c != "" {
+			if _, err := cid.Decode(c); err != nil {
+				return fmt.Errorf("CID %q: %w", c, err)
+			}
+		}
+	}
+	key := workerKey(l.JobID, l.Index)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ctx == nil || e.ctx.Err() != nil {
+		return errors.New("the node is not running jobs now")
+	}
+	if _, ok := e.workers[key]; ok {
+		return nil // a retried launch
+	}
+	cpus, err := e.pickCPUs(key, int(l.Res.Cores))
+	if err != nil {
+		return err
+	}
+	w := &worker{l: l, bidder: from, key: key, dir: filepath.Join(e.dir, l.JobID[:16]+"-"+strconv.Itoa(l.Index)),
+		logs: filepath.Join(e.dir, "logs", l.JobID[:16]+"-"+strconv.Itoa(l.Index)+".log"), cpus: cpus,
+		state: p2p.WorkerFetching, beat: time.Now(), done: make(chan struct{})}
+	wctx, cancel := context.WithCancel(e.ctx)
+	w.cancel = cancel
+	e.workers[key] = w
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer close(w.done)
+		e.run(wctx, w)
+	}()
+	go e.claimLater(l.JobID)
+	return nil
+}
+
+// pickCPUs gives a worker n CPUs no other worker here uses, from the
+// highest-numbered down (the owner's own work tends to land low).
+func (e *Executor) pickCPUs(key string, n int) ([]int, error) {
+	pool := slices.Clone(e.n.cfg.Executor.CPUs)
+	if len(pool) == 0 {
+		for c := range runtime.NumCPU() {
+			pool = append(pool, c)
+		}
+	}
+	var got []int
+	for k := len(pool) - 1; k >= 0 && len(got) < n; k-- {
+		if _, used := e.cpus[pool[k]]; !used {
+			got = append(got, pool[k])
+		}
+	}
+	if len(got) < n {
+		// More cores lent than CPUs free to pin: share, bounded by quota.
+		return nil, nil
+	}
+	for _, c := range got {
+		e.cpus[c] = key
+	}
+	slices.Sort(got)
+	return got, nil
+}
+
+// workerPort is where worker j of a run listens, inside the run's
+// network namespace on every machine: the namespace is fresh, so the
+// same ports serve every run.
+func workerPort(j int) int { return 20000 + j }
+
+// runNet is a run's network namespace on this machine, shared by its
+// workers here, with the forwarders to its workers elsewhere.
+type runNet struct {
+	ns   *sandbox.NetNS
+	refs int
+	fwd  map[int]io.Closer
+}
+
+// acquireNet gives worker w its run's namespace, made on first use, with a
+// forwarder to each remote worker.
+func (e *Executor) acquireNet(ctx context.Context, l p2p.Launch) (*sandbox.NetNS, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	rn := e.nets[l.JobID]
+	if rn == nil {
+		ns, err := sandbox.NewNetNS()
+		if err != nil {
+			return nil, fmt.Errorf("cannot isolate the job's network (%v): not running it", err)
+		}
+		rn = &runNet{ns: ns, fwd: map[int]io.Closer{}}
+		e.nets[l.JobID] = rn
+	}
+	rn.refs++
+	self := e.n.host.ID().String()
+	for j, m := range l.World {
+		if m == self || rn.fwd[j] != nil {
+			continue
+		}
+		id, err := peer.Decode(m)
+		if err != nil {
+			return rn.ns, err
+		}
+		_, closer, err := e.tunnels.ForwardIn(ctx, rn.ns, workerPort(j), l.JobID, j, id)
+		if err != nil {
+			return rn.ns, fmt.Errorf("tunnel to worker %d: %w", j, err)
+		}
+		rn.fwd[j] = closer
+	}
+	return rn.ns, nil
+}
+
+func (e *Executor) releaseNet(run string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	rn := e.nets[run]
+	if rn == nil {
+		return
+	}
+	if rn.refs--; rn.refs > 0 {
+		return
+	}
+	for _, c := range rn.fwd {
+		c.Close()
+	}
+	rn.ns.Close()
+	delete(e.nets, run)
+}
+
+func (w *worker) set(f func()) {
+	w.mu.Lock()
+	f()
+	w.mu.Unlock()
+}
+
+func (w *worker) fail(reason string) {
+	w.set(func() {
+		if w.state != p2p.WorkerStopped {
+			w.state, w.reason = p2p.WorkerFailed, reason
+		}
+		if w.ended.IsZero() {
+			w.ended = time.Now()
+		}
+	})
+}
+
+// run fetches the worker's inputs, wires its cluster and runs it.
+func (e *Executor) run(ctx context.Context, w *worker) {
+	log := e.n.log.With("module", "executor", "job", w.l.JobID[:12], "worker", w.l.Index)
+	l := w.l
+	for _, d := range []string{"bundle", "data", "out", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(w.dir, d), 0o755); err != nil {
+			w.fail("work dir: " + err.Error())
+			return
+		}
+	}
+	fetch := func(c, into string) error {
+		if c == "" {
+			return nil
+		}
+		id, _ := cid.Decode(c)
+		_, err := e.n.blocks.FetchInto(ctx, id, into, nil)
+		return err
+	}
+	if err := fetch(l.Bundle, filepath.Join(w.dir, "bundle")); err != nil {
+		w.fail("fetch bundle: " + err.Error())
+		return
+	}
+	if err := fetch(l.Dataset, filepath.Join(w.dir, "data")); err != nil {
+		w.fail("fetch dataset: " + err.Error())
+		return
+	}
+	if l.Index == 0 {
+		if err := fetch(l.Resume, filepath.Join(w.dir, "out")); err != nil {
+			w.fail("fetch checkpoint: " + err.Error())
+			return
+		}
+	}
+	// The cluster, as every worker sees it: worker j at 127.0.0.1 on
+	// workerPort(j) of the run's network namespace, where only loopback
+	// exists; remote workers are forwarders through authenticated tunnels.
+	self := e.n.host.ID().String()
+	addrs := make([]string, len(l.World))
+	var allowed []peer.ID
+	for j, m := range l.World {
+		addrs[j] = "127.0.0.1:" + strconv.Itoa(workerPort(j))
+		if id, err := peer.Decode(m); err == nil && m != self && !slices.Contains(allowed, id) {
+			allowed = append(allowed, id)
+		}
+	}
+	ns, err := e.acquireNet(ctx, l)
+	if ns != nil {
+		w.set(func() { w.closers = append(w.closers, func() { e.releaseNet(l.JobID) }) })
+	}
+	if err != nil {
+		w.fail(err.Error())
+		return
+	}
+	unexpose := e.tunnels.ExposeIn(ns, l.JobID, l.Index, workerPort(l.Index), allowed)
+	w.set(func() { w.closers = append(w.closers, unexpose) })
+
+	env := []string{
+		"DM_JOB_ID=" + l.JobID, "DM_RANK=" + strconv.Itoa(l.Index), "DM_WORLD_SIZE=" + strconv.Itoa(len(l.World)),
+		"DM_WORKERS=" + strings.Join(addrs, ","), "DM_CORES=" + strconv.Itoa(int(max(l.Res.Cores, 1))),
+		"DM_DATA_DIR=" + filepath.Join(w.dir, "data"), "DM_OUTPUT_DIR=" + filepath.Join(w.dir, "out"),
+	}
+	if host, port, err := net.SplitHostPort(addrs[0]); err == nil {
+		env = append(env, "MASTER_ADDR="+host, "MASTER_PORT="+port)
+	}
+	if l.Framework == "tensorflow" {
+		tf, _ := json.Marshal(map[string]any{
+			"cluster": map[string][]string{"worker": addrs},
+			"task":    map[string]any{"type": "worker", "index": l.Index},
+		})
+		env = append(env, "TF_CONFIG="+string(tf))
+	}
+	path := "/usr/local/bin:/usr/bin:/bin"
+	if e.python != "" && strings.Contains(e.python, "/") {
+		// python3 in the command is the configured environment's.
+		path = filepath.Dir(e.python) + ":" + path
+	}
+	env = append(env, "PATH="+path)
+	logf, err := os.OpenFile(w.logs, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o640)
+	if err != nil {
+		w.fail("log file: " + err.Error())
+		return
+	}
+	defer logf.Close()
+	spec := sandbox.Spec{
+		Name: l.JobID[:16] + "-" + strconv.Itoa(l.Index), Dir: w.dir, Cwd: filepath.Join(w.dir, "bundle"),
+		Argv: l.Command, Env: env, Stdout: logf, Stderr: logf, NetNS: ns,
+		Limits: sandbox.Limits{
+			CPUs: w.cpus, Cores: float64(max(l.Res.Cores, 1)), MemBytes: l.Res.MemBytes,
+			Pids: 512, DiskBytes: max(10<<30, 2*l.Res.MemBytes), GPUs: gpuIDs(int(l.Res.GPUs)),
+		},
+		ReadOnly: readOnlyFor(e.python),
+		Hide:     []string{e.n.home.Dir},
+	}
+	w.mu.Lock()
+	if w.stopping {
+		w.mu.Unlock()
+		return
+	}
+	proc, err := sandbox.Start(ctx, spec)
+	if err != nil {
+		w.mu.Unlock()
+		w.fail("start: " + err.Error())
+		return
+	}
+	w.proc, w.state, w.started = proc, p2p.WorkerRunning, time.Now()
+	w.mu.Unlock()
+	log.Info("worker started", "command", l.Command, "cpus", w.cpus)
+	exit, err := proc.Wait()
+	w.mu.Lock()
+	w.ended = time.Now()
+	w.exit = exit.Code
+	stopped := w.stopping
+	switch {
+	case stopped:
+		w.state = p2p.WorkerStopped
+	case err != nil:
+		w.state, w.reason = p2p.WorkerFailed, err.Error()
+	case exit.OOMKilled:
+		w.state, w.reason = p2p.WorkerFailed, fmt.Sprintf("out of memory: the job's limit is %d bytes per worker", l.Res.MemBytes)
+	case exit.PidsLimited:
+		w.state, w.reason = p2p.WorkerFailed, "too many processes (the job's limit is 512)"
+	case exit.DiskExceeded:
+		w.state, w.reason = p2p.WorkerFailed, "the job's work dir outgrew its disk bound"
+	case exit.Code != 0 || exit.Signal != "":
+		w.state, w.reason = p2p.WorkerExited, fmt.Sprintf("exited with code %d %s", exit.Code, exit.Signal)
+	default:
+		w.state = p2p.WorkerExited
+	}
+	wantCkpt := w.wantCkpt
+	w.mu.Unlock()
+	log.Info("worker ended", "exit", exit.Code, "signal", exit.Signal, "state", w.state, "cpu", exit.CPU)
+	if l.Index == 0 && ((!stopped && exit.Code == 0 && err == nil) || wantCkpt) {
+		// The chief's output dir is the job's result (or its checkpoint).
+		pin, err := e.n.blocks.Add(context.WithoutCancel(ctx), filepath.Join(w.dir, "out"), nil)
+		w.mu.Lock()
+		switch {
+		case err != nil:
+			w.reason = "could not keep the output: " + err.Error()
+			if !stopped {
+				w.state = p2p.WorkerFailed
+			}
+		case stopped:
+			w.ckpt = pin.CID.String()
+		default:
+			w.result = pin.CID.String()
+		}
+		w.mu.Unlock()
+	}
+}
+
+func gpuIDs(n int) []int {
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = i
+	}
+	return ids
+}
+
+// readOnlyFor lists what a job may read beyond its dir: the Python
+// environment that runs it.
+func readOnlyFor(python string) []string {
+	if !strings.Contains(python, "/") {
+		return nil
+	}
+	// .../venv/bin/python3 -> .../venv
+	return []string{filepath.Dir(filepath.Dir(python))}
+}
+
+// stop ends a worker (its checkpoint kept when asked); it returns at once.
+func (e *Executor) stop(w *worker, reason string, checkpoint bool) {
+	w.mu.Lock()
+	if w.stopping || w.state == p2p.WorkerExited || w.state == p2p.WorkerFailed {
+		w.mu.Unlock()
+		return
+	}
+	w.stopping, w.wantCkpt = true, checkpoint
+	proc := w.proc
+	if proc == nil {
+		w.state, w.reason, w.ended = p2p.WorkerStopped, reason, time.Now()
+		w.cancel()
+	} else {
+		w.reason = reason
+	}
+	w.mu.Unlock()
+	if proc != nil {
+		go proc.Stop(stopGrace)
+	}
+}
+
+// finish forgets a worker whose submitter has what it needs: its hold is
+// released, its tunnels closed, its dir and CPUs freed.
+func (e *Executor) finish(w *worker) {
+	<-w.done
+	w.mu.Lock()
+	closers := w.closers
+	w.closers = nil
+	w.mu.Unlock()
+	for _, c := range closers {
+		c()
+	}
+	e.n.holds.Release(w.l.Hold)
+	os.RemoveAll(w.dir)
+	e.mu.Lock()
+	delete(e.workers, w.key)
+	for c, k := range e.cpus {
+		if k == w.key {
+			delete(e.cpus, c)
+		}
+	}
+	e.mu.Unlock()
+}
+
+func (w *worker) status(now time.Time) p2p.JobStatus {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := p2p.JobStatus{JobID: w.l.JobID, Index: w.l.Index, State: w.state, ExitCode: w.exit, Reason: w.reason,
+		Result: w.result, Checkpoint: w.ckpt}
+	if !w.started.IsZero() {
+		st.Started = w.started.UnixMilli()
+	}
+	if !w.ended.IsZero() {
+		st.Ended = w.ended.UnixMilli()
+	}
+	if fi, err := os.Stat(w.logs); err == nil {
+		st.LogBytes = fi.Size()
+	}
+	// Output is kept only once the chief has ended: until then a result
+	// or checkpoint CID is not known.
+	if w.l.Index == 0 && (w.state == p2p.WorkerExited || w.state == p2p.WorkerStopped) && w.result == "" && w.ckpt == "" {
+		select {
+		case <-w.done:
+		default:
+			st.State = p2p.WorkerRunning // still adding its output
+		}
+	}
+	return st
+}
+
+func readLogs(path string, off int64) p2p.Logs {
+	f, err := os.Open(path)
+	if err != nil {
+		return p2p.Logs{Next: off}
+	}
+	defer f.Close()
+	buf := make([]byte, p2p.MaxLogChunk)
+	n, err := f.ReadAt(buf, max(off, 0))
+	if err != nil && !errors.Is(err, io.EOF) {
+		return p2p.Logs{Next: off}
+	}
+	return p2p.Logs{Data: buf[:n], Next: max(off, 0) + int64(n)}
+}
+
+// keepReceipt records the submitter's latest usage receipt for this
+// machine, on disk: it is what the machine claims with if the submitter
+// never settles.
+func (e *Executor) keepReceipt(w *worker, r p2p.Receipt) {
+	if r.Payee != string(e.n.key.Address()) {
+		return
+	}
+	key := "receipts/" + w.l.JobID
+	var old ledger.Receipt
+	if found, _ := e.n.store.Get(key, &old); found && old.Seq >= r.Seq {
+		return
+	}
+	e.n.store.Put(key, ledger.Receipt{Job: w.l.JobID, Payee: r.Payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig})
+}
+
+// claimLater claims this machine's due from a run's escrow after it
+// expires, if its payer never settled: the receipts are what it is owed.
+func (e *Executor) claimLater(run string) {
+	ctx := e.ctx
+	esc, err := e.n.ledger.Escrow(ctx, run)
+	if err != nil {
+		return
+	}
+	wait := time.Until(time.Unix(esc.Expiry, 0)) + claimDelay
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(wait):
+	}
+	e.claim(ctx, run)
+}
+
+func (e *Executor) claim(ctx context.Context, run string) {
+	var r ledger.Receipt
+	if found, _ := e.n.store.Get("receipts/"+run, &r); !found || r.Amount == 0 {
+		return
+	}
+	if _, err := e.n.ledger.Escrow(ctx, run); err != nil {
+		return // settled
+	}
+	if _, err := e.n.ledger.Claim(ctx, r); err != nil {
+		e.n.log.Warn("claim", "job", run, "err", err)
+		return
+	}
+	e.n.log.Info("claimed from an unsettled escrow", "job", run, "amount", r.Amount)
+}

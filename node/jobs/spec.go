@@ -1,0 +1,269 @@
+package jobs
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+	"github.com/ipfs/go-cid"
+
+	"github.com/deepmarket/deepmarket/units"
+)
+
+// Frameworks a job may name: tensorflow gets TF_CONFIG; generic gets the
+// same cluster information as DM_* variables only.
+var Frameworks = map[string]bool{"tensorflow": true, "generic": true}
+
+// Bounds on a job's shape.
+const (
+	MaxWorkers  = 64
+	MaxCores    = 256
+	MaxGPUs     = 16
+	MinMemory   = 64 << 20
+	MaxMemory   = 1 << 40
+	MinDuration = time.Minute
+	MaxDuration = 7 * 24 * time.Hour
+	MaxPrice    = 1_000_000_000_000 // micro-credits: a million credits
+)
+
+// File is a job spec as written in TOML.
+type File struct {
+	Name        string   `toml:"name" json:"name"`
+	Framework   string   `toml:"framework" json:"framework"`
+	Command     []string `toml:"command" json:"command"`
+	Bundle      string   `toml:"bundle" json:"bundle"`
+	Dataset     string   `toml:"dataset" json:"dataset,omitempty"`
+	Workers     int      `toml:"workers" json:"workers"`
+	Cores       int      `toml:"cores" json:"cores"`
+	Memory      string   `toml:"memory" json:"memory"`
+	GPUs        int      `toml:"gpus" json:"gpus,omitempty"`
+	MaxPrice    string   `toml:"max_price" json:"max_price"`
+	MaxDuration string   `toml:"max_duration" json:"max_duration"`
+	// Deadline (RFC 3339), when set, makes the job worth nothing if it
+	// would complete later.
+	Deadline string `toml:"deadline" json:"deadline,omitempty"`
+	// Site, when set, is preferred: quotes on other sites cost more.
+	Site string `toml:"site" json:"site,omitempty"`
+}
+
+// Spec is a validated job spec. Bundle and Dataset are either a local
+// directory (absolute, resolved against the spec file's directory) or a
+// CID already in the network.
+type Spec struct {
+	Name        string        `json:"name"`
+	Framework   string        `json:"framework"`
+	Command     []string      `json:"command"`
+	Bundle      string        `json:"bundle"`
+	Dataset     string        `json:"dataset,omitempty"`
+	Workers     int           `json:"workers"`
+	Cores       int           `json:"cores"`
+	MemBytes    uint64        `json:"mem_bytes"`
+	GPUs        int           `json:"gpus"`
+	MaxPrice    uint64        `json:"max_price"`
+	MaxDuration time.Duration `json:"max_duration_ns"`
+	Deadline    time.Time     `json:"deadline,omitzero"`
+	Site        string        `json:"site,omitempty"`
+}
+
+// SpecError is a spec that does not validate; Field names the key.
+type SpecError struct {
+	Key, Msg string
+}
+
+func (e *SpecError) Error() string { return e.Key + ": " + e.Msg }
+
+// Field names the spec key at fault.
+func (e *SpecError) Field() string { return e.Key }
+
+func bad(key, format string, args ...any) error {
+	return &SpecError{Key: key, Msg: fmt.Sprintf(format, args...)}
+}
+
+// ReadSpec reads and validates a job spec file; relative paths in it are
+// taken from the file's directory.
+func ReadSpec(path string) (*Spec, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	abs, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		return nil, err
+	}
+	s, err := ParseSpec(b, abs)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return s, nil
+}
+
+// ParseSpec parses TOML and validates it (see File.Validate).
+func ParseSpec(b []byte, baseDir string) (*Spec, error) {
+	var f File
+	dec := toml.NewDecoder(bytes.NewReader(b))
+	md, err := dec.Decode(&f)
+	if err != nil {
+		return nil, fmt.Errorf("job spec: %w", err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		return nil, bad(und[0].String(), "unknown key (see examples/fashion-mnist/job.toml for the keys)")
+	}
+	return f.Validate(baseDir)
+}
+
+var (
+	nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+	siteRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._ -]{0,63}$`)
+)
+
+// Validate checks every key and resolves local paths against baseDir.
+func (f *File) Validate(baseDir string) (*Spec, error) {
+	s := &Spec{Name: f.Name, Framework: f.Framework, Workers: f.Workers, Cores: f.Cores, GPUs: f.GPUs, Site: f.Site}
+	switch {
+	case !nameRE.MatchString(f.Name):
+		return nil, bad("name", "%q: want 1-64 letters, digits, '.', '_' or '-'", f.Name)
+	case f.Framework == "":
+		s.Framework = "tensorflow"
+	case !Frameworks[f.Framework]:
+		return nil, bad("framework", "%q: want tensorflow or generic", f.Framework)
+	}
+	if err := checkCommand(f.Command); err != nil {
+		return nil, err
+	}
+	s.Command = f.Command
+	if f.Workers < 1 || f.Workers > MaxWorkers {
+		return nil, bad("workers", "%d: want 1 to %d", f.Workers, MaxWorkers)
+	}
+	if f.Cores < 1 || f.Cores > MaxCores {
+		return nil, bad("cores", "%d: want 1 to %d per worker", f.Cores, MaxCores)
+	}
+	if f.GPUs < 0 || f.GPUs > MaxGPUs {
+		return nil, bad("gpus", "%d: want 0 to %d per worker", f.GPUs, MaxGPUs)
+	}
+	mem, err := units.ParseSize(f.Memory)
+	if err != nil {
+		return nil, bad("memory", "%v (such as \"2GiB\")", err)
+	}
+	if mem < MinMemory || mem > MaxMemory {
+		return nil, bad("memory", "%s per worker: want 64MiB to 1TiB", f.Memory)
+	}
+	s.MemBytes = mem
+	if f.MaxPrice == "" {
+		return nil, bad("max_price", "missing: the most the whole job may cost, in credits (such as \"5\")")
+	}
+	if s.MaxPrice, err = units.ParseCredits(f.MaxPrice); err != nil {
+		return nil, bad("max_price", "%v", err)
+	}
+	if s.MaxPrice == 0 || s.MaxPrice > MaxPrice {
+		return nil, bad("max_price", "%s: want more than 0 and at most %s credits", f.MaxPrice, units.FormatCredits(MaxPrice))
+	}
+	if f.MaxDuration == "" {
+		return nil, bad("max_duration", "missing: how long the job may run at most (such as \"30m\")")
+	}
+	if s.MaxDuration, err = time.ParseDuration(f.MaxDuration); err != nil {
+		return nil, bad("max_duration", "%v", err)
+	}
+	if s.MaxDuration < MinDuration || s.MaxDuration > MaxDuration {
+		return nil, bad("max_duration", "%s: want 1m to 168h", f.MaxDuration)
+	}
+	if f.Deadline != "" {
+		if s.Deadline, err = time.Parse(time.RFC3339, f.Deadline); err != nil {
+			return nil, bad("deadline", "%v (want RFC 3339, such as 2026-12-01T18:00:00Z)", err)
+		}
+	}
+	if f.Site != "" && !siteRE.MatchString(f.Site) {
+		return nil, bad("site", "%q is not a site label", f.Site)
+	}
+	if s.Bundle, err = resolveInput("bundle", f.Bundle, baseDir, true); err != nil {
+		return nil, err
+	}
+	if s.Dataset, err = resolveInput("dataset", f.Dataset, baseDir, false); err != nil {
+		return nil, err
+	}
+	// A script the command names in the bundle must be there.
+	if !IsCID(s.Bundle) {
+		for _, a := range s.Command[1:] {
+			if looksLikeScript(a) {
+				if _, err := os.Stat(filepath.Join(s.Bundle, a)); err != nil {
+					return nil, bad("command", "%q is not in the bundle %s", a, s.Bundle)
+				}
+				break
+			}
+		}
+	}
+	return s, nil
+}
+
+// checkCommand refuses paths that reach outside the bundle: the command
+// runs in the bundle's directory on a machine that is not the
+// submitter's.
+func checkCommand(cmd []string) error {
+	if len(cmd) == 0 {
+		return bad("command", "missing: the program and its arguments, such as [\"python3\", \"train.py\"]")
+	}
+	if len(cmd) > 256 {
+		return bad("command", "%d arguments: at most 256", len(cmd))
+	}
+	for i, a := range cmd {
+		if a == "" || strings.ContainsRune(a, 0) || len(a) > 4096 {
+			return bad("command", "argument %d is empty, too long or holds a NUL byte", i)
+		}
+		if i == 0 && !strings.Contains(a, "/") {
+			continue // a program on the machine's PATH, such as python3
+		}
+		if looksLikePath(a) {
+			clean := filepath.Clean(a)
+			if filepath.IsAbs(clean) || clean == ".." || strings.HasPrefix(clean, "../") {
+				return bad("command", "%q reaches outside the bundle: paths must be relative to it", a)
+			}
+		}
+	}
+	return nil
+}
+
+func looksLikePath(a string) bool {
+	return strings.HasPrefix(a, "/") || strings.HasPrefix(a, "./") || strings.HasPrefix(a, "../") || strings.Contains(a, "/../") || looksLikeScript(a)
+}
+
+func looksLikeScript(a string) bool {
+	return !strings.HasPrefix(a, "-") && (strings.HasSuffix(a, ".py") || strings.HasSuffix(a, ".sh"))
+}
+
+// IsCID reports whether s parses as a CID.
+func IsCID(s string) bool {
+	_, err := cid.Decode(s)
+	return err == nil
+}
+
+func resolveInput(key, v, baseDir string, required bool) (string, error) {
+	if v == "" {
+		if required {
+			return "", bad(key, "missing: a directory or a CID")
+		}
+		return "", nil
+	}
+	if IsCID(v) {
+		return v, nil
+	}
+	p := v
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(baseDir, p)
+	}
+	st, err := os.Stat(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return "", bad(key, "%s: no such directory (and not a CID)", p)
+		}
+		return "", bad(key, "%v", err)
+	}
+	if !st.IsDir() {
+		return "", bad(key, "%s is not a directory", p)
+	}
+	return filepath.Clean(p), nil
+}

@@ -1,0 +1,97 @@
+package jobs
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func bundleDir(t *testing.T) string {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "train.py"), []byte("print('hi')\n"), 0o644)
+	return dir
+}
+
+const good = `
+name = "fashion"
+framework = "tensorflow"
+command = ["python3", "train.py", "--epochs", "2"]
+bundle = "."
+dataset = "."
+workers = 2
+cores = 1
+memory = "2GiB"
+max_price = "5"
+max_duration = "30m"
+`
+
+func TestParseSpec(t *testing.T) {
+	dir := bundleDir(t)
+	s, err := ParseSpec([]byte(good), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Bundle != dir || s.Workers != 2 || s.MemBytes != 2<<30 || s.MaxPrice != 5_000_000 || s.MaxDuration != 30*time.Minute {
+		t.Errorf("parsed %+v", s)
+	}
+	// A CID is taken as is.
+	cidSpec := strings.Replace(good, `bundle = "."`, `bundle = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"`, 1)
+	if s, err := ParseSpec([]byte(cidSpec), dir); err != nil || !IsCID(s.Bundle) {
+		t.Errorf("a bundle CID: %v %+v", err, s)
+	}
+}
+
+func TestSpecErrorsNameTheKey(t *testing.T) {
+	dir := bundleDir(t)
+	for _, tc := range []struct{ from, to, key string }{
+		{`workers = 2`, `workers = 0`, "workers"},
+		{`workers = 2`, `workers = 100000`, "workers"},
+		{`cores = 1`, `cores = -1`, "cores"},
+		{`memory = "2GiB"`, `memory = "lots"`, "memory"},
+		{`memory = "2GiB"`, `memory = "4PiB"`, "memory"},
+		{`framework = "tensorflow"`, `framework = "spark"`, "framework"},
+		{`max_price = "5"`, `max_price = "0"`, "max_price"},
+		{`max_price = "5"`, ``, "max_price"},
+		{`max_duration = "30m"`, `max_duration = "30s"`, "max_duration"},
+		{`max_duration = "30m"`, `max_duration = "forever"`, "max_duration"},
+		{`bundle = "."`, `bundle = "./nowhere"`, "bundle"},
+		{`bundle = "."`, `bundle = "train.py"`, "bundle"},
+		{`command = ["python3", "train.py", "--epochs", "2"]`, `command = []`, "command"},
+		{`command = ["python3", "train.py", "--epochs", "2"]`, `command = ["python3", "../../etc/passwd"]`, "command"},
+		{`command = ["python3", "train.py", "--epochs", "2"]`, `command = ["/bin/sh", "-c", "cat ~/.ssh/id_rsa"]`, "command"},
+		{`command = ["python3", "train.py", "--epochs", "2"]`, `command = ["python3", "missing.py"]`, "command"},
+		{`name = "fashion"`, `name = "bad name!"`, "name"},
+		{`name = "fashion"`, "name = \"fashion\"\ncolour = \"red\"", "colour"},
+	} {
+		in := strings.Replace(good, tc.from, tc.to, 1)
+		_, err := ParseSpec([]byte(in), dir)
+		se, ok := err.(*SpecError)
+		if !ok || se.Key != tc.key {
+			t.Errorf("%s -> %s: error %v, want one about %q", tc.from, tc.to, err, tc.key)
+		}
+	}
+}
+
+func TestStateMachine(t *testing.T) {
+	path := []State{Submitted, Quoting, Reserving, Escrowed, Launching, Running, Succeeded}
+	for i := 1; i < len(path); i++ {
+		if !CanMove(path[i-1], path[i]) {
+			t.Errorf("%s -> %s refused", path[i-1], path[i])
+		}
+	}
+	for _, s := range path[:len(path)-1] {
+		if !CanMove(s, Failed) || !CanMove(s, Cancelled) {
+			t.Errorf("%s cannot fail or be cancelled", s)
+		}
+	}
+	for _, bad := range [][2]State{{Submitted, Running}, {Quoting, Escrowed}, {Succeeded, Running}, {Failed, Quoting}, {Escrowed, Succeeded}} {
+		if CanMove(bad[0], bad[1]) {
+			t.Errorf("%s -> %s allowed", bad[0], bad[1])
+		}
+	}
+	if RunID("ab", 0) != "ab" || RunID("ab", 1) == RunID("ab", 2) || len(RunID("ab", 1)) != 64 {
+		t.Error("run IDs")
+	}
+}

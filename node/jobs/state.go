@@ -1,0 +1,142 @@
+package jobs
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"time"
+)
+
+// State is where a job is in its life on its submitting node.
+type State string
+
+// Job states, in order; the last three are terminal, and each terminal
+// state is settled on the ledger (what was used is paid, the rest
+// refunded) before the job reaches it.
+const (
+	Submitted State = "submitted" // inputs being added to storage
+	Quoting   State = "quoting"   // bid out, quotes coming; then waiting for confirmation
+	Reserving State = "reserving" // committing the chosen machines' holds
+	Escrowed  State = "escrowed"  // the max price locked on the ledger
+	Launching State = "launching" // machines fetching inputs and starting workers
+	Running   State = "running"
+	Succeeded State = "succeeded"
+	Failed    State = "failed"
+	Cancelled State = "cancelled"
+)
+
+// Terminal reports whether nothing more happens to a job in s.
+func (s State) Terminal() bool { return s == Succeeded || s == Failed || s == Cancelled }
+
+var next = map[State][]State{
+	Submitted: {Quoting},
+	Quoting:   {Reserving, Quoting},
+	Reserving: {Escrowed, Quoting},
+	Escrowed:  {Launching},
+	Launching: {Running, Quoting}, // a failed launch may re-place
+	Running:   {Quoting},          // a lost worker re-places the job once
+}
+
+// CanMove reports whether a job in from may go to to. Any live job may
+// fail or be cancelled.
+func CanMove(from, to State) bool {
+	if from.Terminal() {
+		return false
+	}
+	if to == Failed || to == Cancelled || (from == Running && to == Succeeded) {
+		return true
+	}
+	for _, s := range next[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// Worker is one of a job's workers, as its submitter knows it.
+type Worker struct {
+	Machine  string `json:"machine"` // peer ID
+	Moniker  string `json:"moniker,omitempty"`
+	Site     string `json:"site,omitempty"`
+	Payee    string `json:"payee"` // the machine's ledger address
+	Hold     string `json:"hold"`
+	PerHour  uint64 `json:"per_hour"`
+	State    string `json:"state"`
+	ExitCode int    `json:"exit_code,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	// Started and LastSeen bound the time it ran, as the submitter saw
+	// it: what its machine is paid for.
+	Started  time.Time `json:"started,omitzero"`
+	LastSeen time.Time `json:"last_seen,omitzero"`
+	Ended    time.Time `json:"ended,omitzero"`
+	// Receipt is the cumulative amount the latest usage receipt covers.
+	Receipt    uint64 `json:"receipt"`
+	ReceiptSeq uint64 `json:"receipt_seq"`
+	LogOffset  int64  `json:"log_offset"`
+}
+
+// Run is one placement of a job: its own bid, holds and escrow. A job is
+// re-placed at most once.
+type Run struct {
+	ID        string    `json:"id"` // escrow and wire ID
+	Workers   []Worker  `json:"workers"`
+	PerHour   uint64    `json:"per_hour"`
+	Quoted    uint64    `json:"quoted_total"`
+	Escrow    uint64    `json:"escrow"`
+	Started   time.Time `json:"started,omitzero"`
+	Ended     time.Time `json:"ended,omitzero"`
+	Paid      uint64    `json:"paid"`
+	Settled   bool      `json:"settled"`
+	SettleTx  string    `json:"settle_tx,omitempty"`
+	Scheduler string    `json:"scheduler,omitempty"`
+	HeldUntil time.Time `json:"held_until,omitzero"`
+}
+
+// Job is a job on its submitting node, as persisted.
+type Job struct {
+	ID         string    `json:"id"`
+	Spec       Spec      `json:"spec"`
+	BundleCID  string    `json:"bundle_cid"`
+	DatasetCID string    `json:"dataset_cid,omitempty"`
+	State      State     `json:"state"`
+	Reason     string    `json:"reason,omitempty"`
+	Submitter  string    `json:"submitter"`
+	Created    time.Time `json:"created"`
+	Updated    time.Time `json:"updated"`
+	Confirmed  bool      `json:"confirmed"`
+	Runs       []Run     `json:"runs"`
+	// Workers is the current run's workers (kept in step by the node).
+	Workers    []Worker `json:"workers"`
+	ResultCID  string   `json:"result_cid,omitempty"`
+	Checkpoint string   `json:"checkpoint_cid,omitempty"`
+	// Cost is what the job paid, all runs together (micro-credits).
+	Cost uint64 `json:"cost"`
+}
+
+// Current is the job's latest run (nil before quoting).
+func (j *Job) Current() *Run {
+	if len(j.Runs) == 0 {
+		return nil
+	}
+	return &j.Runs[len(j.Runs)-1]
+}
+
+// NewID names a job: a hex SHA-256 of its submitter, spec and creation
+// time, so resubmitting the same spec makes a new job.
+func NewID(submitter string, s *Spec, created time.Time) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s|%d|%s|%q|%s|%s|%d|%d|%d|%d", submitter, created.UnixNano(), s.Name, s.Command, s.Bundle, s.Dataset,
+		s.Workers, s.Cores, s.MemBytes, s.GPUs)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// RunID names run k (0-based) of job: the first run uses the job's ID,
+// later ones a hash of it, so each has its own escrow.
+func RunID(job string, k int) string {
+	if k == 0 {
+		return job
+	}
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%s/run/%d", job, k)))
+	return hex.EncodeToString(sum[:])
+}

@@ -1,0 +1,322 @@
+package node
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/node/sandbox"
+)
+
+// jobPython is the interpreter with tensorflow-cpu that workers run
+// (make test sets DM_PYTHON; `make deps` builds it). Without it the
+// end-to-end tests skip, unless DM_REQUIRE_TF says they must run.
+func jobPython(t *testing.T) string {
+	t.Helper()
+	py := os.Getenv("DM_PYTHON")
+	if py == "" {
+		for _, p := range []string{"/opt/deepmarket/venv/bin/python3", "../.venv/bin/python3"} {
+			if _, err := os.Stat(p); err == nil {
+				py, _ = filepath.Abs(p)
+				break
+			}
+		}
+	}
+	if py == "" || exec.Command(py, "-c", "import tensorflow, tf_keras").Run() != nil {
+		if os.Getenv("DM_REQUIRE_TF") != "" {
+			t.Fatalf("no Python with tensorflow-cpu (DM_PYTHON=%q): run `make deps`", py)
+		}
+		t.Skip("no Python with tensorflow-cpu: run `make deps` (make test does)")
+	}
+	if err := sandbox.Probe().Essential(); err != nil {
+		t.Skipf("this machine cannot enforce job limits: %v", err)
+	}
+	return py
+}
+
+// jobCluster is a submitter and lenders on one ledger, each lender lending
+// one core pinned to its own CPU.
+type jobCluster struct {
+	sub     *testNode
+	lenders []*testNode
+}
+
+func startJobCluster(t *testing.T, python string, lenders int) *jobCluster {
+	t.Helper()
+	chain := testNet(t)
+	dir := t.TempDir()
+	work, err := os.MkdirTemp("/var/tmp", "deepmarket-test-jobs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(work, 0o711)
+	t.Cleanup(func() { os.RemoveAll(work) })
+	withExec := func(name string, cpu int) nodeOpt {
+		return func(c *Config) {
+			c.Inventory.Python = python
+			c.Executor.WorkDir = filepath.Join(work, name)
+			c.Executor.CPUs = []int{cpu % runtime.NumCPU()}
+		}
+	}
+	ah := initHome(t, filepath.Join(dir, "sub"), chain)
+	a := startNode(t, ah, withExec("sub", 0))
+	st := a.Status()
+	ledgerPort := a.cfg.Ledger.P2PListen[len("tcp://127.0.0.1:"):]
+	c := &jobCluster{sub: a}
+	for i := range lenders {
+		name := fmt.Sprintf("lender%d", i)
+		h := Home{Dir: filepath.Join(dir, name)}
+		if _, err := Init(h, InitOptions{
+			Moniker: name, Site: "lab-a", Genesis: ah.GenesisPath(), Listen: []string{"/ip4/127.0.0.1/tcp/0"}, API: "127.0.0.1:0",
+			LedgerP2P: "tcp://127.0.0.1:" + freePort(t), LedgerRPC: "tcp://127.0.0.1:" + freePort(t),
+			LedgerPeers: []string{st.LedgerNodeID + "@127.0.0.1:" + ledgerPort},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		n := startNode(t, h, withBootstrap(a.addr()), withExec(name, i+1))
+		if _, err := n.client.SetLend(t.Context(), api.LendRequest{Cores: 1, MemBytes: 2 << 30}); err != nil {
+			t.Fatal(err)
+		}
+		c.lenders = append(c.lenders, n)
+	}
+	eventually(t, 60*time.Second, "the submitter to hold every lender's offer", func() bool {
+		for _, l := range c.lenders {
+			if !hasOffer(a, l.host.ID().String()) {
+				return false
+			}
+		}
+		return true
+	})
+	return c
+}
+
+// fashionSpec is a short real training run of examples/fashion-mnist.
+func fashionSpec(t *testing.T, workers int, extra ...string) jobs.File {
+	bundle, err := filepath.Abs("../examples/fashion-mnist")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := append([]string{"python3", "train.py", "--epochs", "2", "--steps-per-epoch", "60"}, extra...)
+	return jobs.File{Name: "fashion-e2e", Framework: "tensorflow", Command: cmd, Bundle: bundle,
+		Dataset: "/usr/share/datasets/fashion-mnist", Workers: workers, Cores: 1, Memory: "2GiB",
+		MaxPrice: "5", MaxDuration: "15m"}
+}
+
+func waitJob(t *testing.T, n *testNode, id string, within time.Duration) *jobs.Job {
+	t.Helper()
+	var j *jobs.Job
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		var err error
+		if j, err = n.client.Job(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+		if j.State.Terminal() {
+			return j
+		}
+		time.Sleep(time.Second)
+	}
+	logs, _ := n.client.JobLogs(t.Context(), id, 0)
+	t.Fatalf("job %s still %s after %s; log:\n%s", id[:12], j.State, within, logs.Data)
+	return nil
+}
+
+func jobLog(t *testing.T, n *testNode, id string) string {
+	var b strings.Builder
+	var off int64
+	for {
+		lg, err := n.client.JobLogs(t.Context(), id, off)
+		if err != nil || lg.Data == "" {
+			return b.String()
+		}
+		b.WriteString(lg.Data)
+		off = lg.Next
+	}
+}
+
+// TestFashionMNISTAcrossTwoLenders: a submitter and two lenders lending a
+// core each; a 2-worker Fashion-MNIST job forms one TF cluster through
+// the tunnels, trains, and its result comes back; each lender is paid
+// its price for the time it ran, the submitter pays exactly that, and
+// the ledger's audit passes.
+func TestFashionMNISTAcrossTwoLenders(t *testing.T) {
+	py := jobPython(t)
+	c := startJobCluster(t, py, 2)
+	a := c.sub
+	before, err := a.client.Balance(t.Context(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: fashionSpec(t, 2), Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// While it trains: no worker listens beyond loopback.
+	scanned := false
+	for range 120 {
+		cur, _ := a.client.Job(t.Context(), j.ID)
+		if cur.State == jobs.Running && cur.Current() != nil && cur.Current().Workers[0].State == "running" {
+			// Scan once the TF servers listen (after TF's import).
+			if assertNoTFPortReachable(t, c.lenders, false) {
+				scanned = true
+				break
+			}
+		}
+		if cur.State.Terminal() {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	j = waitJob(t, a, j.ID, 6*time.Minute)
+	log := jobLog(t, a, j.ID)
+	if j.State != jobs.Succeeded {
+		t.Fatalf("job %s: %s\n%s", j.State, j.Reason, log)
+	}
+	if !scanned {
+		t.Error("the job ended before its TF servers could be port-scanned")
+	}
+	// The result: the chief's output dir, fetched by CID.
+	out := filepath.Join(t.TempDir(), "result")
+	if _, err := a.client.DataGet(t.Context(), j.ResultCID, out, nil); err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Accuracy float64 `json:"test_accuracy"`
+		Workers  int     `json:"workers"`
+	}
+	b, err := os.ReadFile(filepath.Join(out, "result.json"))
+	if err != nil {
+		t.Fatalf("result: %v\n%s", err, log)
+	}
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("result %s\nlog:\n%s", b, log)
+	if res.Workers != 2 || res.Accuracy < 0.75 {
+		t.Errorf("result %s: want 2 workers and test accuracy above 0.75", b)
+	}
+	// Credits: each lender earned what the settlement paid it, which is
+	// its hourly price for the time its worker ran; the submitter paid
+	// exactly the sum; supply is conserved.
+	run := j.Current()
+	if !run.Settled || run.Paid == 0 || j.Cost != run.Paid {
+		t.Fatalf("run settled %v, paid %d, job cost %d", run.Settled, run.Paid, j.Cost)
+	}
+	var sum uint64
+	for i, l := range c.lenders {
+		w := run.Workers[i]
+		for _, x := range run.Workers {
+			if x.Machine == l.host.ID().String() {
+				w = x
+			}
+		}
+		earned := uint64(float64(w.PerHour) * w.Ended.Sub(w.Started).Hours())
+		bal, err := l.client.Balance(t.Context(), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bal.Balance == 0 || bal.Balance > earned+1 || bal.Balance+1 < earned {
+			t.Errorf("lender %d earned %d; its worker ran %s at %d an hour = %d", i, bal.Balance, w.Ended.Sub(w.Started), w.PerHour, earned)
+		}
+		sum += bal.Balance
+	}
+	eventually(t, 20*time.Second, "the submitter's balance to reflect the settlement", func() bool {
+		after, err := a.client.Balance(t.Context(), "")
+		return err == nil && before.Balance-after.Balance == sum
+	})
+	rep, err := c.lenders[0].client.Audit(t.Context())
+	if err != nil || !rep.OK || rep.Escrowed != 0 || rep.Supply != LocalStarterCredit {
+		t.Fatalf("audit: %+v %v", rep, err)
+	}
+}
+
+// assertNoTFPortReachable port-scans the lenders' addresses for the
+// ports the job's processes listen on (read from their own socket
+// tables): TensorFlow's gRPC server binds every interface and runs any
+// graph it is sent, so none may answer from the host's network, while
+// each answers inside the job's namespace, where the tunnels reach it.
+func assertNoTFPortReachable(t *testing.T, lenders []*testNode, must bool) bool {
+	t.Helper()
+	uid := sandbox.Probe().JobUID
+	addrs, _ := net.InterfaceAddrs()
+	addrs = append(addrs, &net.IPNet{IP: net.IPv4(127, 0, 0, 1)})
+	seen := 0
+	for _, l := range lenders {
+		l.exec.mu.Lock()
+		type target struct {
+			pid int
+			ns  *sandbox.NetNS
+		}
+		var ts []target
+		for _, w := range l.exec.workers {
+			w.mu.Lock()
+			if w.proc != nil {
+				ts = append(ts, target{w.proc.Pid(), l.exec.nets[w.l.JobID].ns})
+			}
+			w.mu.Unlock()
+		}
+		l.exec.mu.Unlock()
+		for _, tg := range ts {
+			for _, port := range listeningPorts(t, tg.pid, uid) {
+				seen++
+				c, err := tg.ns.DialTCP(t.Context(), port)
+				if err != nil {
+					t.Errorf("port %d does not answer inside the job's namespace: %v", port, err)
+				} else {
+					c.Close()
+				}
+				for _, a := range addrs {
+					ip := a.(*net.IPNet).IP
+					if hc, err := net.DialTimeout("tcp", net.JoinHostPort(ip.String(), strconv.Itoa(port)), time.Second); err == nil {
+						hc.Close()
+						t.Errorf("the job's port %d answers on the lender's address %s", port, ip)
+					}
+				}
+			}
+		}
+	}
+	if seen == 0 && must {
+		t.Error("found no job listener: the scan checked nothing")
+	}
+	return seen > 0
+}
+
+// listeningPorts lists the TCP ports listening in pid's network
+// namespace, on sockets owned by uid, from /proc/pid/net/tcp{,6} (the
+// process's threads and children share its namespace).
+func listeningPorts(t *testing.T, pid, uid int) []int {
+	var ports []int
+	for _, f := range []string{"tcp", "tcp6"} {
+		fh, err := os.Open(fmt.Sprintf("/proc/%d/net/%s", pid, f))
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(fh)
+		sc.Scan() // header
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 8 || fields[3] != "0A" { // LISTEN
+				continue
+			}
+			if owner, _ := strconv.Atoi(fields[7]); owner != uid {
+				continue
+			}
+			local := fields[1]
+			p, _ := strconv.ParseUint(local[strings.IndexByte(local, ':')+1:], 16, 16)
+			ports = append(ports, int(p))
+		}
+		fh.Close()
+	}
+	return ports
+}

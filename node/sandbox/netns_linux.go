@@ -1,0 +1,116 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// NetNS is a network namespace with nothing in it but a loopback
+// interface. A job's workers on one machine share one: TensorFlow's gRPC
+// server binds every interface whatever TF_CONFIG says, and runs any graph
+// it is sent, so a worker must have no interface but loopback. The node
+// reaches into the namespace only to listen and dial on its loopback,
+// which is how its tunnels carry the job's cluster traffic.
+type NetNS struct {
+	f *os.File
+}
+
+// NewNetNS makes a fresh network namespace (root only). It lives while
+// the NetNS is open or a process is in it.
+func NewNetNS() (*NetNS, error) {
+	type result struct {
+		f   *os.File
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		// This thread's namespace changes for good: it stays locked, so the
+		// runtime discards it when the goroutine returns.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			ch <- result{err: fmt.Errorf("new network namespace: %w", err)}
+			return
+		}
+		f, err := os.Open("/proc/self/task/" + strconv.Itoa(unix.Gettid()) + "/ns/net")
+		if err != nil {
+			ch <- result{err: fmt.Errorf("new network namespace: %w", err)}
+			return
+		}
+		if err := loopbackUp(); err != nil {
+			f.Close()
+			ch <- result{err: fmt.Errorf("new network namespace: loopback: %w", err)}
+			return
+		}
+		ch <- result{f: f}
+	}()
+	r := <-ch
+	if r.err != nil {
+		return nil, r.err
+	}
+	return &NetNS{f: r.f}, nil
+}
+
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return err
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
+}
+
+// in runs fn on a thread inside the namespace; sockets fn makes stay in
+// it.
+func (n *NetNS) in(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // discarded after: it is left in the namespace
+		if err := unix.Setns(int(n.f.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("enter network namespace: %w", err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// ListenTCP listens on 127.0.0.1:port inside the namespace.
+func (n *NetNS) ListenTCP(port int) (*net.TCPListener, error) {
+	var ln *net.TCPListener
+	err := n.in(func() (err error) {
+		ln, err = net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
+		return err
+	})
+	return ln, err
+}
+
+// DialTCP connects to 127.0.0.1:port inside the namespace.
+func (n *NetNS) DialTCP(ctx context.Context, port int) (*net.TCPConn, error) {
+	var c net.Conn
+	err := n.in(func() (err error) {
+		var d net.Dialer
+		c, err = d.DialContext(ctx, "tcp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.TCPConn), nil
+}
+
+// Close lets the namespace go once no process is in it.
+func (n *NetNS) Close() error { return n.f.Close() }

@@ -1,0 +1,31 @@
+//go:build !linux
+
+package sandbox
+
+import (
+	"context"
+	"time"
+)
+
+// Process is a job running in its sandbox; outside Linux none can start.
+type Process struct{}
+
+// MaybeRunTrampoline does nothing outside Linux.
+func MaybeRunTrampoline() {}
+
+// Start fails outside Linux: there are no cgroups to enforce limits with.
+func Start(context.Context, Spec) (*Process, error) { return nil, ErrUnsupported }
+
+// Wait never returns an exit outside Linux.
+func (p *Process) Wait() (Exit, error) { return Exit{}, ErrUnsupported }
+
+// Pid is 0 outside Linux.
+func (p *Process) Pid() int { return 0 }
+
+// Stop does nothing outside Linux.
+func (p *Process) Stop(time.Duration) {}
+
+// Probe reports that nothing can be enforced outside Linux.
+func Probe() Capabilities {
+	return Capabilities{Problems: []string{"not Linux: no cgroups"}}
+}

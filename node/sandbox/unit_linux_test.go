@@ -1,0 +1,365 @@
+package sandbox
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fakeV2 lays out what the kernel shows at a unified hierarchy's root.
+func fakeV2(t *testing.T, controllers string) string {
+	t.Helper()
+	root := t.TempDir()
+	if err := os.WriteFile(filepath.Join(root, "cgroup.controllers"), []byte(controllers+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+func readBack(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read back: %v", err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func TestDetectFindsV2(t *testing.T) {
+	root := fakeV2(t, "cpuset cpu io memory pids")
+	h, err := detectHierarchy(root, "/nonexistent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.version() != 2 {
+		t.Fatalf("version = %d, want 2", h.version())
+	}
+	if got, want := h.controllers(), []string{"cpu", "cpuset", "memory", "pids"}; !slices.Equal(got, want) {
+		t.Fatalf("controllers = %v, want %v", got, want)
+	}
+}
+
+func TestV2CreateWritesLimits(t *testing.T) {
+	root := fakeV2(t, "cpuset cpu io memory pids hugetlb")
+	h := &cgroupV2{root: root}
+	cg, err := h.create("job1-w0", Limits{CPUs: []int{2, 5}, MemBytes: 64 << 20, Pids: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := filepath.Join(root, parentCgroup, "job1-w0")
+	want := map[string]string{
+		filepath.Join(root, "cgroup.subtree_control"):               "+cpu +cpuset +memory +pids",
+		filepath.Join(root, parentCgroup, "cgroup.subtree_control"): "+cpu +cpuset +memory +pids",
+		filepath.Join(job, "cpuset.cpus"):                           "2,5",
+		filepath.Join(job, "cpu.max"):                               "200000 100000",
+		filepath.Join(job, "memory.max"):                            "67108864",
+		filepath.Join(job, "memory.swap.max"):                       "0",
+		filepath.Join(job, "memory.oom.group"):                      "1",
+		filepath.Join(job, "pids.max"):                              "32",
+	}
+	for path, v := range want {
+		if got := readBack(t, path); got != v {
+			t.Errorf("%s = %q, want %q", path, got, v)
+		}
+	}
+	if cg.cloneDir() != job || cg.joinFiles() != nil {
+		t.Errorf("v2 jobs are cloned into %s, got cloneDir %q joinFiles %v", job, cg.cloneDir(), cg.joinFiles())
+	}
+}
+
+func TestV2CoresQuotaAndDefaults(t *testing.T) {
+	root := fakeV2(t, "cpu memory pids")
+	cg, err := (&cgroupV2{root: root}).create("j", Limits{Cores: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := cg.cloneDir()
+	if got := readBack(t, filepath.Join(job, "cpu.max")); got != "50000 100000" {
+		t.Errorf("cpu.max = %q, want half a core", got)
+	}
+	if got := readBack(t, filepath.Join(job, "pids.max")); got != "512" {
+		t.Errorf("pids.max = %q, want the default 512", got)
+	}
+	for _, f := range []string{"cpuset.cpus", "memory.max"} {
+		if _, err := os.Stat(filepath.Join(job, f)); err == nil {
+			t.Errorf("%s written although no limit asked for it", f)
+		}
+	}
+}
+
+func TestV2RefusesWithoutEssentialControllers(t *testing.T) {
+	root := fakeV2(t, "cpu cpuset io")
+	_, err := (&cgroupV2{root: root}).create("j", Limits{})
+	if !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("err = %v, want ErrUnsupported", err)
+	}
+	_, err = (&cgroupV2{root: fakeV2(t, "memory pids")}).create("j", Limits{CPUs: []int{0}})
+	if !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("pinning without cpuset: err = %v, want ErrUnsupported", err)
+	}
+}
+
+func TestV2Stats(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string]string{
+		"memory.events": "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n",
+		"pids.events":   "max 7\n",
+		"cpu.stat":      "usage_usec 1500000\nuser_usec 1000000\nsystem_usec 500000\n",
+		"memory.peak":   "4096\n",
+	}
+	for f, v := range files {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := (&cgroupV2Job{dir: dir}).stats()
+	want := cgroupStats{oomKilled: true, pidsLimited: true, cpu: 1500 * time.Millisecond, peak: 4096}
+	if got != want {
+		t.Fatalf("stats = %+v, want %+v", got, want)
+	}
+}
+
+func TestV1CreateWritesLimits(t *testing.T) {
+	base := t.TempDir()
+	mounts := map[string]string{}
+	for _, c := range []string{"cpu", "cpuacct", "cpuset", "memory", "pids", "freezer"} {
+		mounts[c] = filepath.Join(base, c)
+	}
+	mounts["cpuacct"] = mounts["cpu"] // co-mounted, as on many distros
+	// What the kernel shows: the root cpuset filled in, a new one empty. A
+	// leftover memory/deepmarket/j holding a task (here: a file) is busy.
+	files := map[string]string{
+		"cpuset/cpuset.cpus":            "0-7",
+		"cpuset/cpuset.mems":            "0",
+		"cpuset/deepmarket/cpuset.cpus": "",
+		"cpuset/deepmarket/cpuset.mems": "",
+		"memory/deepmarket/j/tasks":     "1234",
+	}
+	for f, v := range files {
+		p := filepath.Join(base, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := (&cgroupV1{mounts: mounts}).create("j", Limits{}); err == nil {
+		t.Fatal("create over a busy cgroup dir succeeded")
+	}
+	if err := os.RemoveAll(filepath.Join(base, "memory/deepmarket/j")); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"cpuset", "cpu", "pids", "freezer"} {
+		if _, err := os.Stat(filepath.Join(mounts[c], parentCgroup, "j")); err == nil {
+			t.Fatalf("failed create left %s/j behind", c)
+		}
+	}
+	cg, err := (&cgroupV1{mounts: mounts}).create("j", Limits{CPUs: []int{3}, MemBytes: 1 << 30, Pids: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"cpuset/deepmarket/cpuset.cpus":             "0-7",
+		"cpuset/deepmarket/cpuset.mems":             "0",
+		"cpuset/deepmarket/j/cpuset.cpus":           "3",
+		"cpuset/deepmarket/j/cpuset.mems":           "0",
+		"cpu/deepmarket/j/cpu.cfs_period_us":        "100000",
+		"cpu/deepmarket/j/cpu.cfs_quota_us":         "100000",
+		"memory/deepmarket/j/memory.limit_in_bytes": "1073741824",
+		"pids/deepmarket/j/pids.max":                "64",
+	}
+	for f, v := range want {
+		if got := readBack(t, filepath.Join(base, f)); got != v {
+			t.Errorf("%s = %q, want %q", f, got, v)
+		}
+	}
+	// No memsw file (no swap accounting): swappiness 0 is the fallback.
+	if got := readBack(t, filepath.Join(base, "memory/deepmarket/j/memory.swappiness")); got != "0" {
+		t.Errorf("memory.swappiness = %q, want 0 without memsw", got)
+	}
+	joins := cg.joinFiles()
+	if len(joins) != 5 { // cpu and cpuacct share one
+		t.Errorf("joinFiles = %v, want one cgroup.procs per distinct hierarchy (5)", joins)
+	}
+}
+
+func TestParseV1Mounts(t *testing.T) {
+	mi := `24 30 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+25 24 0:23 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct
+26 24 0:24 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory
+27 24 0:25 / /sys/fs/cgroup/pids rw,nosuid - cgroup cgroup rw,pids
+28 24 0:26 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+29 24 0:27 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,xattr,name=systemd
+`
+	got := parseV1Mounts(strings.NewReader(mi))
+	want := map[string]string{
+		"cpu": "/sys/fs/cgroup/cpu,cpuacct", "cpuacct": "/sys/fs/cgroup/cpu,cpuacct",
+		"memory": "/sys/fs/cgroup/memory", "pids": "/sys/fs/cgroup/pids",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("mounts = %v, want %v", got, want)
+	}
+	for c, m := range want {
+		if got[c] != m {
+			t.Errorf("%s at %q, want %q", c, got[c], m)
+		}
+	}
+}
+
+func TestSanitizeName(t *testing.T) {
+	for in, want := range map[string]string{
+		"job-42.w0":        "job-42.w0",
+		"../../etc/passwd": ".._.._etc_passwd",
+		"a b/c":            "a_b_c",
+	} {
+		got, err := sanitizeName(in)
+		if err != nil || got != want {
+			t.Errorf("sanitizeName(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", ".", ".."} {
+		if _, err := sanitizeName(bad); err == nil {
+			t.Errorf("sanitizeName(%q) accepted a name that is not a directory", bad)
+		}
+	}
+}
+
+func TestBuildEnvIsCleanAndGPUsWin(t *testing.T) {
+	t.Setenv("DEEPMARKET_API_TOKEN", "s3cret")
+	s := Spec{Dir: "/jobs/j", Env: []string{"PATH=/venv/bin:/usr/bin", "CUDA_VISIBLE_DEVICES=0,1,2,3", "TF_CONFIG={}"},
+		Limits: Limits{GPUs: []int{1}}}
+	env := buildEnv(s, identity{name: "deepmarket-job"})
+	get := func(k string) string { return envValue(env, k) }
+	if strings.Contains(strings.Join(env, "\n"), "s3cret") {
+		t.Fatalf("node env leaked: %v", env)
+	}
+	checks := map[string]string{
+		"PATH": "/venv/bin:/usr/bin", "HOME": "/jobs/j", "TMPDIR": "/jobs/j/tmp", "LANG": "C.UTF-8",
+		"TF_CONFIG": "{}", "CUDA_VISIBLE_DEVICES": "1", "NVIDIA_VISIBLE_DEVICES": "1",
+	}
+	for k, v := range checks {
+		if get(k) != v {
+			t.Errorf("%s = %q, want %q", k, get(k), v)
+		}
+	}
+	none := buildEnv(Spec{Dir: "/j"}, identity{})
+	if !slices.Contains(none, "CUDA_VISIBLE_DEVICES=") || !slices.Contains(none, "NVIDIA_VISIBLE_DEVICES=") {
+		t.Errorf("no GPUs must hide them all: %v", none)
+	}
+}
+
+// argIndex finds the option sequence opt... in args.
+func argIndex(args []string, opt ...string) int {
+	for i := range args {
+		if i+len(opt) <= len(args) && slices.Equal(args[i:i+len(opt)], opt) {
+			return i
+		}
+	}
+	return -1
+}
+
+func TestBwrapArgsNesting(t *testing.T) {
+	base := t.TempDir()
+	for _, d := range []string{"home/alice/venv", "data/secret", "jobs/j/tmp"} {
+		if err := os.MkdirAll(filepath.Join(base, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	home, venv := filepath.Join(base, "home/alice"), filepath.Join(base, "home/alice/venv")
+	data, secret := filepath.Join(base, "data"), filepath.Join(base, "data/secret")
+	dir := filepath.Join(base, "jobs/j")
+	args := bwrapArgs("/usr/bin/bwrap", bwrapView{
+		Dir:      dir,
+		ReadOnly: []string{venv, data, home},
+		Hide:     []string{home, secret, dir, "/root"},
+	}, []string{"python3", "-c", "pass"})
+
+	if args[0] != "/usr/bin/bwrap" || !slices.Equal(args[len(args)-4:], []string{"--", "python3", "-c", "pass"}) {
+		t.Fatalf("command not at the end: %v", args)
+	}
+	if argIndex(args, "--unshare-net") >= 0 {
+		t.Error("the network namespace belongs to another package")
+	}
+	roHome := argIndex(args, "--ro-bind-try", home, home)
+	hideHome := argIndex(args, "--tmpfs", home)
+	roVenv := argIndex(args, "--ro-bind-try", venv, venv)
+	roData := argIndex(args, "--ro-bind-try", data, data)
+	hideSecret := argIndex(args, "--tmpfs", secret)
+	bindDir := argIndex(args, "--bind", dir, dir)
+	hideDir := argIndex(args, "--tmpfs", dir)
+	if roHome < 0 || hideHome < 0 || roVenv < 0 || roData < 0 || hideSecret < 0 || bindDir < 0 || hideDir < 0 {
+		t.Fatalf("missing mounts in %v", args)
+	}
+	if !(roHome < hideHome && hideHome < roVenv) {
+		t.Error("a home both read-only and hidden must end hidden, with a venv inside it still visible")
+	}
+	if !(roData < hideSecret) {
+		t.Error("a hidden path inside a read-only dataset must be hidden after the dataset is mounted")
+	}
+	if !(hideDir < bindDir) {
+		t.Error("the job dir must win over a Hide naming it")
+	}
+	if argIndex(args, "--tmpfs", "/root") >= 0 {
+		t.Error("/root is not mounted at all, so it needs no tmpfs over it")
+	}
+	if argIndex(args, "--bind", filepath.Join(dir, "tmp"), "/tmp") < 0 {
+		t.Error("/tmp must be the job's own, inside its dir")
+	}
+	if argIndex(args, "--dev-bind-try", "/dev/nvidiactl", "/dev/nvidiactl") >= 0 {
+		t.Error("a job without GPUs must not get GPU device nodes")
+	}
+}
+
+func TestDirUsageCountsBlocksOnce(t *testing.T) {
+	dir := t.TempDir()
+	data := make([]byte, 256<<10)
+	for i := range data {
+		data[i] = 1 // not sparse
+	}
+	if err := os.WriteFile(filepath.Join(dir, "a"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(filepath.Join(dir, "a"), filepath.Join(dir, "b")); err != nil {
+		t.Fatal(err)
+	}
+	got := dirUsage(dir)
+	if got < 256<<10 || got >= 2*(256<<10) {
+		t.Fatalf("usage = %d, want the 256 KiB file counted once", got)
+	}
+}
+
+func TestCapabilitiesEssential(t *testing.T) {
+	ok := Capabilities{CgroupVersion: 1, Controllers: []string{"cpu", "memory", "pids"}}
+	if err := ok.Essential(); err != nil {
+		t.Fatalf("memory and pids present: %v", err)
+	}
+	for _, c := range []Capabilities{{}, {CgroupVersion: 2, Controllers: []string{"cpu", "memory"}}} {
+		if err := c.Essential(); !errors.Is(err, ErrUnsupported) {
+			t.Errorf("%+v: err = %v, want ErrUnsupported", c, err)
+		}
+	}
+}
+
+func TestCheckCgroup(t *testing.T) {
+	v1 := "9:name=systemd:/\n8:pids:/deepmarket/j\n4:memory:/deepmarket/j\n2:cpu,cpuacct:/deepmarket/j\n0::/\n"
+	if err := checkCgroup(v1, "/deepmarket/j", []string{"cpu", "cpuacct", "memory", "pids"}); err != nil {
+		t.Errorf("joined every v1 hierarchy: %v", err)
+	}
+	if err := checkCgroup(v1, "/deepmarket/j", []string{"memory", "pids", "freezer"}); err == nil {
+		t.Error("freezer hierarchy not joined, yet accepted")
+	}
+	if err := checkCgroup(strings.Replace(v1, "4:memory:/deepmarket/j", "4:memory:/", 1), "/deepmarket/j", []string{"memory"}); err == nil {
+		t.Error("a job outside its memory cgroup was accepted")
+	}
+	if err := checkCgroup("0::/deepmarket/j\n", "/deepmarket/j", nil); err != nil {
+		t.Errorf("v2 job in its cgroup: %v", err)
+	}
+	if err := checkCgroup("0::/user.slice\n", "/deepmarket/j", nil); err == nil {
+		t.Error("v2 job outside its cgroup was accepted")
+	}
+}

@@ -1,0 +1,158 @@
+package p2p
+
+import (
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+)
+
+// JobProtocol carries a job's submitter's requests to the machines that
+// run its workers: Launch, Status (the heartbeat, with a usage receipt),
+// Logs and Stop. Only the submitter that committed the machine's hold may
+// use it for that job.
+func JobProtocol(chainID string) protocol.ID {
+	return protocol.ID("/deepmarket/" + chainID + "/job/1")
+}
+
+// Job request and reply payload types.
+const (
+	TypeLaunch      = "launch/1"
+	TypeLaunchReply = "launch-reply/1"
+	TypeStatusReq   = "job-status-req/1"
+	TypeJobStatus   = "job-status/1"
+	TypeLogsReq     = "logs-req/1"
+	TypeLogs        = "logs/1"
+	TypeStop        = "stop/1"
+)
+
+// MaxLogChunk bounds the log bytes one Logs reply carries.
+const MaxLogChunk = 48 << 10
+
+// Launch asks a machine to start worker Index of a job on the capacity
+// its hold reserved.
+type Launch struct {
+	JobID     string    `cbor:"job" json:"job_id"` // the run: escrow, holds and bid use it
+	Index     int       `cbor:"index" json:"index"`
+	World     []string  `cbor:"world" json:"world"` // peer ID of each worker's machine, worker 0 the chief
+	Hold      string    `cbor:"hold" json:"hold"`
+	Framework string    `cbor:"framework" json:"framework"`
+	Command   []string  `cbor:"cmd" json:"command"`
+	Bundle    string    `cbor:"bundle" json:"bundle_cid"`
+	Dataset   string    `cbor:"dataset,omitempty" json:"dataset_cid,omitempty"`
+	Resume    string    `cbor:"resume,omitempty" json:"resume_cid,omitempty"` // the chief's checkpoint output dir, on re-placement
+	Res       Resources `cbor:"res" json:"resources"`
+	MaxSecs   int64     `cbor:"max_s" json:"max_duration_s"`
+	PerHour   uint64    `cbor:"per_hour" json:"per_hour"` // what this worker's machine is paid an hour
+}
+
+// Validate checks a launch request's shape.
+func (l *Launch) Validate() error {
+	switch {
+	case !jobIDRE.MatchString(l.JobID):
+		return rangeErr("job ID %q is not a hex SHA-256", l.JobID)
+	case len(l.World) < 1 || len(l.World) > MaxWorkers:
+		return rangeErr("world of %d workers: want 1 to %d", len(l.World), MaxWorkers)
+	case l.Index < 0 || l.Index >= len(l.World):
+		return rangeErr("worker index %d of %d", l.Index, len(l.World))
+	case !reservationIDRE.MatchString(l.Hold):
+		return rangeErr("hold %q", l.Hold)
+	case !Frameworks[l.Framework]:
+		return rangeErr("framework %q", l.Framework)
+	case len(l.Command) == 0 || len(l.Command) > 256:
+		return rangeErr("command of %d arguments: want 1 to 256", len(l.Command))
+	case !cidRE.MatchString(l.Bundle):
+		return rangeErr("bundle CID %q", l.Bundle)
+	case l.Dataset != "" && !cidRE.MatchString(l.Dataset):
+		return rangeErr("dataset CID %q", l.Dataset)
+	case l.Resume != "" && !cidRE.MatchString(l.Resume):
+		return rangeErr("resume CID %q", l.Resume)
+	case l.MaxSecs <= 0 || l.MaxSecs > int64(MaxJobDuration/time.Second):
+		return rangeErr("max duration %ds", l.MaxSecs)
+	}
+	for _, a := range l.Command {
+		if len(a) > 4096 {
+			return rangeErr("a command argument longer than 4096 bytes")
+		}
+	}
+	for _, w := range l.World {
+		if _, err := peer.Decode(w); err != nil {
+			return rangeErr("world machine %q: %v", w, err)
+		}
+	}
+	return l.Res.check("resources", false)
+}
+
+// LaunchReply is the machine's answer: OK means it accepted the worker and
+// is fetching its inputs; Status follows its progress.
+type LaunchReply struct {
+	OK     bool   `cbor:"ok" json:"ok"`
+	Reason string `cbor:"reason,omitempty" json:"reason,omitempty"`
+}
+
+// Receipt is the payer's signed statement of what a machine has earned on
+// a run so far (see ledger.Receipt; the signature covers chain, job,
+// payee, amount and sequence).
+type Receipt struct {
+	Payee  string `cbor:"payee" json:"payee"`
+	Amount uint64 `cbor:"amount" json:"amount"`
+	Seq    uint64 `cbor:"seq" json:"seq"`
+	Sig    []byte `cbor:"sig" json:"sig"`
+}
+
+// StatusReq asks how a worker is doing; it is also the submitter's
+// heartbeat, and carries its latest usage receipt for the machine.
+type StatusReq struct {
+	JobID   string   `cbor:"job" json:"job_id"`
+	Index   int      `cbor:"index" json:"index"`
+	Receipt *Receipt `cbor:"receipt,omitempty" json:"receipt,omitempty"`
+}
+
+// Worker states a machine reports.
+const (
+	WorkerFetching = "fetching" // bundle and dataset coming
+	WorkerRunning  = "running"
+	WorkerExited   = "exited" // ended by itself; see ExitCode
+	WorkerStopped  = "stopped"
+	WorkerFailed   = "failed" // could not start, or a limit was hit
+)
+
+// JobStatus is a worker's state on its machine.
+type JobStatus struct {
+	JobID    string `cbor:"job" json:"job_id"`
+	Index    int    `cbor:"index" json:"index"`
+	State    string `cbor:"state" json:"state"`
+	ExitCode int    `cbor:"exit,omitempty" json:"exit_code"`
+	Reason   string `cbor:"reason,omitempty" json:"reason,omitempty"`
+	Started  int64  `cbor:"started,omitempty" json:"started_ms,omitempty"` // unix ms
+	Ended    int64  `cbor:"ended,omitempty" json:"ended_ms,omitempty"`
+	// Result is the CID of the chief's output dir once it exited;
+	// Checkpoint the same when it was stopped (for a re-placed run).
+	Result     string `cbor:"result,omitempty" json:"result_cid,omitempty"`
+	Checkpoint string `cbor:"ckpt,omitempty" json:"checkpoint_cid,omitempty"`
+	LogBytes   int64  `cbor:"log,omitempty" json:"log_bytes"`
+}
+
+// LogsReq asks for a worker's output from Offset.
+type LogsReq struct {
+	JobID  string `cbor:"job" json:"job_id"`
+	Index  int    `cbor:"index" json:"index"`
+	Offset int64  `cbor:"off" json:"offset"`
+}
+
+// Logs is a chunk of a worker's output.
+type Logs struct {
+	Data []byte `cbor:"data" json:"data"`
+	Next int64  `cbor:"next" json:"next"`
+}
+
+// Stop ends a worker. Final also releases its hold and removes its work
+// dir (the submitter has what it needs); Checkpoint asks the chief's
+// machine to keep its output dir as a checkpoint for a re-placed run.
+type Stop struct {
+	JobID      string `cbor:"job" json:"job_id"`
+	Index      int    `cbor:"index" json:"index"`
+	Reason     string `cbor:"reason,omitempty" json:"reason,omitempty"`
+	Final      bool   `cbor:"final,omitempty" json:"final,omitempty"`
+	Checkpoint bool   `cbor:"ckpt,omitempty" json:"checkpoint,omitempty"`
+}
