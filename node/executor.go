@@ -196,6 +196,9 @@ func (e *Executor) handle(ctx context.Context, from peer.ID, env *p2p.Envelope) 
 			reason = "stopped by the submitter"
 		}
 		e.stop(w, truncate(reason, 200), r.Checkpoint)
+		if r.Checkpoint && w.l.Index == 0 {
+			go e.keepCheckpoint(w)
+		}
 		if r.Final {
 			go e.finish(w)
 		}
@@ -600,6 +603,25 @@ func (e *Executor) stop(w *worker, reason string, checkpoint bool) {
 	if proc != nil {
 		go proc.Stop(stopGrace)
 	}
+}
+
+// keepCheckpoint adds a chief's output dir to storage as the run's
+// checkpoint once it has ended, if it left none (it may have exited on
+// its own when a peer vanished, before being asked to stop).
+func (e *Executor) keepCheckpoint(w *worker) {
+	<-w.done
+	w.mu.Lock()
+	need := w.result == "" && w.ckpt == ""
+	w.mu.Unlock()
+	if !need {
+		return
+	}
+	pin, err := e.n.blocks.Add(context.Background(), filepath.Join(w.dir, "out"), nil)
+	w.mu.Lock()
+	if err == nil {
+		w.ckpt = pin.CID.String()
+	}
+	w.mu.Unlock()
 }
 
 // finish forgets a worker whose submitter has what it needs: its hold is

@@ -320,3 +320,167 @@ func listeningPorts(t *testing.T, pid, uid int) []int {
 	}
 	return ports
 }
+
+// TestLenderLostMidTrainingReplaces: the lender running worker 1 goes
+// away while the job trains; within the loss timeout the submitter stops
+// the chief (keeping its checkpoint), settles what was used (the lost
+// machine only what its receipts cover), re-places the job on the
+// remaining machines from the checkpoint, and it finishes. Credits match
+// the receipts and settlements; the audit passes.
+func TestLenderLostMidTrainingReplaces(t *testing.T) {
+	py := jobPython(t)
+	c := startJobCluster(t, py, 3)
+	a := c.sub
+	before, _ := a.client.Balance(t.Context(), "")
+	j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: fashionSpec(t, 2, "--epochs", "8", "--steps-per-epoch", "100"), Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Wait until worker 1 trains, then stop its machine's node.
+	var victim *testNode
+	eventually(t, 3*time.Minute, "worker 1 to be training", func() bool {
+		if !strings.Contains(jobLog(t, a, j.ID), "[w1] [worker 1] epoch 1/") {
+			return false
+		}
+		cur, _ := a.client.Job(t.Context(), j.ID)
+		for _, l := range c.lenders {
+			if cur.Current().Workers[1].Machine == l.host.ID().String() {
+				victim = l
+			}
+		}
+		return true
+	})
+	victim.stop()
+	j = waitJob(t, a, j.ID, 8*time.Minute)
+	log := jobLog(t, a, j.ID)
+	if j.State != jobs.Succeeded {
+		t.Fatalf("job %s after losing a lender: %s\n%s", j.State, j.Reason, log)
+	}
+	if len(j.Runs) != 2 || !strings.Contains(log, "re-placing") {
+		t.Fatalf("want the job re-placed once; %d runs\n%s", len(j.Runs), log)
+	}
+	if j.Runs[1].Workers[0].Machine == victim.host.ID().String() || j.Runs[1].Workers[1].Machine == victim.host.ID().String() {
+		t.Error("the re-placed run uses the lost machine")
+	}
+	if !strings.Contains(log, "from the chief's checkpoint") {
+		t.Errorf("the re-placed run did not resume from a checkpoint\n%s", log)
+	}
+	// The lost machine is paid what its receipts covered in run 0, the
+	// rest what their settlements said; the submitter paid the sum.
+	var lostReceipt uint64
+	for _, w := range j.Runs[0].Workers {
+		if w.Machine == victim.host.ID().String() {
+			lostReceipt = max(lostReceipt, w.Receipt)
+		}
+	}
+	var total uint64
+	for _, l := range c.lenders {
+		if l == victim {
+			continue
+		}
+		bal, err := l.client.Balance(t.Context(), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += bal.Balance
+	}
+	// The victim's balance is read from the submitter's replica.
+	vbal, err := a.client.Balance(t.Context(), payeeOf(victim.host.ID().String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vbal.Balance != lostReceipt {
+		t.Errorf("the lost lender holds %d, its last receipt covered %d", vbal.Balance, lostReceipt)
+	}
+	total += vbal.Balance
+	if j.Cost != total || j.Runs[0].Paid+j.Runs[1].Paid != total {
+		t.Errorf("job cost %d, runs paid %d+%d, lenders hold %d", j.Cost, j.Runs[0].Paid, j.Runs[1].Paid, total)
+	}
+	after, _ := a.client.Balance(t.Context(), "")
+	if before.Balance-after.Balance != total {
+		t.Errorf("the submitter spent %d, lenders earned %d", before.Balance-after.Balance, total)
+	}
+	rep, err := a.client.Audit(t.Context())
+	if err != nil || !rep.OK || rep.Escrowed != 0 {
+		t.Fatalf("audit: %+v %v", rep, err)
+	}
+}
+
+// TestHostileJobsFailAndTheLenderCarriesOn: jobs that read the lender's
+// node key, allocate past their memory limit, or fork without end each
+// fail with a reason; the lender's node keeps serving and the next job
+// on it runs.
+func TestHostileJobsFailAndTheLenderCarriesOn(t *testing.T) {
+	py := jobPython(t)
+	c := startJobCluster(t, py, 1)
+	a, lender := c.sub, c.lenders[0]
+	bundle := t.TempDir()
+	os.Chmod(bundle, 0o755)
+	secret := lender.home.KeyPath()
+	script := fmt.Sprintf(`import os, sys, time
+what = sys.argv[1]
+if what == "read":
+    try:
+        print("READ:", open(%q).read()[:40]); sys.exit(0)
+    except OSError as e:
+        print("denied:", e); sys.exit(3)
+if what == "mem":
+    hog = []
+    while True:
+        hog.append(bytearray(64 << 20))
+if what == "fork":
+    n = 0
+    while True:
+        try:
+            if os.fork() == 0:
+                time.sleep(60); os._exit(0)
+            n += 1
+        except OSError as e:
+            print("fork failed after", n, e, flush=True); time.sleep(5); sys.exit(4)
+print("fine")
+`, secret)
+	if err := os.WriteFile(filepath.Join(bundle, "hostile.py"), []byte(script), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spec := func(what string) jobs.File {
+		return jobs.File{Name: "hostile-" + what, Framework: "generic", Command: []string{"python3", "hostile.py", what},
+			Bundle: bundle, Workers: 1, Cores: 1, Memory: "256MiB", MaxPrice: "1", MaxDuration: "5m"}
+	}
+	for _, tc := range []struct{ what, reason string }{
+		{"read", "code 3"},
+		{"mem", "out of memory"},
+		{"fork", "processes"},
+	} {
+		j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: spec(tc.what), Yes: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		j = waitJob(t, a, j.ID, 3*time.Minute)
+		log := jobLog(t, a, j.ID)
+		if j.State != jobs.Failed || !strings.Contains(j.Reason, tc.reason) {
+			t.Errorf("%s: job %s (%s); want failed with %q\n%s", tc.what, j.State, j.Reason, tc.reason, log)
+		}
+		if strings.Contains(log, "READ:") {
+			t.Errorf("the job read the lender's node key\n%s", log)
+		}
+	}
+	// The lender carries on: its node answers and runs the next job.
+	if _, err := lender.client.Status(t.Context()); err != nil {
+		t.Fatalf("lender after hostile jobs: %v", err)
+	}
+	j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: spec("ok"), Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j = waitJob(t, a, j.ID, 2*time.Minute); j.State != jobs.Succeeded {
+		t.Errorf("a plain job after the hostile ones: %s (%s)\n%s", j.State, j.Reason, jobLog(t, a, j.ID))
+	}
+	// No process of the job user outlives its job.
+	if out, _ := exec.Command("pgrep", "-u", sandbox.Probe().JobUser).Output(); len(strings.TrimSpace(string(out))) > 0 {
+		t.Errorf("job user processes left: %s", out)
+	}
+	rep, err := a.client.Audit(t.Context())
+	if err != nil || !rep.OK || rep.Escrowed != 0 {
+		t.Fatalf("audit: %+v %v", rep, err)
+	}
+}

@@ -809,14 +809,23 @@ func (m *JobManager) supervise(ctx context.Context, j *jobs.Job, k int) {
 				done = false
 			}
 		}
+		unreachable := false
+		for _, st := range sts {
+			unreachable = unreachable || st == nil
+		}
 		ended := true
 		switch {
+		case why != "" && unreachable && len(lost) == 0:
+			// A worker failing while another is unreachable is most
+			// likely the consequence (its collective ops broke): wait to
+			// see whether the unreachable one is lost.
+			ended = false
+		case len(lost) > 0:
+			out, why = workerLost, fmt.Sprintf("lost %d worker(s): no answer for %s, or stopped by their machine", len(lost), lostAfter)
 		case why != "":
 			out = programFailed
 		case success:
 			out = succeeded
-		case len(lost) > 0:
-			out, why = workerLost, fmt.Sprintf("lost %d worker(s): no answer for %s, or stopped by their machine", len(lost), lostAfter)
 		case m.cancelled(j.ID):
 			out, why = wasCancelled, "cancelled"
 		case !run.Started.IsZero() && now.Sub(run.Started) > j.Spec.MaxDuration+time.Minute:
@@ -838,6 +847,12 @@ func (m *JobManager) supervise(ctx context.Context, j *jobs.Job, k int) {
 			m.awaitCheckpoint(bg, j, k)
 		}
 		m.settle(bg, j, k, lost)
+		// The machines may forget the run (its holds freed for a re-placed
+		// run); the chief's output or checkpoint is already in storage.
+		m.finalStop(bg, j, k)
+		if j.State == jobs.Launching && out == succeeded {
+			m.move(j, jobs.Running, "") // it ran, between two polls
+		}
 		switch {
 		case out == succeeded:
 			m.move(j, jobs.Succeeded, "")
@@ -850,7 +865,6 @@ func (m *JobManager) supervise(ctx context.Context, j *jobs.Job, k int) {
 		default:
 			m.move(j, jobs.Failed, why)
 		}
-		m.finalStop(bg, j, k)
 		return
 	}
 }
