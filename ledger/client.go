@@ -194,6 +194,13 @@ func (c *Client) Escrow(ctx context.Context, job string) (*Escrow, error) {
 	return &e, nil
 }
 
+// MachineRecord is a machine's track record (jobs completed and failed,
+// credits earned); the zero record for a machine with none.
+func (c *Client) MachineRecord(ctx context.Context, machine string) (MachineRecord, error) {
+	var r MachineRecord
+	return r, c.query(ctx, "/machine/"+machine, &r)
+}
+
 // HistoryEntry is one committed transaction that touched an account.
 type HistoryEntry struct {
 	Height int64             `json:"height"`

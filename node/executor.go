@@ -57,6 +57,9 @@ type Executor struct {
 	cpus    map[int]string     // CPU id -> worker using it
 	ctx     context.Context
 	wg      sync.WaitGroup
+
+	probeOnce sync.Once
+	probeErr  error
 }
 
 type worker struct {
@@ -95,6 +98,19 @@ func newExecutor(n *Node, dir, python string) (*Executor, error) {
 	os.Chmod(dir, 0o711)
 	return &Executor{n: n, dir: dir, python: python, tunnels: tunnel.New(n.host, n.cfg.Node.ChainID, n.log.With("module", "tunnel")),
 		workers: map[string]*worker{}, nets: map[string]*runNet{}, cpus: map[int]string{}}, nil
+}
+
+// capable says whether this machine can enforce a job's limits; the
+// probe (a test cgroup, a bwrap run) is made once.
+func (e *Executor) capable() error {
+	e.probeOnce.Do(func() {
+		c := sandbox.Probe()
+		e.probeErr = c.Essential()
+		if e.probeErr == nil && len(c.Problems) > 0 {
+			e.n.log.Warn("job sandbox: weaker here", "problems", c.Problems)
+		}
+	})
+	return e.probeErr
 }
 
 // Run watches workers for silent submitters and over-long runs until ctx
@@ -603,6 +619,34 @@ func (e *Executor) stop(w *worker, reason string, checkpoint bool) {
 	if proc != nil {
 		go proc.Stop(stopGrace)
 	}
+}
+
+// reclaim stops every worker after grace: the owner took the machine
+// back. Workers launched meanwhile are not taken (the offer is gone).
+func (e *Executor) reclaim(grace time.Duration) {
+	e.mu.Lock()
+	ws := make([]*worker, 0, len(e.workers))
+	for _, w := range e.workers {
+		ws = append(ws, w)
+	}
+	ctx := e.ctx
+	e.mu.Unlock()
+	if len(ws) == 0 || ctx == nil {
+		return
+	}
+	e.n.log.Info("the owner took the machine back: stopping its jobs after the grace period", "workers", len(ws), "grace", grace)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-time.After(grace):
+		}
+		for _, w := range ws {
+			e.stop(w, "the owner took the machine back", w.l.Index == 0)
+			if w.l.Index == 0 {
+				go e.keepCheckpoint(w)
+			}
+		}
+	}()
 }
 
 // keepCheckpoint adds a chief's output dir to storage as the run's

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/scheduler"
@@ -72,6 +74,10 @@ func (n *Node) schedulerView(now time.Time) (scheduler.View, []p2p.Offer) {
 		if o.AvailableUntil > 0 {
 			m.Until = time.Unix(o.AvailableUntil, 0)
 		}
+		// The ledger's record of the machine's past jobs prices its risk.
+		if r, ok := n.records.get(o.Machine); ok {
+			m.Completed, m.Failed = r.Completed, r.Failed
+		}
 		v.Machines[i] = m
 	}
 	return v, offers
@@ -130,3 +136,38 @@ func (n *Node) QuoteJob(ctx context.Context, req api.QuoteRequest) (api.QuoteRes
 }
 
 var _ api.Scheduling = (*Node)(nil)
+
+// machineRecords caches the ledger's machine records for the scheduler:
+// the view is built per bid, and the records change only at settlement.
+type machineRecords struct {
+	mu   sync.Mutex
+	recs map[string]ledger.MachineRecord // by machine peer ID
+}
+
+func (r *machineRecords) get(machine string) (ledger.MachineRecord, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rec, ok := r.recs[machine]
+	return rec, ok
+}
+
+// refreshRecords reads the record of every machine in the offer book from
+// the ledger each minute until ctx ends.
+func (n *Node) refreshRecords(ctx context.Context) error {
+	for {
+		recs := map[string]ledger.MachineRecord{}
+		for _, h := range n.book.List(time.Now()) {
+			if rec, err := n.ledger.MachineRecord(ctx, payeeOf(h.Offer.Machine)); err == nil {
+				recs[h.Offer.Machine] = rec
+			}
+		}
+		n.records.mu.Lock()
+		n.records.recs = recs
+		n.records.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Minute):
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -61,6 +62,7 @@ type Node struct {
 	bidQ      chan bidWork
 	exec      *Executor
 	jobs      *JobManager
+	records   machineRecords
 }
 
 // New loads the key and token from home; it opens nothing.
@@ -222,6 +224,7 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	g.Go(func() error { return n.store.Run(gctx) })
 	g.Go(func() error { return n.exec.Run(gctx) })
 	g.Go(func() error { return n.jobs.Run(gctx) })
+	g.Go(func() error { return n.refreshRecords(gctx) })
 	g.Go(func() error { return n.blocks.Run(gctx) })
 	g.Go(func() error { return server.Serve(gctx, ln) })
 	g.Go(func() error {
@@ -307,12 +310,30 @@ func (n *Node) Status() api.Status {
 func (n *Node) Lend() api.LendState { return n.lender.State(time.Now()) }
 
 // SetLend implements api.Lending.
+// A machine that cannot enforce a job's limits (memory, processes) does
+// not lend: limits are enforced, not trusted.
 func (n *Node) SetLend(ctx context.Context, req api.LendRequest) (api.LendState, error) {
+	if err := n.exec.capable(); err != nil {
+		return api.LendState{}, &api.Error{Status: http.StatusConflict, Message: err.Error() +
+			" (run the node as root on a machine with cgroups; see README, Running a training job)"}
+	}
 	return n.lender.Set(ctx, req)
 }
 
 // StopLend implements api.Lending.
-func (n *Node) StopLend(ctx context.Context) error { return n.lender.Stop(ctx) }
+// Running workers get ReclaimGrace to finish or checkpoint, then stop;
+// their submitters re-place them.
+func (n *Node) StopLend(ctx context.Context) error {
+	if err := n.lender.Stop(ctx); err != nil {
+		return err
+	}
+	n.exec.reclaim(ReclaimGrace)
+	return nil
+}
+
+// ReclaimGrace is how long running jobs keep a machine its owner takes
+// back (lend --stop).
+var ReclaimGrace = time.Minute
 
 // Offers implements api.Market.
 func (n *Node) Offers() []api.Offer {

@@ -841,7 +841,7 @@ func (m *JobManager) supervise(ctx context.Context, j *jobs.Job, k int) {
 		bg := context.WithoutCancel(ctx)
 		m.logf(j, "run ends: %s", map[bool]string{true: why, false: "the chief finished"}[why != ""])
 		// Stop the others; on a lost worker the chief keeps a checkpoint.
-		ckpt := out == workerLost && !lost[0]
+		ckpt := out == workerLost && sts[0] != nil // the chief's machine answers
 		m.stopAll(bg, j, k, why, ckpt)
 		if ckpt {
 			m.awaitCheckpoint(bg, j, k)

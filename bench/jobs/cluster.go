@@ -1,0 +1,281 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/deepmarket/deepmarket/node"
+	"github.com/deepmarket/deepmarket/node/api"
+)
+
+// benchNode is one node running in this process.
+type benchNode struct {
+	name   string
+	n      *node.Node
+	c      *api.Client
+	cpu    int // the CPU its lent workers are pinned to (lenders)
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// cluster is a submitter and lenders on one fresh ledger, on loopback,
+// as node/jobs_e2e_test.go builds it: the lenders join the submitter's
+// genesis and ledger peer, mDNS and the DHT off, 100 ms blocks.
+type cluster struct {
+	sub     *benchNode
+	lenders []*benchNode
+	all     []*benchNode
+	logPath string
+	want    map[string]int // machine -> cores lent now
+}
+
+// startCluster starts the submitter and n lenders; lender i pins its
+// workers to CPU i mod NumCPU. Homes go under dir, work dirs under work
+// (which the job user must be able to traverse).
+func startCluster(ctx context.Context, dir, work, python string, n int) (*cluster, error) {
+	c := &cluster{logPath: filepath.Join(dir, "nodes.log")}
+	lf, err := os.Create(c.logPath)
+	if err != nil {
+		return nil, err
+	}
+	logger := slog.New(slog.NewTextHandler(lf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	chain := "deepmarket-bench-" + randHex(6)
+
+	subHome := node.Home{Dir: filepath.Join(dir, "sub")}
+	ledgerP2P := freePort()
+	if _, err := node.Init(subHome, node.InitOptions{
+		Moniker: "sub", Site: "lab-a", ChainID: chain,
+		Listen: []string{"/ip4/127.0.0.1/tcp/0"}, API: "127.0.0.1:0",
+		LedgerP2P: "tcp://127.0.0.1:" + ledgerP2P, LedgerRPC: "tcp://127.0.0.1:" + freePort(),
+	}); err != nil {
+		return nil, fmt.Errorf("init submitter: %w", err)
+	}
+	sub, err := startNode(ctx, subHome, logger, func(cfg *node.Config) {
+		cfg.Inventory.Python = python
+		cfg.Executor.WorkDir = filepath.Join(work, "sub")
+	})
+	if err != nil {
+		c.stop()
+		return nil, err
+	}
+	c.sub = sub
+	c.all = append(c.all, sub)
+	st := sub.n.Status()
+	for i := range n {
+		name := fmt.Sprintf("lender%d", i)
+		h := node.Home{Dir: filepath.Join(dir, name)}
+		if _, err := node.Init(h, node.InitOptions{
+			Moniker: name, Site: "lab-a", Genesis: subHome.GenesisPath(),
+			Listen: []string{"/ip4/127.0.0.1/tcp/0"}, API: "127.0.0.1:0",
+			LedgerP2P: "tcp://127.0.0.1:" + freePort(), LedgerRPC: "tcp://127.0.0.1:" + freePort(),
+			LedgerPeers: []string{st.LedgerNodeID + "@127.0.0.1:" + ledgerP2P},
+		}); err != nil {
+			c.stop()
+			return nil, fmt.Errorf("init %s: %w", name, err)
+		}
+		cpu := i % runtime.NumCPU()
+		l, err := startNode(ctx, h, logger, func(cfg *node.Config) {
+			cfg.P2P.Bootstrap = append(cfg.P2P.Bootstrap, st.Addrs[0])
+			cfg.Inventory.Python = python
+			cfg.Executor.WorkDir = filepath.Join(work, name)
+			cfg.Executor.CPUs = []int{cpu}
+		})
+		if err != nil {
+			c.stop()
+			return nil, err
+		}
+		l.cpu = cpu
+		c.lenders = append(c.lenders, l)
+		c.all = append(c.all, l)
+	}
+	return c, nil
+}
+
+func startNode(ctx context.Context, h node.Home, logger *slog.Logger, opt func(*node.Config)) (*benchNode, error) {
+	name := filepath.Base(h.Dir)
+	cfg, err := node.LoadConfig(h.ConfigPath())
+	if err != nil {
+		return nil, err
+	}
+	cfg.P2P.MDNS = false
+	cfg.P2P.DHT = "off"
+	cfg.Ledger.BlockTime = node.Duration{Duration: 100 * time.Millisecond}
+	opt(&cfg)
+	n, err := node.New(h, cfg, logger.With("node", name))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	token, err := h.LoadToken()
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	b := &benchNode{name: name, n: n, cancel: cancel, done: make(chan error, 1)}
+	go func() { b.done <- n.Run(rctx) }()
+	select {
+	case <-n.Ready():
+	case err := <-b.done:
+		cancel()
+		return nil, fmt.Errorf("%s did not start: %w", name, err)
+	case <-time.After(60 * time.Second):
+		cancel()
+		<-b.done
+		return nil, fmt.Errorf("%s did not start in 60s", name)
+	}
+	b.c = api.NewClient(n.APIURL(), token)
+	return b, nil
+}
+
+// stop ends every node, lenders first, and waits for them.
+func (c *cluster) stop() {
+	for i := len(c.all) - 1; i >= 0; i-- {
+		c.all[i].cancel()
+	}
+	for _, b := range c.all {
+		<-b.done
+	}
+	c.all = nil
+}
+
+// lend sets what each lender lends (0: not lending) and waits until every
+// node's offer book shows exactly that, with nothing allocated, so the
+// next bid sees the whole capacity from every scheduler.
+func (c *cluster) lend(ctx context.Context, cores []int, memPerCore uint64) error {
+	want := map[string]int{}
+	for i, l := range c.lenders {
+		k := 0
+		if i < len(cores) {
+			k = cores[i]
+		}
+		if k > 0 {
+			if _, err := l.c.SetLend(ctx, api.LendRequest{Cores: k, MemBytes: uint64(k) * memPerCore}); err != nil {
+				return fmt.Errorf("%s lend %d cores: %w", l.name, k, err)
+			}
+			want[l.n.Host().ID().String()] = k
+		} else if st, err := l.c.Lend(ctx); err == nil && st.Lending {
+			if _, err := l.c.StopLend(ctx); err != nil {
+				return fmt.Errorf("%s stop lending: %w", l.name, err)
+			}
+		}
+	}
+	c.want = want
+	return c.waitOffers(ctx, want, 60*time.Second)
+}
+
+// waitIdle waits until every lender's capacity is free again in every
+// node's offer book (after a job, its holds are released and re-offered).
+func (c *cluster) waitIdle(ctx context.Context) error {
+	return c.waitOffers(ctx, c.want, 30*time.Second)
+}
+
+// waitOffers waits until every node holds exactly the wanted offers
+// (machine -> cores), each with nothing allocated.
+func (c *cluster) waitOffers(ctx context.Context, want map[string]int, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	var last string
+	for time.Now().Before(deadline) {
+		ok := true
+		for _, b := range c.all {
+			offers, err := b.c.Offers(ctx)
+			if err != nil {
+				return err
+			}
+			got := 0
+			for _, o := range offers {
+				k, wanted := want[o.Machine]
+				if !wanted || int(o.Cores) != k || o.Allocated.Cores != 0 {
+					ok = false
+					last = fmt.Sprintf("%s holds %s: %d cores, %d allocated (want %d)", b.name, o.Moniker, o.Cores, o.Allocated.Cores, k)
+					break
+				}
+				got++
+			}
+			if ok && got != len(want) {
+				ok = false
+				last = fmt.Sprintf("%s holds %d of %d offers", b.name, got, len(want))
+			}
+			if !ok {
+				break
+			}
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("offers did not settle in %s: %s", within, last)
+}
+
+// addEverywhere adds a directory to every node's storage, so a job's
+// inputs are local on every machine (no data transfer at launch), and
+// returns its CID.
+func (c *cluster) addEverywhere(ctx context.Context, dir string) (string, error) {
+	var root string
+	for _, b := range c.all {
+		p, err := b.c.DataAdd(ctx, dir, nil)
+		if err != nil {
+			return "", fmt.Errorf("%s: data add %s: %w", b.name, dir, err)
+		}
+		if root == "" {
+			root = p.CID
+		} else if p.CID != root {
+			return "", fmt.Errorf("%s: data add %s gave %s, the submitter %s: inputs would be transferred", b.name, dir, p.CID, root)
+		}
+	}
+	return root, nil
+}
+
+// jobLog reads a job's whole log from the submitter.
+func (c *cluster) jobLog(ctx context.Context, id string) string {
+	var b strings.Builder
+	var off int64
+	for {
+		lg, err := c.sub.c.JobLogs(ctx, id, off)
+		if err != nil || lg.Data == "" {
+			return b.String()
+		}
+		b.WriteString(lg.Data)
+		off = lg.Next
+	}
+}
+
+func tail(s string, lines int) string {
+	ls := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(ls) > lines {
+		ls = ls[len(ls)-lines:]
+	}
+	return "    " + strings.Join(ls, "\n    ")
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	if _, err := io.ReadFull(rand.Reader, b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// freePort returns a loopback TCP port free at the time of asking.
+func freePort() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return port
+}
