@@ -446,6 +446,7 @@ print("fine")
 		return jobs.File{Name: "hostile-" + what, Framework: "generic", Command: []string{"python3", "hostile.py", what},
 			Bundle: bundle, Workers: 1, Cores: 1, Memory: "256MiB", MaxPrice: "1", MaxDuration: "5m"}
 	}
+	var runs []string
 	for _, tc := range []struct{ what, reason string }{
 		{"read", "code 3"},
 		{"mem", "out of memory"},
@@ -456,6 +457,7 @@ print("fine")
 			t.Fatal(err)
 		}
 		j = waitJob(t, a, j.ID, 3*time.Minute)
+		runs = append(runs, j.Current().ID)
 		log := jobLog(t, a, j.ID)
 		if j.State != jobs.Failed || !strings.Contains(j.Reason, tc.reason) {
 			t.Errorf("%s: job %s (%s); want failed with %q\n%s", tc.what, j.State, j.Reason, tc.reason, log)
@@ -475,11 +477,52 @@ print("fine")
 	if j = waitJob(t, a, j.ID, 2*time.Minute); j.State != jobs.Succeeded {
 		t.Errorf("a plain job after the hostile ones: %s (%s)\n%s", j.State, j.Reason, jobLog(t, a, j.ID))
 	}
-	// No process of the job user outlives its job.
-	if out, _ := exec.Command("pgrep", "-u", sandbox.Probe().JobUser).Output(); len(strings.TrimSpace(string(out))) > 0 {
-		t.Errorf("job user processes left: %s", out)
+	// No process of a hostile job outlives it (the fork bomb's children
+	// included): none is left in the jobs' cgroups.
+	procs, _ := filepath.Glob("/proc/[0-9]*/cgroup")
+	for _, f := range procs {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, run := range runs {
+			if strings.Contains(string(b), "/deepmarket/"+run[:16]+"-") {
+				t.Errorf("%s is still in hostile job %s's cgroup", filepath.Dir(f), run[:12])
+			}
+		}
 	}
 	rep, err := a.client.Audit(t.Context())
+	if err != nil || !rep.OK || rep.Escrowed != 0 {
+		t.Fatalf("audit: %+v %v", rep, err)
+	}
+}
+
+// TestSubmitterRestartKeepsItsJob: the submitting node stops while its job
+// trains and starts again from its home; it picks the job up from its
+// store, and the job finishes and is settled.
+func TestSubmitterRestartKeepsItsJob(t *testing.T) {
+	py := jobPython(t)
+	c := startJobCluster(t, py, 2)
+	a := c.sub
+	j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: fashionSpec(t, 2, "--epochs", "6", "--steps-per-epoch", "100"), Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 3*time.Minute, "the job to train", func() bool {
+		return strings.Contains(jobLog(t, a, j.ID), "[w0] [worker 0] epoch 1/")
+	})
+	a.stop()
+	withPython := func(cfg *Config) { cfg.Inventory.Python = py }
+	a2 := startNode(t, a.home, withPython, withBootstrap(c.lenders[0].addr(), c.lenders[1].addr()))
+	j = waitJob(t, a2, j.ID, 5*time.Minute)
+	log := jobLog(t, a2, j.ID)
+	if j.State != jobs.Succeeded || j.ResultCID == "" || !j.Current().Settled {
+		t.Fatalf("after the submitter restarted: %s (%s), result %q\n%s", j.State, j.Reason, j.ResultCID, log)
+	}
+	if len(j.Runs) != 1 {
+		t.Errorf("the job was re-placed (%d runs): the workers should have run on\n%s", len(j.Runs), log)
+	}
+	rep, err := a2.client.Audit(t.Context())
 	if err != nil || !rep.OK || rep.Escrowed != 0 {
 		t.Fatalf("audit: %+v %v", rep, err)
 	}

@@ -762,6 +762,16 @@ const (
 // the job or re-places it.
 func (m *JobManager) supervise(ctx context.Context, j *jobs.Job, k int) {
 	run := &j.Runs[k]
+	// Resuming after a restart: the workers ran on meanwhile; they are lost
+	// only if they stay silent from now.
+	m.save(j, func() {
+		now := time.Now().UTC()
+		for i := range run.Workers {
+			if run.Workers[i].Ended.IsZero() {
+				run.Workers[i].LastSeen = now
+			}
+		}
+	})
 	lastReceipt := time.Time{}
 	var out outcome
 	lost := map[int]bool{}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/deepmarket/deepmarket/node"
 	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/jobs"
 )
 
 // benchNode is one node running in this process.
@@ -41,8 +42,9 @@ type cluster struct {
 
 // startCluster starts the submitter and n lenders; lender i pins its
 // workers to CPU i mod NumCPU. Homes go under dir, work dirs under work
-// (which the job user must be able to traverse).
-func startCluster(ctx context.Context, dir, work, python string, n int) (*cluster, error) {
+// (which the job user must be able to traverse). Every node answers bids
+// with quotes, as by default, unless lendersQuote is false.
+func startCluster(ctx context.Context, dir, work, python string, n int, lendersQuote bool) (*cluster, error) {
 	c := &cluster{logPath: filepath.Join(dir, "nodes.log")}
 	lf, err := os.Create(c.logPath)
 	if err != nil {
@@ -89,6 +91,7 @@ func startCluster(ctx context.Context, dir, work, python string, n int) (*cluste
 			cfg.Inventory.Python = python
 			cfg.Executor.WorkDir = filepath.Join(work, name)
 			cfg.Executor.CPUs = []int{cpu}
+			cfg.Scheduler.Quote = lendersQuote
 		})
 		if err != nil {
 			c.stop()
@@ -278,4 +281,42 @@ func freePort() string {
 	defer ln.Close()
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	return port
+}
+
+// placementTries bounds the submissions of one measured job: a bid can
+// get no placement at all when several nodes' schedulers race to hold the
+// same machines (each takes some, none gets all, all give up).
+const placementTries = 4
+
+// submit submits spec (confirmed in advance) and returns once Submit
+// does, with the times it was called and returned. A submission whose
+// bid got no placement is counted in refused and made again, once the
+// lenders' capacity shows free, up to placementTries times.
+func (c *cluster) submit(ctx context.Context, spec jobs.File) (j *jobs.Job, called, returned time.Time, refused int, err error) {
+	for {
+		called = time.Now()
+		j, err = c.sub.c.Submit(ctx, api.SubmitRequest{Spec: spec, Yes: true})
+		returned = time.Now()
+		if err != nil {
+			return nil, called, returned, refused, fmt.Errorf("submit: %w", err)
+		}
+		if j.State != jobs.Failed || len(j.Runs) > 0 {
+			return j, called, returned, refused, nil
+		}
+		refused++
+		logf("%s: no placement (%s)", spec.Name, truncate(j.Reason, 160))
+		if refused >= placementTries {
+			return j, called, returned, refused, fmt.Errorf("no placement in %d submissions; the last: %s", refused, j.Reason)
+		}
+		if err := c.waitIdle(ctx); err != nil {
+			return j, called, returned, refused, err
+		}
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }

@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
 )
 
@@ -46,6 +45,9 @@ type launchRun struct {
 	SeenS    float64 `json:"to_all_seen_running_s"`
 	// Replaced: the job needed a second placement (its first launch failed).
 	Replaced bool `json:"replaced,omitempty"`
+	// Refused counts earlier submissions of this measurement whose bid
+	// got no placement (see placementTries).
+	Refused int `json:"refused_submissions,omitempty"`
 }
 
 type launchCase struct {
@@ -58,6 +60,8 @@ type launchCase struct {
 	Seen    stat        `json:"to_all_seen_running_s"`
 	// Total is submit called -> last worker's Python running.
 	Total stat `json:"submit_called_to_all_python_s"`
+	// Refused is how many submissions got no placement (retried).
+	Refused int `json:"refused_submissions"`
 }
 
 // stat is a p50 and p90 (nearest rank) over the repetitions.
@@ -96,12 +100,11 @@ func launchOnce(ctx context.Context, c *cluster, bundle string, workers int) (la
 	spec := jobs.File{Name: fmt.Sprintf("launch-%d", workers), Framework: "generic",
 		Command: []string{"python3", "sleep.py", sleepSeconds}, Bundle: bundle,
 		Workers: workers, Cores: 1, Memory: "256MiB", MaxPrice: "5", MaxDuration: "5m"}
-	t0 := time.Now()
-	j, err := c.sub.c.Submit(ctx, api.SubmitRequest{Spec: spec, Yes: true})
+	j, t0, t1, refused, err := c.submit(ctx, spec)
+	r.Refused = refused
 	if err != nil {
-		return r, fmt.Errorf("submit: %w", err)
+		return r, err
 	}
-	t1 := time.Now()
 	r.SubmitS = t1.Sub(t0).Seconds()
 	deadline := t1.Add(2 * time.Minute)
 	for !j.State.Terminal() {
@@ -166,9 +169,11 @@ func runLaunch(ctx context.Context, c *cluster, bundle string, sizes []int, reps
 	for i, w := range sizes {
 		cases[i].Workers = w
 	}
+	defer summarize(cases)
 	for rep := range reps {
 		for i, w := range sizes {
 			r, err := launchOnce(ctx, c, bundle, w)
+			cases[i].Refused += r.Refused
 			if err != nil {
 				return cases, fmt.Errorf("launch, %d workers, repetition %d: %w", w, rep+1, err)
 			}
@@ -177,6 +182,11 @@ func runLaunch(ctx context.Context, c *cluster, bundle string, sizes []int, reps
 			cases[i].Runs = append(cases[i].Runs, r)
 		}
 	}
+	return cases, nil
+}
+
+// summarize fills each case's percentiles from its runs.
+func summarize(cases []launchCase) {
 	for i := range cases {
 		lc := &cases[i]
 		pick := func(f func(launchRun) float64) stat {
@@ -193,7 +203,6 @@ func runLaunch(ctx context.Context, c *cluster, bundle string, sizes []int, reps
 		lc.Seen = pick(func(r launchRun) float64 { return r.SeenS })
 		lc.Total = pick(func(r launchRun) float64 { return r.SubmitS + r.PythonS })
 	}
-	return cases, nil
 }
 
 func (s stat) MarshalJSON() ([]byte, error) {
@@ -212,5 +221,6 @@ func (r launchRun) MarshalJSON() ([]byte, error) {
 		PythonS  opt  `json:"to_all_python_s"`
 		SeenS    opt  `json:"to_all_seen_running_s"`
 		Replaced bool `json:"replaced,omitempty"`
-	}{opt(r.SubmitS), opt(r.LaunchS), opt(r.StartedS), opt(r.PythonS), opt(r.SeenS), r.Replaced})
+		Refused  int  `json:"refused_submissions,omitempty"`
+	}{opt(r.SubmitS), opt(r.LaunchS), opt(r.StartedS), opt(r.PythonS), opt(r.SeenS), r.Replaced, r.Refused})
 }

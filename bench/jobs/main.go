@@ -65,6 +65,7 @@ type results struct {
 	CPUs    int     `json:"cpus"`
 	Python  string  `json:"python"`
 	Lenders int     `json:"lenders"`
+	Quoters string  `json:"quoters"` // nodes answering bids: all or submitter
 	TotalS  float64 `json:"total_s"`
 	// Launch: launch latency per job size.
 	Launch []launchCase `json:"launch,omitempty"`
@@ -88,13 +89,14 @@ func main() {
 	compareArgs := flag.String("compare-args", "--epochs 3 --steps-per-epoch 150", "train.py arguments of the first step / throughput comparison")
 	scaleFlag := flag.String("scale", "1,2,3", "workers per job of the full-epoch runs (empty: skip)")
 	scaleArgs := flag.String("scale-args", "--epochs 2", "train.py arguments of the full-epoch runs")
+	quoters := flag.String("quoters", "all", "which nodes answer bids: all (the default config) or submitter (no competing schedulers)")
 	keep := flag.Bool("keep", false, "keep the work directories (node homes, nodes.log)")
 	flag.Parse()
 	log.SetFlags(0)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, config{python: *python, bundleDir: *bundleDir, dataDir: *dataDir, out: *out,
 		sizes: ints(*sizesFlag), reps: *reps, rounds: *rounds, compareArgs: strings.Fields(*compareArgs),
-		scale: ints(*scaleFlag), scaleArgs: strings.Fields(*scaleArgs), keep: *keep})
+		scale: ints(*scaleFlag), scaleArgs: strings.Fields(*scaleArgs), keep: *keep, quoters: *quoters})
 	stop()
 	if err != nil {
 		log.Printf("bench-jobs: %v", err)
@@ -104,6 +106,7 @@ func main() {
 
 type config struct {
 	python, bundleDir, dataDir, out string
+	quoters                         string
 	sizes                           []int
 	reps, rounds                    int
 	compareArgs                     []string
@@ -159,9 +162,12 @@ func run(ctx context.Context, cfg config) error {
 		lenders = max(lenders, slices.Max(cfg.scale))
 	}
 	res := &results{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), Python: cfg.python,
-		Lenders: lenders, Ratios: map[string]float64{}}
+		Lenders: lenders, Quoters: cfg.quoters, Ratios: map[string]float64{}}
 	logf("starting a submitter and %d lenders (node logs: %s)", lenders, filepath.Join(tmp, "nodes.log"))
-	c, err := startCluster(ctx, tmp, work, cfg.python, lenders)
+	if cfg.quoters != "all" && cfg.quoters != "submitter" {
+		return fmt.Errorf("-quoters %q: want all or submitter", cfg.quoters)
+	}
+	c, err := startCluster(ctx, tmp, work, cfg.python, lenders, cfg.quoters == "all")
 	if err != nil {
 		return err
 	}
@@ -269,31 +275,36 @@ func fillRatios(r *results) {
 func printResults(r *results) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	if len(r.Launch) > 0 {
-		fmt.Fprintf(w, "\nlaunch latency, %d lenders x 2 cores on loopback; s after Submit returned, p50 / p90 (n)\tSubmit itself\tlaunch begins\tall started (lenders)\tall in Python\tall seen running (client.Job)\tp50 vs goal 2 s: started / Python / seen\n", r.Lenders)
+		fmt.Printf("\nLaunch latency: sleeping workers (no data, no TensorFlow), %d lenders x 2 cores, quotes from %s nodes.\n", r.Lenders, r.Quoters)
+		fmt.Printf("Seconds after Submit returned (it waits ~2 s for quotes first), p50 / p90 (n); goal: p50 <= 2 s.\n")
+		fmt.Fprintf(w, "workers\tSubmit itself\tlaunch begins\tall started (lenders)\tall in Python\tall seen running (client.Job)\tp50 / goal: started, Python, seen\tsubmit called -> all in Python\tno placement\n")
 		for _, lc := range r.Launch {
-			fmt.Fprintf(w, "%d workers\t%s\t%s\t%s\t%s\t%s\t%s / %s / %s\n", lc.Workers, fmtStat(lc.Submit), fmtStat(lc.Launch),
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s, %s, %s\t%s\t%d\n", lc.Workers, fmtStat(lc.Submit), fmtStat(lc.Launch),
 				fmtStat(lc.Started), fmtStat(lc.Python), fmtStat(lc.Seen),
-				ratio(lc.Started.P50/launchGoal.Seconds()), ratio(lc.Python.P50/launchGoal.Seconds()), ratio(lc.Seen.P50/launchGoal.Seconds()))
+				ratio(lc.Started.P50/launchGoal.Seconds()), ratio(lc.Python.P50/launchGoal.Seconds()), ratio(lc.Seen.P50/launchGoal.Seconds()),
+				fmtStat(lc.Total), lc.Refused)
 		}
 		w.Flush()
-		fmt.Printf("(Submit, with Yes, returns after the ~2 s quote wait; submit called -> all in Python, p50:")
-		for _, lc := range r.Launch {
-			fmt.Printf(" %dw %.2f s", lc.Workers, lc.Total.P50)
-		}
-		fmt.Printf(")\n")
+		fmt.Printf("(client.Job learns worker states from the submitter's status poll, every 3 s; \"no placement\": submissions\n whose bid got no placement, retried, as the nodes' schedulers raced for the same machines)\n")
 	}
 	if tc := r.Compare; tc != nil {
-		fmt.Fprintf(w, "\n2 workers, train.py %s, median of %d each\tDeepMarket\tby hand\tDeepMarket / hand\tgoal\n", strings.Join(tc.Args, " "), tc.DM.N)
-		fmt.Fprintf(w, "first step, s after process start (train.py's)\t%.2f\t%.2f\t%s\t<= %.2fx\n", tc.DM.FirstStepS, tc.Hand.FirstStepS, ratio(tc.FirstStepX), firstStepGoal)
+		fmt.Printf("\n2 workers, train.py %s; DeepMarket vs started by hand, median (min-max) of %d runs each\n", strings.Join(tc.Args, " "), tc.DM.N)
+		fmt.Fprintf(w, "\tDeepMarket\tby hand\tDeepMarket / hand\tgoal\n")
+		fmt.Fprintf(w, "first step, s after process start (train.py's)\t%.2f (%.2f-%.2f)\t%.2f (%.2f-%.2f)\t%s\t<= %.2fx\n",
+			tc.DM.FirstStepS, tc.DM.FirstStepRange[0], tc.DM.FirstStepRange[1],
+			tc.Hand.FirstStepS, tc.Hand.FirstStepRange[0], tc.Hand.FirstStepRange[1], ratio(tc.FirstStepX), firstStepGoal)
 		fmt.Fprintf(w, "first step, s after submit called / processes started\t%.2f\t%.2f\t%s\t-\n", tc.DM.WallFirstStepS, tc.Hand.WallFirstStepS, ratio(tc.WallFirstX))
 		fmt.Fprintf(w, "TensorFlow import, s\t%.2f\t%.2f\t%s\t-\n", tc.DM.TFImportS, tc.Hand.TFImportS, ratio(tc.DM.TFImportS/tc.Hand.TFImportS))
-		fmt.Fprintf(w, "steady examples/s (epochs 2+)\t%.0f\t%.0f\t%s\t>= %.2fx\n", tc.DM.SteadyExS, tc.Hand.SteadyExS, ratio(tc.SteadyX), steadyGoal)
+		fmt.Fprintf(w, "steady examples/s (epochs 2+)\t%.0f (%.0f-%.0f)\t%.0f (%.0f-%.0f)\t%s\t>= %.2fx\n",
+			tc.DM.SteadyExS, tc.DM.SteadyRange[0], tc.DM.SteadyRange[1],
+			tc.Hand.SteadyExS, tc.Hand.SteadyRange[0], tc.Hand.SteadyRange[1], ratio(tc.SteadyX), steadyGoal)
 		fmt.Fprintf(w, "examples/s, all epochs (result.json)\t%.0f\t%.0f\t%s\t-\n", tc.DM.ResultExS, tc.Hand.ResultExS, ratio(tc.ResultExX))
 		fmt.Fprintf(w, "test accuracy\t%.3f\t%.3f\t\t\n", tc.DM.TestAccuracy, tc.Hand.TestAccuracy)
 		w.Flush()
 	}
 	if len(r.Scaling) > 0 {
-		fmt.Fprintf(w, "\nFashion-MNIST through DeepMarket, train.py %s\tplacement\tepoch 1, s\tlater epochs, s\tsteady examples/s\tvs 1 worker\ttest accuracy\n", "full epochs")
+		fmt.Printf("\nFashion-MNIST through DeepMarket, train.py %s (60,000 examples an epoch)\n", strings.Join(r.Scaling[0].Args, " "))
+		fmt.Fprintf(w, "workers\tplacement\tfirst step, s\tepoch 1, s\tlater epochs, s\tsteady examples/s\tvs 1 worker\ttest accuracy\n")
 		for _, s := range r.Scaling {
 			later := "-"
 			if len(s.EpochS) > 1 {
@@ -303,10 +314,10 @@ func printResults(r *results) {
 				}
 				later = strings.Join(xs, ", ")
 			}
-			fmt.Fprintf(w, "%d worker(s)\t%s\t%.1f\t%s\t%.0f\t%s\t%.3f\n", s.Workers, s.Placement, s.EpochS[0], later, s.SteadyExS, ratio(s.SpeedupX), s.TestAccuracy)
+			fmt.Fprintf(w, "%d\t%s\t%.1f\t%.1f\t%s\t%.0f\t%s\t%.3f\n", s.Workers, s.Placement, s.FirstStepS, s.EpochS[0], later, s.SteadyExS, ratio(s.SpeedupX), s.TestAccuracy)
 		}
 		w.Flush()
-		fmt.Printf("(%d CPUs: lenders pin workers to CPUs 0, 1, 0, so 3 workers share 2 CPUs)\n", r.CPUs)
+		fmt.Printf("(%d CPUs; the lenders pin workers to CPUs 0, 1, 0: 3 workers share 2 CPUs)\n", r.CPUs)
 	}
 	for _, e := range r.Errors {
 		fmt.Printf("\nFAILED: %s\n", e)

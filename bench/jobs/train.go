@@ -16,7 +16,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
 )
 
@@ -40,8 +39,14 @@ type trainRun struct {
 	SteadyExS    float64 `json:"steady_examples_per_s"`
 	ResultExS    float64 `json:"result_examples_per_s"` // result.json's, all epochs
 	TestAccuracy float64 `json:"test_accuracy"`
-	TotalS       float64 `json:"total_s"`
-	Placement    string  `json:"placement,omitempty"`
+	// TotalS is submit called / first process started -> the job ended
+	// / every process exited; ChiefS is the chief's own process start ->
+	// result written (result.json's seconds).
+	TotalS    float64 `json:"total_s"`
+	ChiefS    float64 `json:"chief_s"`
+	Placement string  `json:"placement,omitempty"`
+	// Refused counts earlier submissions whose bid got no placement.
+	Refused int `json:"refused_submissions,omitempty"`
 }
 
 var (
@@ -56,11 +61,12 @@ type trainResult struct {
 	FirstStepS   float64 `json:"first_step_seconds"`
 	TFImportS    float64 `json:"tf_import_seconds"`
 	Workers      int     `json:"workers"`
+	Seconds      float64 `json:"seconds"`
 }
 
 // parseTrain fills r from the (worker-tagged) log and result.json.
 func parseTrain(r *trainRun, logText string, res trainResult, starts map[int]time.Time, t0 time.Time) error {
-	r.TestAccuracy, r.ResultExS, r.TFImportS = res.TestAccuracy, res.ExamplesPerS, res.TFImportS
+	r.TestAccuracy, r.ResultExS, r.TFImportS, r.ChiefS = res.TestAccuracy, res.ExamplesPerS, res.TFImportS, res.Seconds
 	if res.Workers != r.Workers {
 		return fmt.Errorf("result.json says %d workers, want %d", res.Workers, r.Workers)
 	}
@@ -106,10 +112,10 @@ func dmTrain(ctx context.Context, c *cluster, bundle, dataset string, workers in
 	spec := jobs.File{Name: fmt.Sprintf("fashion-%d", workers), Framework: "tensorflow",
 		Command: append([]string{"python3", "train.py"}, args...), Bundle: bundle, Dataset: dataset,
 		Workers: workers, Cores: 1, Memory: "2GiB", MaxPrice: "5", MaxDuration: "15m"}
-	t0 := time.Now()
-	j, err := c.sub.c.Submit(ctx, api.SubmitRequest{Spec: spec, Yes: true})
+	j, t0, _, refused, err := c.submit(ctx, spec)
+	r.Refused = refused
 	if err != nil {
-		return r, fmt.Errorf("submit: %w", err)
+		return r, err
 	}
 	deadline := t0.Add(6 * time.Minute)
 	for !j.State.Terminal() {
@@ -266,6 +272,9 @@ type trainAgg struct {
 	ResultExS      float64 `json:"result_examples_per_s"`
 	TestAccuracy   float64 `json:"test_accuracy"`
 	N              int     `json:"n"`
+	// Ranges over the runs, min and max.
+	FirstStepRange [2]float64 `json:"first_step_range_s"`
+	SteadyRange    [2]float64 `json:"steady_examples_range"`
 }
 
 func aggregate(runs []trainRun, mode string) trainAgg {
@@ -281,8 +290,15 @@ func aggregate(runs []trainRun, mode string) trainAgg {
 		resEx = append(resEx, r.ResultExS)
 		acc = append(acc, r.TestAccuracy)
 	}
+	span := func(xs []float64) [2]float64 {
+		if len(xs) == 0 {
+			return [2]float64{}
+		}
+		return [2]float64{slices.Min(xs), slices.Max(xs)}
+	}
 	return trainAgg{FirstStepS: median(fs), WallFirstStepS: median(wall), TFImportS: median(tf),
-		SteadyExS: median(steady), ResultExS: median(resEx), TestAccuracy: median(acc), N: len(fs)}
+		SteadyExS: median(steady), ResultExS: median(resEx), TestAccuracy: median(acc), N: len(fs),
+		FirstStepRange: span(fs), SteadyRange: span(steady)}
 }
 
 func runCompare(ctx context.Context, c *cluster, python, bundleDir, dataDir, bundle, dataset string, args []string, rounds int, tmp string) (*trainCompare, error) {
@@ -319,7 +335,8 @@ func runCompare(ctx context.Context, c *cluster, python, bundleDir, dataDir, bun
 type scaleCase struct {
 	trainRun
 	// SpeedupX is this case's steady examples/s over one worker's.
-	SpeedupX float64 `json:"speedup_vs_1_worker"`
+	SpeedupX float64  `json:"speedup_vs_1_worker"`
+	Args     []string `json:"args"`
 }
 
 func runScaling(ctx context.Context, c *cluster, bundle, dataset string, sizes []int, args []string, tmp string) ([]scaleCase, error) {
@@ -337,7 +354,7 @@ func runScaling(ctx context.Context, c *cluster, bundle, dataset string, sizes [
 			return out, fmt.Errorf("epochs with %d workers: %w", w, err)
 		}
 		logf("%d workers, full epochs: %v s, steady %.0f examples/s, accuracy %.3f [%s]", w, r.EpochS, r.SteadyExS, r.TestAccuracy, r.Placement)
-		out = append(out, scaleCase{trainRun: r})
+		out = append(out, scaleCase{trainRun: r, Args: args})
 	}
 	if len(out) > 0 {
 		for i := range out {

@@ -56,7 +56,7 @@ func jobDir(t testing.TB) string {
 
 // spec is a job named after the test, with output captured in out.
 func spec(t *testing.T, out *bytes.Buffer, noBwrap bool, argv ...string) Spec {
-	return Spec{
+	s := Spec{
 		Name:    strings.NewReplacer("/", "-").Replace(t.Name()),
 		Dir:     jobDir(t),
 		Argv:    argv,
@@ -64,6 +64,24 @@ func spec(t *testing.T, out *bytes.Buffer, noBwrap bool, argv ...string) Spec {
 		Stderr:  out,
 		noBwrap: noBwrap,
 	}
+	if uid := ownUIDs[strings.SplitN(t.Name(), "/", 2)[0]]; uid != 0 {
+		s.UID, s.GID = uid, uid
+	}
+	return s
+}
+
+// ownUIDs gives tests that count the job user's processes a uid of their
+// own, so jobs of other packages' tests running meanwhile (the node's
+// end-to-end tests run as the default job user) are not counted.
+var ownUIDs = map[string]int{}
+
+func ownUID(t *testing.T) int {
+	if !defaultIdentity().switchUser {
+		return defaultIdentity().uid
+	}
+	uid := 61000 + os.Getpid()%1000*3 + len(ownUIDs)
+	ownUIDs[t.Name()] = uid
+	return uid
 }
 
 func run(t *testing.T, s Spec) Exit {
@@ -275,7 +293,7 @@ func TestMemoryHogIsOOMKilled(t *testing.T) {
 
 func TestForkBombHitsPidsLimit(t *testing.T) {
 	needRoot(t)
-	uid := defaultIdentity().uid
+	uid := ownUID(t)
 	modes(t, func(t *testing.T, noBwrap bool) {
 		var out bytes.Buffer
 		// The bomb saturates pids.max; the main shell then starts sleepers
@@ -437,7 +455,7 @@ func TestEnvDoesNotLeak(t *testing.T) {
 
 func TestStopKillsDoubleForkedProcess(t *testing.T) {
 	needRoot(t)
-	uid := defaultIdentity().uid
+	uid := ownUID(t)
 	modes(t, func(t *testing.T, noBwrap bool) {
 		var out bytes.Buffer
 		// Everything ignores SIGTERM, so only the SIGKILL after the grace
@@ -514,7 +532,7 @@ func waitForFile(t *testing.T, path string) {
 
 func TestWaitKillsLeftovers(t *testing.T) {
 	needRoot(t)
-	uid := defaultIdentity().uid
+	uid := ownUID(t)
 	var out bytes.Buffer
 	// The main process exits at once, leaving a daemon behind.
 	s := spec(t, &out, true, "sh", "-c", `(trap "" TERM HUP; exec sleep 600) & echo started`)
