@@ -46,12 +46,9 @@ func (n *Node) handleReserve(_ context.Context, from peer.ID, env *p2p.Envelope)
 	return p2p.TypeReserveReply, n.holds.Apply(from, &r, time.Now()), nil
 }
 
-// reserve asks machine (this node itself, or a peer over a stream) to
-// apply r.
-func (n *Node) reserve(ctx context.Context, machine peer.ID, addrs []string, r p2p.Reserve) (p2p.ReserveReply, error) {
-	if machine == n.host.ID() {
-		return n.holds.Apply(machine, &r, time.Now()), nil
-	}
+// learnAddrs adds a machine's announced addresses (full multiaddrs ending
+// in its /p2p/ID) to the peerstore for a while, so it can be dialled.
+func (n *Node) learnAddrs(machine peer.ID, addrs []string) {
 	for _, a := range addrs {
 		if m, err := ma.NewMultiaddr(a); err == nil {
 			if tr, id := peer.SplitAddr(m); tr != nil && id == machine {
@@ -59,6 +56,15 @@ func (n *Node) reserve(ctx context.Context, machine peer.ID, addrs []string, r p
 			}
 		}
 	}
+}
+
+// reserve asks machine (this node itself, or a peer over a stream) to
+// apply r.
+func (n *Node) reserve(ctx context.Context, machine peer.ID, addrs []string, r p2p.Reserve) (p2p.ReserveReply, error) {
+	if machine == n.host.ID() {
+		return n.holds.Apply(machine, &r, time.Now()), nil
+	}
+	n.learnAddrs(machine, addrs)
 	var reply p2p.ReserveReply
 	err := n.rpc.Call(ctx, machine, p2p.ReserveProtocol(n.cfg.Node.ChainID), p2p.TypeReserve, &r, p2p.TypeReserveReply, &reply)
 	return reply, err

@@ -390,6 +390,11 @@ func (e *Executor) acquireNet(ctx context.Context, l p2p.Launch) (*sandbox.NetNS
 		if err != nil {
 			return rn.ns, err
 		}
+		var known []string
+		if j < len(l.Addrs) {
+			known = l.Addrs[j]
+		}
+		e.n.learnAddrs(id, append(known, e.n.machineAddrs(m)...))
 		_, closer, err := e.tunnels.ForwardIn(ctx, rn.ns, workerPort(j), l.JobID, j, id)
 		if err != nil {
 			return rn.ns, fmt.Errorf("tunnel to worker %d: %w", j, err)

@@ -509,6 +509,10 @@ func TestSubmitterRestartKeepsItsJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 3*time.Minute, "the job to train", func() bool {
+		cur, _ := a.client.Job(t.Context(), j.ID)
+		if cur.State.Terminal() {
+			t.Fatalf("job %s before the restart: %s\n%s", cur.State, cur.Reason, jobLog(t, a, j.ID))
+		}
 		return strings.Contains(jobLog(t, a, j.ID), "[w0] [worker 0] epoch 1/")
 	})
 	a.stop()

@@ -709,13 +709,18 @@ func (n *Node) jobCall(ctx context.Context, machine string, typ string, req any,
 func (m *JobManager) launch(ctx context.Context, j *jobs.Job, k int, resume string) error {
 	run := &j.Runs[k]
 	world := make([]string, len(run.Workers))
+	addrs := make([][]string, len(run.Workers))
 	for i, w := range run.Workers {
 		world[i] = w.Machine
+		addrs[i] = m.n.machineAddrs(w.Machine)
+		if len(addrs[i]) > 32 {
+			addrs[i] = addrs[i][:32]
+		}
 	}
 	m.save(j, func() { run.Started = time.Now().UTC() })
 	g, gctx := errgroup.WithContext(ctx)
 	for i, w := range run.Workers {
-		l := p2p.Launch{JobID: run.ID, Index: i, World: world, Hold: w.Hold, Framework: j.Spec.Framework,
+		l := p2p.Launch{JobID: run.ID, Index: i, World: world, Addrs: addrs, Hold: w.Hold, Framework: j.Spec.Framework,
 			Command: j.Spec.Command, Bundle: j.BundleCID, Dataset: j.DatasetCID,
 			Res:     p2p.Resources{Cores: uint32(j.Spec.Cores), MemBytes: j.Spec.MemBytes, GPUs: uint32(j.Spec.GPUs)},
 			MaxSecs: int64(j.Spec.MaxDuration / time.Second), PerHour: w.PerHour}

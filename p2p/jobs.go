@@ -35,6 +35,9 @@ type Launch struct {
 	JobID     string    `cbor:"job" json:"job_id"` // the run: escrow, holds and bid use it
 	Index     int       `cbor:"index" json:"index"`
 	World     []string  `cbor:"world" json:"world"` // peer ID of each worker's machine, worker 0 the chief
+	// Addrs holds, per worker, where its machine listens (multiaddrs, as
+	// its offer said), so machines that never met can connect.
+	Addrs [][]string `cbor:"addrs,omitempty" json:"addrs,omitempty"`
 	Hold      string    `cbor:"hold" json:"hold"`
 	Framework string    `cbor:"framework" json:"framework"`
 	Command   []string  `cbor:"cmd" json:"command"`
@@ -78,6 +81,19 @@ func (l *Launch) Validate() error {
 	for _, w := range l.World {
 		if _, err := peer.Decode(w); err != nil {
 			return rangeErr("world machine %q: %v", w, err)
+		}
+	}
+	if len(l.Addrs) > len(l.World) {
+		return rangeErr("addresses for %d machines, world of %d", len(l.Addrs), len(l.World))
+	}
+	for _, as := range l.Addrs {
+		if len(as) > 32 {
+			return rangeErr("more than 32 addresses for a machine")
+		}
+		for _, a := range as {
+			if len(a) > 256 {
+				return rangeErr("an address longer than 256 bytes")
+			}
 		}
 	}
 	return l.Res.check("resources", false)

@@ -21,6 +21,13 @@
 //     DeepMarket (the lenders pin to CPUs 0, 1, 0: on a 2-core machine
 //     3 workers oversubscribe).
 //
+// Every node answers bids, as configured by default (-quoters submitter
+// leaves it to the submitter alone). When the nodes' schedulers race for
+// the same machines a bid can get no placement at all: such submissions
+// are counted, reported, and made again (at most 4 per measurement).
+// Inputs are added to every node's storage first (the same CID), so no
+// job moves data at launch.
+//
 // Sandbox overhead and tunnel throughput are measured elsewhere
 // (node/sandbox BenchmarkCPUBound, bench/tunnel). Needs root (the
 // sandbox), a Python with tensorflow-cpu and tf_keras (-python), and the
@@ -268,7 +275,9 @@ func fillRatios(r *results) {
 		r.Ratios["result_examples_vs_hand"] = tc.ResultExX
 	}
 	for _, s := range r.Scaling {
-		r.Ratios[fmt.Sprintf("scaling_%dw_examples_vs_1w", s.Workers)] = s.SpeedupX
+		if s.SpeedupX > 0 {
+			r.Ratios[fmt.Sprintf("scaling_%dw_examples_vs_1w", s.Workers)] = s.SpeedupX
+		}
 	}
 }
 
@@ -300,7 +309,9 @@ func printResults(r *results) {
 			tc.Hand.SteadyExS, tc.Hand.SteadyRange[0], tc.Hand.SteadyRange[1], ratio(tc.SteadyX), steadyGoal)
 		fmt.Fprintf(w, "examples/s, all epochs (result.json)\t%.0f\t%.0f\t%s\t-\n", tc.DM.ResultExS, tc.Hand.ResultExS, ratio(tc.ResultExX))
 		fmt.Fprintf(w, "test accuracy\t%.3f\t%.3f\t\t\n", tc.DM.TestAccuracy, tc.Hand.TestAccuracy)
+		fmt.Fprintf(w, "CPU of the %d nodes (this process) over the run, cores\t%.2f\t%.2f\t\t\n", r.Lenders+1, tc.DM.NodesCPU, tc.Hand.NodesCPU)
 		w.Flush()
+		fmt.Printf("(by hand: unsandboxed processes, each pinned to the CPU its DeepMarket twin gets, talking over plain\n loopback; through DeepMarket their gRPC goes through the lenders' libp2p tunnels, in the nodes' process)\n")
 	}
 	if len(r.Scaling) > 0 {
 		fmt.Printf("\nFashion-MNIST through DeepMarket, train.py %s (60,000 examples an epoch)\n", strings.Join(r.Scaling[0].Args, " "))
@@ -317,7 +328,11 @@ func printResults(r *results) {
 			fmt.Fprintf(w, "%d\t%s\t%.1f\t%.1f\t%s\t%.0f\t%s\t%.3f\n", s.Workers, s.Placement, s.FirstStepS, s.EpochS[0], later, s.SteadyExS, ratio(s.SpeedupX), s.TestAccuracy)
 		}
 		w.Flush()
-		fmt.Printf("(%d CPUs; the lenders pin workers to CPUs 0, 1, 0: 3 workers share 2 CPUs)\n", r.CPUs)
+		fmt.Printf("(%d CPUs; the lenders pin workers to CPUs 0, 1, 0: 3 workers share 2 CPUs", r.CPUs)
+		if r.Compare != nil {
+			fmt.Printf("; 2 workers by hand, above: %.0f examples/s", r.Compare.Hand.SteadyExS)
+		}
+		fmt.Printf(")\n")
 	}
 	for _, e := range r.Errors {
 		fmt.Printf("\nFAILED: %s\n", e)
@@ -332,7 +347,7 @@ func fmtStat(s stat) string {
 }
 
 func ratio(x float64) string {
-	if math.IsNaN(x) || math.IsInf(x, 0) {
+	if math.IsNaN(x) || math.IsInf(x, 0) || x == 0 {
 		return "-"
 	}
 	return fmt.Sprintf("%.2fx", x)

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/deepmarket/deepmarket/node/jobs"
@@ -47,6 +48,9 @@ type trainRun struct {
 	Placement string  `json:"placement,omitempty"`
 	// Refused counts earlier submissions whose bid got no placement.
 	Refused int `json:"refused_submissions,omitempty"`
+	// NodesCPU is the CPU the nodes (all in this process) used over the
+	// run, in cores: where the 2 CPUs went besides the workers.
+	NodesCPU float64 `json:"nodes_cpu_cores"`
 }
 
 var (
@@ -109,6 +113,7 @@ func parseTrain(r *trainRun, logText string, res trainResult, starts map[int]tim
 // DeepMarket; its bundle and dataset are already in every node's storage.
 func dmTrain(ctx context.Context, c *cluster, bundle, dataset string, workers int, args []string, outDir string) (trainRun, error) {
 	r := trainRun{Mode: "deepmarket", Workers: workers}
+	cpu0 := selfCPU()
 	spec := jobs.File{Name: fmt.Sprintf("fashion-%d", workers), Framework: "tensorflow",
 		Command: append([]string{"python3", "train.py"}, args...), Bundle: bundle, Dataset: dataset,
 		Workers: workers, Cores: 1, Memory: "2GiB", MaxPrice: "5", MaxDuration: "15m"}
@@ -129,6 +134,7 @@ func dmTrain(ctx context.Context, c *cluster, bundle, dataset string, workers in
 		}
 	}
 	r.TotalS = time.Since(t0).Seconds()
+	r.NodesCPU = (selfCPU() - cpu0).Seconds() / r.TotalS
 	logText := c.jobLog(ctx, j.ID)
 	if j.State != jobs.Succeeded {
 		return r, fmt.Errorf("job %s %s: %s; log:\n%s", j.ID[:12], j.State, j.Reason, tail(logText, 30))
@@ -175,6 +181,7 @@ func handTrain(ctx context.Context, python, bundleDir, dataDir string, workers i
 	errs := make([]error, workers)
 	starts := map[int]time.Time{}
 	var wg sync.WaitGroup
+	cpu0 := selfCPU()
 	t0 := time.Now()
 	for i := range workers {
 		tfc, _ := json.Marshal(map[string]any{
@@ -202,6 +209,7 @@ func handTrain(ctx context.Context, python, bundleDir, dataDir string, workers i
 	}
 	wg.Wait()
 	r.TotalS = time.Since(t0).Seconds()
+	r.NodesCPU = (selfCPU() - cpu0).Seconds() / r.TotalS
 	var logText strings.Builder
 	for i := range workers {
 		logText.WriteString(tagLines(fmt.Sprintf("[w%d] ", i), outs[i].String()))
@@ -228,6 +236,16 @@ func handTrain(ctx context.Context, python, bundleDir, dataDir string, workers i
 		return r, fmt.Errorf("%w; log:\n%s", err, tail(logText.String(), 30))
 	}
 	return r, nil
+}
+
+// selfCPU is this process's user and system CPU time (its children's,
+// the workers, not included).
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func tagLines(tag, s string) string {
@@ -271,6 +289,7 @@ type trainAgg struct {
 	SteadyExS      float64 `json:"steady_examples_per_s"`
 	ResultExS      float64 `json:"result_examples_per_s"`
 	TestAccuracy   float64 `json:"test_accuracy"`
+	NodesCPU       float64 `json:"nodes_cpu_cores"`
 	N              int     `json:"n"`
 	// Ranges over the runs, min and max.
 	FirstStepRange [2]float64 `json:"first_step_range_s"`
@@ -278,7 +297,7 @@ type trainAgg struct {
 }
 
 func aggregate(runs []trainRun, mode string) trainAgg {
-	var fs, wall, tf, steady, resEx, acc []float64
+	var fs, wall, tf, steady, resEx, acc, cpu []float64
 	for _, r := range runs {
 		if r.Mode != mode {
 			continue
@@ -289,6 +308,7 @@ func aggregate(runs []trainRun, mode string) trainAgg {
 		steady = append(steady, r.SteadyExS)
 		resEx = append(resEx, r.ResultExS)
 		acc = append(acc, r.TestAccuracy)
+		cpu = append(cpu, r.NodesCPU)
 	}
 	span := func(xs []float64) [2]float64 {
 		if len(xs) == 0 {
@@ -297,7 +317,7 @@ func aggregate(runs []trainRun, mode string) trainAgg {
 		return [2]float64{slices.Min(xs), slices.Max(xs)}
 	}
 	return trainAgg{FirstStepS: median(fs), WallFirstStepS: median(wall), TFImportS: median(tf),
-		SteadyExS: median(steady), ResultExS: median(resEx), TestAccuracy: median(acc), N: len(fs),
+		SteadyExS: median(steady), ResultExS: median(resEx), TestAccuracy: median(acc), NodesCPU: median(cpu), N: len(fs),
 		FirstStepRange: span(fs), SteadyRange: span(steady)}
 }
 
@@ -334,7 +354,8 @@ func runCompare(ctx context.Context, c *cluster, python, bundleDir, dataDir, bun
 // scaleCase is full Fashion-MNIST epochs with n workers through DeepMarket.
 type scaleCase struct {
 	trainRun
-	// SpeedupX is this case's steady examples/s over one worker's.
+	// SpeedupX is this case's steady examples/s over one worker's (0
+	// when the sizes do not start at 1).
 	SpeedupX float64  `json:"speedup_vs_1_worker"`
 	Args     []string `json:"args"`
 }
@@ -356,7 +377,7 @@ func runScaling(ctx context.Context, c *cluster, bundle, dataset string, sizes [
 		logf("%d workers, full epochs: %v s, steady %.0f examples/s, accuracy %.3f [%s]", w, r.EpochS, r.SteadyExS, r.TestAccuracy, r.Placement)
 		out = append(out, scaleCase{trainRun: r, Args: args})
 	}
-	if len(out) > 0 {
+	if len(out) > 0 && out[0].Workers == 1 {
 		for i := range out {
 			out[i].SpeedupX = out[i].SteadyExS / out[0].SteadyExS
 		}
