@@ -32,21 +32,21 @@ const MaxLogChunk = 48 << 10
 // Launch asks a machine to start worker Index of a job on the capacity
 // its hold reserved.
 type Launch struct {
-	JobID     string    `cbor:"job" json:"job_id"` // the run: escrow, holds and bid use it
-	Index     int       `cbor:"index" json:"index"`
-	World     []string  `cbor:"world" json:"world"` // peer ID of each worker's machine, worker 0 the chief
+	JobID string   `cbor:"job" json:"job_id"` // the run: escrow, holds and bid use it
+	Index int      `cbor:"index" json:"index"`
+	World []string `cbor:"world" json:"world"` // peer ID of each worker's machine, worker 0 the chief
 	// Addrs holds, per worker, where its machine listens (multiaddrs, as
 	// its offer said), so machines that never met can connect.
-	Addrs [][]string `cbor:"addrs,omitempty" json:"addrs,omitempty"`
-	Hold      string    `cbor:"hold" json:"hold"`
-	Framework string    `cbor:"framework" json:"framework"`
-	Command   []string  `cbor:"cmd" json:"command"`
-	Bundle    string    `cbor:"bundle" json:"bundle_cid"`
-	Dataset   string    `cbor:"dataset,omitempty" json:"dataset_cid,omitempty"`
-	Resume    string    `cbor:"resume,omitempty" json:"resume_cid,omitempty"` // the chief's checkpoint output dir, on re-placement
-	Res       Resources `cbor:"res" json:"resources"`
-	MaxSecs   int64     `cbor:"max_s" json:"max_duration_s"`
-	PerHour   uint64    `cbor:"per_hour" json:"per_hour"` // what this worker's machine is paid an hour
+	Addrs     [][]string `cbor:"addrs,omitempty" json:"addrs,omitempty"`
+	Hold      string     `cbor:"hold" json:"hold"`
+	Framework string     `cbor:"framework" json:"framework"`
+	Command   []string   `cbor:"cmd" json:"command"`
+	Bundle    string     `cbor:"bundle" json:"bundle_cid"`
+	Dataset   string     `cbor:"dataset,omitempty" json:"dataset_cid,omitempty"`
+	Resume    string     `cbor:"resume,omitempty" json:"resume_cid,omitempty"` // the chief's checkpoint output dir, on re-placement
+	Res       Resources  `cbor:"res" json:"resources"`
+	MaxSecs   int64      `cbor:"max_s" json:"max_duration_s"`
+	PerHour   uint64     `cbor:"per_hour" json:"per_hour"` // what this worker's machine is paid an hour
 }
 
 // Validate checks a launch request's shape.
