@@ -642,3 +642,32 @@ func TestSimCLI(t *testing.T) {
 	expectFail(t, 2, "--scenario", "sim", "--scenario", "cloud")
 	expectFail(t, 1, "no such file", "sim", "--trace", filepath.Join(dir, "missing.json"))
 }
+
+func TestSubmitSpecErrors(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "train.py"), []byte("print(1)\n"), 0o644)
+	write := func(body string) string {
+		p := filepath.Join(dir, "job.toml")
+		os.WriteFile(p, []byte(body), 0o644)
+		return p
+	}
+	base := `name = "t"
+command = ["python3", "train.py"]
+bundle = "."
+workers = 2
+cores = 1
+memory = "1GiB"
+max_price = "1"
+max_duration = "10m"
+`
+	expectFail(t, 2, "workers: 0", "submit", write(strings.Replace(base, "workers = 2", "workers = 0", 1)))
+	expectFail(t, 2, "reaches outside the bundle", "submit", write(strings.Replace(base, `"train.py"]`, `"../x.py"]`, 1)))
+	expectFail(t, 2, "unknown key", "submit", write(base+"gpu_model = \"a100\"\n"))
+	expectFail(t, 2, "one job spec file", "submit")
+	// A valid spec needs a node to go further.
+	home := filepath.Join(t.TempDir(), "nohome")
+	r := run(t, "submit", write(base), "--home", home, "--yes")
+	if r.code == 0 || r.code == 2 {
+		t.Errorf("submit without a node: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
