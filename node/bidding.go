@@ -287,6 +287,13 @@ func (b *QuoteBook) expect(job string, until time.Time) {
 	b.mine[job] = until
 }
 
+// forget drops the quotes received for job.
+func (b *QuoteBook) forget(job string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.quotes, job)
+}
+
 func (b *QuoteBook) expecting(job string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -34,6 +34,8 @@ const (
 	escrowSlack    = 15 * time.Minute // escrow outlives the max duration by
 	maxRuns        = 2                // a job is re-placed at most once
 	commitAttempts = 3
+	rebids         = 4                // bids again when nothing fits, this often
+	rebidEvery     = 5 * time.Second
 )
 
 // JobManager is the submitter's side of jobs: it takes a spec to a bid,
@@ -400,6 +402,7 @@ func (m *JobManager) place(ctx context.Context, j *jobs.Job, k int) {
 	m.mu.Lock()
 	resume = j.Checkpoint
 	m.mu.Unlock()
+	bids := 0
 	for attempt := 0; ; attempt++ {
 		if m.cancelled(j.ID) {
 			m.move(j, jobs.Cancelled, "cancelled before launch")
@@ -413,6 +416,19 @@ func (m *JobManager) place(ctx context.Context, j *jobs.Job, k int) {
 			return
 		}
 		run, why := m.quote(ctx, j, runID)
+		if run == nil && bids < rebids && !strings.HasPrefix(why, "no scheduler answered") {
+			// Capacity frees as other jobs end (or, re-placing, as the
+			// previous run's workers stop): bid again a few times.
+			bids++
+			m.logf(j, "no placement yet (%s): bidding again in %s", why, rebidEvery)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(rebidEvery):
+			}
+			attempt--
+			continue
+		}
 		if run == nil {
 			m.move(j, jobs.Failed, why)
 			return
@@ -534,6 +550,7 @@ func (m *JobManager) quote(ctx context.Context, j *jobs.Job, runID string) (*job
 	if !s.Deadline.IsZero() {
 		bid.Deadline = s.Deadline.Unix()
 	}
+	m.n.quotes.forget(runID) // a bid again: only new quotes count
 	if _, err := m.n.PublishBid(ctx, api.PublishBidRequest{Bid: bid, TTL: "2m"}); err != nil {
 		return nil, "publish bid: " + err.Error()
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -283,6 +284,10 @@ func freePort() string {
 	return port
 }
 
+// errNoPlacement is a measurement abandoned because its bid got no
+// placement placementTries times in a row.
+var errNoPlacement = errors.New("no placement")
+
 // placementTries bounds the submissions of one measured job: a bid can
 // get no placement at all when several nodes' schedulers race to hold the
 // same machines (each takes some, none gets all, all give up).
@@ -306,7 +311,7 @@ func (c *cluster) submit(ctx context.Context, spec jobs.File) (j *jobs.Job, call
 		refused++
 		logf("%s: no placement (%s)", spec.Name, truncate(j.Reason, 160))
 		if refused >= placementTries {
-			return j, called, returned, refused, fmt.Errorf("no placement in %d submissions; the last: %s", refused, j.Reason)
+			return j, called, returned, refused, fmt.Errorf("%w in %d submissions; the last: %s", errNoPlacement, refused, j.Reason)
 		}
 		if err := c.waitIdle(ctx); err != nil {
 			return j, called, returned, refused, err

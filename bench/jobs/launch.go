@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -60,8 +61,10 @@ type launchCase struct {
 	Seen    stat        `json:"to_all_seen_running_s"`
 	// Total is submit called -> last worker's Python running.
 	Total stat `json:"submit_called_to_all_python_s"`
-	// Refused is how many submissions got no placement (retried).
-	Refused int `json:"refused_submissions"`
+	// Refused is how many of Submissions got no placement (retried, up
+	// to placementTries times per repetition).
+	Refused     int `json:"refused_submissions"`
+	Submissions int `json:"submissions"`
 }
 
 // stat is a p50 and p90 (nearest rank) over the repetitions.
@@ -174,6 +177,16 @@ func runLaunch(ctx context.Context, c *cluster, bundle string, sizes []int, reps
 		for i, w := range sizes {
 			r, err := launchOnce(ctx, c, bundle, w)
 			cases[i].Refused += r.Refused
+			cases[i].Submissions += r.Refused
+			if errors.Is(err, errNoPlacement) {
+				// A measured outcome, not a broken benchmark: counted.
+				logf("launch %d workers #%d: abandoned: %v", w, rep+1, err)
+				if err := c.waitIdle(ctx); err != nil {
+					return cases, err
+				}
+				continue
+			}
+			cases[i].Submissions++
 			if err != nil {
 				return cases, fmt.Errorf("launch, %d workers, repetition %d: %w", w, rep+1, err)
 			}

@@ -284,17 +284,21 @@ func fillRatios(r *results) {
 func printResults(r *results) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	if len(r.Launch) > 0 {
-		fmt.Printf("\nLaunch latency: sleeping workers (no data, no TensorFlow), %d lenders x 2 cores, quotes from %s nodes.\n", r.Lenders, r.Quoters)
+		quoters := "every node quotes (the default)"
+		if r.Quoters == "submitter" {
+			quoters = "only the submitter quotes"
+		}
+		fmt.Printf("\nLaunch latency: sleeping workers (no data, no TensorFlow), %d lenders x 2 cores, %s.\n", r.Lenders, quoters)
 		fmt.Printf("Seconds after Submit returned (it waits ~2 s for quotes first), p50 / p90 (n); goal: p50 <= 2 s.\n")
 		fmt.Fprintf(w, "workers\tSubmit itself\tlaunch begins\tall started (lenders)\tall in Python\tall seen running (client.Job)\tp50 / goal: started, Python, seen\tsubmit called -> all in Python\tno placement\n")
 		for _, lc := range r.Launch {
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s, %s, %s\t%s\t%d\n", lc.Workers, fmtStat(lc.Submit), fmtStat(lc.Launch),
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s, %s, %s\t%s\t%s\n", lc.Workers, fmtStat(lc.Submit), fmtStat(lc.Launch),
 				fmtStat(lc.Started), fmtStat(lc.Python), fmtStat(lc.Seen),
 				ratio(lc.Started.P50/launchGoal.Seconds()), ratio(lc.Python.P50/launchGoal.Seconds()), ratio(lc.Seen.P50/launchGoal.Seconds()),
-				fmtStat(lc.Total), lc.Refused)
+				fmtStat(lc.Total), fmt.Sprintf("%d of %d", lc.Refused, lc.Submissions))
 		}
 		w.Flush()
-		fmt.Printf("(client.Job learns worker states from the submitter's status poll, every 3 s; \"no placement\": submissions\n whose bid got no placement, retried, as the nodes' schedulers raced for the same machines)\n")
+		fmt.Printf("(client.Job learns worker states from the submitter's status poll, every 3 s. \"no placement\": submissions\n whose bid got no placement as the nodes' schedulers raced to hold the same machines; each costs the\n submitter's 10 s quote timeout and is made again, at most %d times per repetition)\n", placementTries)
 	}
 	if tc := r.Compare; tc != nil {
 		fmt.Printf("\n2 workers, train.py %s; DeepMarket vs started by hand, median (min-max) of %d runs each\n", strings.Join(tc.Args, " "), tc.DM.N)
@@ -333,6 +337,20 @@ func printResults(r *results) {
 			fmt.Printf("; 2 workers by hand, above: %.0f examples/s", r.Compare.Hand.SteadyExS)
 		}
 		fmt.Printf(")\n")
+	}
+	refused, runs := 0, 0
+	if r.Compare != nil {
+		for _, t := range r.Compare.Runs {
+			if t.Mode == "deepmarket" {
+				refused, runs = refused+t.Refused, runs+1
+			}
+		}
+	}
+	for _, s := range r.Scaling {
+		refused, runs = refused+s.Refused, runs+1
+	}
+	if runs > 0 {
+		fmt.Printf("(training jobs: %d of %d submissions got no placement and were made again)\n", refused, runs+refused)
 	}
 	for _, e := range r.Errors {
 		fmt.Printf("\nFAILED: %s\n", e)
