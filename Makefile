@@ -45,7 +45,7 @@ lint: ## gofmt and go vet
 	$(GO) vet ./...
 
 .PHONY: bench
-bench: bench-p2p bench-ledger bench-storage bench-scheduler ## Run every benchmark
+bench: bench-p2p bench-ledger bench-storage bench-scheduler bench-jobs bench-tunnel ## Run every benchmark
 
 .PHONY: bench-p2p
 bench-p2p: build ## Gossip: propagation over 50 nodes, validation rate, idle node cost
@@ -62,6 +62,15 @@ bench-storage: ## Datasets: import vs sha256sum, 1 GiB transfer vs raw libp2p st
 .PHONY: bench-scheduler
 bench-scheduler: ## Scheduler: placements/s and p99 over 100 / 1,000 / 10,000 machines; slowdown vs the baselines in the simulator
 	$(GO) run ./bench/scheduler -out bench/results/scheduler.json
+
+.PHONY: bench-jobs
+bench-jobs: ## Jobs (root): launch latency with 2/4/8 workers; first step and examples/s vs hand-started TF workers; epoch time with 1-3 workers
+	$(GO) run ./bench/jobs -python $(VENV)/bin/python3 -out bench/results/jobs.json
+
+.PHONY: bench-tunnel
+bench-tunnel: ## Tunnel: a job's TF traffic over libp2p streams vs direct loopback TCP; sandbox overhead on a CPU-bound worker
+	$(GO) run ./bench/tunnel -out bench/results/tunnel.json
+	$(GO) test -run '^$$' -bench CPUBound -benchtime 5x ./node/sandbox
 
 .PHONY: sim
 sim: build ## Simulator: every policy on the shipped scenarios (20 seeds per load); tables and plots in bench/results/sim

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"sync"
@@ -26,7 +27,7 @@ const holdTTL = time.Minute
 
 // quoteAttempts bounds re-quoting when machines refuse holds (another
 // scheduler got there first).
-const quoteAttempts = 3
+const quoteAttempts = 4
 
 // answerBids limits the bids a node prices at once.
 const answerBids = 16
@@ -87,6 +88,15 @@ func (n *Node) answerBid(ctx context.Context, b p2p.Bid, bidder peer.ID) p2p.Quo
 	}
 	refused := ""
 	for attempt := range quoteAttempts {
+		if attempt > 0 {
+			// Schedulers that collided on the same machines all retry; a
+			// random pause lets one of them take what is free first.
+			select {
+			case <-ctx.Done():
+				return p2p.Quote{JobID: b.JobID, Resource: "job", Reason: "the scheduler is stopping"}
+			case <-time.After(time.Duration(50+rand.IntN(400*attempt)) * time.Millisecond):
+			}
+		}
 		pl, err := scheduler.Quote(v, job, now, scheduler.Params{})
 		var rej *scheduler.Rejection
 		if errors.As(err, &rej) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -34,8 +35,8 @@ const (
 	escrowSlack    = 15 * time.Minute // escrow outlives the max duration by
 	maxRuns        = 2                // a job is re-placed at most once
 	commitAttempts = 3
-	rebids         = 4                // bids again when nothing fits, this often
-	rebidEvery     = 5 * time.Second
+	rebids         = 8                // bids again when nothing fits, this often
+	rebidEvery     = 2 * time.Second
 )
 
 // JobManager is the submitter's side of jobs: it takes a spec to a bid,
@@ -424,7 +425,7 @@ func (m *JobManager) place(ctx context.Context, j *jobs.Job, k int) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(rebidEvery):
+			case <-time.After(rebidEvery + time.Duration(rand.IntN(1000))*time.Millisecond):
 			}
 			attempt--
 			continue
@@ -556,6 +557,7 @@ func (m *JobManager) quote(ctx context.Context, j *jobs.Job, runID string) (*job
 	}
 	start := time.Now()
 	var qs []api.ReceivedQuote
+	lastNew, count := start, 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -563,8 +565,15 @@ func (m *JobManager) quote(ctx context.Context, j *jobs.Job, runID string) (*job
 		case <-time.After(200 * time.Millisecond):
 		}
 		qs = m.n.quotes.list(runID)
-		waited := time.Since(start)
-		if (waited >= quoteWait && hasPlacement(qs)) || waited >= quoteWaitMax {
+		now := time.Now()
+		if len(qs) > count {
+			count, lastNew = len(qs), now
+		}
+		waited := now.Sub(start)
+		// Enough: a placement after the usual wait; or only refusals, and
+		// no scheduler has said anything more for a second; or the limit.
+		if (waited >= quoteWait && hasPlacement(qs)) || (waited >= quoteWait && count > 0 && now.Sub(lastNew) >= time.Second) ||
+			waited >= quoteWaitMax {
 			break
 		}
 	}
@@ -801,7 +810,7 @@ func (m *JobManager) supervise(ctx context.Context, j *jobs.Job, k int) {
 		select {
 		case <-ctx.Done():
 			return // the node stops; the job resumes when it restarts
-		case <-time.After(pollEvery):
+		case <-time.After(m.pollInterval(j)):
 		}
 		now := time.Now()
 		sendReceipts := now.Sub(lastReceipt) >= receiptEvery
@@ -899,6 +908,21 @@ func (m *JobManager) supervise(ctx context.Context, j *jobs.Job, k int) {
 		}
 		return
 	}
+}
+
+// pollInterval is pollEvery, but quicker while the workers start, so a
+// job shows running as soon as it does.
+func (m *JobManager) pollInterval(j *jobs.Job) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r := j.Current(); r != nil && time.Since(r.Started) < time.Minute {
+		for _, w := range r.Workers {
+			if w.State != p2p.WorkerRunning {
+				return 300 * time.Millisecond
+			}
+		}
+	}
+	return pollEvery
 }
 
 // poll asks each worker of run k how it is, carrying receipts, and pulls

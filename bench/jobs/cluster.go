@@ -284,37 +284,58 @@ func freePort() string {
 	return port
 }
 
-// errNoPlacement is a measurement abandoned because its bid got no
-// placement placementTries times in a row.
+// errNoPlacement is a measurement abandoned because its job got no
+// placement in placementTries submissions.
 var errNoPlacement = errors.New("no placement")
 
-// placementTries bounds the submissions of one measured job: a bid can
-// get no placement at all when several nodes' schedulers race to hold the
-// same machines (each takes some, none gets all, all give up).
-const placementTries = 4
+// placementTries bounds the submissions of one measured job. A bid can
+// get no placement at all when several nodes' schedulers race to hold
+// the same machines (each takes some, none gets all, all give up); the
+// submitter then bids again a few times before failing the job.
+const placementTries = 2
+
+// noPlacementLine is what the submitter logs when a bid got no placement
+// and it bids again.
+const noPlacementLine = "no placement yet"
+
+// submission is a job as Submit returned it, with the times it was
+// called and returned, and how many bids of this measurement got no
+// placement out of how many were made.
+type submission struct {
+	job              *jobs.Job
+	called, returned time.Time
+	unplaced, bids   int
+}
 
 // submit submits spec (confirmed in advance) and returns once Submit
-// does, with the times it was called and returned. A submission whose
-// bid got no placement is counted in refused and made again, once the
-// lenders' capacity shows free, up to placementTries times.
-func (c *cluster) submit(ctx context.Context, spec jobs.File) (j *jobs.Job, called, returned time.Time, refused int, err error) {
-	for {
-		called = time.Now()
-		j, err = c.sub.c.Submit(ctx, api.SubmitRequest{Spec: spec, Yes: true})
-		returned = time.Now()
+// does. A job that failed for want of a placement is submitted again,
+// once the lenders' capacity shows free, up to placementTries times.
+func (c *cluster) submit(ctx context.Context, spec jobs.File) (submission, error) {
+	var s submission
+	for tries := 1; ; tries++ {
+		s.called = time.Now()
+		j, err := c.sub.c.Submit(ctx, api.SubmitRequest{Spec: spec, Yes: true})
+		s.returned = time.Now()
 		if err != nil {
-			return nil, called, returned, refused, fmt.Errorf("submit: %w", err)
+			return s, fmt.Errorf("submit: %w", err)
+		}
+		s.job = j
+		again := strings.Count(c.jobLog(ctx, j.ID), noPlacementLine)
+		s.unplaced += again
+		s.bids += again + 1
+		if again > 0 {
+			logf("%s: %d bid(s) got no placement before this one", spec.Name, again)
 		}
 		if j.State != jobs.Failed || len(j.Runs) > 0 {
-			return j, called, returned, refused, nil
+			return s, nil
 		}
-		refused++
-		logf("%s: no placement (%s)", spec.Name, truncate(j.Reason, 160))
-		if refused >= placementTries {
-			return j, called, returned, refused, fmt.Errorf("%w in %d submissions; the last: %s", errNoPlacement, refused, j.Reason)
+		s.unplaced++
+		logf("%s: no placement, job failed (%s)", spec.Name, truncate(j.Reason, 160))
+		if tries >= placementTries {
+			return s, fmt.Errorf("%w in %d submissions (%d bids); the last: %s", errNoPlacement, tries, s.bids, j.Reason)
 		}
 		if err := c.waitIdle(ctx); err != nil {
-			return j, called, returned, refused, err
+			return s, err
 		}
 	}
 }

@@ -37,7 +37,7 @@ var stampRE = regexp.MustCompile(`(?m)^\[w(\d+)\] dm-bench started ([0-9.]+)$`)
 //     clock (the same clock: one process);
 //   - Python: until the last worker's Python ran its first line;
 //   - Seen: until client.Job first showed every worker "running" (the
-//     submitter learns worker states by polling them every 3 s).
+//     submitter polls starting workers every 0.3 s, running ones every 3 s).
 type launchRun struct {
 	SubmitS  float64 `json:"submit_s"`
 	LaunchS  float64 `json:"to_launch_s"`
@@ -46,9 +46,10 @@ type launchRun struct {
 	SeenS    float64 `json:"to_all_seen_running_s"`
 	// Replaced: the job needed a second placement (its first launch failed).
 	Replaced bool `json:"replaced,omitempty"`
-	// Refused counts earlier submissions of this measurement whose bid
-	// got no placement (see placementTries).
-	Refused int `json:"refused_submissions,omitempty"`
+	// Unplaced of Bids got no placement (the submitter bids again; see
+	// placementTries).
+	Unplaced int `json:"unplaced_bids,omitempty"`
+	Bids     int `json:"bids"`
 }
 
 type launchCase struct {
@@ -61,10 +62,9 @@ type launchCase struct {
 	Seen    stat        `json:"to_all_seen_running_s"`
 	// Total is submit called -> last worker's Python running.
 	Total stat `json:"submit_called_to_all_python_s"`
-	// Refused is how many of Submissions got no placement (retried, up
-	// to placementTries times per repetition).
-	Refused     int `json:"refused_submissions"`
-	Submissions int `json:"submissions"`
+	// Unplaced of Bids got no placement, over all repetitions.
+	Unplaced int `json:"unplaced_bids"`
+	Bids     int `json:"bids"`
 }
 
 // stat is a p50 and p90 (nearest rank) over the repetitions.
@@ -103,11 +103,12 @@ func launchOnce(ctx context.Context, c *cluster, bundle string, workers int) (la
 	spec := jobs.File{Name: fmt.Sprintf("launch-%d", workers), Framework: "generic",
 		Command: []string{"python3", "sleep.py", sleepSeconds}, Bundle: bundle,
 		Workers: workers, Cores: 1, Memory: "256MiB", MaxPrice: "5", MaxDuration: "5m"}
-	j, t0, t1, refused, err := c.submit(ctx, spec)
-	r.Refused = refused
+	sub, err := c.submit(ctx, spec)
+	r.Unplaced, r.Bids = sub.unplaced, sub.bids
 	if err != nil {
 		return r, err
 	}
+	j, t0, t1 := sub.job, sub.called, sub.returned
 	r.SubmitS = t1.Sub(t0).Seconds()
 	deadline := t1.Add(2 * time.Minute)
 	for !j.State.Terminal() {
@@ -176,8 +177,8 @@ func runLaunch(ctx context.Context, c *cluster, bundle string, sizes []int, reps
 	for rep := range reps {
 		for i, w := range sizes {
 			r, err := launchOnce(ctx, c, bundle, w)
-			cases[i].Refused += r.Refused
-			cases[i].Submissions += r.Refused
+			cases[i].Unplaced += r.Unplaced
+			cases[i].Bids += r.Bids
 			if errors.Is(err, errNoPlacement) {
 				// A measured outcome, not a broken benchmark: counted.
 				logf("launch %d workers #%d: abandoned: %v", w, rep+1, err)
@@ -186,7 +187,6 @@ func runLaunch(ctx context.Context, c *cluster, bundle string, sizes []int, reps
 				}
 				continue
 			}
-			cases[i].Submissions++
 			if err != nil {
 				return cases, fmt.Errorf("launch, %d workers, repetition %d: %w", w, rep+1, err)
 			}
@@ -234,6 +234,7 @@ func (r launchRun) MarshalJSON() ([]byte, error) {
 		PythonS  opt  `json:"to_all_python_s"`
 		SeenS    opt  `json:"to_all_seen_running_s"`
 		Replaced bool `json:"replaced,omitempty"`
-		Refused  int  `json:"refused_submissions,omitempty"`
-	}{opt(r.SubmitS), opt(r.LaunchS), opt(r.StartedS), opt(r.PythonS), opt(r.SeenS), r.Replaced, r.Refused})
+		Unplaced int  `json:"unplaced_bids,omitempty"`
+		Bids     int  `json:"bids"`
+	}{opt(r.SubmitS), opt(r.LaunchS), opt(r.StartedS), opt(r.PythonS), opt(r.SeenS), r.Replaced, r.Unplaced, r.Bids})
 }

@@ -46,8 +46,9 @@ type trainRun struct {
 	TotalS    float64 `json:"total_s"`
 	ChiefS    float64 `json:"chief_s"`
 	Placement string  `json:"placement,omitempty"`
-	// Refused counts earlier submissions whose bid got no placement.
-	Refused int `json:"refused_submissions,omitempty"`
+	// Unplaced of Bids got no placement (the submitter bids again).
+	Unplaced int `json:"unplaced_bids,omitempty"`
+	Bids     int `json:"bids,omitempty"`
 	// NodesCPU is the CPU the nodes (all in this process) used over the
 	// run, in cores: where the 2 CPUs went besides the workers.
 	NodesCPU float64 `json:"nodes_cpu_cores"`
@@ -117,11 +118,12 @@ func dmTrain(ctx context.Context, c *cluster, bundle, dataset string, workers in
 	spec := jobs.File{Name: fmt.Sprintf("fashion-%d", workers), Framework: "tensorflow",
 		Command: append([]string{"python3", "train.py"}, args...), Bundle: bundle, Dataset: dataset,
 		Workers: workers, Cores: 1, Memory: "2GiB", MaxPrice: "5", MaxDuration: "15m"}
-	j, t0, _, refused, err := c.submit(ctx, spec)
-	r.Refused = refused
+	sub, err := c.submit(ctx, spec)
+	r.Unplaced, r.Bids = sub.unplaced, sub.bids
 	if err != nil {
 		return r, err
 	}
+	j, t0 := sub.job, sub.called
 	deadline := t0.Add(6 * time.Minute)
 	for !j.State.Terminal() {
 		if time.Now().After(deadline) {
