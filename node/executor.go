@@ -119,6 +119,16 @@ func (e *Executor) Run(ctx context.Context) error {
 	e.mu.Lock()
 	e.ctx = ctx
 	e.mu.Unlock()
+	// Receipts kept before a restart still get claimed if their escrows
+	// expire unsettled.
+	var runs []string
+	e.n.store.Each("receipts/", func(key string, _ []byte) error {
+		runs = append(runs, strings.TrimPrefix(key, "receipts/"))
+		return nil
+	})
+	for _, run := range runs {
+		go e.claimLater(run)
+	}
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
 	for {

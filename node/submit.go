@@ -35,7 +35,7 @@ const (
 	escrowSlack    = 15 * time.Minute // escrow outlives the max duration by
 	maxRuns        = 2                // a job is re-placed at most once
 	commitAttempts = 3
-	rebids         = 8                // bids again when nothing fits, this often
+	rebids         = 8 // bids again when nothing fits, this often
 	rebidEvery     = 2 * time.Second
 )
 
