@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -141,11 +144,29 @@ func multicastAvailable() bool {
 // freePort returns a loopback TCP port free at the time of asking.
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	// Below the kernel's ephemeral range (32768 up), where outgoing
+	// connections take ports between this check and the node's bind.
+	for range 1000 {
+		p := 21000 + rand.IntN(11000)
+		portsMu.Lock()
+		taken := portsHanded[p]
+		portsHanded[p] = true
+		portsMu.Unlock()
+		if taken {
+			continue
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return strconv.Itoa(p)
 	}
-	defer ln.Close()
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	return port
+	t.Fatal("no free port")
+	return ""
 }
+
+var (
+	portsMu     sync.Mutex
+	portsHanded = map[int]bool{}
+)

@@ -10,7 +10,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -342,14 +344,32 @@ func TestHelp(t *testing.T) {
 
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	// Below the kernel's ephemeral range (32768 up), where outgoing
+	// connections take ports between this check and the node's bind.
+	for range 1000 {
+		p := 21000 + rand.IntN(11000)
+		portsMu.Lock()
+		taken := portsHanded[p]
+		portsHanded[p] = true
+		portsMu.Unlock()
+		if taken {
+			continue
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return strconv.Itoa(p)
 	}
-	defer ln.Close()
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	return port
+	t.Fatal("no free port")
+	return ""
 }
+
+var (
+	portsMu     sync.Mutex
+	portsHanded = map[int]bool{}
+)
 
 func balanceOf(t *testing.T, home string, addr ...string) uint64 {
 	t.Helper()
