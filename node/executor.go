@@ -186,11 +186,7 @@ func (e *Executor) handle(ctx context.Context, from peer.ID, env *p2p.Envelope) 
 		}
 		return p2p.TypeLaunchReply, p2p.LaunchReply{OK: true}, nil
 	case p2p.TypeStatusReq:
-		var r p2p.StatusReq
-		if err := p2p.Unmarshal(env.Payload, &r); err != nil {
-			return "", nil, err
-		}
-		w, err := e.owned(from, r.JobID, r.Index)
+		r, w, err := ownedReq(e, from, env, func(r *p2p.StatusReq) (string, int) { return r.JobID, r.Index })
 		if err != nil {
 			return "", nil, err
 		}
@@ -199,21 +195,13 @@ func (e *Executor) handle(ctx context.Context, from peer.ID, env *p2p.Envelope) 
 		}
 		return p2p.TypeJobStatus, w.status(time.Now()), nil
 	case p2p.TypeLogsReq:
-		var r p2p.LogsReq
-		if err := p2p.Unmarshal(env.Payload, &r); err != nil {
-			return "", nil, err
-		}
-		w, err := e.owned(from, r.JobID, r.Index)
+		r, w, err := ownedReq(e, from, env, func(r *p2p.LogsReq) (string, int) { return r.JobID, r.Index })
 		if err != nil {
 			return "", nil, err
 		}
 		return p2p.TypeLogs, readLogs(w.logs, r.Offset), nil
 	case p2p.TypeStop:
-		var r p2p.Stop
-		if err := p2p.Unmarshal(env.Payload, &r); err != nil {
-			return "", nil, err
-		}
-		w, err := e.owned(from, r.JobID, r.Index)
+		r, w, err := ownedReq(e, from, env, func(r *p2p.Stop) (string, int) { return r.JobID, r.Index })
 		if err != nil {
 			return "", nil, err
 		}
@@ -231,6 +219,18 @@ func (e *Executor) handle(ctx context.Context, from peer.ID, env *p2p.Envelope) 
 		return p2p.TypeJobStatus, w.status(time.Now()), nil
 	}
 	return "", nil, fmt.Errorf("%w %q", p2p.ErrUnknownType, env.Type)
+}
+
+// ownedReq decodes a request about one worker and finds that worker, if
+// from launched it.
+func ownedReq[T any](e *Executor, from peer.ID, env *p2p.Envelope, ref func(*T) (string, int)) (*T, *worker, error) {
+	var r T
+	if err := p2p.Unmarshal(env.Payload, &r); err != nil {
+		return nil, nil, err
+	}
+	run, index := ref(&r)
+	w, err := e.owned(from, run, index)
+	return &r, w, err
 }
 
 // owned finds worker index of run, if from launched it.

@@ -4,15 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/deepmarket/deepmarket/internal/testutil"
 	"github.com/deepmarket/deepmarket/node/api"
 )
 
@@ -142,31 +140,4 @@ func multicastAvailable() bool {
 }
 
 // freePort returns a loopback TCP port free at the time of asking.
-func freePort(t *testing.T) string {
-	t.Helper()
-	// Below the kernel's ephemeral range (32768 up), where outgoing
-	// connections take ports between this check and the node's bind.
-	for range 1000 {
-		p := 21000 + rand.IntN(11000)
-		portsMu.Lock()
-		taken := portsHanded[p]
-		portsHanded[p] = true
-		portsMu.Unlock()
-		if taken {
-			continue
-		}
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err != nil {
-			continue
-		}
-		ln.Close()
-		return strconv.Itoa(p)
-	}
-	t.Fatal("no free port")
-	return ""
-}
-
-var (
-	portsMu     sync.Mutex
-	portsHanded = map[int]bool{}
-)
+func freePort(t *testing.T) string { return testutil.FreePort(t) }

@@ -10,12 +10,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/deepmarket/deepmarket/internal/testutil"
 )
 
 // bin is the deepmarket binary built once for these tests: they run the
@@ -342,34 +342,7 @@ func TestHelp(t *testing.T) {
 	expectFail(t, 2, "unknown flag", "status", "--bogus")
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	// Below the kernel's ephemeral range (32768 up), where outgoing
-	// connections take ports between this check and the node's bind.
-	for range 1000 {
-		p := 21000 + rand.IntN(11000)
-		portsMu.Lock()
-		taken := portsHanded[p]
-		portsHanded[p] = true
-		portsMu.Unlock()
-		if taken {
-			continue
-		}
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err != nil {
-			continue
-		}
-		ln.Close()
-		return strconv.Itoa(p)
-	}
-	t.Fatal("no free port")
-	return ""
-}
-
-var (
-	portsMu     sync.Mutex
-	portsHanded = map[int]bool{}
-)
+func freePort(t *testing.T) string { return testutil.FreePort(t) }
 
 func balanceOf(t *testing.T, home string, addr ...string) uint64 {
 	t.Helper()
