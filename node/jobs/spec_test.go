@@ -95,3 +95,17 @@ func TestStateMachine(t *testing.T) {
 		t.Error("run IDs")
 	}
 }
+
+// The example researchers start from must stay valid.
+func TestExampleJobSpecValidates(t *testing.T) {
+	if _, err := os.Stat("/usr/share/datasets/fashion-mnist"); err != nil {
+		t.Skip("Fashion-MNIST is not installed (make deps)")
+	}
+	s, err := ReadSpec("../../examples/fashion-mnist/job.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Workers != 2 || s.Framework != "tensorflow" || filepath.Base(s.Bundle) != "fashion-mnist" {
+		t.Errorf("example spec: %+v", s)
+	}
+}
