@@ -111,6 +111,18 @@ func (m *JobManager) start(j *jobs.Job) {
 	}()
 }
 
+// copyJob copies j deeply enough to read while the job goes on (the
+// manager's lock held).
+func copyJob(j *jobs.Job) jobs.Job {
+	c := *j
+	c.Runs = slices.Clone(j.Runs)
+	for i := range c.Runs {
+		c.Runs[i].Workers = slices.Clone(j.Runs[i].Workers)
+	}
+	c.Workers = slices.Clone(j.Workers)
+	return c
+}
+
 // save persists j's current state (under the manager's lock: callers
 // hold no lock).
 func (m *JobManager) save(j *jobs.Job, f func()) {
@@ -122,11 +134,7 @@ func (m *JobManager) save(j *jobs.Job, f func()) {
 	if r := j.Current(); r != nil {
 		j.Workers = slices.Clone(r.Workers)
 	}
-	snapshot := *j
-	snapshot.Runs = slices.Clone(j.Runs)
-	for i := range snapshot.Runs {
-		snapshot.Runs[i].Workers = slices.Clone(j.Runs[i].Workers)
-	}
+	snapshot := copyJob(j)
 	m.mu.Unlock()
 	if err := m.n.store.Put("jobs/"+j.ID, &snapshot); err != nil {
 		m.n.log.Error("persist job", "job", j.ID[:12], "err", err)
@@ -201,7 +209,7 @@ func (m *JobManager) Submit(ctx context.Context, req api.SubmitRequest) (*jobs.J
 		m.mu.Lock()
 		st, run := j.State, j.Current()
 		quoted := run != nil && len(run.Workers) > 0 && st == jobs.Quoting
-		snapshot := *j
+		snapshot := copyJob(j)
 		m.mu.Unlock()
 		if quoted || st.Terminal() || (req.Yes && st != jobs.Submitted && st != jobs.Quoting) {
 			return &snapshot, nil
@@ -231,7 +239,7 @@ func (m *JobManager) Confirm(ctx context.Context, id string) (*jobs.Job, error) 
 			close(ch)
 		}
 	}
-	snapshot := *j
+	snapshot := copyJob(j)
 	return &snapshot, nil
 }
 
@@ -257,7 +265,7 @@ func (m *JobManager) Cancel(ctx context.Context, id string) (*jobs.Job, error) {
 	for time.Now().Before(deadline) {
 		m.mu.Lock()
 		done := j.State.Terminal()
-		snapshot := *j
+		snapshot := copyJob(j)
 		m.mu.Unlock()
 		if done {
 			return &snapshot, nil
@@ -309,8 +317,7 @@ func (m *JobManager) Job(ctx context.Context, id string) (*jobs.Job, error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	snapshot := *j
-	snapshot.Runs = slices.Clone(j.Runs)
+	snapshot := copyJob(j)
 	return &snapshot, nil
 }
 
@@ -320,7 +327,7 @@ func (m *JobManager) Jobs(ctx context.Context) ([]jobs.Job, error) {
 	defer m.mu.Unlock()
 	out := make([]jobs.Job, 0, len(m.jobs))
 	for _, j := range m.jobs {
-		out = append(out, *j)
+		out = append(out, copyJob(j))
 	}
 	slices.SortFunc(out, func(a, b jobs.Job) int { return b.Created.Compare(a.Created) })
 	return out, nil
