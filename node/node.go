@@ -190,6 +190,9 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	}
 	n.rpc.Handle(p2p.JobProtocol(n.cfg.Node.ChainID), n.exec.handle)
 	n.jobs = newJobManager(n)
+	if err := n.jobs.load(); err != nil {
+		return err
+	}
 	disc, err := p2p.NewDiscovery(p2p.DiscoveryParams{
 		Host: n.host, ChainID: n.cfg.Node.ChainID, Bootstrap: bootstrap, MDNS: n.cfg.P2P.MDNS, DHT: n.cfg.P2P.DHT,
 		Interval: n.cfg.P2P.DiscoverInterval.Duration,

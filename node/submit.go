@@ -60,33 +60,38 @@ func newJobManager(n *Node) *JobManager {
 		confirm: map[string]chan struct{}{}, cancels: map[string]context.CancelFunc{}, cancelRq: map[string]bool{}}
 }
 
-// Run loads the persisted jobs, resumes the live ones, and waits for ctx.
-func (m *JobManager) Run(ctx context.Context) error {
+// load reads the persisted jobs; it runs before the API serves, so a
+// restarted node answers for its jobs from its first request.
+func (m *JobManager) load() error {
 	if err := os.MkdirAll(m.logDir, 0o700); err != nil {
 		return err
 	}
-	var loaded []*jobs.Job
 	err := m.n.store.Each("jobs/", func(_ string, doc []byte) error {
 		var j jobs.Job
 		if err := json.Unmarshal(doc, &j); err != nil {
 			return err
 		}
-		loaded = append(loaded, &j)
+		m.jobs[j.ID] = &j
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("load jobs: %w", err)
 	}
+	return nil
+}
+
+// Run resumes the live jobs and waits for ctx.
+func (m *JobManager) Run(ctx context.Context) error {
 	m.mu.Lock()
 	m.ctx = ctx
-	for _, j := range loaded {
-		m.jobs[j.ID] = j
+	var live []*jobs.Job
+	for _, j := range m.jobs {
+		if !j.State.Terminal() {
+			live = append(live, j)
+		}
 	}
 	m.mu.Unlock()
-	for _, j := range loaded {
-		if j.State.Terminal() {
-			continue
-		}
+	for _, j := range live {
 		m.n.log.Info("resuming job after restart", "job", j.ID[:12], "state", j.State)
 		m.start(j)
 	}
