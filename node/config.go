@@ -28,7 +28,15 @@ type Config struct {
 	Prices    PricesConfig    `toml:"prices"`
 	Scheduler SchedulerConfig `toml:"scheduler"`
 	Executor  ExecutorConfig  `toml:"executor"`
+	Jobs      JobsConfig      `toml:"jobs"`
 	Log       LogConfig       `toml:"log"`
+}
+
+// JobsConfig is about the jobs this node submits.
+type JobsConfig struct {
+	// EscrowSlack is how long a job's escrow outlives its max duration:
+	// the time the submitter has to settle before its lenders may claim.
+	EscrowSlack Duration `toml:"escrow_slack"`
 }
 
 // ExecutorConfig says where lent workers run.
@@ -159,6 +167,7 @@ func DefaultConfig() Config {
 		Prices:    PricesConfig{CoreHour: "0.1", MemGiBHour: "0.02", GPUHour: "1"},
 		Scheduler: SchedulerConfig{Quote: true, Subset: SubsetAll, Nearest: 16},
 		Log:       LogConfig{Level: "info", Format: "text", Libp2pLevel: "warn"},
+		Jobs:      JobsConfig{EscrowSlack: Duration{15 * time.Minute}},
 	}
 }
 
@@ -359,6 +368,9 @@ func (c *Config) Validate() error {
 	default:
 		return bad("scheduler] subset", "%q: want all, site, nearest or list", c.Scheduler.Subset)
 	}
+	if d := c.Jobs.EscrowSlack.Duration; d < 10*time.Second || d > 7*24*time.Hour {
+		return bad("jobs] escrow_slack", "%s: want 10s to 168h", d)
+	}
 	if c.Scheduler.Nearest < 1 || c.Scheduler.Nearest > 100000 {
 		return bad("scheduler] nearest", "%d: want 1 to 100000", c.Scheduler.Nearest)
 	}
@@ -508,6 +520,12 @@ work_dir = {{lit .Executor.WorkDir}}
 # CPU ids lent workers may be pinned to; empty: the highest-numbered free ones.
 cpus = {{lit .Executor.CPUs}}
 
+[jobs]
+# How long a submitted job's escrow outlives its max_duration: the time this
+# node has to settle it (after a crash, say) before its lenders may claim
+# what its receipts owe them.
+escrow_slack = {{lit .Jobs.EscrowSlack}}
+
 [log]
 # debug, info, warn or error.
 level = {{lit .Log.Level}}
@@ -516,6 +534,18 @@ format = {{lit .Log.Format}}
 # Level for messages from libp2p's own subsystems.
 libp2p_level = {{lit .Log.Libp2pLevel}}
 `
+
+// SaveConfig checks cfg and writes it to path, atomically.
+func SaveConfig(path string, cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	text, err := cfg.Render()
+	if err != nil {
+		return fmt.Errorf("render config: %w", err)
+	}
+	return writeFileAtomic(path, []byte(text), 0o644)
+}
 
 // Render writes the config as commented TOML.
 func (c *Config) Render() (string, error) {

@@ -105,6 +105,11 @@ type InitOptions struct {
 	// LedgerPeers are other ledger nodes, NODE_ID@HOST:PORT.
 	LedgerPeers []string
 	Force       bool
+	// Key is the node key to use; nil makes a new one. (A testnet makes
+	// its keys first: genesis lists the validators.)
+	Key *identity.Key
+	// Configure, if set, adjusts the config before it is written.
+	Configure func(*Config)
 }
 
 // Local network defaults: the node's own account is the issuer, with a
@@ -149,6 +154,9 @@ func Init(h Home, opts InitOptions) (*InitResult, error) {
 		cfg.Ledger.RPCListen = opts.LedgerRPC
 	}
 	cfg.Ledger.Peers = opts.LedgerPeers
+	if opts.Configure != nil {
+		opts.Configure(&cfg)
+	}
 	var genesis []byte
 	switch {
 	case opts.Genesis != "":
@@ -196,9 +204,11 @@ func Init(h Home, opts InitOptions) (*InitResult, error) {
 	if err := os.MkdirAll(h.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create home: %w", err)
 	}
-	key, err := identity.GenerateKey()
-	if err != nil {
-		return nil, err
+	key := opts.Key
+	if key == nil {
+		if key, err = identity.GenerateKey(); err != nil {
+			return nil, err
+		}
 	}
 	if genesis == nil {
 		// A network of one: this node validates, issues and holds credits.

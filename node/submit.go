@@ -32,7 +32,6 @@ const (
 	pollEvery      = 3 * time.Second  // status, heartbeat and logs
 	receiptEvery   = 30 * time.Second
 	lostAfter      = 30 * time.Second // a worker not heard from this long is lost
-	escrowSlack    = 15 * time.Minute // escrow outlives the max duration by
 	maxRuns        = 2                // a job is re-placed at most once
 	commitAttempts = 3
 	rebids         = 8 // bids again when nothing fits, this often
@@ -499,7 +498,7 @@ func (m *JobManager) place(ctx context.Context, j *jobs.Job, k int) {
 			payees = append(payees, w.Payee)
 		}
 	}
-	expiry := time.Now().Add(j.Spec.MaxDuration + escrowSlack).Unix()
+	expiry := time.Now().Add(j.Spec.MaxDuration + m.n.cfg.Jobs.EscrowSlack.Duration).Unix()
 	tx, err := m.n.ledger.OpenEscrow(ctx, ledger.OpenEscrow{Job: runID, Amount: budget, Expiry: expiry, Payees: payees})
 	if err != nil {
 		m.releaseHolds(context.WithoutCancel(ctx), run)

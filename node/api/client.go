@@ -209,3 +209,25 @@ func (c *Client) JobLogs(ctx context.Context, id string, offset int64) (JobLogs,
 	var out JobLogs
 	return out, c.do(ctx, "GET", "/api/v1/jobs/"+url.PathEscape(id)+"/logs?offset="+strconv.FormatInt(offset, 10), nil, &out)
 }
+
+// Metrics returns the node's Prometheus metrics, as text.
+func (c *Client) Metrics(ctx context.Context) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/metrics", nil)
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("%w at %s (%v)", ErrNodeNotRunning, c.base, errors.Unwrap(err))
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", &Error{Status: resp.StatusCode, Message: fmt.Sprintf("metrics: API answered %s", resp.Status)}
+	}
+	return string(b), nil
+}
