@@ -115,6 +115,10 @@ func (app *App) load() error {
 				err = decodeInto(val, s.Escrows, name)
 			case pMachine:
 				err = decodeInto(val, s.Machines, name)
+			case pValidator:
+				err = decodeInto(val, s.Validators, name)
+			case pPending:
+				err = decodeInto(val, s.Pending, name)
 			case pLink:
 				s.Links[name] = string(val)
 			default:
@@ -163,7 +167,9 @@ func (app *App) Info(context.Context, *abci.RequestInfo) (*abci.ResponseInfo, er
 	}, nil
 }
 
-// InitChain loads the genesis app state.
+// InitChain loads the genesis app state and takes the validator set from
+// genesis (req.Validators; their names from the app state). It returns no
+// validators, so CometBFT keeps genesis' set.
 func (app *App) InitChain(_ context.Context, req *abci.RequestInitChain) (*abci.ResponseInitChain, error) {
 	var g GenesisState
 	if len(req.AppStateBytes) > 0 {
@@ -175,6 +181,9 @@ func (app *App) InitChain(_ context.Context, req *abci.RequestInitChain) (*abci.
 	}
 	s, err := g.State(req.ChainId)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.initValidators(req.Validators, g.Validators); err != nil {
 		return nil, err
 	}
 	s.Height = req.InitialHeight - 1
@@ -305,7 +314,9 @@ func orderByNonce(txs [][]byte) [][]byte {
 // FinalizeBlock executes the block's transactions in order at the block's
 // time. Signatures not already verified by CheckTx are verified in
 // parallel first. A broken invariant afterwards halts the node: it panics
-// outside any per-transaction handling.
+// outside any per-transaction handling. Validator votes that carried
+// return their changes in ValidatorUpdates (CometBFT applies them at
+// height H+2).
 func (app *App) FinalizeBlock(_ context.Context, req *abci.RequestFinalizeBlock) (*abci.ResponseFinalizeBlock, error) {
 	app.mu.Lock()
 	defer app.mu.Unlock()
@@ -328,6 +339,7 @@ func (app *App) FinalizeBlock(_ context.Context, req *abci.RequestFinalizeBlock)
 		errs[i] = decodedTxs[i].verifySig(s.ChainID)
 	})
 	results := make([]*abci.ExecTxResult, len(req.Txs))
+	before := s.powers()
 	for i, d := range decodedTxs {
 		err := errs[i]
 		var ev *event
@@ -346,7 +358,7 @@ func (app *App) FinalizeBlock(_ context.Context, req *abci.RequestFinalizeBlock)
 		panic(fmt.Sprintf("ledger invariant broken at height %d: %s", req.Height, strings.Join(problems, "; ")))
 	}
 	s.AppHash = s.Hash()
-	return &abci.ResponseFinalizeBlock{TxResults: results, AppHash: s.AppHash}, nil
+	return &abci.ResponseFinalizeBlock{TxResults: results, AppHash: s.AppHash, ValidatorUpdates: s.updatesSince(before)}, nil
 }
 
 // parallel runs fn(0..n-1) on all cores.
@@ -443,6 +455,14 @@ func (app *App) persist() error {
 			if v, ok := s.Machines[name]; ok {
 				val, found = mustEncode(v), true
 			}
+		case pValidator:
+			if v, ok := s.Validators[name]; ok {
+				val, found = mustEncode(v), true
+			}
+		case pPending:
+			if v, ok := s.Pending[name]; ok {
+				val, found = mustEncode(v), true
+			}
 		case pLink:
 			if v, ok := s.Links[name]; ok {
 				val, found = []byte(v), true
@@ -477,7 +497,7 @@ func mustEncode(v any) []byte {
 // FinalizeBlock and Commit that block is decided but not yet stored).
 // Paths:
 // /account/ADDR, /issuer/ADDR, /escrow/JOB, /machine/ADDR, /link/ADDR,
-// /totals. Values are JSON.
+// /totals, /validators (a ValidatorSet). Values are JSON.
 func (app *App) Query(_ context.Context, req *abci.RequestQuery) (*abci.ResponseQuery, error) {
 	app.mu.RLock()
 	defer app.mu.RUnlock()
@@ -520,6 +540,8 @@ func (app *App) query(path string) (any, error) {
 		return MachineRecord{}, nil
 	case "link":
 		return map[string]string{"machine": arg, "owner": s.ownerOf(arg)}, nil
+	case "validators":
+		return s.validatorSet(), nil
 	case "totals":
 		t, problems := s.CheckInvariants()
 		return map[string]any{"totals": t, "problems": problems, "height": s.Height}, nil
@@ -561,6 +583,20 @@ func (s *State) clone() *State {
 	for k, v := range s.Machines {
 		m := *v
 		c.Machines[k] = &m
+	}
+	for k, v := range s.Validators {
+		a := *v
+		a.PubKey = append([]byte(nil), v.PubKey...)
+		c.Validators[k] = &a
+	}
+	for k, v := range s.Pending {
+		p := *v
+		p.PubKey = append([]byte(nil), v.PubKey...)
+		p.Votes = make([]PendingVote, len(v.Votes))
+		for i, vote := range v.Votes {
+			p.Votes[i] = PendingVote{Voter: append([]byte(nil), vote.Voter...), Power: vote.Power}
+		}
+		c.Pending[k] = &p
 	}
 	return c
 }

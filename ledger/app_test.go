@@ -335,10 +335,13 @@ func FuzzCheckTx(f *testing.F) {
 	issuer, alice := key(f, 1), key(f, 2)
 	seed, _ := NewTx(alice, testChain, TypeTransfer, 0, &Transfer{To: string(issuer.Address()), Amount: 5})
 	f.Add(seed)
+	vote, _ := NewTx(alice, testChain, TypeValidatorVote, 0, &ValidatorVote{PubKey: issuer.Public(), Power: 10, Name: "u"})
+	f.Add(vote)
 	f.Add([]byte{0xa0})
 	app := NewMemoryApp(nil)
 	raw, _ := jsonMarshal(genesis(issuer, map[*identity.Key]uint64{alice: 10}))
-	app.InitChain(context.Background(), &abci.RequestInitChain{ChainId: testChain, InitialHeight: 1, AppStateBytes: raw})
+	app.InitChain(context.Background(), &abci.RequestInitChain{ChainId: testChain, InitialHeight: 1, AppStateBytes: raw,
+		Validators: []abci.ValidatorUpdate{abci.Ed25519ValidatorUpdate(alice.Public(), 10)}})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		resp, err := app.CheckTx(context.Background(), &abci.RequestCheckTx{Tx: b})
 		if err != nil {
@@ -355,7 +358,7 @@ func FuzzCheckTx(f *testing.F) {
 
 func FuzzDecodeTx(f *testing.F) {
 	k := key(f, 1)
-	for _, typ := range []string{TypeTransfer, TypeGrant, TypeOpenEscrow, TypeSettle, TypeClaim, TypeExpire, TypeLinkMachine} {
+	for _, typ := range []string{TypeTransfer, TypeGrant, TypeOpenEscrow, TypeSettle, TypeClaim, TypeExpire, TypeLinkMachine, TypeValidatorVote} {
 		b, _ := NewTx(k, testChain, typ, 0, &Transfer{To: string(k.Address()), Amount: 1})
 		f.Add(b)
 	}

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	abci "github.com/cometbft/cometbft/abci/types"
+	cmted "github.com/cometbft/cometbft/crypto/ed25519"
 	rpchttp "github.com/cometbft/cometbft/rpc/client/http"
 	ctypes "github.com/cometbft/cometbft/rpc/core/types"
 )
@@ -74,7 +75,15 @@ func AuditWith(ctx context.Context, rpc AuditRPC, progress func(height, latest i
 	latest := st.SyncInfo.LatestBlockHeight
 	rep := &AuditReport{ChainID: doc.ChainID, Problems: []string{}, Accounts: []AccountFlow{}}
 	app := NewMemoryApp(nil)
-	if _, err := app.InitChain(ctx, &abci.RequestInitChain{ChainId: doc.ChainID, InitialHeight: doc.InitialHeight, AppStateBytes: doc.AppState}); err != nil {
+	// The genesis validators, as CometBFT's handshake hands them over.
+	init := &abci.RequestInitChain{ChainId: doc.ChainID, InitialHeight: doc.InitialHeight, AppStateBytes: doc.AppState}
+	for _, v := range doc.Validators {
+		if v.PubKey == nil || v.PubKey.Type() != cmted.KeyType {
+			return nil, fmt.Errorf("audit: genesis validator %s: only ed25519 validators are supported", v.Name)
+		}
+		init.Validators = append(init.Validators, abci.Ed25519ValidatorUpdate(v.PubKey.Bytes(), v.Power))
+	}
+	if _, err := app.InitChain(ctx, init); err != nil {
 		return nil, fmt.Errorf("audit: genesis app state: %w", err)
 	}
 	flows := map[string]*AccountFlow{}

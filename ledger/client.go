@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -159,11 +160,43 @@ func (c *Client) Expire(ctx context.Context, job string) (*ctypes.ResultTx, erro
 	return c.Do(ctx, TypeExpire, &Expire{Job: job})
 }
 
+// VoteValidator votes, as a current validator, that the validator with
+// key pub have power (0 removes it); name names a new one. The vote
+// commits whether or not it carries the change: ValidatorSet tells.
+func (c *Client) VoteValidator(ctx context.Context, pub ed25519.PublicKey, power int64, name string) (*ctypes.ResultTx, error) {
+	return c.Do(ctx, TypeValidatorVote, &ValidatorVote{PubKey: pub, Power: power, Name: name})
+}
+
+// Validators returns the validator set and the changes voted on but not
+// carried, as of the last executed block.
+func (c *Client) Validators(ctx context.Context) (*ValidatorSet, error) {
+	return ReadValidators(ctx, c.rpc)
+}
+
+// ReadValidators is Client.Validators for a reader with no key: from any
+// node's RPC.
+func ReadValidators(ctx context.Context, rpc Querier) (*ValidatorSet, error) {
+	var v ValidatorSet
+	if err := query(ctx, rpc, "/validators", &v); err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
 // SignReceipt signs a usage receipt with the client's key (as payer).
 func (c *Client) SignReceipt(r Receipt) Receipt { return SignReceipt(c.key, c.chainID, r) }
 
 func (c *Client) query(ctx context.Context, path string, v any) error {
-	res, err := c.rpc.ABCIQuery(ctx, path, nil)
+	return query(ctx, c.rpc, path, v)
+}
+
+// Querier is the part of CometBFT's RPC client that reads the ledger.
+type Querier interface {
+	ABCIQuery(ctx context.Context, path string, data cmtbytes.HexBytes) (*ctypes.ResultABCIQuery, error)
+}
+
+func query(ctx context.Context, rpc Querier, path string, v any) error {
+	res, err := rpc.ABCIQuery(ctx, path, nil)
 	if err != nil {
 		return fmt.Errorf("query %s: %w", path, err)
 	}

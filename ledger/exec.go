@@ -330,6 +330,9 @@ func (s *State) apply(d *decoded, signer string, acct *Account, now int64, dry b
 		s.touch(pEscrow, m.Job)
 		return &event{typ: TypeExpire, accounts: []string{signer},
 			attrs: [][2]string{{"job", m.Job}, {"refund", u(e.Amount)}}}, nil
+
+	case *ValidatorVote:
+		return s.vote(d, signer, m, dry)
 	}
 	return nil, reject(CodeUnknownType, "unknown transaction %T", d.msg)
 }

@@ -18,6 +18,15 @@ type GenesisState struct {
 	Issuers  []GenesisIssuer  `json:"issuers"`
 	Balances []GenesisBalance `json:"balances"`
 	Params   *Params          `json:"params,omitempty"`
+	// Validators names the genesis validators: CometBFT's genesis lists
+	// their keys and powers, and InitChain hands the app no names.
+	Validators []GenesisValidatorName `json:"validators,omitempty"`
+}
+
+// GenesisValidatorName names a genesis validator (one per university).
+type GenesisValidatorName struct {
+	PubKey []byte `json:"pub_key"` // ed25519, base64 in JSON
+	Name   string `json:"name"`
 }
 
 // GenesisIssuer is an issuer (one per university) and its quota.
@@ -53,6 +62,19 @@ func (g GenesisState) State(chainID string) (*State, error) {
 		}
 		s.Issuers[is.Address] = &Issuer{Quota: is.Quota}
 	}
+	named := map[string]bool{}
+	for _, v := range g.Validators {
+		if len(v.PubKey) != ed25519.PublicKeySize {
+			return nil, fmt.Errorf("genesis validator name: key is %d bytes, want 32 (ed25519)", len(v.PubKey))
+		}
+		if err := checkValidatorName(v.Name); err != nil {
+			return nil, fmt.Errorf("genesis validator %s: %w", b64(v.PubKey), err)
+		}
+		if named[keyOf(v.PubKey)] {
+			return nil, fmt.Errorf("genesis validator %s named twice", b64(v.PubKey))
+		}
+		named[keyOf(v.PubKey)] = true
+	}
 	for _, b := range g.Balances {
 		if _, err := identity.ParseAddress(b.Address); err != nil {
 			return nil, fmt.Errorf("genesis balance: %w", err)
@@ -79,7 +101,24 @@ type GenesisValidator struct {
 }
 
 // NewGenesis makes a CometBFT genesis document for a DeepMarket network.
+// Unless app names the validators already, their names go into the app
+// state, where the ledger's validator set finds them.
 func NewGenesis(chainID string, validators []GenesisValidator, app GenesisState) (*cmttypes.GenesisDoc, error) {
+	if len(validators) > MaxValidators {
+		return nil, fmt.Errorf("genesis: %d validators, at most %d", len(validators), MaxValidators)
+	}
+	for _, v := range validators {
+		if v.Power <= 0 || v.Power > MaxValidatorPower {
+			return nil, fmt.Errorf("genesis validator %s: power %d, want 1 to %d", v.Name, v.Power, MaxValidatorPower)
+		}
+	}
+	if app.Validators == nil {
+		for _, v := range validators {
+			if v.Name != "" {
+				app.Validators = append(app.Validators, GenesisValidatorName{PubKey: v.PubKey, Name: v.Name})
+			}
+		}
+	}
 	if _, err := app.State(chainID); err != nil {
 		return nil, err
 	}

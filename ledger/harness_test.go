@@ -30,15 +30,23 @@ type harness struct {
 	height int64
 	now    time.Time
 	nonces map[identity.Address]uint64
+	// updates are the validator updates the last block returned.
+	updates []abci.ValidatorUpdate
 }
 
 func newHarness(t testing.TB, app *App, g GenesisState) *harness {
+	t.Helper()
+	return newHarnessWith(t, app, g, nil)
+}
+
+// newHarnessWith starts the chain with genesis validators.
+func newHarnessWith(t testing.TB, app *App, g GenesisState, vals []abci.ValidatorUpdate) *harness {
 	t.Helper()
 	if app == nil {
 		app = NewMemoryApp(nil)
 	}
 	raw, _ := jsonMarshal(g)
-	if _, err := app.InitChain(context.Background(), &abci.RequestInitChain{ChainId: testChain, InitialHeight: 1, AppStateBytes: raw}); err != nil {
+	if _, err := app.InitChain(context.Background(), &abci.RequestInitChain{ChainId: testChain, InitialHeight: 1, AppStateBytes: raw, Validators: vals}); err != nil {
 		t.Fatal(err)
 	}
 	return &harness{t: t, app: app, now: time.Unix(1_800_000_000, 0), nonces: map[identity.Address]uint64{}}
@@ -66,6 +74,7 @@ func (h *harness) block(txs ...[]byte) []*abci.ExecTxResult {
 	if err != nil {
 		h.t.Fatal(err)
 	}
+	h.updates = resp.ValidatorUpdates
 	if _, err := h.app.Commit(context.Background(), &abci.RequestCommit{}); err != nil {
 		h.t.Fatal(err)
 	}

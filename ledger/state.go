@@ -72,6 +72,11 @@ type State struct {
 	Links    map[string]string // machine address -> owner address
 	Escrows  map[string]*Escrow
 	Machines map[string]*MachineRecord
+	// Validators is the validator set by hex key, as CometBFT will have it
+	// once this block's updates apply; Pending, by hex key, the votes on
+	// changing it (validators.go).
+	Validators map[string]*Validator
+	Pending    map[string]*PendingVotes
 
 	dirty map[string]bool // keys changed since the last commit
 }
@@ -80,17 +85,20 @@ type State struct {
 func NewState() *State {
 	return &State{
 		Accounts: map[string]*Account{}, Issuers: map[string]*Issuer{}, Links: map[string]string{},
-		Escrows: map[string]*Escrow{}, Machines: map[string]*MachineRecord{}, dirty: map[string]bool{},
+		Escrows: map[string]*Escrow{}, Machines: map[string]*MachineRecord{},
+		Validators: map[string]*Validator{}, Pending: map[string]*PendingVotes{}, dirty: map[string]bool{},
 	}
 }
 
 // Key prefixes in the store and in the canonical encoding.
 const (
-	pAccount = "a/"
-	pIssuer  = "i/"
-	pLink    = "l/"
-	pEscrow  = "e/"
-	pMachine = "m/"
+	pAccount   = "a/"
+	pIssuer    = "i/"
+	pLink      = "l/"
+	pEscrow    = "e/"
+	pMachine   = "m/"
+	pValidator = "v/"
+	pPending   = "p/"
 )
 
 func (s *State) touch(prefix, key string) { s.dirty[prefix+key] = true }
@@ -110,6 +118,12 @@ func (s *State) markAllDirty() {
 	}
 	for k := range s.Machines {
 		s.touch(pMachine, k)
+	}
+	for k := range s.Validators {
+		s.touch(pValidator, k)
+	}
+	for k := range s.Pending {
+		s.touch(pPending, k)
 	}
 }
 
@@ -134,15 +148,17 @@ func (s *State) account(addr string) *Account {
 // canonical is the state as sorted lists: the one encoding the app hash
 // covers.
 type canonical struct {
-	_        struct{} `cbor:",toarray"`
-	ChainID  string
-	Supply   uint64
-	Params   Params
-	Accounts []kv[Account]
-	Issuers  []kv[Issuer]
-	Links    []kv[string]
-	Escrows  []kv[Escrow]
-	Machines []kv[MachineRecord]
+	_          struct{} `cbor:",toarray"`
+	ChainID    string
+	Supply     uint64
+	Params     Params
+	Accounts   []kv[Account]
+	Issuers    []kv[Issuer]
+	Links      []kv[string]
+	Escrows    []kv[Escrow]
+	Machines   []kv[MachineRecord]
+	Validators []kv[Validator]
+	Pending    []kv[PendingVotes]
 }
 
 type kv[T any] struct {
@@ -181,6 +197,7 @@ func (s *State) Hash() []byte {
 		ChainID: s.ChainID, Supply: s.Supply, Params: s.Params,
 		Accounts: sortedPtr(accounts), Issuers: sortedPtr(s.Issuers), Links: links,
 		Escrows: sortedPtr(s.Escrows), Machines: sortedPtr(s.Machines),
+		Validators: sortedPtr(s.Validators), Pending: sortedPtr(s.Pending),
 	})
 	if err != nil {
 		panic(fmt.Sprintf("encode canonical state: %v", err))
@@ -198,8 +215,9 @@ type Totals struct {
 
 // CheckInvariants verifies the books: supply = balances + open escrows
 // (summed without overflow), no escrow holds more than it locked or than
-// its payees' claims left, and every stored address is well formed. It
-// returns every problem found.
+// its payees' claims left, and every stored address is well formed; and
+// the validator set: keys and powers well formed, every pending vote cast
+// by a current validator. It returns every problem found.
 func (s *State) CheckInvariants() (Totals, []string) {
 	var problems []string
 	bal, esc := new(big.Int), new(big.Int)
@@ -228,6 +246,7 @@ func (s *State) CheckInvariants() (Totals, []string) {
 			problems = append(problems, fmt.Sprintf("escrow %s: %d claimed but only %d paid out", job, claimed, e.Total-e.Amount))
 		}
 	}
+	problems = append(problems, s.checkValidators()...)
 	total := new(big.Int).Add(bal, esc)
 	if !total.IsUint64() || total.Uint64() != s.Supply {
 		problems = append(problems, fmt.Sprintf("supply %d != balances %s + escrowed %s", s.Supply, bal, esc))

@@ -24,6 +24,9 @@ const (
 	TypeSettle      = "settle"
 	TypeClaim       = "claim"
 	TypeExpire      = "expire"
+	// TypeValidatorVote is a current validator's vote to add a validator,
+	// change its power or remove it (validators.go).
+	TypeValidatorVote = "validator_vote"
 )
 
 // MaxTxSize bounds a transaction's encoding.
@@ -52,6 +55,9 @@ const (
 	CodeBadReceipt
 	CodeTooLarge
 	CodeInvalidJob
+	CodeNotValidator     // a validator vote signed by a key outside the set
+	CodeInvalidValidator // a validator vote for a key, power, name or change the rules refuse
+	CodeAlreadyVoted     // the signer's pending vote is already this one
 )
 
 // Error is a rejected transaction: a stable code and a readable reason.
@@ -142,6 +148,14 @@ type (
 	// Expire returns an expired escrow's remainder to its payer.
 	Expire struct {
 		Job string `cbor:"job"`
+	}
+	// ValidatorVote is a current validator's vote that the validator with
+	// PubKey have Power (0 removes it). The change is made once validators
+	// holding more than 2/3 of the power have voted for it.
+	ValidatorVote struct {
+		PubKey []byte `cbor:"pub_key"` // ed25519, 32 bytes
+		Power  int64  `cbor:"power"`
+		Name   string `cbor:"name,omitempty"` // the university, for people reading the set
 	}
 )
 
@@ -258,6 +272,8 @@ func DecodeTx(b []byte) (*decoded, error) {
 		d.msg, err = decodeBody[Claim](d.tx.Body)
 	case TypeExpire:
 		d.msg, err = decodeBody[Expire](d.tx.Body)
+	case TypeValidatorVote:
+		d.msg, err = decodeBody[ValidatorVote](d.tx.Body)
 	default:
 		return nil, reject(CodeUnknownType, "unknown transaction type %q", d.tx.Type)
 	}

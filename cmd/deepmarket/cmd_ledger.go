@@ -25,7 +25,8 @@ func newLedgerCmd(c *cli) *cobra.Command {
 credits with up to six decimals (1 credit = 1,000,000 micro-credits); --json
 prints integers in micro-credits.`,
 	}
-	cmd.AddCommand(newBalanceCmd(c), newHistoryCmd(c), newSendCmd(c, ledger.TypeTransfer), newSendCmd(c, ledger.TypeGrant), newAuditCmd(c))
+	cmd.AddCommand(newBalanceCmd(c), newHistoryCmd(c), newSendCmd(c, ledger.TypeTransfer), newSendCmd(c, ledger.TypeGrant), newAuditCmd(c),
+		newValidatorsCmd(c), newValidatorCmd(c))
 	return cmd
 }
 

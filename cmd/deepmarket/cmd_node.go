@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/base64"
 	"fmt"
 	"os"
 	"strings"
@@ -142,7 +143,7 @@ func newKeysCmd(c *cli) *cobra.Command {
 	var asJSON bool
 	show := &cobra.Command{
 		Use:   "show",
-		Short: "Print the node's account address and peer ID (no running node needed)",
+		Short: "Print the node's account address, peer ID and validator key (no running node needed)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			k, err := c.home().LoadKey()
@@ -152,11 +153,14 @@ func newKeysCmd(c *cli) *cobra.Command {
 			out := struct {
 				Address identity.Address `json:"address"`
 				PeerID  string           `json:"peer_id"`
-			}{k.Address(), k.PeerID().String()}
+				// ValidatorPubKey is what validators vote in with
+				// `deepmarket ledger validator vote`.
+				ValidatorPubKey string `json:"validator_pubkey"`
+			}{k.Address(), k.PeerID().String(), base64.StdEncoding.EncodeToString(k.Public())}
 			if asJSON {
 				return c.printJSON(out)
 			}
-			fmt.Fprintf(c.out, "account: %s\npeer ID: %s\n", out.Address, out.PeerID)
+			fmt.Fprintf(c.out, "account:          %s\npeer ID:          %s\nvalidator pubkey: %s\n", out.Address, out.PeerID, out.ValidatorPubKey)
 			return nil
 		},
 	}
