@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/ipfs/go-cid"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/deepmarket/deepmarket/identity"
 	"github.com/deepmarket/deepmarket/ledger"
@@ -50,6 +52,10 @@ type Executor struct {
 	dir     string
 	tunnels *tunnel.Service
 	python  string
+	// tag ends this node's sandbox names: nodes sharing a machine share
+	// the cgroup parent, and one must never take another's sandbox for its
+	// own leftover.
+	tag string
 
 	mu      sync.Mutex
 	workers map[string]*worker // run/index
@@ -60,6 +66,11 @@ type Executor struct {
 
 	probeOnce sync.Once
 	probeErr  error
+
+	// Most cores and memory the workers here have held at once: what
+	// tests read to check that no machine was over-committed.
+	peakCores uint32
+	peakMem   uint64
 }
 
 type worker struct {
@@ -69,6 +80,7 @@ type worker struct {
 	dir    string
 	logs   string
 	cpus   []int
+	box    string // the sandbox's name
 
 	mu       sync.Mutex
 	state    string
@@ -85,9 +97,30 @@ type worker struct {
 	wantCkpt bool
 	closers  []func()
 	done     chan struct{}
+	// boxLeft: the sandbox may not be gone (it could not be emptied or
+	// removed), so its record stays for the next start to reap.
+	boxLeft bool
 }
 
 func workerKey(run string, index int) string { return run + "/" + strconv.Itoa(index) }
+
+// workerName names worker index of run here: its work dir and log file.
+func workerName(run string, index int) string { return run[:16] + "-" + strconv.Itoa(index) }
+
+// sandboxesKey prefixes the node store's record of each worker's sandbox,
+// "sandboxes/<sandbox name>" -> sandboxRecord. A record lives from before
+// the worker's sandbox starts until its work dir is removed, so that the
+// next start of a node that died meanwhile (SIGKILL, power cut) finds what
+// it left: workers still running, holding cores and memory no one pays
+// for, and work dirs no one will remove.
+const sandboxesKey = "sandboxes/"
+
+// sandboxRecord is the stored record of one worker's sandbox.
+type sandboxRecord struct {
+	Job   string `json:"job"`
+	Index int    `json:"index"`
+	Dir   string `json:"dir"` // its work dir
+}
 
 // newExecutor prepares the work area; Run serves until ctx ends.
 func newExecutor(n *Node, dir, python string) (*Executor, error) {
@@ -96,8 +129,44 @@ func newExecutor(n *Node, dir, python string) (*Executor, error) {
 	}
 	// The job user must be able to reach its own dir through this one.
 	os.Chmod(dir, 0o711)
-	return &Executor{n: n, dir: dir, python: python, tunnels: tunnel.New(n.host, n.cfg.Node.ChainID, n.log.With("module", "tunnel")),
-		workers: map[string]*worker{}, nets: map[string]*runNet{}, cpus: map[int]string{}}, nil
+	id := n.host.ID().String()
+	e := &Executor{n: n, dir: dir, python: python, tunnels: tunnel.New(n.host, n.cfg.Node.ChainID, n.log.With("module", "tunnel")),
+		tag: id[len(id)-8:], workers: map[string]*worker{}, nets: map[string]*runNet{}, cpus: map[int]string{}}
+	gauge := func(name, help string, f func() float64) {
+		n.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "deepmarket", Subsystem: "exec", Name: name, Help: help}, f))
+	}
+	gauge("workers", "Workers of lent jobs on this machine now.", func() float64 {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return float64(len(e.workers))
+	})
+	gauge("cores_in_use", "Cores the workers here hold now.", func() float64 { c, _ := e.inUse(); return float64(c) })
+	gauge("cores_in_use_peak", "Most cores the workers here have held at once.", func() float64 {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return float64(e.peakCores)
+	})
+	gauge("mem_in_use_peak_bytes", "Most memory the workers here have held at once.", func() float64 {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return float64(e.peakMem)
+	})
+	return e, nil
+}
+
+// inUse is what the workers here hold now.
+func (e *Executor) inUse() (cores uint32, mem uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.inUseLocked()
+}
+
+func (e *Executor) inUseLocked() (cores uint32, mem uint64) {
+	for _, w := range e.workers {
+		cores += w.l.Res.Cores
+		mem += w.l.Res.MemBytes
+	}
+	return cores, mem
 }
 
 // capable says whether this machine can enforce a job's limits; the
@@ -114,8 +183,10 @@ func (e *Executor) capable() error {
 }
 
 // Run watches workers for silent submitters and over-long runs until ctx
-// ends, then stops them all.
+// ends, then stops them all. It first ends what a previous run of this
+// node left behind; until then it launches nothing.
 func (e *Executor) Run(ctx context.Context) error {
+	e.reapLeftovers()
 	e.mu.Lock()
 	e.ctx = ctx
 	e.mu.Unlock()
@@ -168,6 +239,63 @@ func (e *Executor) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// reapLeftovers kills the workers a previous run of this node left
+// running and removes their work dirs. Only the records in this node's
+// own store are followed, so the workers of other nodes on this machine
+// are never touched. Receipts stay: they are what this machine is owed.
+func (e *Executor) reapLeftovers() {
+	log := e.n.log.With("module", "executor")
+	recs := map[string]sandboxRecord{}
+	err := e.n.store.Each(sandboxesKey, func(key string, doc []byte) error {
+		var r sandboxRecord
+		if err := json.Unmarshal(doc, &r); err != nil {
+			log.Warn("unreadable worker record: reaping its sandbox, keeping its work dir", "key", key, "err", err)
+		}
+		recs[strings.TrimPrefix(key, sandboxesKey)] = r
+		return nil
+	})
+	if err != nil {
+		log.Warn("cannot read the records of workers of a previous run: any still running are not reaped", "err", err)
+		return
+	}
+	for name, r := range recs {
+		killed, err := sandbox.Reap(name)
+		if err != nil {
+			// The record stays: the next start tries again.
+			log.Warn("cannot reap a worker left by a previous run of this node", "sandbox", name, "err", err)
+			continue
+		}
+		if killed > 0 {
+			log.Warn(fmt.Sprintf("reaped %d processes of a worker left running by a previous run of this node", killed),
+				"sandbox", name, "job", r.Job, "worker", r.Index)
+		}
+		if e.isWorkerDir(r) {
+			if err := os.RemoveAll(r.Dir); err != nil {
+				log.Warn("cannot remove the work dir of a worker of a previous run", "dir", r.Dir, "err", err)
+				continue
+			}
+			log.Info("removed the work dir of a worker of a previous run of this node", "dir", r.Dir)
+		} else if r.Dir != "" {
+			log.Info("kept a dir outside this node's work dir", "dir", r.Dir)
+		}
+		if err := e.n.store.Delete(sandboxesKey + name); err != nil {
+			log.Warn("cannot forget a reaped worker", "err", err)
+		}
+	}
+}
+
+// isWorkerDir says whether a record's dir is the work dir this executor
+// gives its worker, the only dir a record may have removed.
+func (e *Executor) isWorkerDir(r sandboxRecord) bool {
+	if len(r.Job) < 16 || r.Index < 0 || r.Dir == "" {
+		return false
+	}
+	if _, err := hex.DecodeString(r.Job); err != nil {
+		return false
+	}
+	return filepath.Clean(r.Dir) == filepath.Join(e.dir, workerName(r.Job, r.Index))
 }
 
 // handle answers the job protocol.
@@ -321,12 +449,16 @@ func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) error
 	if err != nil {
 		return err
 	}
-	w := &worker{l: l, bidder: from, key: key, dir: filepath.Join(e.dir, l.JobID[:16]+"-"+strconv.Itoa(l.Index)),
-		logs: filepath.Join(e.dir, "logs", l.JobID[:16]+"-"+strconv.Itoa(l.Index)+".log"), cpus: cpus,
+	name := workerName(l.JobID, l.Index)
+	w := &worker{l: l, bidder: from, key: key, dir: filepath.Join(e.dir, name),
+		logs: filepath.Join(e.dir, "logs", name+".log"), cpus: cpus, box: name + "-" + e.tag,
 		state: p2p.WorkerFetching, beat: time.Now(), done: make(chan struct{})}
 	wctx, cancel := context.WithCancel(e.ctx)
 	w.cancel = cancel
 	e.workers[key] = w
+	if c, m := e.inUseLocked(); c > e.peakCores || m > e.peakMem {
+		e.peakCores, e.peakMem = max(c, e.peakCores), max(m, e.peakMem)
+	}
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
@@ -452,6 +584,11 @@ func (w *worker) fail(reason string) {
 func (e *Executor) run(ctx context.Context, w *worker) {
 	log := e.n.log.With("module", "executor", "job", w.l.JobID[:12], "worker", w.l.Index)
 	l := w.l
+	// Recorded before anything exists to clean up; finish forgets it.
+	if err := e.n.store.Put(sandboxesKey+w.box, sandboxRecord{Job: l.JobID, Index: l.Index, Dir: w.dir}); err != nil {
+		w.fail("record the worker: " + err.Error())
+		return
+	}
 	for _, d := range []string{"bundle", "data", "out", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(w.dir, d), 0o755); err != nil {
 			w.fail("work dir: " + err.Error())
@@ -531,7 +668,7 @@ func (e *Executor) run(ctx context.Context, w *worker) {
 	}
 	defer logf.Close()
 	spec := sandbox.Spec{
-		Name: l.JobID[:16] + "-" + strconv.Itoa(l.Index), Dir: w.dir, Cwd: filepath.Join(w.dir, "bundle"),
+		Name: w.box, Dir: w.dir, Cwd: filepath.Join(w.dir, "bundle"),
 		Argv: l.Command, Env: env, Stdout: logf, Stderr: logf, NetNS: ns,
 		Limits: sandbox.Limits{
 			CPUs: w.cpus, Cores: float64(max(l.Res.Cores, 1)), MemBytes: l.Res.MemBytes,
@@ -547,6 +684,7 @@ func (e *Executor) run(ctx context.Context, w *worker) {
 	}
 	proc, err := sandbox.Start(ctx, spec)
 	if err != nil {
+		w.boxLeft = true // Start may have failed to remove its cgroup
 		w.mu.Unlock()
 		w.fail("start: " + err.Error())
 		return
@@ -558,6 +696,7 @@ func (e *Executor) run(ctx context.Context, w *worker) {
 	w.mu.Lock()
 	w.ended = time.Now()
 	w.exit = exit.Code
+	w.boxLeft = err != nil
 	stopped := w.stopping
 	switch {
 	case stopped:
@@ -695,7 +834,14 @@ func (e *Executor) finish(w *worker) {
 		c()
 	}
 	e.n.holds.Release(w.l.Hold)
-	os.RemoveAll(w.dir)
+	w.mu.Lock()
+	left := w.boxLeft
+	w.mu.Unlock()
+	if err := os.RemoveAll(w.dir); err == nil && !left {
+		if err := e.n.store.Delete(sandboxesKey + w.box); err != nil {
+			e.n.log.Warn("cannot forget a finished worker", "module", "executor", "err", err)
+		}
+	}
 	e.mu.Lock()
 	delete(e.workers, w.key)
 	for c, k := range e.cpus {

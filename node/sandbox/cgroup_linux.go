@@ -35,6 +35,9 @@ type hierarchy interface {
 	// create makes the job cgroup name with the limits written, ready to
 	// receive the job.
 	create(name string, l Limits) (cgroup, error)
+	// open finds the job cgroup name left by an earlier Start; ok is
+	// false when no dir of it exists on any hierarchy.
+	open(name string) (cg cgroup, ok bool)
 }
 
 // cgroup is one job's cgroup.

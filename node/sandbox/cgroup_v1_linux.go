@@ -94,6 +94,18 @@ func (h *cgroupV1) create(name string, l Limits) (cgroup, error) {
 	return cg, nil
 }
 
+func (h *cgroupV1) open(name string) (cgroup, bool) {
+	// Every hierarchy's dir, present or not: a reader of a missing one
+	// sees no processes, and removing one is a no-op.
+	cg := &cgroupV1Job{dirs: h.dirs(name)}
+	for _, d := range cg.dirs {
+		if _, err := os.Stat(d); err == nil {
+			return cg, true
+		}
+	}
+	return nil, false
+}
+
 // initCpusetV1 copies cpuset.cpus and cpuset.mems from root into the
 // deepmarket parent: v1 starts a new cpuset empty, and an empty one can hold
 // no task and no child.

@@ -97,6 +97,14 @@ func (h *cgroupV2) create(name string, l Limits) (cgroup, error) {
 	return cg, nil
 }
 
+func (h *cgroupV2) open(name string) (cgroup, bool) {
+	cg := &cgroupV2Job{dir: filepath.Join(h.root, parentCgroup, name)}
+	if _, err := os.Stat(cg.dir); err != nil {
+		return nil, false
+	}
+	return cg, true
+}
+
 // cgroupV2Job is one job's cgroup in the unified hierarchy.
 type cgroupV2Job struct {
 	dir string

@@ -57,6 +57,11 @@
 // job's main process exits, whatever it left behind is killed and the cgroup
 // is removed.
 //
+// A job outlives a node killed with SIGKILL: it runs on in its cgroup,
+// reparented to init. Reap kills such a job by its Spec.Name and removes its
+// cgroup; the node must keep its own record of which names are its own,
+// since other nodes on the machine share the deepmarket parent.
+//
 // # What it does not do
 //
 // It does not restrict the network (another package does; the job shares

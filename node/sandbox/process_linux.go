@@ -368,6 +368,36 @@ func (p *Process) Stop(grace time.Duration) {
 	<-p.done
 }
 
+// Reap SIGKILLs every process in the sandbox named name (a Spec.Name) and
+// removes its cgroup, saying how many processes it killed. It is for the
+// sandboxes of a node process that died without stopping them (SIGKILL,
+// power cut): nothing else ever ends those jobs. A sandbox that does not
+// exist is no error. Reap trusts its caller that the sandbox is no longer
+// wanted: never pass the name of a sandbox that a live node still runs.
+func Reap(name string) (killed int, err error) {
+	if name, err = sanitizeName(name); err != nil {
+		return 0, err
+	}
+	h, err := machine()
+	if err != nil {
+		return 0, err
+	}
+	cg, ok := h.open(name)
+	if !ok {
+		return 0, nil
+	}
+	// One frozen round counts the job's processes; kill then catches any
+	// that could not be frozen and waits until the cgroup is empty.
+	killed, serr := cg.signal(syscall.SIGKILL, nil)
+	if err := errors.Join(serr, cg.kill()); err != nil {
+		return killed, fmt.Errorf("sandbox: reap %s: %w", name, err)
+	}
+	if err := cg.remove(); err != nil {
+		return killed, fmt.Errorf("sandbox: reap %s: %w", name, err)
+	}
+	return killed, nil
+}
+
 // isBwrapMonitor reports whether pid is bwrap's outer process or the init
 // of the job's pid namespace. Neither handles SIGTERM, and either one's death
 // ends the job at once, so SIGTERM goes only to the job's own processes and

@@ -25,6 +25,9 @@ func (p *Process) Pid() int { return 0 }
 // Stop does nothing outside Linux.
 func (p *Process) Stop(time.Duration) {}
 
+// Reap finds nothing to kill outside Linux: no job can have started.
+func Reap(string) (int, error) { return 0, nil }
+
 // Probe reports that nothing can be enforced outside Linux.
 func Probe() Capabilities {
 	return Capabilities{Problems: []string{"not Linux: no cgroups"}}
