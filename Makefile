@@ -76,6 +76,18 @@ bench-tunnel: ## Tunnel: a job's TF traffic over libp2p streams vs direct loopba
 sim: build ## Simulator: every policy on the shipped scenarios (20 seeds per load); tables and plots in bench/results/sim
 	./$(BIN) sim --seeds 20 --out bench/results/sim
 
+.PHONY: demo
+demo: deps build ## The five-minute tour (root): a 3-site testnet, two nodes lend, one trains Fashion-MNIST; credits move, audits pass
+	DM_BIN=$(BIN) DM_PYTHON=$(VENV)/bin/python3 scripts/demo.sh
+
+.PHONY: test-faults
+test-faults: deps ## The testnet fault and load suite at full size (1,000 bids, ...): kills, lost quorum, partition, flood
+	DM_FAULTS_FULL=1 DM_PYTHON=$(VENV)/bin/python3 $(GO) test -count=1 -timeout 60m -v -run 'Fault' ./testnet/
+
+.PHONY: testnet-report
+testnet-report: deps build ## Root: one training job with 1, 2, 3 workers under lan, wifi and multi-dc; table and chart in bench/results/testnet
+	$(GO) run ./bench/testnet -bin $(BIN) -python $(VENV)/bin/python3 -out bench/results/testnet
+
 .PHONY: clean
 clean: ## Remove build outputs
 	rm -rf bin

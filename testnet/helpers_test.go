@@ -1,0 +1,227 @@
+package testnet
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/internal/testutil"
+	"github.com/deepmarket/deepmarket/ledger"
+)
+
+// binary is the deepmarket executable the tests' nodes run, built once.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "dm-testnet-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "deepmarket")
+	build := exec.Command("go", "build", "-o", binary, "../cmd/deepmarket")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build deepmarket:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// basePort finds n×4 free ports in a row below the ephemeral range.
+func basePort(t *testing.T, nodes int) int {
+	t.Helper()
+	return testutil.FreePortRange(t, PortsPerNode*nodes)
+}
+
+// startNet makes a testnet in a temporary directory and runs it; the
+// nodes stop when the test ends (their logs are printed if it failed).
+func startNet(t *testing.T, p Params, opts RunOptions) *Network {
+	t.Helper()
+	p.Out = filepath.Join(t.TempDir(), "tn")
+	p.BasePort = basePort(t, p.Validators+p.Nodes)
+	if _, err := Init(p); err != nil {
+		t.Fatal(err)
+	}
+	opts.Binary = binary
+	opts.Progress = testWriter{t}
+	n, err := Start(t.Context(), p.Out, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.Close()
+		if t.Failed() {
+			for i, nd := range n.Manifest.Nodes {
+				t.Logf("--- %s log:%s", nd.Name, n.LogTail(i, 200))
+			}
+		}
+	})
+	return n
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Logf("%s", b)
+	return len(b), nil
+}
+
+// key loads node i's key (its account).
+func (n *Network) key(t *testing.T, i int) *identity.Key {
+	t.Helper()
+	k, err := n.Home(i).LoadKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// ledgerClient signs with node i's key and talks to node via's RPC.
+func (n *Network) ledgerClient(t *testing.T, i, via int) *ledger.Client {
+	t.Helper()
+	rpc, err := n.RPC(via)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ledger.NewClient(rpc, n.key(t, i), n.Manifest.ChainID)
+}
+
+// transferLoad sends count transfers of 1 micro-credit to sink, from the
+// senders' accounts, each sender through the RPC of via(sender); it
+// returns how many committed. Failures to broadcast (a node down) are
+// retried through the next node; a transaction lost in a killed
+// node's mempool does not count.
+type transferLoad struct {
+	net       *Network
+	senders   []int
+	via       func(k int) []int // nodes to broadcast through, in order of preference
+	sink      identity.Address
+	committed atomic.Int64
+	failed    atomic.Int64
+}
+
+func (l *transferLoad) run(t *testing.T, ctx context.Context, count int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	per := count / len(l.senders)
+	for k, s := range l.senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			vias := l.via(k)
+			clients := make([]*ledger.Client, len(vias))
+			for j, v := range vias {
+				clients[j] = l.net.ledgerClient(t, s, v)
+			}
+			hashes := make(chan struct {
+				c *ledger.Client
+				h string
+			}, per)
+			var waiters sync.WaitGroup
+			for range 8 {
+				waiters.Add(1)
+				go func() {
+					defer waiters.Done()
+					for x := range hashes {
+						wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+						_, err := x.c.Wait(wctx, x.h)
+						cancel()
+						if err == nil {
+							l.committed.Add(1)
+						} else {
+							l.failed.Add(1)
+						}
+					}
+				}()
+			}
+			cur := 0
+			for m := 0; m < per; m++ {
+				var h string
+				var err error
+				for try := 0; try < 3*len(clients); try++ {
+					h, err = clients[cur].Submit(ctx, ledger.TypeTransfer, &ledger.Transfer{To: string(l.sink), Amount: 1, Memo: "load"})
+					if err == nil {
+						break
+					}
+					if ledger.CodeOf(err) == ledger.CodeBadNonce {
+						// A transaction lost with a killed node left a gap: the
+						// client learns the nonce again on its next try.
+						continue
+					}
+					cur = (cur + 1) % len(clients)
+					time.Sleep(200 * time.Millisecond)
+				}
+				if err != nil {
+					l.failed.Add(1)
+					continue
+				}
+				hashes <- struct {
+					c *ledger.Client
+					h string
+				}{clients[cur], h}
+			}
+			close(hashes)
+			waiters.Wait()
+		}()
+	}
+	wg.Wait()
+}
+
+// waitHeights waits until every listed node is at or past height h.
+func (n *Network) waitHeights(t *testing.T, nodes []int, h int64, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		hs := n.Heights(t.Context(), nodes)
+		ok := true
+		for _, x := range hs {
+			ok = ok && x >= h
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nodes %v did not reach height %d within %s: at %v", nodes, h, within, hs)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// check requires a passing audit everywhere and one chain.
+func (n *Network) check(t *testing.T, nodes []int, wantNoEscrow bool) *Consistency {
+	t.Helper()
+	var res *Consistency
+	var err error
+	// A node that just caught up may answer its audit a block behind the
+	// others' view; retry a little.
+	for try := 0; try < 10; try++ {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		res, err = n.Check(ctx, nodes, wantNoEscrow)
+		cancel()
+		if err == nil {
+			t.Logf("audit passes on %d nodes; app hash %s at height %d", len(nodes), res.AppHash, res.Height)
+			return res
+		}
+		time.Sleep(time.Second)
+	}
+	t.Fatalf("consistency: %v", err)
+	return nil
+}
+
+func all(n *Network) []int {
+	out := make([]int, len(n.Manifest.Nodes))
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
