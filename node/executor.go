@@ -39,6 +39,10 @@ const (
 	// claimDelay waits past an escrow's expiry before claiming, so the
 	// ledger's block time has passed it.
 	claimDelay = 30 * time.Second
+	// claimRetry spaces claims the ledger found early; claimAttempts
+	// bounds them (well past two empty-block intervals).
+	claimRetry    = 10 * time.Second
+	claimAttempts = 12
 )
 
 // Executor runs the workers this machine was asked to launch: it is the
@@ -932,9 +936,23 @@ func (e *Executor) claim(ctx context.Context, run string) {
 	if _, err := e.n.ledger.Escrow(ctx, run); err != nil {
 		return // settled
 	}
-	if _, err := e.n.ledger.Claim(ctx, r); err != nil {
-		e.n.log.Warn("claim", "job", run, "err", err)
-		return
+	// The ledger judges expiry by block time, which lags the clock while
+	// the chain is idle (an empty block comes every empty_block_interval):
+	// try again until a block is past the expiry.
+	for attempt := 1; ; attempt++ {
+		_, err := e.n.ledger.Claim(ctx, r)
+		if err == nil {
+			break
+		}
+		if ledger.CodeOf(err) != ledger.CodeNotExpired || attempt == claimAttempts {
+			e.n.log.Warn("claim", "job", run, "err", err)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(claimRetry):
+		}
 	}
 	e.n.log.Info("claimed from an unsettled escrow", "job", run, "amount", r.Amount)
 }

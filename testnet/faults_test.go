@@ -26,6 +26,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/testnet/netlab"
 )
 
 // size is n, or full under `make test-faults` (DM_FAULTS_FULL=1).
@@ -625,4 +626,64 @@ func timeToOffer(t *testing.T, n *Network, lender, observer int) time.Duration {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestFaultPartitionHeals: one site is cut off from the others (network
+// namespaces, profile lan) while the rest go on; no fork. Healed, the
+// minority catches up, an offer made during the cut reaches the others,
+// and a job placed from across the old cut runs there.
+func TestFaultPartitionHeals(t *testing.T) {
+	if err := netlab.Available(); err != nil {
+		t.Skipf("network namespaces: %v", err)
+	}
+	// val0 univ-a, val1 univ-b, val2 univ-c, val3 univ-a, node0 univ-b,
+	// node1 univ-c: without univ-c, three validators of four go on.
+	n := startNet(t, Params{Validators: 4, Nodes: 2, Sites: 3, Python: jobPython(),
+		Configure: func(_ *Node, c *node.Config) {
+			c.P2P.DiscoverInterval = node.Duration{Duration: 5 * time.Second}
+			c.P2P.AnnounceInterval = node.Duration{Duration: 10 * time.Second}
+		}},
+		RunOptions{Profile: "lan", StartTimeout: 2 * time.Minute})
+	const cut = 2 // univ-c
+	minority, majority := []int{2, 5}, []int{0, 1, 3, 4}
+	const lender, submitter = 5, 4
+	n.waitHeights(t, all(n), 2, time.Minute)
+	if err := n.Partition(cut); err != nil {
+		t.Fatal(err)
+	}
+	lend(t, n, lender, 1) // its offer cannot cross the cut
+	l := &transferLoad{net: n, senders: []int{0, 1}, sink: newSink(t), via: func(k int) []int { return []int{k} }}
+	l.run(t, t.Context(), 100)
+	if l.committed.Load() != 100 {
+		t.Fatalf("the majority committed %d of 100 transfers during the partition", l.committed.Load())
+	}
+	hs := n.Heights(t.Context(), append(append([]int{}, majority...), minority...))
+	t.Logf("heights during the partition (majority, then minority): %v", hs)
+	if hs[4] >= hs[0] || hs[5] >= hs[0] {
+		t.Fatalf("the cut-off site kept up with the chain: %v", hs)
+	}
+	sc, _ := n.Client(submitter)
+	time.Sleep(5 * time.Second)
+	if offers, _ := sc.Offers(t.Context()); len(offers) != 0 {
+		t.Fatalf("an offer crossed the partition: %+v", offers)
+	}
+	if err := n.Heal(cut); err != nil {
+		t.Fatal(err)
+	}
+	top := n.Heights(t.Context(), []int{0})[0]
+	n.waitHeights(t, minority, top, 2*time.Minute)
+	waitOffers(t, n, submitter, 1, 2*time.Minute)
+	j, err := sc.Submit(t.Context(), api.SubmitRequest{Spec: workSpec(workBundle(t), 3, "0.5", "5m"), Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j = waitJob(t, sc, j.ID, 3*time.Minute); j.State != jobs.Succeeded {
+		t.Fatalf("a job across the healed cut: %s (%s)\n%s", j.State, j.Reason, jobLog(t, sc, j.ID))
+	}
+	if machineIndex(n, j.Current().Workers[0].Machine) != lender {
+		t.Fatalf("the job ran on %s", j.Current().Workers[0].Machine)
+	}
+	top = n.Heights(t.Context(), []int{0})[0]
+	n.waitHeights(t, all(n), top, time.Minute)
+	n.check(t, all(n), true)
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"time"
 
 	cmted "github.com/cometbft/cometbft/crypto/ed25519"
@@ -180,6 +181,7 @@ func Init(p Params) (*Manifest, error) {
 			Configure: func(cfg *node.Config) {
 				applyAddrs(m, i, addrs, cfg)
 				cfg.P2P.MDNS = false // testnets on one host must not find each other
+				cfg.Executor.CPUs = spreadCPUs(i, runtime.NumCPU())
 				if p.Python != "" {
 					cfg.Inventory.Python = p.Python
 				}
@@ -199,6 +201,17 @@ func Init(p Params) (*Manifest, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// spreadCPUs is node i's CPU pool: all of them, ordered so that the
+// nodes of one machine pin their first workers to different CPUs (the
+// executor takes CPUs from the end of its pool).
+func spreadCPUs(i, n int) []int {
+	pool := make([]int, n)
+	for j := range pool {
+		pool[j] = (i + 1 + j) % n
+	}
+	return pool
 }
 
 // LedgerNodeID is the CometBFT node ID of a node key (the ledger's peer
