@@ -17,7 +17,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/deepmarket/deepmarket/identity"
@@ -98,7 +97,8 @@ func (n *Node) Key() *identity.Key { return n.key }
 func (n *Node) Run(ctx context.Context) (err error) {
 	n.started = time.Now()
 	log := n.log
-	n.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Go and process metrics come from prometheus.DefaultGatherer, which
+	// /metrics serves beside this registry (CometBFT registers there).
 
 	// The API port first: a port in use should fail before anything heavy.
 	ln, err := net.Listen("tcp", n.cfg.API.Listen)

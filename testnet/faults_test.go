@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -434,9 +435,8 @@ func TestFaultConcurrentBids(t *testing.T) {
 		waitOffers(t, n, 2+lenders+s, lenders, 2*time.Minute)
 	}
 	bundle := workBundle(t)
-	var mu sync.Mutex
-	ids := map[int][]string{}
 	var wg sync.WaitGroup
+	var submitErrs atomic.Int64
 	start := time.Now()
 	for b := range bids {
 		s := 2 + lenders + b%submitters
@@ -446,30 +446,56 @@ func TestFaultConcurrentBids(t *testing.T) {
 			c, _ := n.Client(s)
 			spec := workSpec(bundle, 1, "0.5", "5m")
 			spec.Name = fmt.Sprintf("bid-%d", b)
-			j, err := c.Submit(t.Context(), api.SubmitRequest{Spec: spec, Yes: true})
-			if err != nil {
-				t.Errorf("submit %d: %v", b, err)
-				return
+			// Submit returns once the job is quoted; under this load the
+			// answer may outlast the client's timeout, while the node
+			// goes on with the job: every job is read back below.
+			if _, err := c.Submit(t.Context(), api.SubmitRequest{Spec: spec, Yes: true}); err != nil {
+				submitErrs.Add(1)
 			}
-			mu.Lock()
-			ids[s] = append(ids[s], j.ID)
-			mu.Unlock()
 		}()
 	}
 	wg.Wait()
 	states := map[jobs.State]int{}
-	for s, list := range ids {
+	reasons := map[string]int{}
+	total := 0
+	for s := 2 + lenders; s < 2+lenders+submitters; s++ {
 		c, _ := n.Client(s)
-		for _, id := range list {
-			j := waitJob(t, c, id, 20*time.Minute)
+		deadline := time.Now().Add(20 * time.Minute)
+		var list []jobs.Job
+		for {
+			var err error
+			list, err = c.Jobs(t.Context())
+			live := 0
+			for _, j := range list {
+				if !j.State.Terminal() {
+					live++
+				}
+			}
+			if err == nil && live == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d of %d jobs still live after 20 min (%v)", n.Manifest.Nodes[s].Name, live, len(list), err)
+			}
+			time.Sleep(2 * time.Second)
+		}
+		total += len(list)
+		for _, j := range list {
 			states[j.State]++
+			if j.State != jobs.Succeeded {
+				reasons[firstWords(j.Reason)]++
+			}
 			for _, r := range j.Runs {
 				if r.Escrow > 0 && !r.Settled {
-					t.Errorf("job %s run %s: escrow %d not settled (%s)", id[:12], r.ID[:12], r.Escrow, j.State)
+					t.Errorf("job %s run %s: escrow %d not settled (%s)", j.ID[:12], r.ID[:12], r.Escrow, j.State)
 				}
 			}
 		}
 	}
+	if total != bids {
+		t.Errorf("the submitters hold %d jobs for %d bids (%d submit calls failed)", total, bids, submitErrs.Load())
+	}
+	t.Logf("why jobs did not run: %v", reasons)
 	t.Logf("%d bids over %d machines in %s: %v", bids, lenders, time.Since(start).Round(time.Second), states)
 	if states[jobs.Succeeded] == 0 {
 		t.Fatal("no job ran")
@@ -481,6 +507,14 @@ func TestFaultConcurrentBids(t *testing.T) {
 		}
 	}
 	n.check(t, all(n), true)
+}
+
+// firstWords shortens a reason to group like ones.
+func firstWords(s string) string {
+	if f := strings.Fields(s); len(f) > 6 {
+		return strings.Join(f[:6], " ")
+	}
+	return s
 }
 
 // metric reads one unlabelled gauge from node i's /metrics.

@@ -164,20 +164,20 @@ func (n *Network) launch(i int) error {
 	if err != nil {
 		return err
 	}
-	args := []string{"node", "run", "--home", h.Dir}
-	var cmd *exec.Cmd
-	if n.Lab != nil {
-		s := n.Manifest.SiteIndex(i)
-		cmd = n.Lab.Cmd(context.Background(), s, nd.Index, n.opts.Binary, args...)
-	} else {
-		cmd = exec.Command(n.opts.Binary, args...)
-	}
+	cmd := exec.Command(n.opts.Binary, "node", "run", "--home", h.Dir)
 	cmd.Env = append(os.Environ(), n.opts.Env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group: Ctrl-C reaches the runner, which stops the
 	// nodes in order; the nodes die with the runner.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if n.Lab != nil {
+		// Forked from a thread inside the node's network namespace. Not
+		// `ip netns exec`: it remounts /sys, which hides the cgroup
+		// hierarchies the node's sandbox needs.
+		start = func() error { return n.Lab.Do(n.Manifest.SiteIndex(i), nd.Index, cmd.Start) }
+	}
+	if err := start(); err != nil {
 		logf.Close()
 		return fmt.Errorf("start %s: %w", nd.Name, err)
 	}

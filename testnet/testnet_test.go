@@ -126,6 +126,13 @@ func TestTestnetRuns(t *testing.T) {
 			t.Errorf("%s sees the sink at %d (%v), want %d", n.Manifest.Nodes[i].Name, b.Balance, err, DefaultStarter+200)
 		}
 	}
+	// Every node serves its metrics (the node's and CometBFT's registries
+	// side by side, without duplicates).
+	for i := range n.Manifest.Nodes {
+		if v := metric(t, n, i, "deepmarket_exec_workers"); v != 0 {
+			t.Errorf("%s runs %v workers", n.Manifest.Nodes[i].Name, v)
+		}
+	}
 	rows, err := Status(t.Context(), n.Dir)
 	if err != nil {
 		t.Fatal(err)
