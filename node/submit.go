@@ -612,7 +612,9 @@ func (m *JobManager) quote(ctx context.Context, j *jobs.Job, runID string) (*job
 		if len(reasons) == 0 {
 			return nil, "no scheduler answered the bid: are any machines lending on this network?"
 		}
-		return nil, "no machine can take the job now: " + strings.Join(reasons, "; ")
+		// Schedulers that see the same machines give the same reason.
+		slices.Sort(reasons)
+		return nil, "no machine can take the job now: " + strings.Join(slices.Compact(reasons), "; ")
 	}
 	return runOf(best, m.n), ""
 }

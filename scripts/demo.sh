@@ -26,8 +26,9 @@ if ! "$PY" -c 'import tensorflow' 2>/dev/null; then
   exit 1
 fi
 
-step "1. Make a testnet: 3 universities, each with a validator; 3 lab machines"
-dm testnet init --validators 3 --nodes 3 --sites 3 --python "$PY" --out "$DIR"
+step "1. Make a testnet: 3 universities, each with a validator; 4 lab machines"
+# node0 and node3 are two machines of univ-a's lab; node1 is at univ-b.
+dm testnet init --validators 3 --nodes 4 --sites 3 --python "$PY" --out "$DIR"
 
 step "2. Start every node (logs in each home's node.log)"
 "$BIN" testnet run "$DIR" >"$DIR/run.log" 2>&1 &
@@ -48,8 +49,8 @@ done
 sed -n '/is running/,$p' "$DIR/run.log"
 dm testnet status "$DIR"
 
-N0=(--home "$DIR/node0") N1=(--home "$DIR/node1") N2=(--home "$DIR/node2")
-step "3. Two lab machines lend a core and 2 GiB each"
+N0=(--home "$DIR/node0") N1=(--home "$DIR/node3") N2=(--home "$DIR/node1")
+step "3. Two lab machines at univ-a lend a core and 2 GiB each"
 dm "${N0[@]}" lend --cores 1 --mem 2GiB
 dm "${N1[@]}" lend --cores 1 --mem 2GiB
 for _ in $(seq 60); do
@@ -58,7 +59,7 @@ for _ in $(seq 60); do
 done
 dm "${N2[@]}" offers
 
-step "4. The third submits the Fashion-MNIST example: 2 workers, distributed TensorFlow"
+step "4. A researcher at univ-b submits the Fashion-MNIST example: 2 workers, distributed TensorFlow"
 before=$("$BIN" "${N2[@]}" ledger balance)
 ( cd examples/fashion-mnist && "$OLDPWD/$BIN" "${N2[@]}" submit job.toml --yes --wait )
 ID=$("$BIN" "${N2[@]}" jobs --json | sed -n 's/.*"id": "\([0-9a-f]*\)".*/\1/p' | head -1)
@@ -66,14 +67,19 @@ dm "${N2[@]}" jobs show "$ID"
 
 step "5. Credits moved: the submitter paid, the lenders earned"
 echo "submitter before: $before"
-for h in node0 node1 node2; do
+for h in node0 node3 node1; do
   printf '%-6s ' "$h"; "$BIN" --home "$DIR/$h" ledger balance
 done
 dm "${N0[@]}" ledger history
+dm "${N2[@]}" ledger history
 
 step "6. Every node audits the ledger from genesis"
-for h in val0 val1 val2 node0 node1 node2; do
-  printf '%-6s ' "$h"; "$BIN" --home "$DIR/$h" ledger audit | tail -1
+for h in val0 val1 val2 node0 node1 node2 node3; do
+  printf '%-6s ' "$h"
+  "$BIN" --home "$DIR/$h" ledger audit --json 2>/dev/null | "$PY" -c 'import json, sys
+r = json.load(sys.stdin)
+print("audit", "OK" if r["ok"] else "FAILED", "at height", r["height"], "app hash", r["app_hash"][:16],
+      "supply", r["supply"] / 1e6, "escrowed", r["escrowed"] / 1e6, *r["problems"])'
 done
 
 step "Done. The testnet is in $DIR"

@@ -64,8 +64,17 @@ func newHistoryCmd(c *cli) *cobra.Command {
 	var limit int
 	cmd := &cobra.Command{Use: "history [ADDR]", Short: "List what moved credits for an account, newest first", Args: addressArg}
 	cmd.Flags().IntVar(&limit, "limit", 50, "how many transactions at most")
+	var who string // the account whose history this is
 	return showCmd(c, cmd, func(ctx context.Context, cl *api.Client, args []string) ([]ledger.HistoryEntry, error) {
-		return cl.History(ctx, firstOr(args), limit)
+		who = firstOr(args)
+		if who == "" {
+			st, err := cl.Status(ctx)
+			if err != nil {
+				return nil, err
+			}
+			who = st.Account
+		}
+		return cl.History(ctx, who, limit)
 	}, func(h []ledger.HistoryEntry) error {
 		if len(h) == 0 {
 			fmt.Fprintln(c.out, "No transactions yet.")
@@ -83,7 +92,20 @@ func newHistoryCmd(c *cli) *cobra.Command {
 				}
 			}
 			amount := e.Attrs["amount"]
-			if amount == "" {
+			if e.Type == "settle" {
+				// What the settlement moved for this account: its pay as a
+				// machine, or its refund as the payer.
+				amount = ""
+				for _, p := range e.Paid {
+					if a, v, ok := strings.Cut(p, "="); ok && a == who {
+						amount = v
+					}
+				}
+				if amount == "" && e.Attrs["from"] == who {
+					amount = e.Attrs["refund"]
+					detail = append(detail, "(refund)")
+				}
+			} else if amount == "" {
 				amount = e.Attrs["refund"]
 			}
 			if amount != "" {

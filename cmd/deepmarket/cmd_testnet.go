@@ -69,8 +69,12 @@ sites in turn, and site i's first validator is its issuer.`,
 			}
 			fmt.Fprintf(c.out, "Testnet %s in %s:\n", m.ChainID, p.Out)
 			c.table("NODE\tSITE\tROLE\tAPI PORT\tACCOUNT", rows)
+			starter := p.Starter
+			if starter == 0 {
+				starter = testnet.DefaultStarter
+			}
 			fmt.Fprintf(c.out, "\nEvery account starts with %s credits.\nNext: deepmarket testnet run %s\n",
-				units.FormatCredits(p.Starter), p.Out)
+				units.FormatCredits(starter), p.Out)
 			return nil
 		},
 	}
