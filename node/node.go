@@ -23,6 +23,7 @@ import (
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/inventory"
+	"github.com/deepmarket/deepmarket/node/web"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/storage"
 )
@@ -62,6 +63,9 @@ type Node struct {
 	exec      *Executor
 	jobs      *JobManager
 	records   machineRecords
+	prices    *PriceHistory
+	mine      myMachines
+	times     blockTimes
 }
 
 // New loads the key and token from home; it opens nothing.
@@ -202,17 +206,30 @@ func (n *Node) Run(ctx context.Context) (err error) {
 		return err
 	}
 	n.blocks.Attach(n.host, disc.ContentRouting())
-	server := api.NewServer(api.Params{
+	if n.prices, err = NewPriceHistory(PriceHistoryParams{Store: n.store, Sample: n.samplePrices, Logger: log.With("module", "prices")}); err != nil {
+		return err
+	}
+	server, err := api.NewServer(api.Params{
 		Token: n.token, Status: n, Lending: n, Market: n, Ledger: n, Data: n, Sched: n, Jobs: n.jobs,
+		Dashboard: n, Validators: n, UI: web.FS(), UploadDir: filepath.Join(n.home.Dir, "data", "uploads"),
 		// CometBFT registers its metrics process-wide; serve them beside ours.
 		Gatherer: prometheus.Gatherers{n.reg, prometheus.DefaultGatherer},
 		Logger:   log.With("module", "api"),
 	})
+	if err != nil {
+		return err
+	}
+	// Uploads left by a node that stopped mid-upload.
+	os.RemoveAll(filepath.Join(n.home.Dir, "data", "uploads"))
 
 	g.Go(func() error { return disc.Run(gctx) })
 	g.Go(func() error { return n.peers.Run(gctx) })
 	g.Go(func() error {
-		return n.gossip.Offers().Run(gctx, func(r *p2p.Received) { n.book.Apply(r, time.Now()) })
+		return n.gossip.Offers().Run(gctx, func(r *p2p.Received) {
+			now := time.Now()
+			n.book.Apply(r, now)
+			n.mine.saw(string(n.key.Address()), r, now)
+		})
 	})
 	g.Go(func() error {
 		return n.gossip.Bids().Run(gctx, func(r *p2p.Received) {
@@ -228,6 +245,7 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	g.Go(func() error { return n.exec.Run(gctx) })
 	g.Go(func() error { return n.jobs.Run(gctx) })
 	g.Go(func() error { return n.refreshRecords(gctx) })
+	g.Go(func() error { return n.prices.Run(gctx) })
 	g.Go(func() error { return n.blocks.Run(gctx) })
 	g.Go(func() error { return server.Serve(gctx, ln) })
 	g.Go(func() error {

@@ -231,3 +231,43 @@ func (c *Client) Metrics(ctx context.Context) (string, error) {
 	}
 	return string(b), nil
 }
+
+// LoginLink asks for a one-time link that signs a browser into the
+// dashboard (it needs the API token).
+func (c *Client) LoginLink(ctx context.Context) (LoginLink, error) {
+	var out LoginLink
+	return out, c.do(ctx, http.MethodPost, "/api/v1/ui/login-link", nil, &out)
+}
+
+// Overview returns the dashboard's summary of the account and its machines.
+func (c *Client) Overview(ctx context.Context) (Overview, error) {
+	var out Overview
+	return out, c.do(ctx, http.MethodGet, "/api/v1/dashboard", nil, &out)
+}
+
+// Activity returns an account's ledger activity over the last days (addr
+// empty: the node's own).
+func (c *Client) Activity(ctx context.Context, addr string, days int) (Activity, error) {
+	var out Activity
+	q := fmt.Sprintf("/api/v1/ledger/activity?address=%s&days=%d", url.QueryEscape(addr), days)
+	return out, c.do(ctx, http.MethodGet, q, nil, &out)
+}
+
+// PriceHistory returns the market's prices over the last hours (at most
+// 24), oldest first, the last sample being now.
+func (c *Client) PriceHistory(ctx context.Context, hours int) ([]PriceSample, error) {
+	var out []PriceSample
+	return out, c.do(ctx, http.MethodGet, "/api/v1/prices/history?hours="+strconv.Itoa(hours), nil, &out)
+}
+
+// Validators returns the ledger's validator set and pending votes.
+func (c *Client) Validators(ctx context.Context) (*ledger.ValidatorSet, error) {
+	var out ledger.ValidatorSet
+	return &out, c.do(ctx, http.MethodGet, "/api/v1/validators", nil, &out)
+}
+
+// ReadSpec reads a job spec's TOML into its fields, on the node.
+func (c *Client) ReadSpec(ctx context.Context, tomlText string) (jobs.File, error) {
+	var out jobs.File
+	return out, c.do(ctx, http.MethodPost, "/api/v1/jobs/spec", SpecRequest{TOML: tomlText}, &out)
+}

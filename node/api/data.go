@@ -71,7 +71,7 @@ type streamLine struct {
 // progress line at most every 200 ms while fn runs, then its result or
 // error. The client's disconnecting cancels fn.
 func (s *Server) stream(pattern string, fn func(r *http.Request, progress func(Progress)) (any, error)) {
-	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+	s.handleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		if s.refuse(w, r) {
 			return
 		}

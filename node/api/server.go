@@ -2,15 +2,15 @@ package api
 
 import (
 	"context"
-	"crypto/subtle"
 	_ "embed"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -84,32 +84,42 @@ type FieldError interface {
 
 // Params configures NewServer.
 type Params struct {
-	Token    string
-	Status   StatusSource
-	Lending  Lending
-	Market   Market
-	Ledger   Ledger
-	Data     Data
-	Sched    Scheduling
-	Jobs     Jobs
-	Gatherer prometheus.Gatherer // what /metrics serves
-	Logger   *slog.Logger
+	Token      string
+	Status     StatusSource
+	Lending    Lending
+	Market     Market
+	Ledger     Ledger
+	Data       Data
+	Sched      Scheduling
+	Jobs       Jobs
+	Dashboard  Dashboard
+	Validators Validators
+	Gatherer   prometheus.Gatherer // what /metrics serves
+	Logger     *slog.Logger
+	// UI is the dashboard (package node/web): index.html, login.html and
+	// assets/. Nil serves no dashboard.
+	UI fs.FS
+	// UploadDir is where the dashboard's uploads and downloads are staged
+	// (emptied after each); empty takes none.
+	UploadDir string
 }
 
 // Server is the node's local API.
 type Server struct {
-	p   Params
-	mux *http.ServeMux
+	p        Params
+	mux      *http.ServeMux
+	sessions *sessions
+	routes   []string // the patterns registered, for the OpenAPI check
 }
 
 // NewServer builds the API's routes.
-func NewServer(p Params) *Server {
-	s := &Server{p: p, mux: http.NewServeMux()}
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+func NewServer(p Params) (*Server, error) {
+	s := &Server{p: p, mux: http.NewServeMux(), sessions: newSessions(nil)}
+	s.handleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(p.Gatherer, promhttp.HandlerOpts{}))
-	s.mux.HandleFunc("GET /api/v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {
+	s.handleFunc("GET /metrics", promhttp.HandlerFor(p.Gatherer, promhttp.HandlerOpts{}).ServeHTTP)
+	s.handleFunc("GET /api/v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(openAPI)
 	})
@@ -207,10 +217,14 @@ func NewServer(p Params) *Server {
 		return p.Jobs.Logs(r.Context(), r.PathValue("id"), off)
 	})
 	s.handle("POST /api/v1/data/gc", func(r *http.Request) (any, error) { return p.Data.DataGC(r.Context()) })
+	s.routeDashboard()
+	if err := s.routeUI(); err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, &Error{Message: "no such endpoint: " + r.Method + " " + r.URL.Path + " (see /api/v1/openapi.json)"})
 	})
-	return s
+	return s, nil
 }
 
 func nonNil[T any](s []T) []T {
@@ -220,9 +234,15 @@ func nonNil[T any](s []T) []T {
 	return s
 }
 
+// handleFunc registers a route as it is.
+func (s *Server) handleFunc(pattern string, fn http.HandlerFunc) {
+	s.routes = append(s.routes, pattern)
+	s.mux.HandleFunc(pattern, fn)
+}
+
 // handle registers a token-guarded JSON route.
 func (s *Server) handle(pattern string, fn func(*http.Request) (any, error)) {
-	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+	s.handleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		if s.refuse(w, r) {
 			return
 		}
@@ -233,21 +253,6 @@ func (s *Server) handle(pattern string, fn func(*http.Request) (any, error)) {
 		}
 		writeJSON(w, http.StatusOK, out)
 	})
-}
-
-// refuse answers 401 unless the request carries the token.
-func (s *Server) refuse(w http.ResponseWriter, r *http.Request) bool {
-	if s.authorized(r) {
-		return false
-	}
-	w.Header().Set("WWW-Authenticate", `Bearer realm="deepmarket"`)
-	writeJSON(w, http.StatusUnauthorized, &Error{Message: "missing or wrong API token (the CLI reads it from api.token in the node's home)"})
-	return true
-}
-
-func (s *Server) authorized(r *http.Request) bool {
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(tok), []byte(s.p.Token)) == 1
 }
 
 // maxBody bounds request bodies; the API takes small JSON documents only.

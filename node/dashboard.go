@@ -1,0 +1,395 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/p2p"
+)
+
+// What the dashboard (package node/web) reads that the CLI does not: the
+// account's overview with estimates and problems, its ledger activity with
+// block times, and the validators.
+
+// lostFor is how long a machine of ours stays "lost" on the dashboard
+// after its offer lapsed without a withdrawal.
+const lostFor = 24 * time.Hour
+
+// myMachines remembers the machines of this node's account whose offers
+// this node has held, so one that vanishes without withdrawing shows as
+// lost (PLUTO's panic state).
+type myMachines struct {
+	mu   sync.Mutex
+	seen map[string]HeldOffer // by machine peer ID
+}
+
+// saw records an offer from the gossip if it is the account's.
+func (m *myMachines) saw(owner string, r *p2p.Received, now time.Time) {
+	o, ok := r.Payload.(*p2p.Offer)
+	if !ok || o.Owner != owner {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.seen == nil {
+		m.seen = map[string]HeldOffer{}
+	}
+	m.seen[o.Machine] = HeldOffer{Offer: *o, Seq: r.Seq, Expires: r.Expiry, Received: now}
+}
+
+func (m *myMachines) list() []HeldOffer {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]HeldOffer, 0, len(m.seen))
+	for _, h := range m.seen {
+		out = append(out, h)
+	}
+	return out
+}
+
+// wasWithdrawn reports whether the machine's last word was a withdrawal.
+func (b *OfferBook) wasWithdrawn(id string) bool {
+	pid, err := peer.Decode(id)
+	if err != nil {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.withdrawn[pid]
+	return ok
+}
+
+// earnings is what the workers running here now will be paid in the next
+// d, each at its hourly price until its maximum duration.
+func (e *Executor) earnings(now time.Time, d time.Duration) (total uint64, running int) {
+	e.mu.Lock()
+	ws := make([]*worker, 0, len(e.workers))
+	for _, w := range e.workers {
+		ws = append(ws, w)
+	}
+	e.mu.Unlock()
+	for _, w := range ws {
+		w.mu.Lock()
+		state, started := w.state, w.started
+		w.mu.Unlock()
+		if state != p2p.WorkerRunning && state != p2p.WorkerFetching {
+			continue
+		}
+		running++
+		left := d
+		if !started.IsZero() && w.l.MaxSecs > 0 {
+			left = min(d, started.Add(time.Duration(w.l.MaxSecs)*time.Second).Sub(now))
+		}
+		total += perHourFor(w.l.PerHour, left)
+	}
+	return total, running
+}
+
+// perHourFor is an hourly price for d, rounded down to micro-credits.
+func perHourFor(perHour uint64, d time.Duration) uint64 {
+	if d <= 0 {
+		return 0
+	}
+	return uint64(float64(perHour) * d.Hours())
+}
+
+// offeredFor is how long in the next d a machine lending in window w (""
+// always) is offered.
+func offeredFor(window string, now time.Time, d time.Duration) time.Duration {
+	if window == "" {
+		return d
+	}
+	w, err := p2p.ParseWindow(window)
+	if err != nil {
+		return 0
+	}
+	var in time.Duration
+	for t, end := now, now.Add(d); t.Before(end); {
+		inside, change := w.Next(t)
+		if !change.After(t) || change.After(end) {
+			change = end
+		}
+		if inside {
+			in += change.Sub(t)
+		}
+		t = change
+	}
+	return in
+}
+
+// Overview implements api.Dashboard.
+func (n *Node) Overview(ctx context.Context) (api.Overview, error) {
+	now := time.Now()
+	me := string(n.key.Address())
+	out := api.Overview{Account: me, Machines: []api.MyMachine{}, Problems: []api.Problem{}}
+	acct, err := n.ledger.Account(ctx, n.key.Address())
+	if err != nil {
+		return api.Overview{}, ledgerError(err)
+	}
+	out.Balance = acct.Balance
+
+	// This machine.
+	self := n.host.ID().String()
+	lend := n.lender.State(now)
+	earn, running := n.exec.earnings(now, 24*time.Hour)
+	out.Estimate.Earnings = earn
+	mm := api.MyMachine{Machine: self, Moniker: n.cfg.Node.Moniker, Site: n.cfg.Node.Site, Self: true, State: api.MachineIdle, Workers: running}
+	if lend.Settings != nil && lend.Lending {
+		s := lend.Settings
+		mm.Lent = p2p.Resources{Cores: uint32(s.Cores), MemBytes: s.MemBytes, GPUs: uint32(s.GPUs)}
+		price := n.cfg.DefaultPrices()
+		if s.Price != nil {
+			price = *s.Price
+		}
+		mm.PerHour = price.PerHour(mm.Lent)
+		mm.State = api.MachineOutsideWin
+		if lend.Offering {
+			mm.State = api.MachineOffering
+		}
+		out.Estimate.EarningsIfBusy = perHourFor(mm.PerHour, offeredFor(s.Window, now, 24*time.Hour))
+	}
+	alloc := n.holds.Allocated(now)
+	mm.Allocated = p2p.Resources{Cores: alloc.Cores, MemBytes: alloc.MemBytes, GPUs: alloc.GPUs}
+	n.fillRecord(ctx, &mm)
+	out.Machines = append(out.Machines, mm)
+
+	// The account's other machines, as the market shows them.
+	held := map[string]HeldOffer{}
+	for _, h := range n.book.List(now) {
+		held[h.Offer.Machine] = h
+	}
+	seen := n.mine.list()
+	slices.SortFunc(seen, func(a, b HeldOffer) int { return strings.Compare(a.Offer.Machine, b.Offer.Machine) })
+	for _, s := range seen {
+		if s.Offer.Machine == self {
+			continue
+		}
+		o := s.Offer
+		m := api.MyMachine{Machine: o.Machine, Moniker: o.Moniker, Site: o.Site, Lent: o.Lent, Allocated: o.Allocated,
+			PerHour: o.Price.PerHour(o.Lent), State: api.MachineOffering, LastSeen: s.Received.UTC()}
+		if h, ok := held[o.Machine]; ok {
+			m.Allocated, m.LastSeen = h.Offer.Allocated, h.Received.UTC()
+		} else if n.book.wasWithdrawn(o.Machine) {
+			m.State = api.MachineIdle
+		} else if now.Sub(s.Expires) < lostFor {
+			m.State = api.MachineLost
+			out.Problems = append(out.Problems, api.Problem{Kind: api.ProblemLostMachine, ID: o.Machine, Since: s.Expires.UTC(),
+				Message: fmt.Sprintf("machine %s (%s) stopped offering without withdrawing: is its node running?", nameOr(o.Moniker, o.Machine), o.Site)})
+		} else {
+			continue
+		}
+		n.fillRecord(ctx, &m)
+		out.Machines = append(out.Machines, m)
+	}
+
+	// Jobs: what the live ones will cost, and what went wrong lately.
+	list, err := n.jobs.Jobs(ctx)
+	if err != nil {
+		return api.Overview{}, err
+	}
+	for _, j := range list {
+		switch {
+		case j.State == jobs.Failed && now.Sub(j.Updated) < 7*24*time.Hour:
+			out.Problems = append(out.Problems, api.Problem{Kind: api.ProblemFailedJob, ID: j.ID, Since: j.Updated,
+				Message: fmt.Sprintf("job %s failed: %s", j.Spec.Name, j.Reason)})
+		case !j.State.Terminal():
+			out.Estimate.Costs += jobCost24h(&j, now)
+			for i, w := range j.Workers {
+				if (w.State == p2p.WorkerRunning || w.State == p2p.WorkerFetching) && !w.LastSeen.IsZero() && now.Sub(w.LastSeen) > 2*pollEvery+time.Second {
+					out.Problems = append(out.Problems, api.Problem{Kind: api.ProblemLostWorker, ID: j.ID, Since: w.LastSeen,
+						Message: fmt.Sprintf("job %s: worker %d on %s not heard from for %s", j.Spec.Name, i, nameOr(w.Moniker, w.Machine),
+							now.Sub(w.LastSeen).Round(time.Second))})
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// jobCost24h is what a live job should cost in the next 24 hours: its
+// hourly price until its maximum duration, within what is left of its
+// maximum price.
+func jobCost24h(j *jobs.Job, now time.Time) uint64 {
+	r := j.Current()
+	if r == nil || r.Settled || !j.Confirmed {
+		return 0
+	}
+	left := 24 * time.Hour
+	if !r.Started.IsZero() {
+		left = min(left, r.Started.Add(j.Spec.MaxDuration).Sub(now))
+	} else {
+		left = min(left, j.Spec.MaxDuration)
+	}
+	budget := j.Spec.MaxPrice - min(j.Cost, j.Spec.MaxPrice)
+	return min(perHourFor(r.PerHour, left), budget)
+}
+
+func nameOr(moniker, id string) string {
+	if moniker != "" {
+		return moniker
+	}
+	return id[:min(len(id), 12)]
+}
+
+// fillRecord adds the ledger's record of a machine's past jobs.
+func (n *Node) fillRecord(ctx context.Context, m *api.MyMachine) {
+	if rec, err := n.ledger.MachineRecord(ctx, payeeOf(m.Machine)); err == nil {
+		m.Earned, m.Completed, m.Failed = rec.Earned, rec.Completed, rec.Failed
+	}
+}
+
+// Validators implements api.Validators.
+func (n *Node) Validators(ctx context.Context) (*ledger.ValidatorSet, error) {
+	v, err := n.ledger.Validators(ctx)
+	return v, ledgerError(err)
+}
+
+// activityLimit bounds the transactions an activity report reads.
+const activityLimit = 500
+
+// blockTimes caches block times by height (they never change).
+type blockTimes struct {
+	mu sync.Mutex
+	at map[int64]time.Time
+}
+
+// blockTime returns the time of the block at height h.
+func (n *Node) blockTime(ctx context.Context, h int64) (time.Time, error) {
+	n.times.mu.Lock()
+	t, ok := n.times.at[h]
+	n.times.mu.Unlock()
+	if ok {
+		return t, nil
+	}
+	res, err := n.chain.Client().Header(ctx, &h)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("block %d: %w", h, err)
+	}
+	t = res.Header.Time.UTC()
+	n.times.mu.Lock()
+	if n.times.at == nil || len(n.times.at) > 100_000 {
+		n.times.at = map[int64]time.Time{}
+	}
+	n.times.at[h] = t
+	n.times.mu.Unlock()
+	return t, nil
+}
+
+// Activity implements api.Dashboard: the account's transactions of the
+// last days, newest first, each with what it moved for, and the credits
+// in and out per UTC day.
+func (n *Node) Activity(ctx context.Context, addr string, days int) (api.Activity, error) {
+	a, err := n.addressOrSelf(addr)
+	if err != nil {
+		return api.Activity{}, err
+	}
+	hist, err := n.ledger.History(ctx, a, activityLimit)
+	if err != nil {
+		return api.Activity{}, ledgerError(err)
+	}
+	now := time.Now().UTC()
+	first := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC).AddDate(0, 0, -(days - 1))
+	out := api.Activity{Address: string(a), Days: make([]api.DayFlow, days), Entries: []api.ActivityEntry{}}
+	for i := range out.Days {
+		out.Days[i].Day = first.AddDate(0, 0, i).Format(time.DateOnly)
+	}
+	// My machines: settlements name the machines they pay.
+	mine := map[string]bool{string(a): true}
+	if a == n.key.Address() {
+		for _, s := range n.mine.list() {
+			mine[payeeOf(s.Offer.Machine)] = true
+		}
+	}
+	for _, h := range hist {
+		t, err := n.blockTime(ctx, h.Height)
+		if err != nil {
+			return api.Activity{}, err
+		}
+		if t.Before(first) {
+			break // newest first
+		}
+		e := describe(h, string(a), mine)
+		e.Time = t
+		out.Entries = append(out.Entries, e)
+		d := &out.Days[min(int(t.Sub(first)/(24*time.Hour)), days-1)]
+		d.Earned += e.In
+		d.Spent += e.Out
+		out.Earned += e.In
+		out.Spent += e.Out
+	}
+	return out, nil
+}
+
+// describe says what a ledger transaction moved for account me.
+func describe(h ledger.HistoryEntry, me string, mine map[string]bool) api.ActivityEntry {
+	e := api.ActivityEntry{Height: h.Height, Hash: h.Hash, Type: h.Type, Job: h.Attrs["job"], Memo: h.Attrs["memo"]}
+	from, to := h.Attrs["from"], h.Attrs["to"]
+	amount := h.Amount("amount")
+	short := func(j string) string { return j[:min(len(j), 12)] }
+	switch h.Type {
+	case ledger.TypeTransfer:
+		switch {
+		case from == me && to == me:
+			e.What = "transfer to yourself"
+		case from == me:
+			e.Out, e.Counterparty, e.What = amount, to, "sent to "+to
+		default:
+			e.In, e.Counterparty, e.What = amount, from, "received from "+from
+		}
+	case ledger.TypeGrant:
+		if to == me {
+			e.In, e.Counterparty, e.What = amount, from, "granted by issuer "+from
+		} else {
+			e.Counterparty, e.What = to, "granted to "+to+" (from your issuer quota)"
+		}
+	case ledger.TypeOpenEscrow:
+		e.Locked, e.What = amount, "locked in escrow for job "+short(e.Job)
+	case ledger.TypeSettle:
+		var paid, earned uint64
+		for _, p := range h.Paid {
+			m, v, _ := strings.Cut(p, "=")
+			amt, _ := strconv.ParseUint(v, 10, 64)
+			if mine[m] {
+				earned += amt
+			} else {
+				paid += amt
+			}
+		}
+		if from == me {
+			e.Out, e.Unlocked = paid, h.Amount("refund")
+			e.What = fmt.Sprintf("job %s settled: paid its machines, the rest refunded", short(e.Job))
+		} else {
+			e.Counterparty = from
+			e.What = fmt.Sprintf("earned by your machine from job %s", short(e.Job))
+		}
+		e.In = earned
+	case ledger.TypeClaim:
+		if to == me {
+			e.In, e.What = amount, "claimed from the expired escrow of job "+short(e.Job)
+		} else {
+			e.Out, e.Counterparty, e.What = amount, to, "claimed by "+to+" from your escrow of job "+short(e.Job)
+		}
+	case ledger.TypeExpire:
+		e.Unlocked, e.What = h.Amount("refund"), "escrow of job "+short(e.Job)+" expired: remainder refunded"
+	case ledger.TypeLinkMachine:
+		e.What = "machine " + h.Attrs["machine"] + " linked to " + h.Attrs["owner"]
+	default:
+		e.What = h.Type
+	}
+	return e
+}
+
+var (
+	_ api.Dashboard  = (*Node)(nil)
+	_ api.Validators = (*Node)(nil)
+)

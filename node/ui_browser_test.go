@@ -1,0 +1,787 @@
+package node
+
+// The dashboard (package node/web) in a real browser: headless Chromium,
+// driven with chromedp, against real nodes on loopback. Without Chromium
+// these tests skip, unless DM_REQUIRE_BROWSER=1 says they must run (make
+// test sets it; scripts/browser-env.sh installs Chromium). Screenshots of
+// every page go to $DM_ARTIFACTS/<test> (default: the test's temporary
+// directory), and each is checked not to be blank.
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"image/png"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	cdpruntime "github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/node/sandbox"
+)
+
+// chromium finds the browser ($DM_CHROMIUM if set, else Debian's), or
+// skips (fails under DM_REQUIRE_BROWSER=1).
+func chromium(t *testing.T) string {
+	t.Helper()
+	cands := []string{"/usr/bin/chromium", "chromium", "chromium-browser", "google-chrome"}
+	if c := os.Getenv("DM_CHROMIUM"); c != "" {
+		cands = []string{c}
+	}
+	for _, c := range cands {
+		if p, err := exec.LookPath(c); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("DM_REQUIRE_BROWSER") == "1" {
+		t.Fatal("chromium is not installed but DM_REQUIRE_BROWSER=1: run scripts/browser-env.sh (make deps does)")
+	}
+	t.Skip("chromium is not installed: run scripts/browser-env.sh (make deps does) to run the dashboard's browser tests")
+	return ""
+}
+
+// artifacts is where a test's screenshots go.
+func artifacts(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if root := os.Getenv("DM_ARTIFACTS"); root != "" {
+		dir = filepath.Join(root, strings.ReplaceAll(t.Name(), "/", "_"))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("screenshots: %s (set DM_ARTIFACTS to keep them)", dir)
+	return dir
+}
+
+// browser is one headless Chromium for a test; tabs share it.
+type browser struct {
+	t    *testing.T
+	ctx  context.Context // the first tab's; new tabs open beside it
+	shot string          // screenshot directory
+
+	mu     sync.Mutex
+	errors []string // uncaught exceptions and console.error calls
+}
+
+func newBrowser(t *testing.T) *browser {
+	t.Helper()
+	path := chromium(t)
+	profile, err := os.MkdirTemp("", "deepmarket-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.WindowSize(1280, 900), chromedp.UserDataDir(profile))
+	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx, chromedp.WithLogf(func(string, ...any) {}), chromedp.WithErrorf(func(string, ...any) {}))
+	b := &browser{t: t, ctx: ctx, shot: artifacts(t)}
+	t.Cleanup(func() {
+		cancel()
+		acancel()
+		// Chromium's children may write a moment after it stops.
+		for range 50 {
+			if os.RemoveAll(profile) == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	if err := chromedp.Do(ctx); err != nil { // start it
+		t.Fatalf("start %s: %v", path, err)
+	}
+	b.listen(ctx)
+	t.Cleanup(func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for _, e := range b.errors {
+			t.Errorf("browser: %s", e)
+		}
+	})
+	return b
+}
+
+func (b *browser) listen(ctx context.Context) {
+	chromedp.Listen(ctx, func(ev any) {
+		var msg string
+		switch ev := ev.(type) {
+		case *cdpruntime.EventExceptionThrown:
+			msg = "uncaught: " + ev.ExceptionDetails.Text
+			if ev.ExceptionDetails.Exception != nil {
+				msg += " " + ev.ExceptionDetails.Exception.Description
+			}
+		case *cdpruntime.EventConsoleAPICalled:
+			if ev.Type != cdpruntime.ConsoleAPICalledTypeError {
+				return
+			}
+			var parts []string
+			for _, a := range ev.Args {
+				parts = append(parts, string(a.Value)+a.Description)
+			}
+			msg = "console.error: " + strings.Join(parts, " ")
+		default:
+			return
+		}
+		b.mu.Lock()
+		b.errors = append(b.errors, msg)
+		b.mu.Unlock()
+	})
+}
+
+// tab is a browser tab on one node's dashboard.
+type tab struct {
+	b    *browser
+	t    *testing.T
+	ctx  context.Context
+	node *testNode
+}
+
+// tab opens a tab (the browser's first one the first time) for node.
+func (b *browser) tab(n *testNode, first bool) *tab {
+	ctx := b.ctx
+	if !first {
+		var cancel context.CancelFunc
+		ctx, cancel = chromedp.NewContext(b.ctx)
+		b.t.Cleanup(cancel)
+		if err := chromedp.Do(ctx); err != nil {
+			b.t.Fatal(err)
+		}
+		b.listen(ctx)
+	}
+	return &tab{b: b, t: b.t, ctx: ctx, node: n}
+}
+
+func (tb *tab) base() string { return tb.node.APIURL() }
+
+// do runs actions, failing the test on error.
+func (tb *tab) do(what string, actions ...chromedp.Action[chromedp.Void]) {
+	tb.t.Helper()
+	ctx, cancel := context.WithTimeout(tb.ctx, 30*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		tb.t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// js evaluates an expression (awaiting a promise) into T.
+func js[T any](tb *tab, expr string) T {
+	tb.t.Helper()
+	ctx, cancel := context.WithTimeout(tb.ctx, 30*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr, chromedp.EvalAwaitPromise))
+	if err != nil {
+		tb.t.Fatalf("evaluate %s: %v", expr, err)
+	}
+	return v
+}
+
+// quote makes a JavaScript string literal.
+func quote(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// textOf is the expression for an element's text ("" if absent).
+func textOf(sel string) string {
+	return fmt.Sprintf(`((document.querySelector(%s) || {}).textContent || "")`, quote(sel))
+}
+
+// wait polls a JavaScript condition until it holds (through page loads).
+func (tb *tab) wait(within time.Duration, what, cond string) {
+	tb.t.Helper()
+	deadline := time.Now().Add(within)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(tb.ctx, 5*time.Second)
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`Boolean(`+cond+`)`))
+		cancel()
+		if err == nil && ok {
+			return
+		}
+		lastErr = err
+		time.Sleep(150 * time.Millisecond)
+	}
+	body := js[string](tb, `document.body ? document.body.innerText.slice(0, 3000) : ""`)
+	tb.t.Fatalf("timed out after %s waiting for %s (last error %v); the page says:\n%s", within, what, lastErr, body)
+}
+
+// waitText waits until the element's text contains want.
+func (tb *tab) waitText(within time.Duration, sel, want string) {
+	tb.t.Helper()
+	tb.wait(within, fmt.Sprintf("%s to say %q", sel, want), textOf(sel)+`.includes(`+quote(want)+`)`)
+}
+
+// login signs the tab into its node's dashboard with a one-time link.
+func (tb *tab) login() {
+	tb.t.Helper()
+	link, err := tb.node.client.LoginLink(tb.t.Context())
+	if err != nil {
+		tb.t.Fatal(err)
+	}
+	if !strings.HasPrefix(link.URL, tb.base()+"/login?t=") {
+		tb.t.Fatalf("login link %q is not on the node's API %s", link.URL, tb.base())
+	}
+	tb.do("open the login link", chromedp.Navigate(link.URL))
+	tb.wait(15*time.Second, "the dashboard after signing in", `location.pathname === "/" && document.querySelector('#main[data-page="dashboard"]')`)
+}
+
+// open loads a page of the dashboard and waits for its script to draw it.
+func (tb *tab) open(path, page string) {
+	tb.t.Helper()
+	tb.do("open "+path, chromedp.Navigate(tb.base()+path))
+	tb.wait(15*time.Second, "page "+page, fmt.Sprintf(`document.querySelector('#main[data-page=%s]')`, quote(page)))
+}
+
+// nav follows a link in the page's navigation (no reload).
+func (tb *tab) nav(label, page string) {
+	tb.t.Helper()
+	tb.do("click "+label, chromedp.Click(chromedp.CSS(fmt.Sprintf(`header nav a[href=%s]`, quote(label))), chromedp.NodeVisible))
+	tb.wait(15*time.Second, "page "+page, fmt.Sprintf(`document.querySelector('#main[data-page=%s]')`, quote(page)))
+}
+
+// shot saves a screenshot of the whole page as name.png, checks that it is
+// not blank, and checks that every form control on the page has a label.
+func (tb *tab) shot(name string) {
+	tb.t.Helper()
+	unlabelled := js[[]string](tb, `[...document.querySelectorAll("input, select, textarea")]
+		.filter((el) => el.type !== "hidden" && el.labels.length === 0 && !el.getAttribute("aria-label"))
+		.map((el) => el.outerHTML.slice(0, 120))`)
+	if len(unlabelled) > 0 {
+		tb.t.Errorf("%s: form controls without a label: %v", name, unlabelled)
+	}
+	ctx, cancel := context.WithTimeout(tb.ctx, 30*time.Second)
+	defer cancel()
+	buf, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		tb.t.Fatalf("screenshot %s: %v", name, err)
+	}
+	path := filepath.Join(tb.b.shot, name+".png")
+	if err := os.WriteFile(path, buf, 0o644); err != nil {
+		tb.t.Fatal(err)
+	}
+	if err := checkNotBlank(buf); err != nil {
+		tb.t.Errorf("screenshot %s: %v", path, err)
+	}
+}
+
+// checkNotBlank decodes a PNG and wants many colours, none of which covers
+// nearly all of it: a page that drew nothing (or only its background) fails.
+func checkNotBlank(b []byte) error {
+	img, err := png.Decode(bytes.NewReader(b))
+	if err != nil {
+		return fmt.Errorf("not a PNG: %w", err)
+	}
+	r := img.Bounds()
+	if r.Dx() < 200 || r.Dy() < 200 {
+		return fmt.Errorf("only %dx%d pixels", r.Dx(), r.Dy())
+	}
+	counts := map[uint32]int{}
+	for y := r.Min.Y; y < r.Max.Y; y++ {
+		for x := r.Min.X; x < r.Max.X; x++ {
+			cr, cg, cb, _ := img.At(x, y).RGBA()
+			counts[cr>>8<<16|cg>>8<<8|cb>>8]++
+		}
+	}
+	top := 0
+	for _, n := range counts {
+		top = max(top, n)
+	}
+	total := r.Dx() * r.Dy()
+	if len(counts) < 64 || float64(top) > 0.97*float64(total) {
+		return fmt.Errorf("looks blank: %d colours, the commonest covering %.1f%%", len(counts), 100*float64(top)/float64(total))
+	}
+	return nil
+}
+
+// uiPython is the interpreter the dashboard's job runs with: generic jobs
+// need only python3.
+func uiPython(t *testing.T) string {
+	t.Helper()
+	if err := sandbox.Probe().Essential(); err != nil {
+		t.Skipf("this machine cannot enforce job limits (lending needs them): %v", err)
+	}
+	for _, p := range []string{os.Getenv("DM_PYTHON"), "/opt/deepmarket/venv/bin/python3", "/usr/bin/python3"} {
+		if p == "" {
+			continue
+		}
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	t.Skip("no python3 for the test job")
+	return ""
+}
+
+// TestDashboardNeedsASession: without a session every page sends the
+// browser to the login page and the API refuses; a login link works once;
+// a session's state-changing calls need its CSRF token; the session cannot
+// mint links; signing out ends it.
+func TestDashboardNeedsASession(t *testing.T) {
+	b := newBrowser(t)
+	n := startNode(t, initHome(t, filepath.Join(t.TempDir(), "solo"), testNet(t)))
+	tb := b.tab(n, true)
+
+	// No session: each page goes to the login page, and the API says 401.
+	for _, p := range []string{"/", "/resources", "/jobs", "/market", "/ledger", "/network", "/jobs/abcdef"} {
+		tb.do("open "+p, chromedp.Navigate(tb.base()+p))
+		tb.wait(10*time.Second, p+" to send us to the login page", `location.pathname === "/login" && document.querySelector("#login-help")`)
+	}
+	if st := js[int](tb, `fetch("/api/v1/status").then((r) => r.status)`); st != http.StatusUnauthorized {
+		t.Errorf("GET /api/v1/status without a session: %d, want 401", st)
+	}
+	if st := js[int](tb, `fetch("/api/v1/jobs", {method: "POST", body: "{}"}).then((r) => r.status)`); st != http.StatusUnauthorized {
+		t.Errorf("POST /api/v1/jobs without a session: %d, want 401", st)
+	}
+	tb.shot("login")
+	plain := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := plain.Get(tb.base() + "/market")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/login" {
+		t.Errorf("GET /market without a session: %d to %q, want 303 to /login", resp.StatusCode, resp.Header.Get("Location"))
+	}
+
+	// A made-up link is refused.
+	tb.do("bogus link", chromedp.Navigate(tb.base()+"/login?t=not-a-token"))
+	tb.waitText(10*time.Second, "#login-error", "expired or was used")
+
+	// A real one signs in, once.
+	link, err := n.client.LoginLink(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb.do("open the login link", chromedp.Navigate(link.URL))
+	tb.wait(15*time.Second, "the dashboard", `document.querySelector('#main[data-page="dashboard"]')`)
+	bal, err := n.client.Balance(t.Context(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb.wait(15*time.Second, "the balance", fmt.Sprintf(`document.querySelector("#balance")?.dataset.micro === "%d"`, bal.Balance))
+	cookies := js[string](tb, `document.cookie`)
+	if strings.Contains(cookies, "dm_session") {
+		t.Errorf("the session cookie is readable by scripts: %q", cookies)
+	}
+	resp, err = plain.Get(link.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(body), "expired or was used") {
+		t.Errorf("a login link used twice: %d %s", resp.StatusCode, body)
+	}
+
+	// The session reads the API; it changes things only with its CSRF
+	// token; it cannot make login links.
+	if st := js[int](tb, `fetch("/api/v1/status").then((r) => r.status)`); st != http.StatusOK {
+		t.Errorf("GET /api/v1/status with a session: %d", st)
+	}
+	if st := js[int](tb, `fetch("/api/v1/lend", {method: "DELETE"}).then((r) => r.status)`); st != http.StatusForbidden {
+		t.Errorf("DELETE /api/v1/lend without the CSRF token: %d, want 403", st)
+	}
+	csrf := `document.querySelector('meta[name="csrf-token"]').content`
+	if st := js[int](tb, `fetch("/api/v1/lend", {method: "DELETE", headers: {"X-CSRF-Token": `+csrf+`}}).then((r) => r.status)`); st != http.StatusOK {
+		t.Errorf("DELETE /api/v1/lend with the CSRF token: %d, want 200", st)
+	}
+	if st := js[int](tb, `fetch("/api/v1/ui/login-link", {method: "POST", headers: {"X-CSRF-Token": `+csrf+`}}).then((r) => r.status)`); st != http.StatusUnauthorized {
+		t.Errorf("a session asking for a login link: %d, want 401", st)
+	}
+
+	// Signing out ends the session.
+	tb.do("sign out", chromedp.Click(chromedp.ID("logout"), chromedp.NodeVisible))
+	tb.wait(10*time.Second, "the login page", `location.pathname === "/login"`)
+	if st := js[int](tb, `fetch("/api/v1/status").then((r) => r.status)`); st != http.StatusUnauthorized {
+		t.Errorf("GET /api/v1/status after signing out: %d, want 401", st)
+	}
+	// The CLI's token still works.
+	if _, err := n.client.Status(t.Context()); err != nil {
+		t.Errorf("the bearer token after the dashboard: %v", err)
+	}
+}
+
+// startUICluster is a submitter and one lender on the submitter's ledger;
+// the lender lends nothing yet (the test lends through the dashboard).
+func startUICluster(t *testing.T, python string) (sub, lender *testNode) {
+	t.Helper()
+	chain := testNet(t)
+	dir := t.TempDir()
+	work, err := os.MkdirTemp("/var/tmp", "deepmarket-test-ui-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(work, 0o711)
+	t.Cleanup(func() { os.RemoveAll(work) })
+	withExec := func(name string, cpu int) nodeOpt {
+		return func(c *Config) {
+			c.Inventory.Python = python
+			c.Executor.WorkDir = filepath.Join(work, name)
+			c.Executor.CPUs = []int{cpu % runtime.NumCPU()}
+		}
+	}
+	sh := initHome(t, filepath.Join(dir, "submitter"), chain)
+	sub = startNode(t, sh, withExec("submitter", 0))
+	st := sub.Status()
+	lh := Home{Dir: filepath.Join(dir, "lender")}
+	if _, err := Init(lh, InitOptions{
+		Moniker: "lender", Site: "lab-b", Genesis: sh.GenesisPath(), Listen: []string{"/ip4/127.0.0.1/tcp/0"}, API: "127.0.0.1:0",
+		LedgerP2P: "tcp://127.0.0.1:" + freePort(t), LedgerRPC: "tcp://127.0.0.1:" + freePort(t),
+		LedgerPeers: []string{st.LedgerNodeID + "@127.0.0.1:" + sub.cfg.Ledger.P2PListen[len("tcp://127.0.0.1:"):]},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	lender = startNode(t, lh, withBootstrap(sub.addr()), withExec("lender", 1))
+	eventually(t, 30*time.Second, "the lender to join", func() bool { return len(sub.PeerIDs()) > 0 })
+	return sub, lender
+}
+
+// TestDashboardLendSubmitAndPages drives the dashboard as a lab user would:
+// a bad lend is refused beside its field and lends nothing; lending through
+// the form puts the machine on the other node's Market page (live); a
+// generic job submitted through the form (bundle uploaded) shows its
+// quote, runs once confirmed, and its log, result and the balance follow
+// without reloading; then every page is photographed.
+func TestDashboardLendSubmitAndPages(t *testing.T) {
+	py := uiPython(t)
+	b := newBrowser(t)
+	defer func(d time.Duration) { PriceSampleEvery = d }(PriceSampleEvery)
+	PriceSampleEvery = time.Second
+	sub, lender := startUICluster(t, py)
+
+	market := b.tab(sub, true) // the submitter watches the market
+	market.login()
+	market.nav("/market", "market")
+	market.waitText(10*time.Second, "#offers", "No offers")
+
+	lend := b.tab(lender, false)
+	lend.login()
+	lend.nav("/resources", "resources")
+	lend.wait(15*time.Second, "the inventory", `document.querySelector("#inventory-list")`)
+
+	// More cores than the machine has: refused beside the field.
+	inv := lender.Inventory()
+	lend.do("fill the lend form with too many cores",
+		chromedp.SetValue(chromedp.ID("f-cores"), fmt.Sprint(inv.Cores+3)),
+		chromedp.SetValue(chromedp.ID("f-mem"), "1"),
+		chromedp.Click(chromedp.ID("lend-submit"), chromedp.NodeVisible))
+	lend.waitText(5*time.Second, "#f-cores-error", fmt.Sprintf("this machine has %d", inv.Cores))
+	if v := js[string](lend, `document.querySelector("#f-cores").getAttribute("aria-invalid")`); v != "true" {
+		t.Errorf("the cores field is not marked invalid (aria-invalid=%q)", v)
+	}
+	if v := js[string](lend, `document.activeElement.id`); v != "f-cores" {
+		t.Errorf("focus is on %q, not on the field at fault", v)
+	}
+	lend.shot("resources-error")
+	// The node refuses it too, naming the field (what the form shows when
+	// the script's own check passes).
+	_, err := lender.client.SetLend(t.Context(), api.LendRequest{Cores: inv.Cores + 3, MemBytes: 1 << 30})
+	var apiErr *api.Error
+	if !errors.As(err, &apiErr) || apiErr.Field != "cores" {
+		t.Errorf("lending %d cores through the API: %v, want an error on field cores", inv.Cores+3, err)
+	}
+	// A reserve price above the protocol's limit passes the page's checks;
+	// the node's refusal names the field and shows beside it.
+	lend.do("fill the lend form with a price too high",
+		chromedp.SetValue(chromedp.ID("f-cores"), "1"),
+		chromedp.SetValue(chromedp.ID("f-price_core"), "2000000"),
+		chromedp.Click(chromedp.ID("lend-submit"), chromedp.NodeVisible))
+	lend.waitText(10*time.Second, "#f-price_core-error", "at most")
+	if txt := js[string](lend, textOf("#f-cores-error")); txt != "" {
+		t.Errorf("the cores error stayed: %q", txt)
+	}
+	time.Sleep(time.Second)
+	if st := lender.Lend(); st.Lending {
+		t.Fatalf("a refused lend lent: %+v", st)
+	}
+	js[string](lend, `document.querySelector("#f-price_core").value = ""`) // back to the defaults
+
+	// One core and 1 GiB: lent, and the submitter's Market page shows it
+	// without reloading.
+	lend.do("lend one core",
+		chromedp.SetValue(chromedp.ID("f-cores"), "1"),
+		chromedp.Click(chromedp.ID("lend-submit"), chromedp.NodeVisible))
+	lend.waitText(10*time.Second, "#lend-done", "Lent")
+	if st := lender.Lend(); !st.Lending || st.Settings.Cores != 1 || st.Settings.MemBytes != 1<<30 {
+		t.Fatalf("after the lend form: %+v", st)
+	}
+	lend.waitText(10*time.Second, "#lend-status", "offering")
+	ov, err := lender.client.Overview(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := ov.Machines[0]; !m.Self || m.State != api.MachineOffering || m.PerHour == 0 || ov.Estimate.EarningsIfBusy != 24*m.PerHour {
+		t.Errorf("the lender's overview: %+v", ov)
+	}
+	market.waitText(30*time.Second, "#offers-table", "lender")
+	market.waitText(10*time.Second, "#offers-table", "lab-b")
+	market.shot("market")
+
+	// The submitter's dashboard stays open in its own tab: the balance
+	// must follow the job there.
+	dash := b.tab(sub, false)
+	dash.open("/", "dashboard")
+	before, err := sub.client.Balance(t.Context(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dash.wait(15*time.Second, "the balance", fmt.Sprintf(`document.querySelector("#balance")?.dataset.micro === "%d"`, before.Balance))
+
+	// Submit a generic job through the form, the bundle uploaded.
+	bundle := t.TempDir()
+	script := `import os, pathlib, sys
+if "fail" in sys.argv:
+    print("failing on purpose", flush=True)
+    sys.exit(3)
+out = pathlib.Path(os.environ["DM_OUTPUT_DIR"])
+out.mkdir(parents=True, exist_ok=True)
+(out / "answer.txt").write_text("42 from rank %s\n" % os.environ["DM_RANK"])
+print("hello from the dashboard test", flush=True)
+`
+	if err := os.WriteFile(filepath.Join(bundle, "job.py"), []byte(script), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	jobsTab := market
+	jobsTab.nav("/jobs", "jobs")
+	// A spec with a key jobs do not have is refused beside the file input;
+	// a good one fills the form (its memory is wrong, on purpose).
+	specs := t.TempDir()
+	bad, good := filepath.Join(specs, "bad.toml"), filepath.Join(specs, "job.toml")
+	os.WriteFile(bad, []byte("name = \"x\"\ncolour = \"red\"\n"), 0o644)
+	os.WriteFile(good, []byte(`name = "dash-e2e"
+framework = "generic"
+command = ["python3", "job.py"]
+workers = 1
+cores = 1
+memory = "lots"
+max_price = "1"
+max_duration = "5m"
+`), 0o644)
+	jobsTab.do("load a bad spec", chromedp.SetUploadFiles(chromedp.ID("spec-toml"), []string{bad}))
+	jobsTab.waitText(10*time.Second, "#spec-toml-error", `unknown key "colour"`)
+	jobsTab.do("load the spec", chromedp.SetUploadFiles(chromedp.ID("spec-toml"), []string{good}))
+	jobsTab.wait(10*time.Second, "the form filled from the spec", `document.querySelector("#f-name").value === "dash-e2e" && document.querySelector("#f-framework").value === "generic" && document.querySelector("#f-command").value === "python3 job.py" && document.querySelector("#f-memory").value === "lots"`)
+	jobsTab.do("upload the bundle", chromedp.SetUploadFiles(chromedp.ID("bundle-files"), []string{filepath.Join(bundle, "job.py")}))
+	jobsTab.waitText(30*time.Second, "#bundle-upload-status", "Uploaded 1 file")
+	cid := js[string](jobsTab, `document.querySelector("#f-bundle").value`)
+	if !jobs.IsCID(cid) {
+		t.Fatalf("the bundle field holds %q after the upload, not a CID", cid)
+	}
+	jobsTab.do("ask for a quote", chromedp.Click(chromedp.ID("get-quote"), chromedp.NodeVisible))
+	// The node's answer names the field: shown beside it.
+	jobsTab.waitText(15*time.Second, "#f-memory-error", "memory")
+	jobsTab.shot("jobs-error")
+	jobsTab.do("fix the memory and ask again",
+		chromedp.SetValue(chromedp.ID("f-memory"), "256MiB"),
+		chromedp.Click(chromedp.ID("get-quote"), chromedp.NodeVisible))
+	jobsTab.wait(60*time.Second, "the quote", `document.querySelector("#quote-confirm")`)
+	jobsTab.waitText(time.Second, "#quote-workers", "lender")
+	for _, sel := range []string{"#quote-per-hour", "#quote-total"} {
+		if txt := js[string](jobsTab, textOf(sel)); !strings.Contains(txt, "credits") {
+			t.Errorf("%s says %q", sel, txt)
+		}
+	}
+	jobsTab.waitText(time.Second, "#quote", "lab-b")
+	jobsTab.shot("jobs-quote")
+	jobsTab.do("confirm", chromedp.Click(chromedp.ID("quote-confirm"), chromedp.NodeVisible))
+	jobsTab.wait(15*time.Second, "the job's page", `location.pathname.startsWith("/jobs/") && document.querySelector("#job-head [data-state]")`)
+	id := strings.TrimPrefix(js[string](jobsTab, `location.pathname`), "/jobs/")
+	jobsTab.wait(3*time.Minute, "the job to succeed", `document.querySelector('#job-head [data-state="succeeded"]')`)
+	jobsTab.waitText(15*time.Second, "#job-logs", "hello from the dashboard test")
+	jobsTab.waitText(10*time.Second, "#workers-table", "lender")
+	j, err := sub.client.Job(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.State != jobs.Succeeded || j.BundleCID != cid {
+		t.Fatalf("job %s: %s (%s), bundle %s, want succeeded with bundle %s", id, j.State, j.Reason, j.BundleCID, cid)
+	}
+	jobsTab.waitText(10*time.Second, "#result-cid", j.ResultCID)
+	jobsTab.shot("job")
+
+	// The download link gives the chief's output.
+	b64 := js[string](jobsTab, `fetch(document.querySelector("#result-download").href)
+		.then((r) => { if (!r.ok) throw new Error("download: " + r.status); return r.arrayBuffer(); })
+		.then((buf) => { let s = ""; for (const x of new Uint8Array(buf)) s += String.fromCharCode(x); return btoa(s); })`)
+	if got := untarFile(t, b64, "answer.txt"); got != "42 from rank 0\n" {
+		t.Errorf("answer.txt in the downloaded result: %q", got)
+	}
+
+	// A quote can be turned down: the job is cancelled and costs nothing.
+	jobsTab.nav("/jobs", "jobs")
+	jobsTab.do("load the spec again", chromedp.SetUploadFiles(chromedp.ID("spec-toml"), []string{good}))
+	jobsTab.wait(10*time.Second, "the form filled from the spec", `document.querySelector("#f-name").value === "dash-e2e"`)
+	jobsTab.do("ask for another quote",
+		chromedp.SetValue(chromedp.ID("f-name"), "dash-declined"),
+		chromedp.SetValue(chromedp.ID("f-memory"), "256MiB"),
+		chromedp.SetValue(chromedp.ID("f-bundle"), cid),
+		chromedp.Click(chromedp.ID("get-quote"), chromedp.NodeVisible))
+	jobsTab.wait(60*time.Second, "the quote", `document.querySelector("#quote-cancel")`)
+	jobsTab.do("decline it", chromedp.Click(chromedp.ID("quote-cancel"), chromedp.NodeVisible))
+	jobsTab.waitText(60*time.Second, "#quote-box", "cancelled before it ran")
+	all, err := sub.client.Jobs(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	declined := 0
+	for _, dj := range all {
+		if dj.Spec.Name == "dash-declined" {
+			declined++
+			if dj.State != jobs.Cancelled || dj.Cost != 0 {
+				t.Errorf("the declined job: %s, cost %d", dj.State, dj.Cost)
+			}
+		}
+	}
+	if declined != 1 {
+		t.Errorf("%d declined jobs, want 1", declined)
+	}
+
+	// The dashboard's balance followed, without a reload.
+	after, err := sub.client.Balance(t.Context(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Balance >= before.Balance || before.Balance-after.Balance != j.Cost {
+		t.Errorf("balance %d -> %d for a job that cost %d", before.Balance, after.Balance, j.Cost)
+	}
+	dash.wait(20*time.Second, "the dashboard's balance to follow the job",
+		fmt.Sprintf(`document.querySelector("#balance")?.dataset.micro === "%d"`, after.Balance))
+	dash.waitText(10*time.Second, "#jobs-table", "dash-e2e")
+	dash.waitText(10*time.Second, "#jobs-table", "succeeded")
+	dash.wait(20*time.Second, "the 30-day chart", `document.querySelector("#flows-chart svg rect.spent")`)
+	if n := js[int](dash, `document.querySelectorAll("#flows-chart svg rect.spent").length`); n != 30 {
+		t.Errorf("the 30-day chart has %d days", n)
+	}
+	// What the chart draws: the submitter spent what the job cost, the
+	// lender earned it.
+	if a, err := sub.client.Activity(t.Context(), "", 30); err != nil || a.Spent != j.Cost || a.Days[29].Spent != j.Cost {
+		t.Errorf("the submitter's activity: %+v (%v), want %d spent today", a, err, j.Cost)
+	}
+	// (The lender's replica may be a block behind.)
+	eventually(t, 10*time.Second, "the lender's activity to show what it earned", func() bool {
+		a, err := lender.client.Activity(t.Context(), "", 30)
+		return err == nil && a.Earned == j.Cost && a.Days[29].Earned == j.Cost
+	})
+
+	// A job that fails shows as a problem, in red, without a reload.
+	failed, err := sub.client.Submit(t.Context(), api.SubmitRequest{Yes: true, Spec: jobs.File{Name: "dash-fails", Framework: "generic",
+		Command: []string{"python3", "job.py", "fail"}, Bundle: cid, Workers: 1, Cores: 1, Memory: "256MiB", MaxPrice: "1", MaxDuration: "5m"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := waitJob(t, sub, failed.ID, 2*time.Minute); f.State != jobs.Failed {
+		t.Fatalf("the failing job: %s (%s)", f.State, f.Reason)
+	}
+	dash.waitText(20*time.Second, "#problems", "dash-fails failed")
+	dash.wait(5*time.Second, "the failed job's row in red", `document.querySelector("#jobs-table tr.panic")?.textContent.includes("dash-fails")`)
+	dash.shot("dashboard")
+
+	// Every other page, on the submitter.
+	pages := []struct{ path, page, ready string }{
+		{"/resources", "resources", `document.querySelector("#inventory-list") && document.querySelector("#owned-table")`},
+		{"/jobs", "jobs", `document.querySelector("#jobs-table")?.textContent.includes("dash-e2e")`},
+		{"/market", "market", `document.querySelector("#offers-table") && document.querySelector("#price-history svg polyline") && document.querySelector("#rejection-reason")?.textContent.includes("code 3")`},
+		{"/ledger", "ledger", `document.querySelector("#history-table")?.textContent.includes("settled")`},
+		{"/network", "network", `document.querySelector("#validators-table") && document.querySelector("#peers-table")?.textContent.includes("lender") && document.querySelector("#health")?.textContent === "healthy"`},
+	}
+	for _, p := range pages {
+		dash.nav(p.path, p.page)
+		dash.wait(30*time.Second, p.page+" to fill in", p.ready)
+		if p.page == "ledger" {
+			// A transfer: a malformed account is refused beside its
+			// field; a good one moves the credits.
+			// Both balances as the submitter's replica has them, where the
+			// transfer commits first.
+			lb, err := sub.client.Balance(t.Context(), string(lender.Key().Address()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			dash.do("transfer to nobody",
+				chromedp.SetValue(chromedp.ID("f-to"), "dm1nobody"),
+				chromedp.SetValue(chromedp.ID("f-amount"), "2.5"),
+				chromedp.Click(chromedp.ID("transfer-submit"), chromedp.NodeVisible))
+			dash.wait(15*time.Second, "the error beside the account", textOf("#f-to-error")+` !== ""`)
+			dash.do("transfer to the lender",
+				chromedp.SetValue(chromedp.ID("f-to"), lb.Address),
+				chromedp.Click(chromedp.ID("transfer-submit"), chromedp.NodeVisible))
+			dash.waitText(30*time.Second, "#transfer-done", "Sent 2.5 credits")
+			if la, err := sub.client.Balance(t.Context(), lb.Address); err != nil || la.Balance != lb.Balance+2_500_000 {
+				t.Errorf("the lender's balance after a transfer of 2.5: %d -> %d (%v)", lb.Balance, la.Balance, err)
+			}
+			dash.waitText(15*time.Second, "#history-table", "sent to "+lb.Address)
+			dash.do("run the audit", chromedp.Click(chromedp.ID("run-audit"), chromedp.NodeVisible))
+			dash.waitText(60*time.Second, "#audit-result", "The books balance")
+		}
+		dash.shot(p.page)
+	}
+
+	// A narrow window: one column, nothing wider than the window.
+	dash.do("narrow the window", chromedp.EmulateViewport(400, 800))
+	for _, p := range []struct{ path, page string }{{"/", "dashboard"}, {"/jobs/" + id, "job"}, {"/resources", "resources"}} {
+		dash.open(p.path, p.page)
+		time.Sleep(500 * time.Millisecond) // let the fetches land
+		if w := js[int](dash, `document.documentElement.scrollWidth - window.innerWidth`); w > 1 {
+			wide := js[[]string](dash, `[...document.querySelectorAll("body *")]
+				.filter((el) => (el.getBoundingClientRect().right > window.innerWidth + 1 || el.scrollWidth > el.clientWidth + 1) && !el.closest(".table-wrap table"))
+				.slice(0, 8).map((el) => el.tagName + "." + el.className + " " + el.scrollWidth + "/" + el.clientWidth + " " + getComputedStyle(el).overflowX + " " + (el.textContent || "").slice(0, 40))`)
+			t.Errorf("%s at 400 px: the page is %d px wider than the window; too wide: %q", p.path, w, wide)
+		}
+	}
+	dash.shot("dashboard-narrow")
+
+	// Taking the machine back through the form.
+	lend.do("take it back", chromedp.Click(chromedp.ID("stop-lend"), chromedp.NodeVisible))
+	lend.do("confirm", chromedp.Click(chromedp.ID("stop-confirm"), chromedp.NodeVisible))
+	lend.waitText(30*time.Second, "#lend-status", "not lending")
+	if st := lender.Lend(); st.Lending {
+		t.Errorf("after taking the machine back: %+v", st)
+	}
+}
+
+// untarFile finds name in a base64 .tar.gz and returns its content.
+func untarFile(t *testing.T, b64, name string) string {
+	t.Helper()
+	raw, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gz, err := gzip.NewReader(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatalf("the download is not gzip: %v", err)
+	}
+	tr := tar.NewReader(gz)
+	var names []string
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, h.Name)
+		if h.Name == name {
+			b, _ := io.ReadAll(tr)
+			return string(b)
+		}
+	}
+	t.Fatalf("%s not in the download (it holds %v)", name, names)
+	return ""
+}

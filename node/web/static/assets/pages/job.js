@@ -1,0 +1,197 @@
+// One job: its state, workers and their machines, cost so far, the result
+// to download, live logs, and cancel (or confirm, while it waits).
+
+import { api, live } from "../api.js";
+import { h, fill, table, dl } from "../dom.js";
+import { credits, shortPeer, when, ago, size, nsToDuration, joinCommand } from "../format.js";
+import { jobState, workerState, staleWorker } from "./common.js";
+import { quotePanel } from "./jobs.js";
+
+const TERMINAL = ["succeeded", "failed", "cancelled"];
+const LOG_KEEP = 256 * 1024; // characters of log kept on the page
+
+// costSoFar: what settled runs cost, plus the current run's workers at
+// their hourly price for the time they ran (what the node will pay).
+export function costSoFar(j, now = Date.now()) {
+  const run = (j.runs || [])[j.runs.length - 1];
+  if (TERMINAL.includes(j.state) || !run || run.settled) return j.cost;
+  let used = 0;
+  for (const w of run.workers || []) {
+    if (!w.started) continue;
+    const start = new Date(w.started).getTime();
+    let end = now;
+    if (w.ended) end = new Date(w.ended).getTime();
+    else if (w.last_seen) end = Math.min(now, new Date(w.last_seen).getTime());
+    if (end > start) used += (w.per_hour * (end - start)) / 3.6e6;
+  }
+  return j.cost + Math.floor(used);
+}
+
+export function render(main, { params, navigate }) {
+  const id = params[0];
+  const head = h("div", { id: "job-head" }, h("h1", null, "Job"), h("p", { class: "muted" }, "…"));
+  const summary = h("div", { id: "job-summary" });
+  const workers = h("div", { id: "job-workers" });
+  const result = h("div", { id: "job-result" });
+  const actions = h("div", { id: "job-actions" });
+  const logs = h("pre", { class: "logs", id: "job-logs", tabindex: "0", "aria-label": "Job log" });
+  const err = h("p", { class: "error", role: "alert" });
+  main.append(head, err, actions,
+    h("div", { class: "cols" },
+      h("section", { "aria-labelledby": "js-h" }, h("h2", { id: "js-h" }, "Summary"), summary),
+      h("section", { "aria-labelledby": "jr-h" }, h("h2", { id: "jr-h" }, "Result"), result)),
+    h("section", { "aria-labelledby": "jw-h" }, h("h2", { id: "jw-h" }, "Workers"), workers),
+    h("section", { "aria-labelledby": "jl-h" }, h("h2", { id: "jl-h" }, "Log"), logs));
+
+  let job = null;
+  let lastSummary = "";
+  let stopped = false;
+
+  function draw() {
+    const j = job;
+    const run = (j.runs || [])[j.runs.length - 1] || {};
+    fill(head,
+      h("h1", null, `Job ${j.spec.name} `, jobState(j)),
+      h("p", { class: "muted small mono" }, j.id),
+      j.reason ? h("p", { class: j.state === "failed" ? "error" : "notice", id: "job-reason" }, j.reason) : null);
+    fill(summary, dl([
+      ["Submitted", when(j.created)],
+      ["Framework", j.spec.framework],
+      ["Command", h("code", null, joinCommand(j.spec.command))],
+      ["Shape", `${j.spec.workers} × ${j.spec.cores} cores, ${size(j.spec.mem_bytes)}${j.spec.gpus ? `, ${j.spec.gpus} GPUs` : ""}`],
+      ["Limits", `${credits(j.spec.max_price)} credits, ${nsToDuration(j.spec.max_duration_ns)}`],
+      ["Bundle", h("span", { class: "mono small" }, j.bundle_cid || j.spec.bundle)],
+      j.dataset_cid || j.spec.dataset ? ["Dataset", h("span", { class: "mono small" }, j.dataset_cid || j.spec.dataset)] : null,
+      run.per_hour ? ["Price per hour", `${credits(run.per_hour)} credits`] : null,
+      run.escrow ? ["In escrow", `${credits(run.escrow)} credits`] : null,
+      ["Cost so far", h("span", { id: "job-cost" }, `${credits(costSoFar(j))} credits`)],
+      (j.runs || []).length > 1 ? ["Runs", `${j.runs.length} (re-placed after a lost worker)`] : null,
+    ]));
+    const ws = j.workers || [];
+    fill(workers, table({
+      id: "workers-table",
+      columns: [{ label: "#", num: true }, { label: "Machine" }, { label: "Site" }, { label: "State" }, { label: "Price/h", num: true }, { label: "Started" }, { label: "Last heard" }],
+      rows: ws.map((w, i) => [
+        String(i),
+        [w.moniker || shortPeer(w.machine), h("div", { class: "muted small mono" }, shortPeer(w.machine))],
+        w.site || "",
+        [workerState(w), w.reason ? h("div", { class: "small" }, w.reason) : null],
+        credits(w.per_hour),
+        when(w.started),
+        ago(w.last_seen),
+      ]),
+      rowAttrs: (i) => ({ class: ws[i].state === "failed" || staleWorker(ws[i]) ? "panic" : null }),
+      empty: "No workers placed yet.",
+    }));
+    if (j.result_cid) {
+      fill(result,
+        h("p", null, "Result CID: ", h("code", { id: "result-cid" }, j.result_cid)),
+        h("p", null, h("a", { href: `/api/v1/data/${encodeURIComponent(j.result_cid)}/archive`, download: `${j.spec.name}-result.tar.gz`, id: "result-download" }, "Download the result (.tar.gz)")),
+        h("p", { class: "muted small" }, "Or: ", h("code", null, `deepmarket data get ${j.result_cid} -o result`)));
+    } else {
+      fill(result, h("p", { class: "muted" }, TERMINAL.includes(j.state) ? "This job left no result." : "The chief's output appears here when the job succeeds."));
+    }
+    drawActions();
+  }
+
+  function drawActions() {
+    const j = job;
+    const msg = h("p", { class: "error", role: "alert" });
+    if (TERMINAL.includes(j.state)) {
+      actions.replaceChildren();
+      return;
+    }
+    if (j.state === "quoting" && !j.confirmed && (j.workers || []).length) {
+      if (actions.querySelector("#quote")) return;
+      fill(actions, quotePanel(j, {
+        onConfirm: async () => {
+          job = await api("POST", `/jobs/${id}/confirm`);
+          actions.replaceChildren();
+          draw();
+        },
+        onCancel: async () => {
+          job = await api("POST", `/jobs/${id}/cancel`);
+          draw();
+        },
+      }));
+      return;
+    }
+    if (actions.querySelector("#cancel-job")) return;
+    const cancel = h("button", { type: "button", class: "danger", id: "cancel-job" }, "Cancel the job");
+    cancel.addEventListener("click", async () => {
+      cancel.disabled = true;
+      cancel.textContent = "Cancelling…";
+      try {
+        job = await api("POST", `/jobs/${id}/cancel`);
+        draw();
+      } catch (e) {
+        msg.textContent = e.message;
+        cancel.disabled = false;
+        cancel.textContent = "Cancel the job";
+      }
+    });
+    fill(actions, h("div", { class: "actions" }, cancel, h("span", { class: "muted small" }, "What its workers used is paid; the rest comes back.")), msg);
+  }
+
+  async function load() {
+    try {
+      job = await api("GET", `/jobs/${id}`);
+      err.textContent = "";
+    } catch (e) {
+      if (!job) fill(head, h("h1", null, "Job"), h("p", { class: "error", role: "alert" }, e.message), h("p", null, h("a", { href: "/jobs", "data-nav": "" }, "All jobs")));
+      else err.textContent = e.message;
+      return;
+    }
+    if (job.id !== id) {
+      navigate(`/jobs/${job.id}`); // a prefix was given
+      return;
+    }
+    draw();
+  }
+
+  // Logs, live.
+  let offset = 0;
+  let src = null;
+  let text = "";
+  function follow() {
+    if (stopped) return;
+    src = new EventSource(`/api/v1/jobs/${encodeURIComponent(id)}/logs/stream?offset=${offset}`);
+    src.addEventListener("log", (ev) => {
+      const chunk = JSON.parse(ev.data);
+      offset = chunk.next;
+      const atEnd = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 4;
+      text += chunk.data;
+      if (text.length > LOG_KEEP) text = "…\n" + text.slice(text.length - LOG_KEEP);
+      logs.textContent = text;
+      if (atEnd) logs.scrollTop = logs.scrollHeight;
+    });
+    src.addEventListener("done", () => src.close());
+    src.addEventListener("error", () => {
+      // Reconnect from where we are, not from the URL's offset.
+      src.close();
+      if (!stopped) setTimeout(follow, 2000);
+    });
+  }
+
+  load();
+  follow();
+  const tick = setInterval(() => {
+    if (!job || TERMINAL.includes(job.state)) return;
+    const el = document.getElementById("job-cost");
+    if (el) el.textContent = `${credits(costSoFar(job))} credits`;
+  }, 1000);
+  const stop = live.on("jobs", (list) => {
+    const mine = list.find((j) => j.id === id);
+    const key = JSON.stringify(mine || null);
+    if (key !== lastSummary) {
+      lastSummary = key;
+      if (job) load();
+    }
+  });
+  return () => {
+    stopped = true;
+    clearInterval(tick);
+    if (src) src.close();
+    stop();
+  };
+}
