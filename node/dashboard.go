@@ -72,13 +72,7 @@ func (b *OfferBook) wasWithdrawn(id string) bool {
 // earnings is what the workers running here now will be paid in the next
 // d, each at its hourly price until its maximum duration.
 func (e *Executor) earnings(now time.Time, d time.Duration) (total uint64, running int) {
-	e.mu.Lock()
-	ws := make([]*worker, 0, len(e.workers))
-	for _, w := range e.workers {
-		ws = append(ws, w)
-	}
-	e.mu.Unlock()
-	for _, w := range ws {
+	for _, w := range e.snapshot() {
 		w.mu.Lock()
 		state, started := w.state, w.started
 		w.mu.Unlock()

@@ -158,6 +158,17 @@ func newExecutor(n *Node, dir, python string) (*Executor, error) {
 	return e, nil
 }
 
+// snapshot lists the workers here now.
+func (e *Executor) snapshot() []*worker {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ws := make([]*worker, 0, len(e.workers))
+	for _, w := range e.workers {
+		ws = append(ws, w)
+	}
+	return ws
+}
+
 // inUse is what the workers here hold now.
 func (e *Executor) inUse() (cores uint32, mem uint64) {
 	e.mu.Lock()
@@ -209,26 +220,14 @@ func (e *Executor) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			e.mu.Lock()
-			ws := make([]*worker, 0, len(e.workers))
-			for _, w := range e.workers {
-				ws = append(ws, w)
-			}
-			e.mu.Unlock()
-			for _, w := range ws {
+			for _, w := range e.snapshot() {
 				e.stop(w, "the node is stopping", false)
 			}
 			e.wg.Wait()
 			e.tunnels.Close()
 			return nil
 		case now := <-t.C:
-			e.mu.Lock()
-			ws := make([]*worker, 0, len(e.workers))
-			for _, w := range e.workers {
-				ws = append(ws, w)
-			}
-			e.mu.Unlock()
-			for _, w := range ws {
+			for _, w := range e.snapshot() {
 				w.mu.Lock()
 				live := w.state == p2p.WorkerRunning || w.state == p2p.WorkerFetching
 				silent := now.Sub(w.beat) > submitterSilence

@@ -52,23 +52,31 @@ type jobCluster struct {
 	lenders []*testNode
 }
 
-func startJobCluster(t *testing.T, python string, lenders int) *jobCluster {
+// execOpts returns options that give a test's node name a job work dir
+// of its own (under one dir in /var/tmp, which the job user can reach),
+// the job Python, and CPU cpu to pin workers to.
+func execOpts(t *testing.T, python string) func(name string, cpu int) nodeOpt {
 	t.Helper()
-	chain := testNet(t)
-	dir := t.TempDir()
 	work, err := os.MkdirTemp("/var/tmp", "deepmarket-test-jobs-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	os.Chmod(work, 0o711)
 	t.Cleanup(func() { os.RemoveAll(work) })
-	withExec := func(name string, cpu int) nodeOpt {
+	return func(name string, cpu int) nodeOpt {
 		return func(c *Config) {
 			c.Inventory.Python = python
 			c.Executor.WorkDir = filepath.Join(work, name)
 			c.Executor.CPUs = []int{cpu % runtime.NumCPU()}
 		}
 	}
+}
+
+func startJobCluster(t *testing.T, python string, lenders int) *jobCluster {
+	t.Helper()
+	chain := testNet(t)
+	dir := t.TempDir()
+	withExec := execOpts(t, python)
 	ah := initHome(t, filepath.Join(dir, "sub"), chain)
 	a := startNode(t, ah, withExec("sub", 0))
 	st := a.Status()

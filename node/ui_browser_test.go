@@ -22,7 +22,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -424,19 +423,7 @@ func startUICluster(t *testing.T, python string) (sub, lender *testNode) {
 	t.Helper()
 	chain := testNet(t)
 	dir := t.TempDir()
-	work, err := os.MkdirTemp("/var/tmp", "deepmarket-test-ui-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.Chmod(work, 0o711)
-	t.Cleanup(func() { os.RemoveAll(work) })
-	withExec := func(name string, cpu int) nodeOpt {
-		return func(c *Config) {
-			c.Inventory.Python = python
-			c.Executor.WorkDir = filepath.Join(work, name)
-			c.Executor.CPUs = []int{cpu % runtime.NumCPU()}
-		}
-	}
+	withExec := execOpts(t, python)
 	sh := initHome(t, filepath.Join(dir, "submitter"), chain)
 	sub = startNode(t, sh, withExec("submitter", 0))
 	st := sub.Status()
