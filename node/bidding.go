@@ -9,13 +9,13 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/peerstore"
 	ma "github.com/multiformats/go-multiaddr"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/p2p"
@@ -118,27 +118,33 @@ func (n *Node) answerBid(ctx context.Context, b p2p.Bid, bidder peer.ID) p2p.Quo
 			r.GPUs += job.Per.GPUs
 			perMachine[i] = r
 		}
+		// Ask the machines one at a time, in peer ID order, and stop at
+		// the first refusal: schedulers racing for the same machines then
+		// meet at the first one they share, and the winner takes all
+		// rather than each holding a part and every quote failing (lock
+		// ordering). A later machine is only held once the earlier ones
+		// are.
+		order := make([]int, 0, len(perMachine))
+		for i := range perMachine {
+			order = append(order, i)
+		}
+		slices.SortFunc(order, func(a, b int) int { return strings.Compare(offers[a].Machine, offers[b].Machine) })
 		holds := map[int]string{}
 		replies := map[int]p2p.ReserveReply{}
-		var mu sync.Mutex
-		g, gctx := errgroup.WithContext(ctx)
-		for i, res := range perMachine {
+		for _, i := range order {
 			id := holdID(b.JobID, n.host.ID(), offers[i].Machine, attempt)
 			holds[i] = id
-			g.Go(func() error {
-				machine, _ := peer.Decode(offers[i].Machine)
-				reply, err := n.reserve(gctx, machine, offers[i].Addrs, p2p.Reserve{
-					Op: p2p.OpReserve, ID: id, JobID: b.JobID, Res: res, TTL: int64(holdTTL / time.Second), Bidder: bidder.String()})
-				if err != nil {
-					reply = p2p.ReserveReply{Reason: "unreachable: " + err.Error()}
-				}
-				mu.Lock()
-				replies[i] = reply
-				mu.Unlock()
-				return nil
-			})
+			machine, _ := peer.Decode(offers[i].Machine)
+			reply, err := n.reserve(ctx, machine, offers[i].Addrs, p2p.Reserve{
+				Op: p2p.OpReserve, ID: id, JobID: b.JobID, Res: perMachine[i], TTL: int64(holdTTL / time.Second), Bidder: bidder.String()})
+			if err != nil {
+				reply = p2p.ReserveReply{Reason: "unreachable: " + err.Error()}
+			}
+			replies[i] = reply
+			if !reply.OK {
+				break
+			}
 		}
-		g.Wait()
 		var failed []int
 		heldUntil := int64(0)
 		for i, r := range replies {
