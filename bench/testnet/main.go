@@ -170,15 +170,18 @@ func runProfile(ctx context.Context, bin, python, profile, bundle string, comman
 	for _, w := range counts {
 		var r Result
 		for attempt := 1; attempt <= 3; attempt++ {
+			waitIdle(ctx, net, lenders)
 			r = runJob(ctx, sub, net, profile, bundle, command, w)
 			r.Attempts = attempt
-			// A bid that found no placement (the schedulers raced) is not
-			// a measurement: bid again.
-			if r.State == string(jobs.Succeeded) || !strings.Contains(r.Reason, "no placement") {
+			// A bid that found no machines (the schedulers raced, or a
+			// lender had not yet let go of the last job) is not a
+			// measurement: bid again.
+			if r.State == string(jobs.Succeeded) || !strings.Contains(r.Reason, "no machine can take") {
 				break
 			}
+			log.Printf("   %s, %d workers: no machines (%s); again", profile, w, r.Reason)
 		}
-		log.Printf("   %s, %d workers: %s in %.1f s (run %.1f s) on %v", profile, w, r.State, r.TotalS, r.RunS, r.Sites)
+		log.Printf("   %s, %d workers: %s in %.1f s (run %.1f s) on %v %s", profile, w, r.State, r.TotalS, r.RunS, r.Sites, r.Reason)
 		out = append(out, r)
 		if ctx.Err() != nil {
 			return out, shaper, ctx.Err()
@@ -187,11 +190,34 @@ func runProfile(ctx context.Context, bin, python, profile, bundle string, comman
 	return out, shaper, nil
 }
 
+// waitIdle waits until no lender runs a worker of an earlier job.
+func waitIdle(ctx context.Context, net *testnet.Network, lenders []int) {
+	start := time.Now()
+	for _, i := range lenders {
+		c, err := net.Client(i)
+		if err != nil {
+			continue
+		}
+		for time.Since(start) < 3*time.Minute && ctx.Err() == nil {
+			text, err := c.Metrics(ctx)
+			if err == nil && strings.Contains(text, "\ndeepmarket_exec_workers 0\n") {
+				break
+			}
+			time.Sleep(time.Second)
+		}
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		log.Printf("   (waited %s for the lenders to finish the last job)", d.Round(time.Second))
+	}
+}
+
 func runJob(ctx context.Context, sub *api.Client, net *testnet.Network, profile, bundle string, command []string, workers int) Result {
 	r := Result{Profile: profile, Workers: workers}
 	spec := jobs.File{Name: fmt.Sprintf("report-%s-%d", profile, workers), Framework: "tensorflow", Command: command,
 		Bundle: bundle, Dataset: "/usr/share/datasets/fashion-mnist", Workers: workers, Cores: 1, Memory: "2GiB",
-		MaxPrice: "5", MaxDuration: "30m"}
+		// Workers on different sites pay for the link between them
+		// (scheduler network prices): the budget must allow it.
+		MaxPrice: "100", MaxDuration: "30m"}
 	j, err := sub.Submit(ctx, api.SubmitRequest{Spec: spec, Yes: true})
 	if err != nil {
 		r.State, r.Reason = "error", err.Error()
@@ -220,6 +246,13 @@ func runJob(ctx context.Context, sub *api.Client, net *testnet.Network, profile,
 	return r
 }
 
+func firstN(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
 func markdown(rep Report) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Testnet report: one training job, 1-3 workers, three networks\n\n")
@@ -240,7 +273,7 @@ func markdown(rep Report) string {
 		}
 		state := r.State
 		if r.Reason != "" && r.State != string(jobs.Succeeded) {
-			state += ": " + r.Reason
+			state += ": " + strings.ReplaceAll(firstN(r.Reason, 100), "|", "/")
 		}
 		fmt.Fprintf(&b, "| %s | %d | %s | %.1f | %.1f | %s | %s |\n", r.Profile, r.Workers, strings.Join(r.Sites, ", "), r.TotalS, r.RunS, ratio, state)
 	}
