@@ -381,18 +381,19 @@ func TestLenderLostMidTrainingReplaces(t *testing.T) {
 			lostReceipt = max(lostReceipt, w.Receipt)
 		}
 	}
+	// Every balance is read from the submitter's replica, which has the
+	// last settlement (a lender's own may be a block behind).
 	var total uint64
 	for _, l := range c.lenders {
 		if l == victim {
 			continue
 		}
-		bal, err := l.client.Balance(t.Context(), "")
+		bal, err := a.client.Balance(t.Context(), payeeOf(l.host.ID().String()))
 		if err != nil {
 			t.Fatal(err)
 		}
 		total += bal.Balance
 	}
-	// The victim's balance is read from the submitter's replica.
 	vbal, err := a.client.Balance(t.Context(), payeeOf(victim.host.ID().String()))
 	if err != nil {
 		t.Fatal(err)
