@@ -4,13 +4,11 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"runtime"
 	"strconv"
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/deepmarket/deepmarket/testnet/netlab"
 )
 
 // proxy forwards a port on the host's loopback to the same port on a
@@ -18,19 +16,28 @@ import (
 // reach a namespaced node's API and ledger RPC.
 type proxy struct {
 	ln    net.Listener
-	ns    string
-	port  int
+	dial  func() (net.Conn, error) // to the port inside the namespace
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
 }
 
-func newProxy(ns string, port int) (*proxy, error) {
+// newProxy listens on the host's 127.0.0.1:port and forwards each
+// connection to node i of site s's 127.0.0.1:port: the socket is made
+// inside that namespace (netlab's Lab.Do).
+func newProxy(lab *netlab.Lab, site, i, port int) (*proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
 	if err != nil {
 		return nil, fmt.Errorf("forward port %d from the host: %w", port, err)
 	}
-	p := &proxy{ln: ln, ns: ns, port: port, conns: map[net.Conn]struct{}{}}
+	dial := func() (c net.Conn, err error) {
+		err = lab.Do(site, i, func() error {
+			c, err = net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), 5*time.Second)
+			return err
+		})
+		return c, err
+	}
+	p := &proxy{ln: ln, dial: dial, conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)
 	go p.serve()
 	return p, nil
@@ -63,7 +70,7 @@ func (p *proxy) track(c net.Conn, on bool) {
 
 func (p *proxy) pipe(c net.Conn) {
 	defer c.Close()
-	up, err := dialInNS(p.ns, "127.0.0.1:"+strconv.Itoa(p.port))
+	up, err := p.dial()
 	if err != nil {
 		return
 	}
@@ -88,46 +95,4 @@ func (p *proxy) Close() {
 	}
 	p.mu.Unlock()
 	p.wg.Wait()
-}
-
-// dialInNS opens a TCP connection from inside the named network
-// namespace (/var/run/netns/NAME): the socket is made there, on a thread
-// switched into it and back.
-func dialInNS(ns, addr string) (net.Conn, error) {
-	target, err := os.Open("/var/run/netns/" + ns)
-	if err != nil {
-		return nil, err
-	}
-	defer target.Close()
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		self, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: err}
-			return
-		}
-		defer self.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("enter namespace %s: %w", ns, err)}
-			return
-		}
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-			// The thread stays in the wrong namespace: keep it locked so
-			// that the runtime retires it with this goroutine.
-			ch <- result{c, err}
-			return
-		}
-		runtime.UnlockOSThread()
-		ch <- result{c, err}
-	}()
-	r := <-ch
-	return r.c, r.err
 }

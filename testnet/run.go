@@ -128,7 +128,7 @@ func (n *Network) makeLab(ctx context.Context) error {
 		// The API and the ledger RPC listen on the node's own loopback;
 		// the host reaches them through these proxies on its loopback.
 		for _, port := range []int{nd.Ports.API, nd.Ports.LedgerRPC} {
-			px, err := newProxy(lab.NS(s, nd.Index), port)
+			px, err := newProxy(lab, s, nd.Index, port)
 			if err != nil {
 				n.Close()
 				return fmt.Errorf("%s: %w", nd.Name, err)

@@ -244,6 +244,28 @@ func (c *cluster) addEverywhere(ctx context.Context, dir string) (string, error)
 }
 
 // jobLog reads a job's whole log from the submitter.
+// waitJob polls the submitter every poll until j ends, calling each
+// (if set) with every state read; past deadline it cancels the job and
+// says why, with the end of its log.
+func (c *cluster) waitJob(ctx context.Context, j *jobs.Job, deadline time.Time, poll time.Duration, each func(*jobs.Job)) (*jobs.Job, error) {
+	start := time.Now()
+	for !j.State.Terminal() {
+		if time.Now().After(deadline) {
+			c.sub.c.CancelJob(ctx, j.ID)
+			return j, fmt.Errorf("job %s still %s after %s; log:\n%s", j.ID[:12], j.State, time.Since(start).Round(time.Second), tail(c.jobLog(ctx, j.ID), 30))
+		}
+		time.Sleep(poll)
+		var err error
+		if j, err = c.sub.c.Job(ctx, j.ID); err != nil {
+			return j, err
+		}
+		if each != nil {
+			each(j)
+		}
+	}
+	return j, nil
+}
+
 func (c *cluster) jobLog(ctx context.Context, id string) string {
 	var b strings.Builder
 	var off int64

@@ -110,19 +110,13 @@ func launchOnce(ctx context.Context, c *cluster, bundle string, workers int) (la
 	}
 	j, t0, t1 := sub.job, sub.called, sub.returned
 	r.SubmitS = t1.Sub(t0).Seconds()
-	deadline := t1.Add(2 * time.Minute)
-	for !j.State.Terminal() {
-		if time.Now().After(deadline) {
-			c.sub.c.CancelJob(ctx, j.ID)
-			return r, fmt.Errorf("job %s still %s after 2m; log:\n%s", j.ID[:12], j.State, tail(c.jobLog(ctx, j.ID), 30))
-		}
-		time.Sleep(50 * time.Millisecond)
-		if j, err = c.sub.c.Job(ctx, j.ID); err != nil {
-			return r, err
-		}
+	j, err = c.waitJob(ctx, j, t1.Add(2*time.Minute), 50*time.Millisecond, func(j *jobs.Job) {
 		if math.IsNaN(r.SeenS) && len(j.Runs) == 1 && allRunning(j) {
 			r.SeenS = time.Since(t1).Seconds()
 		}
+	})
+	if err != nil {
+		return r, err
 	}
 	logText := c.jobLog(ctx, j.ID)
 	if j.State != jobs.Succeeded {

@@ -124,16 +124,8 @@ func dmTrain(ctx context.Context, c *cluster, bundle, dataset string, workers in
 		return r, err
 	}
 	j, t0 := sub.job, sub.called
-	deadline := t0.Add(6 * time.Minute)
-	for !j.State.Terminal() {
-		if time.Now().After(deadline) {
-			c.sub.c.CancelJob(ctx, j.ID)
-			return r, fmt.Errorf("job %s still %s after 6m; log:\n%s", j.ID[:12], j.State, tail(c.jobLog(ctx, j.ID), 30))
-		}
-		time.Sleep(200 * time.Millisecond)
-		if j, err = c.sub.c.Job(ctx, j.ID); err != nil {
-			return r, err
-		}
+	if j, err = c.waitJob(ctx, j, t0.Add(6*time.Minute), 200*time.Millisecond, nil); err != nil {
+		return r, err
 	}
 	r.TotalS = time.Since(t0).Seconds()
 	r.NodesCPU = (selfCPU() - cpu0).Seconds() / r.TotalS
