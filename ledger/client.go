@@ -76,7 +76,7 @@ func (c *Client) Submit(ctx context.Context, typ string, msg any) (string, error
 		if err != nil {
 			return "", err
 		}
-		res, err := c.rpc.BroadcastTxSync(ctx, tx)
+		res, err := c.broadcast(ctx, tx)
 		if err != nil {
 			c.nonce = nil
 			return "", fmt.Errorf("broadcast %s: %w", typ, err)
@@ -90,6 +90,27 @@ func (c *Client) Submit(ctx context.Context, typ string, msg any) (string, error
 		}
 		*c.nonce++
 		return TxHashHex(tx), nil
+	}
+}
+
+// catchUpWait bounds how long a broadcast waits for a replica that is
+// still catching up with the chain (a node just started).
+const catchUpWait = time.Minute
+
+// broadcast sends tx, waiting while the replica catches up: CometBFT
+// refuses transactions until its block sync is done.
+func (c *Client) broadcast(ctx context.Context, tx []byte) (*ctypes.ResultBroadcastTx, error) {
+	deadline := time.Now().Add(catchUpWait)
+	for {
+		res, err := c.rpc.BroadcastTxSync(ctx, tx)
+		if err == nil || !strings.Contains(err.Error(), "catching up") || time.Now().After(deadline) {
+			return res, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
 }
 
