@@ -26,8 +26,12 @@ import (
 const holdTTL = time.Minute
 
 // quoteAttempts bounds re-quoting when machines refuse holds (another
-// scheduler got there first).
-const quoteAttempts = 4
+// scheduler got there first) or cannot be reached.
+const quoteAttempts = 8
+
+// reserveTimeout bounds one hold request: a machine that does not answer
+// in time is skipped and remembered as unreachable (see failures).
+const reserveTimeout = 3 * time.Second
 
 // answerBids limits the bids a node prices at once.
 const answerBids = 16
@@ -44,7 +48,17 @@ func (n *Node) handleReserve(_ context.Context, from peer.ID, env *p2p.Envelope)
 	if err := r.Validate(); err != nil {
 		return "", nil, err
 	}
-	return p2p.TypeReserveReply, n.holds.Apply(from, &r, time.Now()), nil
+	return p2p.TypeReserveReply, n.applyHold(from, &r, time.Now()), nil
+}
+
+// applyHold checks a hold request's bid and applies it to this machine's
+// holds; a request whose bid does not hold up is refused with the reason.
+func (n *Node) applyHold(from peer.ID, r *p2p.Reserve, now time.Time) p2p.ReserveReply {
+	req, err := n.checkBid(r, now)
+	if err != nil {
+		return p2p.ReserveReply{Reason: truncate(err.Error(), 256)}
+	}
+	return n.holds.Apply(from, req, now)
 }
 
 // learnAddrs adds a machine's announced addresses (full multiaddrs ending
@@ -63,7 +77,7 @@ func (n *Node) learnAddrs(machine peer.ID, addrs []string) {
 // apply r.
 func (n *Node) reserve(ctx context.Context, machine peer.ID, addrs []string, r p2p.Reserve) (p2p.ReserveReply, error) {
 	if machine == n.host.ID() {
-		return n.holds.Apply(machine, &r, time.Now()), nil
+		return n.applyHold(machine, &r, time.Now()), nil
 	}
 	n.learnAddrs(machine, addrs)
 	var reply p2p.ReserveReply
@@ -76,7 +90,8 @@ func (n *Node) reserve(ctx context.Context, machine peer.ID, addrs []string, r p
 // another scheduler took its capacity first, makes this one release what
 // it got and re-quote on what the machines said they have), and returns
 // the quote, or the reason there is none.
-func (n *Node) answerBid(ctx context.Context, b p2p.Bid, bidder peer.ID) p2p.Quote {
+func (n *Node) answerBid(ctx context.Context, w bidWork) p2p.Quote {
+	b, bidder := w.bid, w.bidder
 	now := time.Now()
 	v, offers := n.schedulerView(now)
 	job := scheduler.Job{ID: b.JobID, Workers: int(b.Workers),
@@ -87,8 +102,9 @@ func (n *Node) answerBid(ctx context.Context, b p2p.Bid, bidder peer.ID) p2p.Quo
 		job.Benefit = scheduler.Benefit{Kind: scheduler.ByDeadline, Max: b.MaxPrice, Deadline: time.Unix(b.Deadline, 0)}
 	}
 	refused := ""
+	collided := false
 	for attempt := range quoteAttempts {
-		if attempt > 0 {
+		if collided {
 			// Schedulers that collided on the same machines all retry; a
 			// random pause lets one of them take what is free first.
 			select {
@@ -135,12 +151,21 @@ func (n *Node) answerBid(ctx context.Context, b p2p.Bid, bidder peer.ID) p2p.Quo
 			id := holdID(b.JobID, n.host.ID(), offers[i].Machine, attempt)
 			holds[i] = id
 			machine, _ := peer.Decode(offers[i].Machine)
-			reply, err := n.reserve(ctx, machine, offers[i].Addrs, p2p.Reserve{
-				Op: p2p.OpReserve, ID: id, JobID: b.JobID, Res: perMachine[i], TTL: int64(holdTTL / time.Second), Bidder: bidder.String()})
+			rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
+			reply, err := n.reserve(rctx, machine, offers[i].Addrs, p2p.Reserve{
+				Op: p2p.OpReserve, ID: id, JobID: b.JobID, Res: perMachine[i], TTL: int64(holdTTL / time.Second),
+				Bidder: bidder.String(), Bid: w.raw})
+			cancel()
 			if err != nil {
+				// Skip it now and for a while: a machine that cannot be
+				// reached must not fail every quote that would use it.
+				n.failures.mark(offers[i].Machine, time.Now())
 				reply = p2p.ReserveReply{Reason: "unreachable: " + err.Error()}
 			}
 			replies[i] = reply
+			if err == nil {
+				n.failures.forget(offers[i].Machine)
+			}
 			if !reply.OK {
 				break
 			}
@@ -169,7 +194,11 @@ func (n *Node) answerBid(ctx context.Context, b p2p.Bid, bidder peer.ID) p2p.Quo
 			}
 		}
 		slices.Sort(failed)
+		collided = false
 		for _, i := range failed {
+			if replies[i].Free != (p2p.Resources{}) {
+				collided = true // capacity another scheduler took: back off
+			}
 			m := &v.Machines[i]
 			f := replies[i].Free
 			if replies[i].Reason != "" && len(refused) < 200 {
@@ -209,6 +238,7 @@ const bidQueue = 1024
 type bidWork struct {
 	bid    p2p.Bid
 	bidder peer.ID
+	raw    []byte // the bid's signed envelope, for the machines asked to hold it
 }
 
 // onBid is the bids topic's handler: it queues the bid for the pricing
@@ -219,7 +249,7 @@ func (n *Node) onBid(rec *p2p.Received) {
 		return
 	}
 	select {
-	case n.bidQ <- bidWork{*b, rec.Signer}:
+	case n.bidQ <- bidWork{*b, rec.Signer, rec.Raw}:
 	default:
 		n.log.Warn("too many bids waiting to be priced; dropped one", "job", b.JobID)
 	}
@@ -233,7 +263,7 @@ func (n *Node) priceBids(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case w := <-n.bidQ:
-			q := n.answerBid(ctx, w.bid, w.bidder)
+			q := n.answerBid(ctx, w)
 			if err := n.sendQuote(ctx, w.bidder, q); err != nil {
 				n.log.Debug("quote not delivered", "job", w.bid.JobID, "bidder", w.bidder, "err", err)
 				for _, qw := range q.Workers { // nobody will commit them
@@ -352,4 +382,59 @@ func (n *Node) Quotes(ctx context.Context, job string) ([]api.ReceivedQuote, err
 		return 0
 	})
 	return qs, nil
+}
+
+// failures remembers machines this node could not reach, so its
+// scheduler leaves them out for a while rather than failing quote after
+// quote on them (a machine that went away without withdrawing its offer,
+// or that never could be reached).
+type failures struct {
+	mu    sync.Mutex
+	until map[string]failure
+}
+
+type failure struct {
+	until time.Time
+	wait  time.Duration
+}
+
+// Unreachable machines are skipped for unreachableFor, doubling (up to
+// unreachableMax) each time one fails again.
+const (
+	unreachableFor = 30 * time.Second
+	unreachableMax = 10 * time.Minute
+)
+
+func (f *failures) mark(machine string, now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.until == nil {
+		f.until = map[string]failure{}
+	}
+	if len(f.until) > 10_000 {
+		for m, x := range f.until {
+			if now.After(x.until.Add(unreachableMax)) {
+				delete(f.until, m)
+			}
+		}
+	}
+	x := f.until[machine]
+	x.wait = min(max(2*x.wait, unreachableFor), unreachableMax)
+	x.until = now.Add(x.wait)
+	f.until[machine] = x
+}
+
+// skip reports whether machine failed recently.
+func (f *failures) skip(machine string, now time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	x, ok := f.until[machine]
+	return ok && now.Before(x.until)
+}
+
+// forget clears a machine that answered again.
+func (f *failures) forget(machine string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.until, machine)
 }

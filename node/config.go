@@ -29,7 +29,24 @@ type Config struct {
 	Scheduler SchedulerConfig `toml:"scheduler"`
 	Executor  ExecutorConfig  `toml:"executor"`
 	Jobs      JobsConfig      `toml:"jobs"`
+	Market    MarketConfig    `toml:"market"`
 	Log       LogConfig       `toml:"log"`
+}
+
+// MarketConfig bounds what this node keeps of the market and what others
+// may hold on this machine.
+type MarketConfig struct {
+	// MaxOffers bounds the offers held in all; MaxOffersPerOwner those of
+	// the machines of one owner account.
+	MaxOffers         int `toml:"max_offers"`
+	MaxOffersPerOwner int `toml:"max_offers_per_owner"`
+	// HoldsPerBidder and HoldsPerScheduler bound the holds one bidder
+	// account, and one scheduler, may have on this machine at once.
+	HoldsPerBidder    int `toml:"holds_per_bidder"`
+	HoldsPerScheduler int `toml:"holds_per_scheduler"`
+	// LaunchWithin is how long a committed hold waits for its job's launch
+	// before it lapses.
+	LaunchWithin Duration `toml:"launch_within"`
 }
 
 // JobsConfig is about the jobs this node submits.
@@ -168,6 +185,8 @@ func DefaultConfig() Config {
 		Scheduler: SchedulerConfig{Quote: true, Subset: SubsetAll, Nearest: 16},
 		Log:       LogConfig{Level: "info", Format: "text", Libp2pLevel: "warn"},
 		Jobs:      JobsConfig{EscrowSlack: Duration{15 * time.Minute}},
+		Market: MarketConfig{MaxOffers: 20_000, MaxOffersPerOwner: 256, HoldsPerBidder: 8, HoldsPerScheduler: 32,
+			LaunchWithin: Duration{2 * time.Minute}},
 	}
 }
 
@@ -371,6 +390,19 @@ func (c *Config) Validate() error {
 	if d := c.Jobs.EscrowSlack.Duration; d < 10*time.Second || d > 7*24*time.Hour {
 		return bad("jobs] escrow_slack", "%s: want 10s to 168h", d)
 	}
+	m := c.Market
+	switch {
+	case m.MaxOffers < 1 || m.MaxOffers > 1_000_000:
+		return bad("market] max_offers", "%d: want 1 to 1000000", m.MaxOffers)
+	case m.MaxOffersPerOwner < 1 || m.MaxOffersPerOwner > m.MaxOffers:
+		return bad("market] max_offers_per_owner", "%d: want 1 to max_offers (%d)", m.MaxOffersPerOwner, m.MaxOffers)
+	case m.HoldsPerBidder < 1 || m.HoldsPerBidder > 10_000:
+		return bad("market] holds_per_bidder", "%d: want 1 to 10000", m.HoldsPerBidder)
+	case m.HoldsPerScheduler < 1 || m.HoldsPerScheduler > 10_000:
+		return bad("market] holds_per_scheduler", "%d: want 1 to 10000", m.HoldsPerScheduler)
+	case m.LaunchWithin.Duration < 10*time.Second || m.LaunchWithin.Duration > time.Hour:
+		return bad("market] launch_within", "%s: want 10s to 1h", m.LaunchWithin.Duration)
+	}
 	if c.Scheduler.Nearest < 1 || c.Scheduler.Nearest > 100000 {
 		return bad("scheduler] nearest", "%d: want 1 to 100000", c.Scheduler.Nearest)
 	}
@@ -525,6 +557,18 @@ cpus = {{lit .Executor.CPUs}}
 # node has to settle it (after a crash, say) before its lenders may claim
 # what its receipts owe them.
 escrow_slack = {{lit .Jobs.EscrowSlack}}
+
+[market]
+# The most offers this node keeps of the market, and of one owner's machines
+# (offers of machines the ledger does not back are never kept).
+max_offers = {{.Market.MaxOffers}}
+max_offers_per_owner = {{.Market.MaxOffersPerOwner}}
+# What others may hold on this machine: reservations per bidder account and
+# per scheduler at once, and how long a committed reservation waits for its
+# job's launch (backed by an escrow on the ledger) before it lapses.
+holds_per_bidder = {{.Market.HoldsPerBidder}}
+holds_per_scheduler = {{.Market.HoldsPerScheduler}}
+launch_within = {{lit .Market.LaunchWithin}}
 
 [log]
 # debug, info, warn or error.

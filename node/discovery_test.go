@@ -51,8 +51,9 @@ func TestMDNSFindsLANPeers(t *testing.T) {
 // B's bid list.
 func TestBidsTravel(t *testing.T) {
 	chain := testNet(t)
-	a := startNode(t, initHome(t, filepath.Join(t.TempDir(), "a"), chain))
-	b := startNode(t, initHome(t, filepath.Join(t.TempDir(), "b"), chain), withBootstrap(a.addr()))
+	homes := initNetwork(t, t.TempDir(), chain, []string{"a", "b"})
+	a := startNode(t, homes[0])
+	b := startNode(t, homes[1], withBootstrap(a.addr()))
 	eventually(t, 10*time.Second, "B connected to A", func() bool { return len(b.PeerIDs()) == 1 })
 	// Gossip goes to peers known to be on the topic: wait until A knows.
 	eventually(t, 10*time.Second, "A to see B on the bids topic", func() bool { return len(a.gossip.Bids().ListPeers()) == 1 })

@@ -385,7 +385,7 @@ func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) error
 	if l.World[l.Index] != self {
 		return fmt.Errorf("worker %d is placed on %s, not on this machine", l.Index, l.World[l.Index])
 	}
-	held, ok := e.n.holds.Committed(l.Hold, l.JobID, from)
+	held, ok := e.n.holds.Launch(l.Hold, l.JobID, from, time.Now())
 	if !ok {
 		return errors.New("no committed hold for this job here from you: reserve and commit first")
 	}

@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/deepmarket/deepmarket/identity"
 	"github.com/deepmarket/deepmarket/internal/testutil"
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
 )
 
@@ -141,3 +144,82 @@ func multicastAvailable() bool {
 
 // freePort returns a loopback TCP port free at the time of asking.
 func freePort(t *testing.T) string { return testutil.FreePort(t) }
+
+// initNetwork makes the homes of one network under dir: a genesis in which
+// the first node validates and issues and every node (and every account
+// of members) is a member with starter credits, so the ledger backs every
+// node's machine and bids; the others replicate the first's ledger. Start
+// the first node first.
+func initNetwork(t *testing.T, dir, chain string, names []string, members ...identity.Address) []Home {
+	t.Helper()
+	keys := make([]*identity.Key, len(names))
+	var balances []ledger.GenesisBalance
+	for _, m := range members {
+		balances = append(balances, ledger.GenesisBalance{Address: string(m), Amount: LocalStarterCredit})
+	}
+	for i := range names {
+		k, err := identity.GenerateKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[i] = k
+		balances = append(balances, ledger.GenesisBalance{Address: string(k.Address()), Amount: LocalStarterCredit})
+	}
+	doc, err := ledger.NewGenesis(chain, []ledger.GenesisValidator{{Name: names[0], PubKey: keys[0].Public(), Power: 10}},
+		ledger.GenesisState{
+			Issuers:  []ledger.GenesisIssuer{{Address: string(keys[0].Address()), Name: "lab-a", Quota: LocalIssuerQuota}},
+			Balances: balances,
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	genesis := filepath.Join(dir, "genesis.json")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := doc.SaveAs(genesis); err != nil {
+		t.Fatal(err)
+	}
+	firstP2P := freePort(t)
+	homes := make([]Home, len(names))
+	for i, name := range names {
+		h := Home{Dir: filepath.Join(dir, name)}
+		opts := InitOptions{
+			Moniker: name, Site: "lab-a", Genesis: genesis, Key: keys[i],
+			Listen: []string{"/ip4/127.0.0.1/tcp/0"}, API: "127.0.0.1:0",
+			LedgerP2P: "tcp://127.0.0.1:" + freePort(t), LedgerRPC: "tcp://127.0.0.1:" + freePort(t),
+		}
+		if i == 0 {
+			opts.LedgerP2P = "tcp://127.0.0.1:" + firstP2P
+		} else {
+			opts.LedgerPeers = []string{ledger.NodeIDOf(keys[0]) + "@127.0.0.1:" + firstP2P}
+		}
+		if _, err := Init(h, opts); err != nil {
+			t.Fatal(err)
+		}
+		homes[i] = h
+	}
+	return homes
+}
+
+// admit makes issuer grant each of the nodes' accounts credits (which
+// admits them to the network), and waits until every node's replica has
+// the last grant.
+func admit(t *testing.T, issuer *testNode, amount uint64, nodes ...*testNode) {
+	t.Helper()
+	for _, n := range nodes {
+		if _, err := issuer.client.Send(t.Context(), api.SendRequest{Kind: ledger.TypeGrant, To: string(n.key.Address()), Amount: amount}); err != nil {
+			t.Fatalf("grant to %s: %v", n.home.Dir, err)
+		}
+	}
+	for _, n := range nodes {
+		eventually(t, 30*time.Second, "every replica to have the grants", func() bool {
+			for _, m := range nodes {
+				if !n.reads.IsMember(m.key.Address()) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+}

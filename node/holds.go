@@ -1,12 +1,16 @@
 package node
 
 import (
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
 )
@@ -15,36 +19,76 @@ import (
 // on it. The machine is the only authority over its capacity: schedulers
 // with overlapping views ask it, and it grants a hold only if the hold
 // fits beside the others, so it can never be over-committed whoever asks.
-// A hold lapses after its TTL unless committed; a committed hold stays
-// until released. Holds live in memory: a restarted machine has none.
+//
+// A hold is granted only for a bid the machine has checked itself (see
+// Node.checkBid): signed by a ledger member whose balance covers its
+// maximum price, and asking for no more than the bid's workers need. An
+// uncommitted hold lapses after its TTL; a committed one lapses unless a
+// launch backed by an escrow arrives within HoldLimits.LaunchWithin; a
+// launched one stays until its worker ends. One bidder account and one
+// scheduler may hold only so much at a time, so nobody freezes a machine
+// with requests it never means to pay for. Holds live in memory: a
+// restarted machine has none. The owner sees them (`lend --json`) and may
+// release any that is not running a worker.
 type Holds struct {
-	mu    sync.Mutex
-	lent  func() p2p.Resources // what the machine lends now (zero when not offering)
-	holds map[string]*hold
+	mu     sync.Mutex
+	lent   func() p2p.Resources // what the machine lends now (zero when not offering)
+	limits HoldLimits
+	holds  map[string]*hold
 	// changed is told when the allocation changes, so the offer that
 	// carries it is re-announced.
 	changed func()
 }
 
+// HoldLimits bound holds on one machine.
+type HoldLimits struct {
+	// PerBidder is how many holds one bidder account may have here at once
+	// (default 8).
+	PerBidder int
+	// PerScheduler is how many holds one scheduler may have asked for and
+	// not yet seen launched (default 32).
+	PerScheduler int
+	// LaunchWithin is how long a committed hold waits for its launch
+	// (default 2 minutes): the bidder commits, opens its escrow (a block or
+	// two) and launches.
+	LaunchWithin time.Duration
+}
+
+func (l HoldLimits) withDefaults() HoldLimits {
+	if l.PerBidder <= 0 {
+		l.PerBidder = 8
+	}
+	if l.PerScheduler <= 0 {
+		l.PerScheduler = 32
+	}
+	if l.LaunchWithin <= 0 {
+		l.LaunchWithin = 2 * time.Minute
+	}
+	return l
+}
+
 type hold struct {
-	from      peer.ID
+	from      peer.ID // the scheduler that asked
 	bidder    peer.ID // may commit, release and launch too
+	account   string  // the bidder's ledger account, which pays
 	job       string
 	res       p2p.Resources
-	expires   time.Time // zero once committed
+	created   time.Time
+	expires   time.Time // when it lapses; zero once launched
 	committed bool
+	launched  bool
 }
 
 // NewHolds makes an empty book over the capacity lent reports.
-func NewHolds(lent func() p2p.Resources, changed func()) *Holds {
-	return &Holds{lent: lent, holds: map[string]*hold{}, changed: changed}
+func NewHolds(lent func() p2p.Resources, limits HoldLimits, changed func()) *Holds {
+	return &Holds{lent: lent, limits: limits.withDefaults(), holds: map[string]*hold{}, changed: changed}
 }
 
 // dropExpired removes lapsed holds; h.mu must be held.
 func (h *Holds) dropExpired(now time.Time) bool {
 	dropped := false
 	for id, x := range h.holds {
-		if !x.committed && !now.Before(x.expires) {
+		if !x.launched && !now.Before(x.expires) {
 			delete(h.holds, id)
 			dropped = true
 		}
@@ -84,8 +128,16 @@ func free(lent, alloc p2p.Resources) p2p.Resources {
 	}
 }
 
+// HoldRequest is a scheduler's request with what the machine learnt of its
+// bid (OpReserve only): the bid's account and the most it may hold.
+type HoldRequest struct {
+	*p2p.Reserve
+	Account string        // the bidder's account
+	Most    p2p.Resources // the bid's workers times its per-worker resources
+}
+
 // Apply performs a scheduler's request and says what came of it.
-func (h *Holds) Apply(from peer.ID, r *p2p.Reserve, now time.Time) p2p.ReserveReply {
+func (h *Holds) Apply(from peer.ID, r HoldRequest, now time.Time) p2p.ReserveReply {
 	// The lender's lock is taken (by lent) before ours, never inside it:
 	// the lender reads Allocated while holding its own.
 	lent := h.lent()
@@ -101,7 +153,7 @@ func (h *Holds) Apply(from peer.ID, r *p2p.Reserve, now time.Time) p2p.ReserveRe
 	return reply
 }
 
-func (h *Holds) applyLocked(from peer.ID, r *p2p.Reserve, lent p2p.Resources, now time.Time) p2p.ReserveReply {
+func (h *Holds) applyLocked(from peer.ID, r HoldRequest, lent p2p.Resources, now time.Time) p2p.ReserveReply {
 	x, exists := h.holds[r.ID]
 	if exists && x.from != from && !(r.Op != p2p.OpReserve && x.bidder != "" && x.bidder == from) {
 		return p2p.ReserveReply{Reason: "reservation " + r.ID + " belongs to another scheduler"}
@@ -110,6 +162,24 @@ func (h *Holds) applyLocked(from peer.ID, r *p2p.Reserve, lent p2p.Resources, no
 	case p2p.OpReserve:
 		if exists {
 			return p2p.ReserveReply{OK: true, Expires: x.expires.UnixMilli()} // a retry
+		}
+		if r.Res.Cores > r.Most.Cores || r.Res.MemBytes > r.Most.MemBytes || r.Res.GPUs > r.Most.GPUs {
+			return p2p.ReserveReply{Reason: "the hold asks for more than the bid's workers need"}
+		}
+		bidder, scheduler := 0, 0
+		for _, o := range h.holds {
+			if o.account == r.Account {
+				bidder++
+			}
+			if o.from == from && !o.launched {
+				scheduler++
+			}
+		}
+		if bidder >= h.limits.PerBidder {
+			return p2p.ReserveReply{Reason: fmt.Sprintf("account %s already holds %d reservations here, the most one bidder may", r.Account, bidder)}
+		}
+		if scheduler >= h.limits.PerScheduler {
+			return p2p.ReserveReply{Reason: fmt.Sprintf("this scheduler already has %d holds here waiting for launch, the most one may", scheduler)}
 		}
 		f := free(lent, h.allocatedLocked())
 		if r.Res.Cores > f.Cores || r.Res.MemBytes > f.MemBytes || r.Res.GPUs > f.GPUs {
@@ -120,17 +190,19 @@ func (h *Holds) applyLocked(from peer.ID, r *p2p.Reserve, lent p2p.Resources, no
 			return p2p.ReserveReply{Reason: why}
 		}
 		exp := now.Add(time.Duration(r.TTL) * time.Second)
-		bidder, _ := peer.Decode(r.Bidder)
-		h.holds[r.ID] = &hold{from: from, bidder: bidder, job: r.JobID, res: r.Res, expires: exp}
+		bid, _ := peer.Decode(r.Bidder)
+		h.holds[r.ID] = &hold{from: from, bidder: bid, account: r.Account, job: r.JobID, res: r.Res, created: now, expires: exp}
 		return p2p.ReserveReply{OK: true, Expires: exp.UnixMilli()}
 	case p2p.OpCommit:
 		if !exists {
 			return p2p.ReserveReply{Reason: "no such hold (it lapsed or was released): re-quote"}
 		}
-		x.committed, x.expires = true, time.Time{}
-		return p2p.ReserveReply{OK: true}
+		if !x.committed {
+			x.committed, x.expires = true, now.Add(h.limits.LaunchWithin)
+		}
+		return p2p.ReserveReply{OK: true, Expires: x.expires.UnixMilli()}
 	case p2p.OpRelease:
-		if exists {
+		if exists && !x.launched {
 			delete(h.holds, r.ID)
 		}
 		return p2p.ReserveReply{OK: true}
@@ -138,15 +210,18 @@ func (h *Holds) applyLocked(from peer.ID, r *p2p.Reserve, lent p2p.Resources, no
 	return p2p.ReserveReply{Reason: "unknown operation " + r.Op}
 }
 
-// Committed reports the resources of hold id if it is committed for job
-// and launcher may use it (its scheduler or its bidder).
-func (h *Holds) Committed(id, job string, launcher peer.ID) (p2p.Resources, bool) {
+// Launch takes hold id for a worker of job and reports its resources, if
+// the hold is committed for job and launcher may use it (its scheduler or
+// its bidder). A launched hold no longer lapses; Release ends it.
+func (h *Holds) Launch(id, job string, launcher peer.ID, now time.Time) (p2p.Resources, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.dropExpired(now)
 	x, ok := h.holds[id]
 	if !ok || !x.committed || x.job != job || (x.from != launcher && x.bidder != launcher) {
 		return p2p.Resources{}, false
 	}
+	x.launched, x.expires = true, time.Time{}
 	return x.res, true
 }
 
@@ -159,4 +234,64 @@ func (h *Holds) Release(id string) {
 	if ok && h.changed != nil {
 		h.changed()
 	}
+}
+
+// ErrHoldRunning is returned when the owner releases a hold a worker runs
+// on: stopping lending (`lend --stop`) is how the owner takes that back.
+var ErrHoldRunning = errors.New("a worker runs on this hold")
+
+// ErrNoHold is returned for a hold this machine does not have.
+var ErrNoHold = errors.New("no such hold")
+
+// ReleaseByOwner drops hold id at the owner's request, unless a worker
+// runs on it.
+func (h *Holds) ReleaseByOwner(id string) error {
+	h.mu.Lock()
+	x, ok := h.holds[id]
+	switch {
+	case !ok:
+		h.mu.Unlock()
+		return fmt.Errorf("%w %q (it may have lapsed)", ErrNoHold, id)
+	case x.launched:
+		h.mu.Unlock()
+		return fmt.Errorf("hold %s: %w (job %s); `lend --stop` takes the machine back", id, ErrHoldRunning, x.job)
+	}
+	delete(h.holds, id)
+	h.mu.Unlock()
+	if h.changed != nil {
+		h.changed()
+	}
+	return nil
+}
+
+// List is the book as the owner sees it, oldest first.
+func (h *Holds) List(now time.Time) []api.Hold {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dropExpired(now)
+	out := make([]api.Hold, 0, len(h.holds))
+	for id, x := range h.holds {
+		state := "held"
+		switch {
+		case x.launched:
+			state = "running"
+		case x.committed:
+			state = "committed"
+		}
+		hd := api.Hold{ID: id, Job: x.job, State: state, Account: x.account, Scheduler: x.from.String(),
+			Bidder: x.bidder.String(), Cores: x.res.Cores, MemBytes: x.res.MemBytes, GPUs: x.res.GPUs,
+			Since: x.created.UTC()}
+		if !x.expires.IsZero() {
+			exp := x.expires.UTC()
+			hd.Expires = &exp
+		}
+		out = append(out, hd)
+	}
+	slices.SortFunc(out, func(a, b api.Hold) int {
+		if c := a.Since.Compare(b.Since); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out
 }

@@ -1,7 +1,9 @@
 package node
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,14 +15,21 @@ import (
 
 const testJob = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
-func reserveReq(id string, cores uint32, ttl int64) *p2p.Reserve {
-	return &p2p.Reserve{Op: p2p.OpReserve, ID: id, JobID: testJob, Res: p2p.Resources{Cores: cores, MemBytes: 1 << 20}, TTL: ttl}
+// reserveReq is a hold request whose bid (checked by Node.checkBid in the
+// node) came from account "dm1test" and allows up to 8 cores.
+func reserveReq(id string, cores uint32, ttl int64) HoldRequest {
+	return HoldRequest{Reserve: &p2p.Reserve{Op: p2p.OpReserve, ID: id, JobID: testJob, Res: p2p.Resources{Cores: cores, MemBytes: 1 << 20}, TTL: ttl},
+		Account: "dm1test", Most: p2p.Resources{Cores: 8, MemBytes: 1 << 30}}
+}
+
+func opReq(op, id string) HoldRequest {
+	return HoldRequest{Reserve: &p2p.Reserve{Op: op, ID: id, JobID: testJob}}
 }
 
 func TestHoldsLifecycle(t *testing.T) {
 	lent := p2p.Resources{Cores: 4, MemBytes: 1 << 30}
 	changes := 0
-	h := NewHolds(func() p2p.Resources { return lent }, func() { changes++ })
+	h := NewHolds(func() p2p.Resources { return lent }, HoldLimits{}, func() { changes++ })
 	now := time.Now()
 	a, b := peer.ID("scheduler-a"), peer.ID("scheduler-b")
 
@@ -33,10 +42,10 @@ func TestHoldsLifecycle(t *testing.T) {
 	if r := h.Apply(a, reserveReq("aaaaaaaaaaaaaaaa", 3, 60), now); !r.OK || r.Free.Cores != 1 {
 		t.Fatalf("a retried hold must not count twice: %+v", r)
 	}
-	if r := h.Apply(b, &p2p.Reserve{Op: p2p.OpRelease, ID: "aaaaaaaaaaaaaaaa", JobID: testJob}, now); r.OK {
+	if r := h.Apply(b, opReq(p2p.OpRelease, "aaaaaaaaaaaaaaaa"), now); r.OK {
 		t.Fatalf("another scheduler released a's hold: %+v", r)
 	}
-	if r := h.Apply(a, &p2p.Reserve{Op: p2p.OpCommit, ID: "aaaaaaaaaaaaaaaa", JobID: testJob}, now); !r.OK {
+	if r := h.Apply(a, opReq(p2p.OpCommit, "aaaaaaaaaaaaaaaa"), now); !r.OK {
 		t.Fatalf("commit: %+v", r)
 	}
 	// Uncommitted holds lapse; committed ones stay.
@@ -46,10 +55,10 @@ func TestHoldsLifecycle(t *testing.T) {
 	if got := h.Allocated(now.Add(2 * time.Second)); got.Cores != 3 {
 		t.Fatalf("after b's hold lapsed: %+v", got)
 	}
-	if r := h.Apply(b, &p2p.Reserve{Op: p2p.OpCommit, ID: "bbbbbbbbbbbbbbbb", JobID: testJob}, now.Add(2*time.Second)); r.OK {
+	if r := h.Apply(b, opReq(p2p.OpCommit, "bbbbbbbbbbbbbbbb"), now.Add(2*time.Second)); r.OK {
 		t.Fatalf("committed a lapsed hold: %+v", r)
 	}
-	if r := h.Apply(a, &p2p.Reserve{Op: p2p.OpRelease, ID: "aaaaaaaaaaaaaaaa", JobID: testJob}, now); !r.OK || r.Free.Cores != 4 {
+	if r := h.Apply(a, opReq(p2p.OpRelease, "aaaaaaaaaaaaaaaa"), now); !r.OK || r.Free.Cores != 4 {
 		t.Fatalf("release: %+v", r)
 	}
 	if changes == 0 {
@@ -63,7 +72,7 @@ func TestHoldsLifecycle(t *testing.T) {
 
 func TestHoldsConcurrentNeverOverCommit(t *testing.T) {
 	lent := p2p.Resources{Cores: 7, MemBytes: 1 << 30}
-	h := NewHolds(func() p2p.Resources { return lent }, nil)
+	h := NewHolds(func() p2p.Resources { return lent }, HoldLimits{PerBidder: 1000, PerScheduler: 1000}, nil)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	granted := 0
@@ -82,5 +91,87 @@ func TestHoldsConcurrentNeverOverCommit(t *testing.T) {
 	wg.Wait()
 	if granted != 7 || h.Allocated(time.Now()).Cores != 7 {
 		t.Fatalf("granted %d holds of one core on 7 cores; allocated %+v", granted, h.Allocated(time.Now()))
+	}
+}
+
+// TestHoldsAreBoundedAndLapse: a hold asks for no more than its bid's
+// workers need; one bidder account and one scheduler may hold only so
+// much; a committed hold lapses unless its launch comes in time; a
+// launched one stays until released; the owner sees every hold and may
+// release any that runs no worker.
+func TestHoldsAreBoundedAndLapse(t *testing.T) {
+	lent := p2p.Resources{Cores: 16, MemBytes: 16 << 30}
+	h := NewHolds(func() p2p.Resources { return lent }, HoldLimits{PerBidder: 2, PerScheduler: 3, LaunchWithin: time.Minute}, nil)
+	now := time.Now()
+	a, b := peer.ID("scheduler-a"), peer.ID("scheduler-b")
+
+	greedy := reserveReq("0000000000000001", 9, 60) // the bid allows 8
+	if r := h.Apply(a, greedy, now); r.OK {
+		t.Fatalf("a hold beyond what the bid's workers need: %+v", r)
+	}
+	if r := h.Apply(a, reserveReq("0000000000000002", 1, 60), now); !r.OK {
+		t.Fatal(r.Reason)
+	}
+	if r := h.Apply(b, reserveReq("0000000000000003", 1, 60), now); !r.OK {
+		t.Fatal(r.Reason)
+	}
+	if r := h.Apply(b, reserveReq("0000000000000004", 1, 60), now); r.OK || !strings.Contains(r.Reason, "bidder") {
+		t.Fatalf("a third hold of one bidder account: %+v", r)
+	}
+	other := reserveReq("0000000000000005", 1, 60)
+	other.Account = "dm1other"
+	if r := h.Apply(b, other, now); !r.OK {
+		t.Fatalf("another bidder: %+v", r)
+	}
+	other.ID, other.Account = "0000000000000006", "dm1third"
+	if r := h.Apply(b, other, now); !r.OK {
+		t.Fatalf("b's third hold: %+v", r)
+	}
+	other.ID, other.Account = "0000000000000007", "dm1fourth"
+	if r := h.Apply(b, other, now); r.OK || !strings.Contains(r.Reason, "scheduler") {
+		t.Fatalf("a fourth hold of one scheduler: %+v", r)
+	}
+
+	// Committed, then launched in time: it stays. Committed and never
+	// launched: it lapses after LaunchWithin.
+	if r := h.Apply(a, opReq(p2p.OpCommit, "0000000000000002"), now); !r.OK {
+		t.Fatal(r.Reason)
+	}
+	if r := h.Apply(b, opReq(p2p.OpCommit, "0000000000000003"), now); !r.OK {
+		t.Fatal(r.Reason)
+	}
+	if _, ok := h.Launch("0000000000000002", testJob, a, now.Add(30*time.Second)); !ok {
+		t.Fatal("launch of a committed hold refused")
+	}
+	if _, ok := h.Launch("0000000000000005", testJob, b, now); ok {
+		t.Fatal("launched on an uncommitted hold")
+	}
+	later := now.Add(2 * time.Minute)
+	held := map[string]string{}
+	for _, x := range h.List(later) {
+		held[x.ID] = x.State
+	}
+	if held["0000000000000002"] != "running" || len(held) != 1 {
+		t.Fatalf("after the launch window and TTLs, holds are %v; want only the launched one", held)
+	}
+	if _, ok := h.Launch("0000000000000003", testJob, b, later); ok {
+		t.Fatal("launched on a committed hold that lapsed")
+	}
+
+	// The owner releases what runs nothing, and not what runs a worker.
+	if r := h.Apply(a, reserveReq("0000000000000008", 1, 60), later); !r.OK {
+		t.Fatal(r.Reason)
+	}
+	if err := h.ReleaseByOwner("0000000000000008"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.ReleaseByOwner("0000000000000002"); !errors.Is(err, ErrHoldRunning) {
+		t.Fatalf("owner released a running hold: %v", err)
+	}
+	if err := h.ReleaseByOwner("0000000000000099"); !errors.Is(err, ErrNoHold) {
+		t.Fatalf("owner released a hold that is not there: %v", err)
+	}
+	if got := h.Allocated(later); got.Cores != 1 {
+		t.Fatalf("allocated %+v, want the one running core", got)
 	}
 }

@@ -47,6 +47,7 @@ func (n *Node) startLedger() error {
 		return fmt.Errorf("ledger: %w", err)
 	}
 	n.ledgerApp = app
+	n.reads = queryReads{app}
 	n.ledger = ledger.NewClient(n.chain.Client(), n.key, n.cfg.Node.ChainID)
 	return nil
 }

@@ -29,7 +29,9 @@ func (n *Node) schedulerView(now time.Time) (scheduler.View, []p2p.Offer) {
 	held := n.book.List(now)
 	offers := make([]p2p.Offer, 0, len(held))
 	for _, h := range held {
-		offers = append(offers, h.Offer)
+		if !n.failures.skip(h.Offer.Machine, now) {
+			offers = append(offers, h.Offer)
+		}
 	}
 	cfg := n.cfg.Scheduler
 	switch cfg.Subset {

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -19,9 +18,10 @@ import (
 // it holds and quotes a job over them, or says why not.
 func TestPricesAndQuote(t *testing.T) {
 	chain := testNet(t)
-	s := startNode(t, initHome(t, filepath.Join(t.TempDir(), "sched"), chain))
-	l1 := startNode(t, initHome(t, filepath.Join(t.TempDir(), "l1"), chain), withBootstrap(s.addr()))
-	l2 := startNode(t, initHome(t, filepath.Join(t.TempDir(), "l2"), chain), withBootstrap(s.addr()))
+	homes := initNetwork(t, t.TempDir(), chain, []string{"sched", "l1", "l2"})
+	s := startNode(t, homes[0])
+	l1 := startNode(t, homes[1], withBootstrap(s.addr()))
+	l2 := startNode(t, homes[2], withBootstrap(s.addr()))
 	ctx := t.Context()
 	if _, err := l1.client.SetLend(ctx, api.LendRequest{Cores: 2, MemBytes: 2 << 30}); err != nil {
 		t.Fatal(err)
@@ -87,10 +87,18 @@ func TestOverlappingSchedulersNeverOverCommit(t *testing.T) {
 	}
 	chain := testNet(t)
 	noQuotes := func(c *Config) { c.Scheduler.Quote = false }
-	bidder := startNode(t, initHome(t, filepath.Join(t.TempDir(), "bidder"), chain), noQuotes)
+	names := []string{"bidder"}
+	for i := range 6 {
+		names = append(names, fmt.Sprintf("lender%d", i))
+	}
+	for s := range 3 {
+		names = append(names, fmt.Sprintf("sched%d", s))
+	}
+	homes := initNetwork(t, t.TempDir(), chain, names)
+	bidder := startNode(t, homes[0], noQuotes)
 	var lenders []*testNode
 	for i := range 6 {
-		l := startNode(t, initHome(t, filepath.Join(t.TempDir(), fmt.Sprintf("lender%d", i)), chain), withBootstrap(bidder.addr()), noQuotes,
+		l := startNode(t, homes[1+i], withBootstrap(bidder.addr()), noQuotes,
 			func(c *Config) { c.P2P.AnnounceInterval = Duration{time.Second} })
 		if _, err := l.client.SetLend(t.Context(), api.LendRequest{Cores: 2, MemBytes: 1 << 30}); err != nil {
 			t.Fatal(err)
@@ -101,7 +109,7 @@ func TestOverlappingSchedulersNeverOverCommit(t *testing.T) {
 	var scheds []*testNode
 	for s := range 3 {
 		subset := []string{id(2 * s), id(2*s + 1), id(2*s + 2), id(2*s + 3)}
-		sch := startNode(t, initHome(t, filepath.Join(t.TempDir(), fmt.Sprintf("sched%d", s)), chain), withBootstrap(bidder.addr()),
+		sch := startNode(t, homes[7+s], withBootstrap(bidder.addr()),
 			func(c *Config) { c.Scheduler.Subset, c.Scheduler.Machines = SubsetList, subset })
 		scheds = append(scheds, sch)
 	}
@@ -259,4 +267,58 @@ func TestOverlappingSchedulersNeverOverCommit(t *testing.T) {
 	t.Logf("%d bids: %d quoted and held (%d workers held on %d machines), %d rejected with reasons", bids, quoted, total, len(held), rejected)
 	qs, _ := bidder.Quotes(t.Context(), jobs[bids-1])
 	t.Logf("e.g. %+v", qs[len(qs)-1].Reason)
+}
+
+// TestSchedulerSkipsUnreachableMachines: the cheapest machine in the view
+// stops answering hold requests (its offer lingers, as a machine that
+// vanished without withdrawing leaves it). A bid is still quoted, on the
+// next machine, and the next bid does not try the silent one again.
+func TestSchedulerSkipsUnreachableMachines(t *testing.T) {
+	chain := testNet(t)
+	homes := initNetwork(t, t.TempDir(), chain, []string{"sched", "silent", "l2"})
+	s := startNode(t, homes[0])
+	noQuotes := func(c *Config) { c.Scheduler.Quote = false }
+	silent := startNode(t, homes[1], withBootstrap(s.addr()), noQuotes)
+	l2 := startNode(t, homes[2], withBootstrap(s.addr()), noQuotes)
+	ctx := t.Context()
+	if _, err := silent.client.SetLend(ctx, api.LendRequest{Cores: 2, MemBytes: 2 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	dear := p2p.Prices{CoreHour: 2_000_000, MemGiBHour: 100_000}
+	if _, err := l2.client.SetLend(ctx, api.LendRequest{Cores: 2, MemBytes: 2 << 30, Price: &dear}); err != nil {
+		t.Fatal(err)
+	}
+	m1, m2 := silent.Host().ID().String(), l2.Host().ID().String()
+	eventually(t, 15*time.Second, "both offers at the scheduler", func() bool { return hasOffer(s, m1) && hasOffer(s, m2) })
+	silent.Host().RemoveStreamHandler(p2p.ReserveProtocol(chain))
+
+	quoted := func(job string) api.ReceivedQuote {
+		t.Helper()
+		if _, err := s.client.PublishBid(ctx, api.PublishBidRequest{Bid: p2p.Bid{JobID: job, Workers: 1,
+			PerWorker: p2p.Resources{Cores: 1, MemBytes: 128 << 20}, MaxPrice: 10_000_000, Duration: 600, Framework: "generic"}}); err != nil {
+			t.Fatal(err)
+		}
+		var got api.ReceivedQuote
+		eventually(t, 20*time.Second, "a quote", func() bool {
+			qs, _ := s.Quotes(ctx, job)
+			if len(qs) > 0 {
+				got = qs[0]
+			}
+			return len(qs) > 0
+		})
+		return got
+	}
+	q := quoted(jobIDOf(chain + "first"))
+	if len(q.Workers) != 1 || q.Workers[0].Machine != m2 {
+		t.Fatalf("with the cheapest machine silent, the quote is %+v", q)
+	}
+	if !s.failures.skip(m1, time.Now()) {
+		t.Fatal("the silent machine is not remembered")
+	}
+	start := time.Now()
+	q = quoted(jobIDOf(chain + "second"))
+	if len(q.Workers) != 1 || q.Workers[0].Machine != m2 {
+		t.Fatalf("second quote %+v", q)
+	}
+	t.Logf("second quote in %s", time.Since(start).Round(time.Millisecond))
 }

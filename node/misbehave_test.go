@@ -3,7 +3,6 @@ package node
 import (
 	"bytes"
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -22,12 +21,18 @@ type attacker struct {
 	topic *pubsub.Topic
 }
 
-func newAttacker(t *testing.T, ctx context.Context, chain string, victim *testNode, seed byte) *attacker {
+func attackerKey(t *testing.T, seed byte) *identity.Key {
 	t.Helper()
 	k, err := identity.KeyFromSeed(bytes.Repeat([]byte{seed}, 32))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return k
+}
+
+func newAttacker(t *testing.T, ctx context.Context, chain string, victim *testNode, seed byte) *attacker {
+	t.Helper()
+	k := attackerKey(t, seed)
 	h, err := p2p.NewHost(p2p.HostParams{Key: k, Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Version: "evil"})
 	if err != nil {
 		t.Fatal(err)
@@ -100,13 +105,21 @@ func rejected(n *testNode, reason string) float64 {
 // TestMisbehavingPeersAreDroppedAndScored: real libp2p peers send every
 // kind of bad message to V. None is ever listed by V (or relayed to A
 // behind it), each counts against its sender's gossipsub score, and the
-// honest offer from A still arrives.
+// honest offer from A still arrives. The attackers' keys are members of
+// the network here (the ledger backs them), so each message meets the
+// check it is about; TestFakeMachineFlood covers keys the ledger does not
+// know.
 func TestMisbehavingPeersAreDroppedAndScored(t *testing.T) {
 	chain := testNet(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	v := startNode(t, initHome(t, filepath.Join(t.TempDir(), "v"), chain))
-	a := startNode(t, initHome(t, filepath.Join(t.TempDir(), "a"), chain), withBootstrap(v.addr()))
+	var members []identity.Address
+	for seed := byte(101); seed <= 112; seed++ {
+		members = append(members, attackerKey(t, seed).Address())
+	}
+	homes := initNetwork(t, t.TempDir(), chain, []string{"v", "a"}, members...)
+	v := startNode(t, homes[0])
+	a := startNode(t, homes[1], withBootstrap(v.addr()))
 	eventually(t, 10*time.Second, "A connected to V", func() bool { return v.Status().Peers == 1 })
 
 	now := time.Now()

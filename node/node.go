@@ -62,6 +62,8 @@ type Node struct {
 	bidQ      chan bidWork
 	exec      *Executor
 	jobs      *JobManager
+	reads     ledgerReads
+	failures  failures
 	records   machineRecords
 	prices    *PriceHistory
 	mine      myMachines
@@ -162,15 +164,19 @@ func (n *Node) Run(ctx context.Context) (err error) {
 		Host: n.host, Key: n.key, ChainID: n.cfg.Node.ChainID,
 		Logger:  slog.New(&levelHandler{min: ParseLevel(n.cfg.Log.Libp2pLevel), h: log.Handler()}),
 		Metrics: p2p.NewMetrics(n.reg), ScoreInspect: n.peers.SetScores, ScoreInspectPeriod: 5 * time.Second,
+		Admission: n,
 	})
 	if err != nil {
 		return err
 	}
-	n.book = NewOfferBook()
+	n.book = NewOfferBook(n.cfg.Market.MaxOffers, n.cfg.Market.MaxOffersPerOwner)
 	n.bids = NewBidLog(1000)
 	n.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "deepmarket", Name: "offers_held", Help: "Live offers this node holds from the market.",
 	}, func() float64 { return float64(len(n.book.List(time.Now()))) }))
+	n.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "deepmarket", Name: "offers_refused_total", Help: "Offers of new machines refused because the offer book was full (max_offers, max_offers_per_owner).",
+	}, func() float64 { return float64(n.book.Refused()) }))
 	n.lender, err = NewLender(LenderParams{
 		Store: n.store, Topic: n.gossip.Offers(), Offer: n.buildOffer, Inventory: n.Inventory,
 		Defaults: n.cfg.DefaultPrices(), TTL: n.cfg.P2P.OfferTTL.Duration, Interval: n.cfg.P2P.AnnounceInterval.Duration,
@@ -179,7 +185,9 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	n.holds = NewHolds(n.lentNow, n.lender.Refresh)
+	mc := n.cfg.Market
+	n.holds = NewHolds(n.lentNow, HoldLimits{PerBidder: mc.HoldsPerBidder, PerScheduler: mc.HoldsPerScheduler,
+		LaunchWithin: mc.LaunchWithin.Duration}, n.lender.Refresh)
 	n.quotes = newQuoteBook()
 	n.bidQ = make(chan bidWork, bidQueue)
 	n.rpc = &p2p.RPC{Host: n.host, Key: n.key, ChainID: n.cfg.Node.ChainID, Logger: log.With("module", "rpc")}
@@ -327,8 +335,35 @@ func (n *Node) Status() api.Status {
 	}
 }
 
-// Lend implements api.Lending.
-func (n *Node) Lend() api.LendState { return n.lender.State(time.Now()) }
+// Lend implements api.Lending: the settings, whether the ledger backs
+// this machine (peers ignore its offers otherwise), and what is held on
+// it.
+func (n *Node) Lend() api.LendState {
+	now := time.Now()
+	st := n.lender.State(now)
+	owner, ok := n.reads.MachineOwner(n.key.Address())
+	st.Registered, st.Owner = ok, string(owner)
+	if !ok && st.Lending {
+		st.Warnings = append(st.Warnings, fmt.Sprintf("this machine (%s) is not registered on the ledger, so peers ignore its offers: "+
+			"ask an issuer of your network to admit it (`deepmarket ledger admit %s` on their node), or link it to your member account "+
+			"(`deepmarket ledger link`)", n.key.Address(), n.key.Address()))
+	}
+	st.Holds = n.holds.List(now)
+	return st
+}
+
+// ReleaseHold implements api.Lending: the owner drops a hold that runs no
+// worker.
+func (n *Node) ReleaseHold(id string) error {
+	err := n.holds.ReleaseByOwner(id)
+	switch {
+	case errors.Is(err, ErrNoHold):
+		return &api.Error{Status: http.StatusNotFound, Field: "hold", Message: err.Error()}
+	case errors.Is(err, ErrHoldRunning):
+		return &api.Error{Status: http.StatusConflict, Field: "hold", Message: err.Error()}
+	}
+	return err
+}
 
 // SetLend implements api.Lending.
 // A machine that cannot enforce a job's limits (memory, processes) does
@@ -338,7 +373,14 @@ func (n *Node) SetLend(ctx context.Context, req api.LendRequest) (api.LendState,
 		return api.LendState{}, &api.Error{Status: http.StatusConflict, Message: err.Error() +
 			" (run the node as root on a machine with cgroups; see README, Running a training job)"}
 	}
-	return n.lender.Set(ctx, req)
+	if _, err := n.lender.Set(ctx, req); err != nil {
+		if _, registered := n.reads.MachineOwner(n.key.Address()); registered {
+			return api.LendState{}, err
+		}
+		// Saved; gossip refuses the offer of a machine the ledger does
+		// not back, which the state's warning explains.
+	}
+	return n.Lend(), nil
 }
 
 // StopLend implements api.Lending.

@@ -16,8 +16,9 @@ import (
 // --stop removes it from B at once, long before its TTL.
 func TestTwoNodesOfferAndWithdraw(t *testing.T) {
 	chain := testNet(t)
-	a := startNode(t, initHome(t, filepath.Join(t.TempDir(), "a"), chain))
-	b := startNode(t, initHome(t, filepath.Join(t.TempDir(), "b"), chain), withBootstrap(a.addr()))
+	homes := initNetwork(t, t.TempDir(), chain, []string{"a", "b"})
+	a := startNode(t, homes[0])
+	b := startNode(t, homes[1], withBootstrap(a.addr()))
 	eventually(t, 10*time.Second, "B connected to A", func() bool { return b.Status().Peers == 1 })
 
 	ctx := t.Context()
@@ -75,7 +76,11 @@ func TestSparseTopologyPropagation(t *testing.T) {
 	const n = 20
 	rng := rand.New(rand.NewPCG(1, 2))
 	nodes := make([]*testNode, 0, n)
-	dir := t.TempDir()
+	var names []string
+	for i := 0; i < n; i++ {
+		names = append(names, "n"+string(rune('a'+i)))
+	}
+	homes := initNetwork(t, t.TempDir(), chain, names)
 	for i := 0; i < n; i++ {
 		var boot []string
 		if i > 0 { // a chain keeps the graph connected; a random chord adds a second path
@@ -84,7 +89,7 @@ func TestSparseTopologyPropagation(t *testing.T) {
 				boot = append(boot, nodes[rng.IntN(i-2)].addr())
 			}
 		}
-		nodes = append(nodes, startNode(t, initHome(t, filepath.Join(dir, "n"+string(rune('a'+i))), chain), withBootstrap(boot...)))
+		nodes = append(nodes, startNode(t, homes[i], withBootstrap(boot...)))
 	}
 	for i, nd := range nodes {
 		if p := len(nd.PeerIDs()); p > 4 {

@@ -19,52 +19,108 @@ type HeldOffer struct {
 }
 
 // OfferBook is the market as this node sees it: the latest valid offer of
-// each machine, until it expires or is withdrawn.
+// each machine, until it expires or is withdrawn. It is bounded: at most
+// max offers in all and perOwner of one owner account's machines (gossip
+// admits only machines the ledger backs; the bounds keep a member with
+// many machines from crowding out the rest). A new machine past a bound
+// is refused until an offer lapses; machines already held keep their
+// place.
 type OfferBook struct {
-	mu     sync.Mutex
-	offers map[peer.ID]HeldOffer
+	mu       sync.Mutex
+	max      int
+	perOwner int
+	offers   map[peer.ID]HeldOffer
+	owners   map[string]int // offers held per owner
 	// withdrawn remembers the sequence of each withdrawal, so an older
 	// offer arriving late cannot resurrect a withdrawn machine.
 	withdrawn map[peer.ID]uint64
+	refused   uint64
 }
 
-// NewOfferBook returns an empty book.
-func NewOfferBook() *OfferBook {
-	return &OfferBook{offers: map[peer.ID]HeldOffer{}, withdrawn: map[peer.ID]uint64{}}
+// NewOfferBook returns an empty book of at most max offers, perOwner of
+// one owner.
+func NewOfferBook(max, perOwner int) *OfferBook {
+	return &OfferBook{max: max, perOwner: perOwner, offers: map[peer.ID]HeldOffer{}, owners: map[string]int{},
+		withdrawn: map[peer.ID]uint64{}}
 }
 
-// Apply records a validated offer or withdrawal.
-func (b *OfferBook) Apply(rec *p2p.Received, now time.Time) {
+// Apply records a validated offer or withdrawal; it reports false when
+// the book refused an offer for lack of room.
+func (b *OfferBook) Apply(rec *p2p.Received, now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch m := rec.Payload.(type) {
 	case *p2p.Offer:
-		if cur, ok := b.offers[rec.Signer]; ok && cur.Seq >= rec.Seq {
-			return
+		cur, held := b.offers[rec.Signer]
+		if held && cur.Seq >= rec.Seq {
+			return true
 		}
 		if w, ok := b.withdrawn[rec.Signer]; ok && w >= rec.Seq {
-			return
+			return true
+		}
+		if !held || cur.Offer.Owner != m.Owner {
+			if !held && len(b.offers) >= b.max {
+				b.dropExpiredLocked(now)
+			}
+			if (!held && len(b.offers) >= b.max) || b.owners[m.Owner] >= b.perOwner {
+				b.refused++
+				return false
+			}
 		}
 		delete(b.withdrawn, rec.Signer)
+		b.removeLocked(rec.Signer)
 		b.offers[rec.Signer] = HeldOffer{Offer: *m, Seq: rec.Seq, Expires: rec.Expiry, Received: now}
+		b.owners[m.Owner]++
 	case *p2p.Withdrawal:
 		if cur, ok := b.offers[rec.Signer]; ok && cur.Seq < rec.Seq {
-			delete(b.offers, rec.Signer)
+			b.removeLocked(rec.Signer)
 		}
 		b.withdrawn[rec.Signer] = rec.Seq
 	}
+	return true
+}
+
+func (b *OfferBook) removeLocked(id peer.ID) {
+	o, ok := b.offers[id]
+	if !ok {
+		return
+	}
+	delete(b.offers, id)
+	if b.owners[o.Offer.Owner]--; b.owners[o.Offer.Owner] <= 0 {
+		delete(b.owners, o.Offer.Owner)
+	}
+}
+
+func (b *OfferBook) dropExpiredLocked(now time.Time) {
+	for id, o := range b.offers {
+		if !o.Expires.After(now) {
+			b.removeLocked(id)
+		}
+	}
+}
+
+// Len is how many offers the book holds (expired ones included until the
+// next List).
+func (b *OfferBook) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.offers)
+}
+
+// Refused counts the offers refused for lack of room.
+func (b *OfferBook) Refused() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.refused
 }
 
 // List returns the live offers, sorted by machine, dropping expired ones.
 func (b *OfferBook) List(now time.Time) []HeldOffer {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.dropExpiredLocked(now)
 	out := make([]HeldOffer, 0, len(b.offers))
-	for id, o := range b.offers {
-		if !o.Expires.After(now) {
-			delete(b.offers, id)
-			continue
-		}
+	for _, o := range b.offers {
 		out = append(out, o)
 	}
 	if len(b.withdrawn) > 10_000 {

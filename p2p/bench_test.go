@@ -25,7 +25,7 @@ func BenchmarkValidateOffer(b *testing.B) {
 		k := keys[i%signers]
 		data[i] = seal(b, k, testChain, TypeOffer, testOffer(k), uint64(i+1), exp)
 	}
-	v := NewValidator(testChain)
+	v := NewValidator(testChain, nil)
 	topic := OffersTopic(testChain)
 	now := time.Now()
 	b.ResetTimer()

@@ -49,6 +49,12 @@ var (
 	ErrExpired        = errors.New("message expired")
 	ErrReplay         = errors.New("replayed or old sequence")
 	ErrOutOfRange     = errors.New("value out of range")
+	// ErrNotAdmitted: the ledger does not back the signer (an unregistered
+	// machine, a bidder who is not a member or cannot pay). Gossip ignores
+	// such a message rather than rejecting it, since a replica a few
+	// blocks behind may not know yet of a machine just registered; the
+	// peers that keep delivering them lose score (see Admission).
+	ErrNotAdmitted = errors.New("not admitted by the ledger")
 )
 
 // Envelope is the signed wrapper of every DeepMarket message.
@@ -113,6 +119,16 @@ func Seal(key *identity.Key, chainID, typ string, payload any, seq uint64, expir
 // Open decodes wire bytes, checks the size, the signature under chainID and
 // the expiry, and returns the envelope. It does not decode the payload.
 func Open(data []byte, chainID string, now time.Time) (*Envelope, error) {
+	env, err := decodeEnvelope(data)
+	if err != nil {
+		return nil, err
+	}
+	return env, env.verify(chainID, now)
+}
+
+// decodeEnvelope checks the size and decodes the envelope (its canonical
+// encoding only) without checking the signature, which costs far more.
+func decodeEnvelope(data []byte) (*Envelope, error) {
 	if len(data) > MaxEnvelopeSize {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrOversize, len(data), MaxEnvelopeSize)
 	}
@@ -123,21 +139,26 @@ func Open(data []byte, chainID string, now time.Time) (*Envelope, error) {
 	if len(env.Signer) != ed25519.PublicKeySize || len(env.Sig) != ed25519.SignatureSize || env.Type == "" {
 		return nil, fmt.Errorf("%w: missing signer, signature or type", ErrMalformed)
 	}
-	in, err := env.signingBytes(chainID)
+	return &env, nil
+}
+
+// verify checks the signature under chainID and the expiry.
+func (e *Envelope) verify(chainID string, now time.Time) error {
+	in, err := e.signingBytes(chainID)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if !verifier.VerifyWithOptions(env.Signer, in, env.Sig, verifyOpts) {
-		return nil, ErrBadSignature
+	if !verifier.VerifyWithOptions(e.Signer, in, e.Sig, verifyOpts) {
+		return ErrBadSignature
 	}
-	exp := env.ExpiresAt()
+	exp := e.ExpiresAt()
 	if exp.Before(now.Add(-clockSkew)) {
-		return nil, fmt.Errorf("%w: at %s", ErrExpired, exp.UTC().Format(time.RFC3339))
+		return fmt.Errorf("%w: at %s", ErrExpired, exp.UTC().Format(time.RFC3339))
 	}
 	if exp.After(now.Add(MaxTTL + clockSkew)) {
-		return nil, fmt.Errorf("%w: expiry %s is more than %s away", ErrOutOfRange, exp.UTC().Format(time.RFC3339), MaxTTL)
+		return fmt.Errorf("%w: expiry %s is more than %s away", ErrOutOfRange, exp.UTC().Format(time.RFC3339), MaxTTL)
 	}
-	return &env, nil
+	return nil
 }
 
 // Sequencer hands out strictly increasing sequence numbers that also grow

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"sync"
 	"time"
@@ -39,7 +40,13 @@ const (
 // the topics of chainID. Loopback and private addresses are exempt from the
 // IP-colocation penalty, since a lab (and every test) runs many nodes behind
 // one address.
-func ScoreParams(chainID string) (*pubsub.PeerScoreParams, *pubsub.PeerScoreThresholds) {
+//
+// appScore, when not nil, is the application's own score of a peer (see
+// deliveries); nil scores every peer 0.
+func ScoreParams(chainID string, appScore func(peer.ID) float64) (*pubsub.PeerScoreParams, *pubsub.PeerScoreThresholds) {
+	if appScore == nil {
+		appScore = func(peer.ID) float64 { return 0 }
+	}
 	topic := func(weight float64) *pubsub.TopicScoreParams {
 		return &pubsub.TopicScoreParams{
 			TopicWeight:                    weight,
@@ -64,7 +71,7 @@ func ScoreParams(chainID string) (*pubsub.PeerScoreParams, *pubsub.PeerScoreThre
 			BidsTopic(chainID):   topic(0.5),
 		},
 		TopicScoreCap:               100,
-		AppSpecificScore:            func(peer.ID) float64 { return 0 },
+		AppSpecificScore:            appScore,
 		AppSpecificWeight:           1,
 		IPColocationFactorWeight:    -10,
 		IPColocationFactorThreshold: 8,
@@ -93,6 +100,9 @@ type GossipParams struct {
 	ChainID string
 	Logger  *slog.Logger
 	Metrics *Metrics // may be nil
+	// Admission is the ledger's say on who may publish offers and bids;
+	// nil admits everyone.
+	Admission Admission
 	// ScoreInspect, when set, receives every peer's score every
 	// ScoreInspectPeriod (for `peers` and metrics).
 	ScoreInspect       func(map[peer.ID]float64)
@@ -103,8 +113,13 @@ type GossipParams struct {
 type Gossip struct {
 	ps        *pubsub.PubSub
 	validator *Validator
-	offers    *Topic
-	bids      *Topic
+	// unbacked counts, per peer that delivered them, the messages the
+	// ledger does not back: they are ignored (a replica a few blocks
+	// behind may not know a machine yet), but a peer that keeps relaying
+	// them loses score until it is graylisted.
+	unbacked *deliveries
+	offers   *Topic
+	bids     *Topic
 }
 
 // NewGossip starts gossipsub on the host with peer scoring and validators,
@@ -113,7 +128,8 @@ func NewGossip(ctx context.Context, p GossipParams) (*Gossip, error) {
 	if p.Logger == nil {
 		p.Logger = slog.New(slog.DiscardHandler)
 	}
-	params, thresholds := ScoreParams(p.ChainID)
+	unbacked := newDeliveries(unbackedHalfLife)
+	params, thresholds := ScoreParams(p.ChainID, unbacked.score)
 	opts := []pubsub.Option{
 		pubsub.WithPeerScore(params, thresholds),
 		pubsub.WithMessageSignaturePolicy(pubsub.StrictSign),
@@ -137,7 +153,7 @@ func NewGossip(ctx context.Context, p GossipParams) (*Gossip, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start gossipsub: %w", err)
 	}
-	g := &Gossip{ps: ps, validator: NewValidator(p.ChainID)}
+	g := &Gossip{ps: ps, validator: NewValidator(p.ChainID, p.Admission), unbacked: unbacked}
 	if g.offers, err = g.join(OffersTopic(p.ChainID), p); err != nil {
 		return nil, err
 	}
@@ -150,7 +166,14 @@ func NewGossip(ctx context.Context, p GossipParams) (*Gossip, error) {
 func (g *Gossip) join(name string, p GossipParams) (*Topic, error) {
 	log := p.Logger.With("module", "p2p", "topic", name)
 	validate := func(ctx context.Context, from peer.ID, msg *pubsub.Message) pubsub.ValidationResult {
-		rec, err := g.validator.Validate(name, msg.Data, msg.GetFrom(), time.Now())
+		now := time.Now()
+		rec, err := g.validator.Validate(name, msg.Data, msg.GetFrom(), now)
+		if errors.Is(err, ErrNotAdmitted) {
+			g.unbacked.add(from, now)
+			p.Metrics.incRejected(name, Reason(err))
+			log.Debug("ignored message", "from", from, "author", msg.GetFrom(), "err", err)
+			return pubsub.ValidationIgnore
+		}
 		if err != nil {
 			reason := Reason(err)
 			p.Metrics.incRejected(name, reason)
@@ -242,3 +265,75 @@ func (t *Topic) ListPeers() []peer.ID { return t.topic.ListPeers() }
 
 // Signer returns the peer ID that signs this node's messages.
 func (t *Topic) Signer() peer.ID { return t.key.PeerID() }
+
+// unbackedHalfLife is how fast a peer's count of unbacked deliveries
+// decays; unbackedAllowance how many it may have before losing score (an
+// honest relay passes a few while its replica lags a block or two), and
+// unbackedWeight what each one past the allowance costs.
+const (
+	unbackedHalfLife  = 10 * time.Minute
+	unbackedAllowance = 50
+	unbackedWeight    = -10
+	maxScoredPeers    = 10_000
+)
+
+// deliveries is a decaying count of messages per delivering peer.
+type deliveries struct {
+	halfLife time.Duration
+	mu       sync.Mutex
+	count    map[peer.ID]*decaying
+}
+
+type decaying struct {
+	v  float64
+	at time.Time
+}
+
+func newDeliveries(halfLife time.Duration) *deliveries {
+	return &deliveries{halfLife: halfLife, count: map[peer.ID]*decaying{}}
+}
+
+func (d *deliveries) decayed(c *decaying, now time.Time) float64 {
+	return c.v * math.Exp2(-float64(now.Sub(c.at))/float64(d.halfLife))
+}
+
+func (d *deliveries) add(p peer.ID, now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c, ok := d.count[p]
+	if !ok {
+		if len(d.count) >= maxScoredPeers {
+			for q, old := range d.count { // forget the ones that have decayed away
+				if d.decayed(old, now) < 1 {
+					delete(d.count, q)
+				}
+			}
+		}
+		if len(d.count) >= maxScoredPeers {
+			return
+		}
+		c = &decaying{at: now}
+		d.count[p] = c
+	}
+	c.v = d.decayed(c, now) + 1
+	c.at = now
+}
+
+// score is the application-specific gossip score of peer p.
+func (d *deliveries) score(p peer.ID) float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c, ok := d.count[p]
+	if !ok {
+		return 0
+	}
+	over := d.decayed(c, time.Now()) - unbackedAllowance
+	if over <= 0 {
+		return 0
+	}
+	return unbackedWeight * over
+}
+
+// Tracked is how many signers' sequences the validators remember (tests
+// and diagnostics: keys the ledger does not back must add none).
+func (g *Gossip) Tracked() int { return g.validator.Tracked() }

@@ -98,3 +98,29 @@ func TestAddrInfos(t *testing.T) {
 		t.Fatal("address without /p2p accepted")
 	}
 }
+
+// TestUnbackedDeliveriesCostScore: a peer relaying a few messages the
+// ledger does not back keeps its score (a replica may lag); one that keeps
+// doing it falls below the graylist threshold, and recovers as the count
+// decays.
+func TestUnbackedDeliveriesCostScore(t *testing.T) {
+	d := newDeliveries(time.Minute)
+	honest, flooder := testKey(t, 1).PeerID(), testKey(t, 2).PeerID()
+	now := time.Now()
+	for range 20 {
+		d.add(honest, now)
+	}
+	for range 5000 {
+		d.add(flooder, now)
+	}
+	if s := d.score(honest); s != 0 {
+		t.Fatalf("a relay of 20 unbacked messages scores %v", s)
+	}
+	if s := d.score(flooder); s > graylistThreshold {
+		t.Fatalf("a flooder of 5,000 scores %v, above the graylist threshold %v", s, float64(graylistThreshold))
+	}
+	later := &decaying{v: 5000, at: now.Add(-20 * time.Minute)}
+	if v := d.decayed(later, now); v > 1 {
+		t.Fatalf("after 20 half-lives the count is %v", v)
+	}
+}

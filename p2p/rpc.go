@@ -72,6 +72,10 @@ type Reserve struct {
 	// Bidder is the peer that bid for the job (OpReserve): it may commit
 	// or release the hold too, and launch the job on it.
 	Bidder string `cbor:"bidder,omitempty" json:"bidder,omitempty"`
+	// Bid is the bidder's signed bid envelope, as gossip carried it
+	// (OpReserve): a machine holds capacity only for a bid it has checked
+	// itself, from a member whose balance covers the bid.
+	Bid []byte `cbor:"bid,omitempty" json:"-"`
 }
 
 // Validate checks a reservation request.
@@ -87,10 +91,11 @@ func (r *Reserve) Validate() error {
 		if r.TTL <= 0 || r.TTL > int64(MaxHoldTTL/time.Second) {
 			return rangeErr("ttl %ds not in 1..%d", r.TTL, int64(MaxHoldTTL/time.Second))
 		}
-		if r.Bidder != "" {
-			if _, err := peer.Decode(r.Bidder); err != nil {
-				return rangeErr("bidder %q: %v", r.Bidder, err)
-			}
+		if _, err := peer.Decode(r.Bidder); err != nil {
+			return rangeErr("bidder %q: %v", r.Bidder, err)
+		}
+		if len(r.Bid) == 0 || len(r.Bid) > MaxEnvelopeSize {
+			return rangeErr("reserve: the bid's signed envelope is missing or oversize")
 		}
 	case OpCommit, OpRelease:
 	default:
@@ -284,4 +289,22 @@ func (b byteReader) ReadByte() (byte, error) {
 		err = io.EOF
 	}
 	return one[0], err
+}
+
+// OpenBid opens a bid's signed envelope (a Reserve's Bid) as a machine
+// must before holding capacity for it: signature under chainID, expiry,
+// type, the bid's values, and the submitter being the signer.
+func OpenBid(data []byte, chainID string, now time.Time) (*Bid, peer.ID, error) {
+	env, err := Open(data, chainID, now)
+	if err != nil {
+		return nil, "", err
+	}
+	if env.Type != TypeBid {
+		return nil, "", fmt.Errorf("%w: %q where a bid belongs", ErrUnknownType, env.Type)
+	}
+	b, err := decodeBid(env)
+	if err != nil {
+		return nil, "", err
+	}
+	return b.(*Bid), env.SignerID(), nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 )
@@ -36,8 +37,10 @@ func TestRPCReserve(t *testing.T) {
 	if err := sched.Host.Connect(t.Context(), peer.AddrInfo{ID: machine.Host.ID(), Addrs: machine.Host.Addrs()}); err != nil {
 		t.Fatal(err)
 	}
-	req := Reserve{Op: OpReserve, ID: "00112233445566778899aabbccddeeff", JobID: testBid(testKey(t, 3)).JobID,
-		Res: Resources{Cores: 1, MemBytes: 1 << 20}, TTL: 60}
+	bidder := testKey(t, 3)
+	req := Reserve{Op: OpReserve, ID: "00112233445566778899aabbccddeeff", JobID: testBid(bidder).JobID,
+		Res: Resources{Cores: 1, MemBytes: 1 << 20}, TTL: 60, Bidder: bidder.PeerID().String(),
+		Bid: seal(t, bidder, testChain, TypeBid, testBid(bidder), 1, time.Now().Add(time.Minute))}
 	var reply ReserveReply
 	if err := sched.Call(t.Context(), machine.Host.ID(), ReserveProtocol(testChain), TypeReserve, &req, TypeReserveReply, &reply); err != nil {
 		t.Fatal(err)
@@ -58,16 +61,20 @@ func TestRPCReserve(t *testing.T) {
 }
 
 func TestReserveAndQuoteValidate(t *testing.T) {
-	job := testBid(testKey(t, 3)).JobID
+	bidder := testKey(t, 3)
+	job := testBid(bidder).JobID
+	by, bid := bidder.PeerID().String(), []byte{1}
 	for _, c := range []struct {
 		name string
 		r    Reserve
 		ok   bool
 	}{
-		{"reserve", Reserve{Op: OpReserve, ID: "0011223344556677", JobID: job, Res: Resources{Cores: 1}, TTL: 60}, true},
+		{"reserve", Reserve{Op: OpReserve, ID: "0011223344556677", JobID: job, Res: Resources{Cores: 1}, TTL: 60, Bidder: by, Bid: bid}, true},
+		{"no bid", Reserve{Op: OpReserve, ID: "0011223344556677", JobID: job, Res: Resources{Cores: 1}, TTL: 60, Bidder: by}, false},
+		{"no bidder", Reserve{Op: OpReserve, ID: "0011223344556677", JobID: job, Res: Resources{Cores: 1}, TTL: 60, Bid: bid}, false},
 		{"commit", Reserve{Op: OpCommit, ID: "0011223344556677", JobID: job}, true},
-		{"nothing asked", Reserve{Op: OpReserve, ID: "0011223344556677", JobID: job, TTL: 60}, false},
-		{"ttl too long", Reserve{Op: OpReserve, ID: "0011223344556677", JobID: job, Res: Resources{Cores: 1}, TTL: 3600}, false},
+		{"nothing asked", Reserve{Op: OpReserve, ID: "0011223344556677", JobID: job, TTL: 60, Bidder: by, Bid: bid}, false},
+		{"ttl too long", Reserve{Op: OpReserve, ID: "0011223344556677", JobID: job, Res: Resources{Cores: 1}, TTL: 3600, Bidder: by, Bid: bid}, false},
 		{"bad id", Reserve{Op: OpCommit, ID: "xyz", JobID: job}, false},
 		{"bad op", Reserve{Op: "steal", ID: "0011223344556677", JobID: job}, false},
 		{"absurd cores", Reserve{Op: OpReserve, ID: "0011223344556677", JobID: job, Res: Resources{Cores: MaxCores + 1}, TTL: 60}, false},

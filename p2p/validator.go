@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/deepmarket/deepmarket/identity"
 )
 
 // Received is a message that passed validation: its envelope and the
@@ -18,35 +20,88 @@ type Received struct {
 	Seq     uint64
 	Expiry  time.Time
 	Payload any
+	// Raw is the signed envelope as it arrived: a scheduler hands a bid's
+	// to the machines it asks for holds, which check it themselves.
+	Raw []byte
+}
+
+// Admission is the ledger's say on who may publish on the market. p2p
+// cannot read the ledger (it must not import it); the node answers from
+// its replica. A nil Admission admits everyone (tests of this package).
+type Admission interface {
+	// Machine reports whether the machine with this ed25519 key is
+	// registered on the ledger, and the account it earns into.
+	Machine(key []byte) (owner identity.Address, registered bool)
+	// Bidder says whether the account of key may bid a job of maxPrice
+	// micro-credits: nil when it is a member whose balance covers it.
+	// maxPrice 0 asks about membership alone.
+	Bidder(key []byte, maxPrice uint64) error
 }
 
 // payloadKind describes one payload type a topic accepts.
 type payloadKind struct {
-	decode func([]byte, peer.ID) (any, error)
+	// admit runs before the signature is checked (so a flood of messages
+	// from keys the ledger does not know costs a map lookup each) and
+	// again on the decoded payload; nil admits.
+	admit  func(a Admission, env *Envelope, payload any) error
+	decode func(env *Envelope) (any, error)
 }
 
-func decodeOffer(b []byte, signer peer.ID) (any, error) {
+func decodeOffer(env *Envelope) (any, error) {
 	var o Offer
-	if err := Unmarshal(b, &o); err != nil {
+	if err := Unmarshal(env.Payload, &o); err != nil {
 		return nil, err
 	}
-	return &o, o.Validate(signer)
+	return &o, o.Validate(env.SignerID())
 }
 
-func decodeWithdrawal(b []byte, signer peer.ID) (any, error) {
+func decodeWithdrawal(env *Envelope) (any, error) {
 	var w Withdrawal
-	if err := Unmarshal(b, &w); err != nil {
+	if err := Unmarshal(env.Payload, &w); err != nil {
 		return nil, err
 	}
-	return &w, w.Validate(signer)
+	return &w, w.Validate(env.SignerID())
 }
 
-func decodeBid(b []byte, _ peer.ID) (any, error) {
+func decodeBid(env *Envelope) (any, error) {
 	var bid Bid
-	if err := Unmarshal(b, &bid); err != nil {
+	if err := Unmarshal(env.Payload, &bid); err != nil {
 		return nil, err
 	}
-	return &bid, bid.Validate()
+	if err := bid.Validate(); err != nil {
+		return nil, err
+	}
+	// The bid spends the submitter's credits: only its own key may sign
+	// it, or anyone could bid on a rich account's balance.
+	if a := identity.AddressOf(env.Signer); bid.Submitter != string(a) {
+		return nil, fmt.Errorf("%w: bid for account %s signed by %s", ErrSignerMismatch, bid.Submitter, a)
+	}
+	return &bid, nil
+}
+
+// admitMachine lets offers and withdrawals of registered machines through;
+// an offer must also name the owner the ledger has.
+func admitMachine(a Admission, env *Envelope, payload any) error {
+	owner, ok := a.Machine(env.Signer)
+	if !ok {
+		return fmt.Errorf("%w: machine %s is not registered on the ledger", ErrNotAdmitted, env.SignerID())
+	}
+	if o, isOffer := payload.(*Offer); isOffer && o.Owner != string(owner) {
+		return fmt.Errorf("%w: offer names owner %s, the ledger says %s", ErrNotAdmitted, o.Owner, owner)
+	}
+	return nil
+}
+
+// admitBidder lets bids of members through whose balance covers the bid.
+func admitBidder(a Admission, env *Envelope, payload any) error {
+	var max uint64
+	if b, ok := payload.(*Bid); ok {
+		max = b.MaxPrice
+	}
+	if err := a.Bidder(env.Signer, max); err != nil {
+		return fmt.Errorf("%w: %v", ErrNotAdmitted, err)
+	}
+	return nil
 }
 
 // maxTracked bounds the replay table (about 1 KiB a signer and topic);
@@ -102,23 +157,26 @@ func (e *seqEntry) add(seq uint64) {
 // It is safe for concurrent use; gossipsub runs it on several goroutines.
 type Validator struct {
 	chainID string
+	admit   Admission
 	kinds   map[string]map[string]payloadKind // topic -> type -> kind
 
 	mu   sync.Mutex
 	last map[seqKey]*seqEntry
 }
 
-// NewValidator returns a validator for the topics of chainID.
-func NewValidator(chainID string) *Validator {
+// NewValidator returns a validator for the topics of chainID; admit (may
+// be nil) is the ledger's say on who may publish.
+func NewValidator(chainID string, admit Admission) *Validator {
 	return &Validator{
 		chainID: chainID,
+		admit:   admit,
 		kinds: map[string]map[string]payloadKind{
 			OffersTopic(chainID): {
-				TypeOffer:      {decodeOffer},
-				TypeWithdrawal: {decodeWithdrawal},
+				TypeOffer:      {admitMachine, decodeOffer},
+				TypeWithdrawal: {admitMachine, decodeWithdrawal},
 			},
 			BidsTopic(chainID): {
-				TypeBid: {decodeBid},
+				TypeBid: {admitBidder, decodeBid},
 			},
 		},
 		last: make(map[seqKey]*seqEntry),
@@ -127,13 +185,16 @@ func NewValidator(chainID string) *Validator {
 
 // Validate checks data received on topic from author (the gossipsub
 // message's verified origin) at time now. On success the message's
-// sequence number is recorded, so the same message is refused a second time.
+// sequence number is recorded, so the same message is refused a second
+// time. The ledger's admission is asked before the signature is checked
+// and before anything is remembered of the signer, so messages of keys it
+// does not back cost a decode and a lookup, and no memory.
 func (v *Validator) Validate(topic string, data []byte, author peer.ID, now time.Time) (*Received, error) {
 	kinds, ok := v.kinds[topic]
 	if !ok {
 		return nil, fmt.Errorf("%w: topic %q", ErrUnknownType, topic)
 	}
-	env, err := Open(data, v.chainID, now)
+	env, err := decodeEnvelope(data)
 	if err != nil {
 		return nil, err
 	}
@@ -148,14 +209,27 @@ func (v *Validator) Validate(topic string, data []byte, author peer.ID, now time
 	if author != "" && signer != author {
 		return nil, fmt.Errorf("%w: signed by %s, published by %s", ErrSignerMismatch, signer, author)
 	}
-	payload, err := kind.decode(env.Payload, signer)
+	if v.admit != nil && kind.admit != nil {
+		if err := kind.admit(v.admit, env, nil); err != nil {
+			return nil, err
+		}
+	}
+	if err := env.verify(v.chainID, now); err != nil {
+		return nil, err
+	}
+	payload, err := kind.decode(env)
 	if err != nil {
 		return nil, err
+	}
+	if v.admit != nil && kind.admit != nil {
+		if err := kind.admit(v.admit, env, payload); err != nil {
+			return nil, err
+		}
 	}
 	if err := v.advance(seqKey{topic, signer}, env.Seq, now); err != nil {
 		return nil, err
 	}
-	return &Received{Topic: topic, Signer: signer, Type: env.Type, Seq: env.Seq, Expiry: env.ExpiresAt(), Payload: payload}, nil
+	return &Received{Topic: topic, Signer: signer, Type: env.Type, Seq: env.Seq, Expiry: env.ExpiresAt(), Payload: payload, Raw: data}, nil
 }
 
 func (v *Validator) advance(k seqKey, seq uint64, now time.Time) error {
@@ -205,11 +279,18 @@ func Reason(err error) string {
 	}{
 		{ErrOversize, "oversize"}, {ErrMalformed, "malformed"}, {ErrUnknownType, "unknown_type"},
 		{ErrBadSignature, "bad_signature"}, {ErrSignerMismatch, "signer_mismatch"}, {ErrExpired, "expired"},
-		{ErrReplay, "replay"}, {ErrOutOfRange, "out_of_range"},
+		{ErrReplay, "replay"}, {ErrOutOfRange, "out_of_range"}, {ErrNotAdmitted, "not_admitted"},
 	} {
 		if errors.Is(err, r.err) {
 			return r.name
 		}
 	}
 	return "other"
+}
+
+// Tracked is how many (topic, signer) sequences the validator remembers.
+func (v *Validator) Tracked() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return len(v.last)
 }

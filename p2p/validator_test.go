@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/fxamacker/cbor/v2"
+
+	"github.com/deepmarket/deepmarket/identity"
 )
 
 func TestSealOpenRoundTrip(t *testing.T) {
@@ -100,11 +102,13 @@ func TestValidatorRejects(t *testing.T) {
 		{"bid with unknown framework", bids, withBid(func(b *Bid) { b.Framework = "caffe" }), "", "out_of_range"},
 		{"bid with bad job id", bids, withBid(func(b *Bid) { b.JobID = "xyz" }), "", "out_of_range"},
 		{"bid without price", bids, withBid(func(b *Bid) { b.MaxPrice = 0 }), "", "out_of_range"},
+		{"bid spending another account", bids, withBid(func(b *Bid) { b.Submitter = string(other.Address()) }), "", "signer_mismatch"},
+		{"envelope with an extra key", offers, malleate(t, seal(t, k, testChain, TypeOffer, testOffer(k), 1, exp)), "", "malformed"},
 		{"unknown topic", "/deepmarket/x/other/1", seal(t, k, testChain, TypeOffer, testOffer(k), 1, exp), "", "unknown_type"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			v := NewValidator(testChain)
+			v := NewValidator(testChain, nil)
 			author := k.PeerID()
 			if c.author == "other" {
 				author = other.PeerID()
@@ -122,7 +126,7 @@ func TestValidatorRejects(t *testing.T) {
 
 func TestValidatorReplay(t *testing.T) {
 	k := testKey(t, 1)
-	v := NewValidator(testChain)
+	v := NewValidator(testChain, nil)
 	now := time.Now()
 	topic := OffersTopic(testChain)
 	first := seal(t, k, testChain, TypeOffer, testOffer(k), 10, now.Add(time.Minute))
@@ -170,7 +174,7 @@ func TestValidatorReplay(t *testing.T) {
 
 func TestValidatorAcceptsGoodMessages(t *testing.T) {
 	k := testKey(t, 3)
-	v := NewValidator(testChain)
+	v := NewValidator(testChain, nil)
 	now := time.Now()
 	o := testOffer(k)
 	o.Window = "19:00-07:00"
@@ -236,10 +240,135 @@ func FuzzValidate(f *testing.F) {
 	f.Add(seal(f, k, testChain, TypeOffer, testOffer(k), 1, time.Now().Add(time.Hour)))
 	f.Add([]byte{0xa0})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		v := NewValidator(testChain)
+		v := NewValidator(testChain, nil)
 		rec, err := v.Validate(OffersTopic(testChain), data, "", time.Now())
 		if err == nil && rec.Payload == nil {
 			t.Fatal("accepted without payload")
 		}
 	})
+}
+
+// malleate adds a key to an envelope's CBOR map: the signature still
+// verifies over the fields it covers, but the bytes (and any hash of
+// them) differ. The canonical decoder must refuse it.
+func malleate(t *testing.T, data []byte) []byte {
+	t.Helper()
+	var m map[int]any
+	if err := cbor.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	m[99] = "x"
+	b, err := cbor.CoreDetEncOptions().EncMode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := b.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// admission is a ledger stand-in for the validator's unit tests (the node
+// tests use the real ledger).
+type admission struct {
+	machines map[string]identity.Address // by key
+	balance  map[string]uint64           // by key; absent: not a member
+	asked    int
+}
+
+func (a *admission) Machine(key []byte) (identity.Address, bool) {
+	a.asked++
+	o, ok := a.machines[string(key)]
+	return o, ok
+}
+
+func (a *admission) Bidder(key []byte, max uint64) error {
+	a.asked++
+	b, ok := a.balance[string(key)]
+	switch {
+	case !ok:
+		return errors.New("not a member")
+	case b < max:
+		return errors.New("balance too low")
+	}
+	return nil
+}
+
+// TestValidatorAsksTheLedger: offers of unregistered machines, offers that
+// name another owner than the ledger's, and bids of non-members or of more
+// than the bidder holds are not admitted; the check comes before the
+// signature's, so a forged signature from an unknown key is not even
+// verified, and nothing is remembered of such signers.
+func TestValidatorAsksTheLedger(t *testing.T) {
+	k, stranger := testKey(t, 1), testKey(t, 2)
+	now := time.Now()
+	exp := now.Add(time.Minute)
+	adm := &admission{
+		machines: map[string]identity.Address{string(k.Public()): k.Address()},
+		balance:  map[string]uint64{string(k.Public()): 10_000_000},
+	}
+	v := NewValidator(testChain, adm)
+	offers, bids := OffersTopic(testChain), BidsTopic(testChain)
+	if _, err := v.Validate(offers, seal(t, k, testChain, TypeOffer, testOffer(k), 1, exp), k.PeerID(), now); err != nil {
+		t.Fatalf("registered machine's offer: %v", err)
+	}
+	if _, err := v.Validate(offers, seal(t, stranger, testChain, TypeOffer, testOffer(stranger), 1, exp), stranger.PeerID(), now); !errors.Is(err, ErrNotAdmitted) {
+		t.Fatalf("unregistered machine's offer: %v", err)
+	}
+	other := testOffer(k)
+	other.Owner = string(stranger.Address())
+	if _, err := v.Validate(offers, seal(t, k, testChain, TypeOffer, other, 2, exp), k.PeerID(), now); !errors.Is(err, ErrNotAdmitted) {
+		t.Fatalf("offer naming an owner the ledger does not have: %v", err)
+	}
+	if _, err := v.Validate(bids, seal(t, k, testChain, TypeBid, testBid(k), 1, exp), k.PeerID(), now); err != nil {
+		t.Fatalf("a member's bid within its balance: %v", err)
+	}
+	dear := testBid(k)
+	dear.MaxPrice = 10_000_001
+	if _, err := v.Validate(bids, seal(t, k, testChain, TypeBid, dear, 2, exp), k.PeerID(), now); !errors.Is(err, ErrNotAdmitted) {
+		t.Fatalf("a bid above the balance: %v", err)
+	}
+	if _, err := v.Validate(bids, seal(t, stranger, testChain, TypeBid, testBid(stranger), 1, exp), stranger.PeerID(), now); !errors.Is(err, ErrNotAdmitted) {
+		t.Fatalf("a non-member's bid: %v", err)
+	}
+	// A forged signature from an unregistered key is turned away by the
+	// ledger check, before the signature is looked at.
+	forged := seal(t, stranger, testChain, TypeOffer, testOffer(stranger), 5, exp)
+	var env Envelope
+	if err := Unmarshal(forged, &env); err != nil {
+		t.Fatal(err)
+	}
+	env.Sig[0] ^= 1
+	forged, _ = Marshal(&env)
+	if _, err := v.Validate(offers, forged, stranger.PeerID(), now); !errors.Is(err, ErrNotAdmitted) {
+		t.Fatalf("forged offer of an unknown key: %v (want not admitted, before the signature check)", err)
+	}
+	v.mu.Lock()
+	for key := range v.last {
+		if key.signer == stranger.PeerID() {
+			t.Errorf("the validator remembers the stranger's sequence on %s", key.topic)
+		}
+	}
+	v.mu.Unlock()
+}
+
+// TestOpenBid: a machine checks the bid a hold request carries itself.
+func TestOpenBid(t *testing.T) {
+	k, other := testKey(t, 1), testKey(t, 2)
+	now := time.Now()
+	b, signer, err := OpenBid(seal(t, k, testChain, TypeBid, testBid(k), 1, now.Add(time.Minute)), testChain, now)
+	if err != nil || signer != k.PeerID() || b.Workers != 2 {
+		t.Fatalf("bid %+v signer %s: %v", b, signer, err)
+	}
+	for name, data := range map[string][]byte{
+		"offer":           seal(t, k, testChain, TypeOffer, testOffer(k), 1, now.Add(time.Minute)),
+		"expired":         seal(t, k, testChain, TypeBid, testBid(k), 1, now.Add(-time.Minute)),
+		"other chain":     seal(t, k, "deepmarket-other", TypeBid, testBid(k), 1, now.Add(time.Minute)),
+		"another account": seal(t, other, testChain, TypeBid, testBid(k), 1, now.Add(time.Minute)),
+	} {
+		if _, _, err := OpenBid(data, testChain, now); err == nil {
+			t.Errorf("%s: opened", name)
+		}
+	}
 }

@@ -238,7 +238,7 @@ func validation(msgs int) []row {
 	for i, k := range keys {
 		authors[i] = k.PeerID()
 	}
-	v := p2p.NewValidator(chain)
+	v := p2p.NewValidator(chain, nil)
 	now := time.Now()
 	start := time.Now()
 	for i, d := range data {

@@ -70,7 +70,7 @@ func parsePrices(s string) (*p2p.Prices, error) {
 
 func newLendCmd(c *cli) *cobra.Command {
 	var cores, gpus int
-	var mem, window, price string
+	var mem, window, price, release string
 	var stop, asJSON bool
 	cmd := &cobra.Command{
 		Use:   "lend",
@@ -79,19 +79,30 @@ func newLendCmd(c *cli) *cobra.Command {
 inventory, saves it (it survives restarts), and announces a signed offer at once
 and then periodically. With --window the offer is out only inside that daily
 window (local time; it may run over midnight). --stop withdraws the offer:
-peers drop it at once. Without flags, shows what is lent now.
+peers drop it at once. Without flags, shows what is lent now and the holds
+schedulers have on this machine (a hold reserves capacity for a job whose
+bidder can pay; it lapses unless the job launches); --release ID drops a hold
+that runs no worker.
+
+Peers count the offer only when the ledger backs this machine: its account is
+a member of the network (an issuer admitted it or granted it credits), or it
+is linked to a member's account (deepmarket ledger link).
 
 Reserve prices are floors in credits per unit-hour (memory per GiB-hour);
 without --price the [prices] of config.toml apply.`,
 		Example: `  deepmarket lend --cores 4 --mem 8GiB
   deepmarket lend --cores 8 --mem 16G --gpus 1 --window 19:00-07:00 --price core=0.2,mem=0.05,gpu=2
-  deepmarket lend --stop`,
+  deepmarket lend --stop
+  deepmarket lend --release 3f2a9c0e11d4b7a6`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := cmd.Flags()
 			setting := f.Changed("cores") || f.Changed("mem") || f.Changed("gpus") || f.Changed("window") || f.Changed("price")
 			if stop && setting {
 				return usageError{fmt.Errorf("--stop takes no other lend flags")}
+			}
+			if release != "" && (stop || setting) {
+				return usageError{fmt.Errorf("--release takes no other lend flags")}
 			}
 			var req api.LendRequest
 			if setting {
@@ -133,6 +144,8 @@ without --price the [prices] of config.toml apply.`,
 			switch {
 			case stop:
 				st, err = cl.StopLend(ctx)
+			case release != "":
+				st, err = cl.ReleaseHold(ctx, release)
 			case setting:
 				st, err = cl.SetLend(ctx, req)
 				if apiErr, ok := err.(*api.Error); ok && apiErr.Field != "" {
@@ -158,6 +171,7 @@ without --price the [prices] of config.toml apply.`,
 	f.StringVar(&window, "window", "", "daily availability window HH:MM-HH:MM, local time (default: all day)")
 	f.StringVar(&price, "price", "", "reserve prices per unit-hour: core=CREDITS,mem=CREDITS,gpu=CREDITS")
 	f.BoolVar(&stop, "stop", false, "stop lending and withdraw the offer")
+	f.StringVar(&release, "release", "", "drop the hold with this ID (one that runs no worker)")
 	f.BoolVar(&asJSON, "json", false, "print as JSON")
 	return cmd
 }
@@ -197,6 +211,27 @@ func printLendState(c *cli, st api.LendState, stopped bool) {
 	if st.NextChange != nil {
 		fmt.Fprintf(c.out, "Window changes at %s\n", st.NextChange.Local().Format("Mon 15:04"))
 	}
+	for _, w := range st.Warnings {
+		fmt.Fprintln(c.out, "Warning: "+w)
+	}
+	printHolds(c, st.Holds)
+}
+
+func printHolds(c *cli, holds []api.Hold) {
+	if len(holds) == 0 {
+		fmt.Fprintln(c.out, "Holds: none.")
+		return
+	}
+	fmt.Fprintf(c.out, "Holds (%d):\n", len(holds))
+	var rows [][]string
+	for _, h := range holds {
+		lapses := "-"
+		if h.Expires != nil {
+			lapses = h.Expires.Local().Format("15:04:05")
+		}
+		rows = append(rows, []string{h.ID, h.State, shortID(h.Job), fmt.Sprint(h.Cores), units.FormatSize(h.MemBytes), fmt.Sprint(h.GPUs), h.Account, lapses})
+	}
+	c.table("ID\tSTATE\tJOB\tCORES\tMEMORY\tGPUS\tACCOUNT\tLAPSES", rows)
 }
 
 func newOffersCmd(c *cli) *cobra.Command {

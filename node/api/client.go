@@ -107,6 +107,12 @@ func (c *Client) StopLend(ctx context.Context) (LendState, error) {
 	return st, c.do(ctx, http.MethodDelete, "/api/v1/lend", nil, &st)
 }
 
+// ReleaseHold drops a hold on this machine that runs no worker.
+func (c *Client) ReleaseHold(ctx context.Context, id string) (LendState, error) {
+	var st LendState
+	return st, c.do(ctx, http.MethodDelete, "/api/v1/lend/holds/"+url.PathEscape(id), nil, &st)
+}
+
 // Offers lists the offers the node holds.
 func (c *Client) Offers(ctx context.Context) ([]Offer, error) {
 	var out []Offer

@@ -35,6 +35,8 @@ type (
 		Lend() LendState
 		SetLend(ctx context.Context, req LendRequest) (LendState, error)
 		StopLend(ctx context.Context) error
+		// ReleaseHold drops a hold on this machine that runs no worker.
+		ReleaseHold(id string) error
 	}
 	// Market answers /offers, /bids and /peers.
 	Market interface {
@@ -118,7 +120,19 @@ func NewServer(p Params) (*Server, error) {
 	s.handleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	s.handleFunc("GET /metrics", promhttp.HandlerFor(p.Gatherer, promhttp.HandlerOpts{}).ServeHTTP)
+	metrics := promhttp.HandlerFor(p.Gatherer, promhttp.HandlerOpts{})
+	s.handleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		// A Prometheus on this machine scrapes 127.0.0.1 without a token;
+		// any other Host is a page whose DNS name points here (rebinding)
+		// and needs the token like the rest of the API.
+		if !loopbackHost(r.Host) {
+			if kind, _ := s.who(r); kind != authBearer {
+				writeJSON(w, http.StatusForbidden, &Error{Message: "metrics are served to this machine only: scrape 127.0.0.1 or localhost, or send the API token"})
+				return
+			}
+		}
+		metrics.ServeHTTP(w, r)
+	})
 	s.handleFunc("GET /api/v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(openAPI)
@@ -135,6 +149,12 @@ func NewServer(p Params) (*Server, error) {
 	})
 	s.handle("DELETE /api/v1/lend", func(r *http.Request) (any, error) {
 		if err := p.Lending.StopLend(r.Context()); err != nil {
+			return nil, err
+		}
+		return p.Lending.Lend(), nil
+	})
+	s.handle("DELETE /api/v1/lend/holds/{id}", func(r *http.Request) (any, error) {
+		if err := p.Lending.ReleaseHold(r.PathValue("id")); err != nil {
 			return nil, err
 		}
 		return p.Lending.Lend(), nil

@@ -387,3 +387,46 @@ func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 		t.Errorf("only %d routes checked", checked)
 	}
 }
+
+// TestMetricsFollowTheHostRules: a Prometheus on this machine scrapes
+// /metrics at 127.0.0.1 without a token; a request naming another host (a
+// page whose DNS name was pointed at 127.0.0.1) is refused unless it
+// carries the API token.
+func TestMetricsFollowTheHostRules(t *testing.T) {
+	_, ts, _ := newTestServer(t)
+	get := func(host, token string) int {
+		req, err := http.NewRequest("GET", ts.URL+"/metrics", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if host != "" {
+			req.Host = host
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return res.StatusCode
+	}
+	for _, c := range []struct {
+		host, token string
+		want        int
+	}{
+		{"", "", http.StatusOK},
+		{"localhost:7700", "", http.StatusOK},
+		{"[::1]:7700", "", http.StatusOK},
+		{"evil.example:7700", "", http.StatusForbidden},
+		{"192.168.1.5:7700", "", http.StatusForbidden},
+		{"evil.example:7700", "wrong", http.StatusForbidden},
+		{"evil.example:7700", testToken, http.StatusOK},
+	} {
+		if got := get(c.host, c.token); got != c.want {
+			t.Errorf("Host %q token %q: %d, want %d", c.host, c.token, got, c.want)
+		}
+	}
+}

@@ -73,6 +73,30 @@ type LendState struct {
 	Offering   bool         `json:"offering"`
 	Since      *time.Time   `json:"since,omitempty"`
 	NextChange *time.Time   `json:"next_change,omitempty"` // window opens or closes
+	// Registered: the ledger backs this machine (a member account, or
+	// linked to one); peers ignore offers of machines it does not.
+	Registered bool   `json:"registered"`
+	Owner      string `json:"owner,omitempty"` // the account it earns into
+	// Warnings say what keeps the machine from being placed on, and how
+	// to fix it.
+	Warnings []string `json:"warnings,omitempty"`
+	// Holds are the reservations schedulers hold on this machine now.
+	Holds []Hold `json:"holds"`
+}
+
+// Hold is one reservation on a lending machine, as its owner sees it.
+type Hold struct {
+	ID        string     `json:"id"`
+	Job       string     `json:"job_id"`
+	State     string     `json:"state"`   // held, committed (waiting for its launch) or running
+	Account   string     `json:"account"` // the bidder's account, which pays
+	Scheduler string     `json:"scheduler"`
+	Bidder    string     `json:"bidder"`
+	Cores     uint32     `json:"cores"`
+	MemBytes  uint64     `json:"mem_bytes"`
+	GPUs      uint32     `json:"gpus"`
+	Since     time.Time  `json:"since"`
+	Expires   *time.Time `json:"expires,omitempty"` // when it lapses unless committed or launched
 }
 
 // Offer is one entry of `offers --json`.
