@@ -363,3 +363,13 @@ func (n *Network) LogTail(i, lines int) string {
 	}
 	return "\n  " + strings.Join(all, "\n  ")
 }
+
+// PID is the process ID of node i, or 0 when it is not running.
+func (n *Network) PID(i int) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if p := n.procs[i]; p != nil && p.Process != nil {
+		return p.Process.Pid
+	}
+	return 0
+}

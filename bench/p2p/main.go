@@ -1,6 +1,6 @@
 // Command p2p is `make bench-p2p`: offer propagation over 50 in-process
-// nodes, validation throughput on one core, and an idle node's CPU and
-// memory. It prints a table and writes bench/results/p2p.json.
+// nodes, validation throughput on one core, an idle node's CPU and
+// memory, and a flood of fake machines' offers against node processes. It prints a table and writes bench/results/p2p.json.
 package main
 
 import (
@@ -45,14 +45,22 @@ func main() {
 	rounds := flag.Int("rounds", 200, "offers published in the propagation benchmark")
 	msgs := flag.Int("msgs", 50000, "offers validated in the throughput benchmark")
 	idle := flag.Duration("idle", 60*time.Second, "how long to measure the idle node")
-	binPath := flag.String("bin", "bin/deepmarket", "deepmarket binary for the idle benchmark")
+	binPath := flag.String("bin", "bin/deepmarket", "deepmarket binary for the idle and flood benchmarks")
+	fakes := flag.Int("fakes", 20000, "fake machines' offers in the flood benchmark")
 	out := flag.String("out", "bench/results/p2p.json", "where to write JSON results")
+	only := flag.String("only", "", "run only this part: propagation, validation, idle or flood")
 	flag.Parse()
 
 	var rows []row
-	rows = append(rows, propagation(*nodes, *rounds)...)
-	rows = append(rows, validation(*msgs)...)
-	rows = append(rows, idleNode(*binPath, *idle)...)
+	run := func(part string, f func() []row) {
+		if *only == "" || *only == part {
+			rows = append(rows, f()...)
+		}
+	}
+	run("propagation", func() []row { return propagation(*nodes, *rounds) })
+	run("validation", func() []row { return validation(*msgs) })
+	run("idle", func() []row { return idleNode(*binPath, *idle) })
+	run("flood", func() []row { return flood(*binPath, *fakes) })
 
 	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "benchmark\tvalue\tunit\tgoal\tratio\tpass\t")
