@@ -37,12 +37,14 @@ export function render(main) {
     h("div", { class: "actions" }, h("button", { type: "submit", id: "lend-submit" }, "Lend"), done));
 
   const stopBox = h("div", { id: "stop-box" });
+  const holds = h("div", { id: "holds" }, h("p", { class: "muted" }, "…"));
 
   main.append(
     h("h1", null, "Resources"),
     h("div", { class: "cols" },
       section("inv", "This machine", inventory),
       section("lending", "Lending now", lendState, stopBox)),
+    section("holds", "Holds on this machine", holds),
     section("lend", "Lend this machine", form),
     section("mine", "Machines I own", mine),
   );
@@ -95,9 +97,40 @@ export function render(main) {
     hints();
   }
 
+  // drawHolds lists what schedulers hold here: each for a job whose
+  // bidder can pay; the owner may drop any that runs no worker.
+  function drawHolds(st) {
+    const list = st.holds || [];
+    if (!list.length) {
+      fill(holds, h("p", { class: "muted", id: "holds-none" }, "No holds: nobody has reserved this machine's capacity."));
+      return;
+    }
+    const msg = h("p", { class: "error", role: "alert" });
+    const release = (id) => async (ev) => {
+      ev.target.disabled = true;
+      try {
+        const next = await api("DELETE", `/lend/holds/${encodeURIComponent(id)}`);
+        drawLend(next);
+      } catch (e) {
+        msg.textContent = e.message;
+        ev.target.disabled = false;
+      }
+    };
+    fill(holds, table({
+      id: "holds-table",
+      columns: [{ label: "Hold" }, { label: "State" }, { label: "Job" }, { label: "Resources" }, { label: "Paid by" }, { label: "Lapses" }, { label: "" }],
+      rows: list.map((x) => [
+        x.id, x.state, shortPeer(x.job_id), resources({ cores: x.cores, mem_bytes: x.mem_bytes, gpus: x.gpus }),
+        shortPeer(x.account), x.expires ? when(x.expires) : "—",
+        x.state === "running" ? "" : h("button", { type: "button", class: "secondary small", "aria-label": `Release hold ${x.id}`, onclick: release(x.id) }, "Release"),
+      ]),
+    }), msg);
+  }
+
   function drawLend(st) {
     const first = state === null;
     state = st;
+    drawHolds(st);
     if (!st.lending) {
       fill(lendState, h("p", { id: "lend-status" }, h("span", { class: "badge" }, "not lending"), " This machine lends nothing."));
       stopBox.replaceChildren();
@@ -111,7 +144,8 @@ export function render(main) {
           ["Reserve prices", s.price ? `${credits(s.price.core_hour)}/core, ${credits(s.price.mem_gib_hour)}/GiB, ${credits(s.price.gpu_hour)}/GPU per hour` : "defaults"],
           st.since ? ["Since", when(st.since)] : null,
           st.next_change ? ["Window changes", when(st.next_change)] : null,
-        ]));
+        ]),
+        ...(st.warnings || []).map((w) => h("p", { class: "error", role: "alert" }, w)));
       drawStop();
     }
     if (first) prefill();
