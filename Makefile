@@ -9,12 +9,15 @@ FUZZTIME  ?= 8s
 # The Python environment jobs run with (tensorflow-cpu). As root it lives
 # outside the checkout, where the unprivileged job user can reach it.
 VENV      ?= $(if $(filter 0,$(shell id -u)),/opt/deepmarket/venv,$(CURDIR)/.venv)
+# Where `make install` puts the binary: /usr/local as root, ~/.local otherwise.
+PREFIX    ?= $(if $(filter 0,$(shell id -u)),/usr/local,$(HOME)/.local)
 
 .DEFAULT_GOAL := help
 
 .PHONY: help
 help: ## Show this help
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST) \
+	  | sed -e 's|$$(HOME_DIR)|$(HOME_DIR)|g' -e 's|$$(VENV)|$(VENV)|g' -e 's|$$(PREFIX)|$(PREFIX)|g'
 
 .PHONY: build
 build: ## Build bin/deepmarket
@@ -23,7 +26,14 @@ build: ## Build bin/deepmarket
 .PHONY: run
 run: build ## Build and run a node on this machine (inits $(HOME_DIR) on first use)
 	@test -f "$(HOME_DIR)/config.toml" || ./$(BIN) init --home "$(HOME_DIR)"
+	@command -v deepmarket >/dev/null 2>&1 || echo "The CLI is $(CURDIR)/$(BIN): put it on your PATH with 'make install' (or: export PATH=\"$(CURDIR)/bin:\$$PATH\")."
 	./$(BIN) node run --home "$(HOME_DIR)"
+
+.PHONY: install
+install: build ## Install the deepmarket binary into $(PREFIX)/bin
+	install -d "$(PREFIX)/bin"
+	install -m 0755 $(BIN) "$(PREFIX)/bin/deepmarket"
+	@case ":$$PATH:" in *":$(PREFIX)/bin:"*) ;; *) echo "note: $(PREFIX)/bin is not on your PATH";; esac
 
 .PHONY: deps
 deps: ## Install what the tests need: Go modules, Fashion-MNIST, a tensorflow-cpu virtualenv ($(VENV)), chromium

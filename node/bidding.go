@@ -93,7 +93,13 @@ func (n *Node) reserve(ctx context.Context, machine peer.ID, addrs []string, r p
 func (n *Node) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 	b, bidder := w.bid, w.bidder
 	now := time.Now()
-	v, offers := n.schedulerView(now)
+	v, offers := n.schedulerViewFor(now, b.Framework)
+	if len(v.Machines) == 0 && b.Framework == "tensorflow" {
+		if all, _ := n.schedulerView(now); len(all.Machines) > 0 {
+			return p2p.Quote{JobID: b.JobID, Resource: "framework", Reason: fmt.Sprintf(
+				"none of the %d machines in view has TensorFlow (their owners can point [inventory] python at a virtualenv with tensorflow)", len(all.Machines))}
+		}
+	}
 	job := scheduler.Job{ID: b.JobID, Workers: int(b.Workers),
 		Per:      scheduler.Resources{Cores: b.PerWorker.Cores, MemBytes: b.PerWorker.MemBytes, GPUs: b.PerWorker.GPUs},
 		Duration: time.Duration(b.Duration) * time.Second,

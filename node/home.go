@@ -108,8 +108,30 @@ type InitOptions struct {
 	// Key is the node key to use; nil makes a new one. (A testnet makes
 	// its keys first: genesis lists the validators.)
 	Key *identity.Key
+	// Python is the interpreter lent jobs run with ([inventory] python);
+	// empty picks DefaultPython().
+	Python string
 	// Configure, if set, adjusts the config before it is written.
 	Configure func(*Config)
+}
+
+// PythonCandidates are where DefaultPython looks, in order: the
+// virtualenv `make deps` makes as root, then one in the working directory
+// (`make deps` as another user).
+var PythonCandidates = []string{"/opt/deepmarket/venv/bin/python3", ".venv/bin/python3"}
+
+// DefaultPython is the interpreter a new node's jobs run with: the first
+// of PythonCandidates that exists (made absolute), else "python3" from
+// the PATH.
+func DefaultPython() string {
+	for _, p := range PythonCandidates {
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+			if abs, err := filepath.Abs(p); err == nil {
+				return abs
+			}
+		}
+	}
+	return "python3"
 }
 
 // Local network defaults: the node's own account is the issuer, with a
@@ -125,6 +147,7 @@ type InitResult struct {
 	PeerID  string
 	Address identity.Address
 	ChainID string
+	Python  string // [inventory] python
 	Backup  string // where --force moved the old home, if it did
 }
 
@@ -154,6 +177,10 @@ func Init(h Home, opts InitOptions) (*InitResult, error) {
 		cfg.Ledger.RPCListen = opts.LedgerRPC
 	}
 	cfg.Ledger.Peers = opts.LedgerPeers
+	cfg.Inventory.Python = opts.Python
+	if cfg.Inventory.Python == "" {
+		cfg.Inventory.Python = DefaultPython()
+	}
 	if opts.Configure != nil {
 		opts.Configure(&cfg)
 	}
@@ -244,6 +271,7 @@ func Init(h Home, opts InitOptions) (*InitResult, error) {
 	res.PeerID = key.PeerID().String()
 	res.Address = key.Address()
 	res.ChainID = cfg.Node.ChainID
+	res.Python = cfg.Inventory.Python
 	return res, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -98,9 +99,12 @@ func startJobCluster(t *testing.T, python string, lenders int) *jobCluster {
 		}
 		c.lenders = append(c.lenders, n)
 	}
-	eventually(t, 60*time.Second, "the submitter to hold every lender's offer", func() bool {
+	eventually(t, 60*time.Second, "the submitter to hold every lender's offer, with TensorFlow", func() bool {
+		offers := a.Offers()
 		for _, l := range c.lenders {
-			if !hasOffer(a, l.host.ID().String()) {
+			if !slices.ContainsFunc(offers, func(o api.Offer) bool {
+				return o.Machine == l.host.ID().String() && o.Software.TensorFlow != ""
+			}) {
 				return false
 			}
 		}

@@ -26,10 +26,22 @@ const (
 // schedulerView turns the offers this node holds into the scheduler's
 // view, limited to the configured subset.
 func (n *Node) schedulerView(now time.Time) (scheduler.View, []p2p.Offer) {
+	return n.schedulerViewFor(now, "")
+}
+
+// runs reports whether a machine's offer says it can run framework: a
+// TensorFlow job goes only where TensorFlow imports.
+func runs(o p2p.Offer, framework string) bool {
+	return framework != "tensorflow" || o.Software.TensorFlow != ""
+}
+
+// schedulerViewFor is schedulerView limited to the machines that run
+// framework ("" for any).
+func (n *Node) schedulerViewFor(now time.Time, framework string) (scheduler.View, []p2p.Offer) {
 	held := n.book.List(now)
 	offers := make([]p2p.Offer, 0, len(held))
 	for _, h := range held {
-		if !n.failures.skip(h.Offer.Machine, now) {
+		if !n.failures.skip(h.Offer.Machine, now) && runs(h.Offer, framework) {
 			offers = append(offers, h.Offer)
 		}
 	}

@@ -348,6 +348,15 @@ func (n *Node) Lend() api.LendState {
 			"ask an issuer of your network to admit it (`deepmarket ledger admit %s` on their node), or link it to your member account "+
 			"(`deepmarket ledger link`)", n.key.Address(), n.key.Address()))
 	}
+	if inv := n.Inventory(); st.Lending && inv.Python != "" && inv.TensorFlow == "" {
+		st.Warnings = append(st.Warnings, fmt.Sprintf("the Python jobs run with here (%s, [inventory] python in %s) cannot import TensorFlow: "+
+			"this machine is offered for generic jobs only; point [inventory] python at a virtualenv with tensorflow "+
+			"(make deps makes one at /opt/deepmarket/venv) and restart the node", n.cfg.Inventory.Python, n.home.ConfigPath()))
+	}
+	st.Frameworks = []string{"generic"}
+	if n.Inventory().TensorFlow != "" {
+		st.Frameworks = append(st.Frameworks, "tensorflow")
+	}
 	st.Holds = n.holds.List(now)
 	return st
 }

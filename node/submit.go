@@ -22,6 +22,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/units"
 )
 
 // Submitter timings.
@@ -198,6 +199,9 @@ func (m *JobManager) Submit(ctx context.Context, req api.SubmitRequest) (*jobs.J
 	if !running {
 		return nil, &api.Error{Status: http.StatusServiceUnavailable, Message: "the node is starting; try again"}
 	}
+	if err := m.fitsSomewhere(spec); err != nil {
+		return nil, err
+	}
 	now := time.Now().UTC()
 	sub := string(m.n.key.Address())
 	j := &jobs.Job{ID: jobs.NewID(sub, spec, now), Spec: *spec, State: jobs.Submitted, Submitter: sub,
@@ -206,7 +210,8 @@ func (m *JobManager) Submit(ctx context.Context, req api.SubmitRequest) (*jobs.J
 	m.jobs[j.ID] = j
 	m.mu.Unlock()
 	m.save(j, nil)
-	m.logf(j, "submitted %s: %d workers of %d cores, %d bytes", spec.Name, spec.Workers, spec.Cores, spec.MemBytes)
+	m.logf(j, "submitted %s: %d %s of %s each", spec.Name, spec.Workers, units.Plural(spec.Workers, "worker", "workers"),
+		units.FormatResources(spec.Cores, spec.MemBytes, spec.GPUs))
 	m.start(j)
 	// Wait for the quote (or the end).
 	for {
@@ -226,12 +231,41 @@ func (m *JobManager) Submit(ctx context.Context, req api.SubmitRequest) (*jobs.J
 	}
 }
 
+// fitsSomewhere refuses at once a job one of whose workers no machine on
+// the market could ever take, whatever is free: re-bidding would only
+// find the same after half a minute. A node that holds no offers at all
+// lets the market answer (schedulers may see machines it does not).
+func (m *JobManager) fitsSomewhere(spec *jobs.Spec) error {
+	held := m.n.book.List(time.Now())
+	if len(held) == 0 {
+		return nil
+	}
+	var best p2p.Resources
+	for _, h := range held {
+		l := h.Offer.Lent
+		if uint64(l.Cores) >= uint64(spec.Cores) && l.MemBytes >= spec.MemBytes && uint64(l.GPUs) >= uint64(spec.GPUs) {
+			return nil
+		}
+		if l.Cores > best.Cores || (l.Cores == best.Cores && l.MemBytes > best.MemBytes) {
+			best = l
+		}
+	}
+	need := units.FormatResources(spec.Cores, spec.MemBytes, spec.GPUs)
+	return &api.Error{Status: http.StatusUnprocessableEntity, Field: "cores", Message: fmt.Sprintf(
+		"no machine on the market lends %s for one worker: of the %d %s this node sees, the largest lends %s "+
+			"(ask for less per worker, or lend more: deepmarket lend --cores %d --mem %s)",
+		need, len(held), units.Plural(len(held), "machine", "machines"), units.FormatResources(int(best.Cores), best.MemBytes, int(best.GPUs)),
+		spec.Cores, units.FormatSize(spec.MemBytes))}
+}
+
 // Confirm lets a quoted job go on to reserve, pay into escrow and launch.
 func (m *JobManager) Confirm(ctx context.Context, id string) (*jobs.Job, error) {
 	j, err := m.get(id)
 	if err != nil {
 		return nil, err
 	}
+	// id may be a prefix: everything below goes by the job's full ID.
+	id = j.ID
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if j.State.Terminal() {
@@ -253,6 +287,7 @@ func (m *JobManager) Cancel(ctx context.Context, id string) (*jobs.Job, error) {
 	if err != nil {
 		return nil, err
 	}
+	id = j.ID // id may be a prefix: the job loop looks the full one up
 	m.mu.Lock()
 	if j.State.Terminal() {
 		m.mu.Unlock()

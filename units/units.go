@@ -137,3 +137,26 @@ func FormatCredits(micro uint64) string {
 	s = strings.TrimRight(s, "0")
 	return strings.TrimSuffix(s, ".")
 }
+
+// Plural is one when n is 1, else many: "1 core", "2 cores".
+func Plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// Count prints n with its noun: "1 core", "0 GPUs".
+func Count(n int, one, many string) string {
+	return strconv.Itoa(n) + " " + Plural(n, one, many)
+}
+
+// FormatResources prints an amount of resources as people read it: "1
+// core, 2 GiB", "4 cores, 16 GiB, 1 GPU" (GPUs only when there are some).
+func FormatResources(cores int, memBytes uint64, gpus int) string {
+	s := Count(cores, "core", "cores") + ", " + FormatSize(memBytes)
+	if gpus > 0 {
+		s += ", " + Count(gpus, "GPU", "GPUs")
+	}
+	return s
+}

@@ -48,3 +48,19 @@ func TestCredits(t *testing.T) {
 		t.Errorf("FormatCredits: %q %q", FormatCredits(1500000), FormatCredits(0))
 	}
 }
+
+func TestFormatResources(t *testing.T) {
+	for _, c := range []struct {
+		cores, gpus int
+		mem         uint64
+		want        string
+	}{
+		{1, 0, 2 << 30, "1 core, 2 GiB"},
+		{4, 1, 16 << 30, "4 cores, 16 GiB, 1 GPU"},
+		{2, 3, 512 << 20, "2 cores, 512 MiB, 3 GPUs"},
+	} {
+		if got := FormatResources(c.cores, c.mem, c.gpus); got != c.want {
+			t.Errorf("%+v: %q, want %q", c, got, c.want)
+		}
+	}
+}

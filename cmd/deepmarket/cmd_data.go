@@ -175,8 +175,14 @@ func newDataGCCmd(c *cli) *cobra.Command {
 	return showCmd(c, cmd, func(ctx context.Context, cl *api.Client, _ []string) (api.DataGCResult, error) {
 		return cl.DataGC(ctx)
 	}, func(r api.DataGCResult) error {
-		fmt.Fprintf(c.out, "removed %d blocks (%s), kept %d; %s of disk reclaimed\n",
-			r.RemovedBlocks, units.FormatSize(uint64(r.RemovedBytes)), r.KeptBlocks, units.FormatSize(uint64(r.ReclaimedBytes)))
+		fmt.Fprintf(c.out, "removed %s (%s) that no pin needs, kept %s\n", units.Count(r.RemovedBlocks, "block", "blocks"),
+			units.FormatSize(uint64(r.RemovedBytes)), units.Count(r.KeptBlocks, "block", "blocks"))
+		switch {
+		case r.ReclaimedBytes > 0:
+			fmt.Fprintf(c.out, "returned %s of disk by rewriting pack files\n", units.FormatSize(uint64(r.ReclaimedBytes)))
+		case r.RemovedBytes > 0:
+			fmt.Fprintln(c.out, "their space stays in pack files until most of a pack is unused; then gc rewrites it and returns the space")
+		}
 		for _, c2 := range r.Incomplete {
 			fmt.Fprintf(c.out, "warning: pinned %s has blocks missing; `deepmarket data get %s` fetches them again\n", c2, c2)
 		}

@@ -62,6 +62,13 @@ What the workers use is paid; the rest is refunded when the job ends.`,
 			if _, err := f.Validate(base); err != nil {
 				return usageError{fmt.Errorf("%s: %w", path, err)}
 			}
+			// Without --yes the quote is confirmed at the terminal; with no
+			// terminal to ask, say so before bidding rather than leave a job
+			// waiting for an answer that cannot come.
+			if !yes && !isatty.IsTerminal(os.Stdin.Fd()) {
+				return usageError{errors.New("no terminal to confirm the quote at: run with --yes to submit without asking (the quote is still shown)")}
+			}
+
 			cl, err := c.client()
 			if err != nil {
 				return err
@@ -84,11 +91,22 @@ What the workers use is paid; the rest is refunded when the job ends.`,
 			}
 			if !yes {
 				showQuote(c.out, j)
-				if !isatty.IsTerminal(os.Stdin.Fd()) {
-					return usageError{errors.New("not confirmed: run with --yes to submit without a terminal")}
-				}
 				fmt.Fprint(c.out, "Submit this job? [y/N] ")
-				answer, _ := bufio.NewReader(os.Stdin).ReadString('\n')
+				answers := make(chan string, 1)
+				go func() {
+					a, _ := bufio.NewReader(os.Stdin).ReadString('\n')
+					answers <- a
+				}()
+				var answer string
+				select {
+				case answer = <-answers:
+				case <-ctx.Done(): // Ctrl-C at the question: nothing is submitted
+					cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					defer cancel()
+					cl.CancelJob(cctx, j.ID)
+					fmt.Fprintln(c.out, "\nnot submitted; the machines' holds are released")
+					return ctx.Err()
+				}
 				if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
 					if _, err := cl.CancelJob(ctx, j.ID); err != nil {
 						return err
@@ -159,11 +177,8 @@ func short(id string) string {
 
 func showQuote(w io.Writer, j *jobs.Job) {
 	r := j.Current()
-	fmt.Fprintf(w, "\njob %s (%s): %d workers x %d cores, %s", short(j.ID), j.Spec.Name, j.Spec.Workers, j.Spec.Cores, units.FormatSize(j.Spec.MemBytes))
-	if j.Spec.GPUs > 0 {
-		fmt.Fprintf(w, ", %d GPUs", j.Spec.GPUs)
-	}
-	fmt.Fprintf(w, " each\n")
+	fmt.Fprintf(w, "\njob %s (%s): %s of %s each\n", short(j.ID), j.Spec.Name, units.Count(j.Spec.Workers, "worker", "workers"),
+		units.FormatResources(j.Spec.Cores, j.Spec.MemBytes, j.Spec.GPUs))
 	for i, wk := range r.Workers {
 		name := wk.Moniker
 		if name == "" {
@@ -224,7 +239,7 @@ func newJobsCmd(c *cli) *cobra.Command {
 		rows := make([][]string, 0, len(js))
 		for _, j := range js {
 			rows = append(rows, []string{short(j.ID), j.Spec.Name, string(j.State), fmt.Sprint(j.Spec.Workers),
-				units.FormatCredits(j.Cost), j.Created.Local().Format("2006-01-02 15:04"), short(j.ResultCID)})
+				units.FormatCredits(j.Cost), j.Created.Local().Format("2006-01-02 15:04"), j.ResultCID})
 		}
 		c.table("JOB\tNAME\tSTATE\tWORKERS\tCOST\tSUBMITTED\tRESULT", rows)
 		return nil

@@ -211,6 +211,9 @@ func printLendState(c *cli, st api.LendState, stopped bool) {
 	if st.NextChange != nil {
 		fmt.Fprintf(c.out, "Window changes at %s\n", st.NextChange.Local().Format("Mon 15:04"))
 	}
+	if len(st.Frameworks) > 0 {
+		fmt.Fprintf(c.out, "Runs: %s jobs\n", strings.Join(st.Frameworks, " and "))
+	}
 	for _, w := range st.Warnings {
 		fmt.Fprintln(c.out, "Warning: "+w)
 	}

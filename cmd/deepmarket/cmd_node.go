@@ -26,7 +26,12 @@ token that guards the local API.
 
 Without --genesis, the node starts its own local network (chain ID
 deepmarket-local-<random>). With --genesis FILE it joins an existing network.
-An existing home is never overwritten unless --force, which moves it aside.`,
+An existing home is never overwritten unless --force, which moves it aside.
+
+Lent jobs run with the Python of --python (written to [inventory] python);
+without it, the virtualenv that make deps makes (/opt/deepmarket/venv, or
+.venv here) if there is one, else python3 from the PATH. TensorFlow jobs are
+placed only on machines whose Python imports TensorFlow.`,
 		Example: `  deepmarket init --moniker lab-pc-12 --site psu-fab-lab
   deepmarket init --genesis genesis.json --bootstrap /ip4/10.0.0.5/tcp/7701/p2p/12D3KooW... \
                   --ledger-peers 3f2a...c9@10.0.0.5:7702`,
@@ -49,13 +54,14 @@ An existing home is never overwritten unless --force, which moves it aside.`,
 				return err
 			}
 			if asJSON {
-				return c.printJSON(map[string]string{"home": res.Home, "peer_id": res.PeerID, "address": string(res.Address), "chain_id": res.ChainID, "backup": res.Backup})
+				return c.printJSON(map[string]string{"home": res.Home, "peer_id": res.PeerID, "address": string(res.Address), "chain_id": res.ChainID,
+					"python": res.Python, "backup": res.Backup})
 			}
 			if res.Backup != "" {
 				fmt.Fprintf(c.out, "Moved the old home to %s\n", res.Backup)
 			}
-			fmt.Fprintf(c.out, "Initialised %s\n  peer ID:  %s\n  account:  %s\n  chain ID: %s\nNext: deepmarket node run --home %s\n",
-				res.Home, res.PeerID, res.Address, res.ChainID, res.Home)
+			fmt.Fprintf(c.out, "Initialised %s\n  peer ID:  %s\n  account:  %s\n  chain ID: %s\n  python:   %s\nNext: deepmarket node run --home %s\n",
+				res.Home, res.PeerID, res.Address, res.ChainID, res.Python, res.Home)
 			return nil
 		},
 	}
@@ -70,6 +76,7 @@ An existing home is never overwritten unless --force, which moves it aside.`,
 	f.StringVar(&opts.LedgerP2P, "ledger-p2p", "", "ledger (CometBFT) peer address, tcp://HOST:PORT (default tcp://0.0.0.0:7702)")
 	f.StringVar(&ledgerPeers, "ledger-peers", "", "comma-separated ledger nodes to sync with: NODE_ID@HOST:PORT (the ID is in 'deepmarket status' there)")
 	f.StringVar(&opts.LedgerRPC, "ledger-rpc", "", "ledger RPC address, tcp://HOST:PORT (default tcp://127.0.0.1:7703)")
+	f.StringVar(&opts.Python, "python", "", "Python interpreter lent jobs run with (default: the make deps virtualenv if present, else python3)")
 	f.BoolVar(&opts.Force, "force", false, "move an existing home aside and start over")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	return cmd
@@ -118,7 +125,19 @@ withdrawing this machine's offer first.`,
 			go func() {
 				select {
 				case <-n.Ready():
-					fmt.Fprintf(os.Stderr, "DeepMarket node %s is running.\n  local API: %s  (OpenAPI: %s/api/v1/openapi.json, metrics: %s/metrics)\n  Stop with Ctrl-C.\n", n.Key().PeerID(), n.APIURL(), n.APIURL(), n.APIURL())
+					homeFlag := ""
+					if h.Dir != node.DefaultHomeDir() {
+						homeFlag = " --home " + h.Dir
+					}
+					fmt.Fprintf(os.Stderr, `DeepMarket node %s is running (account %s).
+  dashboard: %s/  sign in with a one-time link: deepmarket ui%s
+  local API: %s/api/v1/openapi.json   metrics: %s/metrics
+  Next, from another terminal:
+    deepmarket lend%s --cores 2 --mem 4GiB          # lend this machine
+    deepmarket submit%s examples/fashion-mnist/job.toml   # train the example on it
+    deepmarket jobs%s                                # follow it (or in the dashboard)
+  Stop with Ctrl-C.
+`, n.Key().PeerID(), n.Key().Address(), n.APIURL(), homeFlag, n.APIURL(), n.APIURL(), homeFlag, homeFlag, homeFlag)
 				case <-ctx.Done():
 				}
 			}()

@@ -80,6 +80,9 @@ type LendState struct {
 	// Warnings say what keeps the machine from being placed on, and how
 	// to fix it.
 	Warnings []string `json:"warnings,omitempty"`
+	// Frameworks are what jobs this machine runs: generic always,
+	// tensorflow when its Python imports TensorFlow.
+	Frameworks []string `json:"frameworks,omitempty"`
 	// Holds are the reservations schedulers hold on this machine now.
 	Holds []Hold `json:"holds"`
 }
