@@ -22,3 +22,36 @@ func BenchmarkPlace1000(b *testing.B) {
 		}
 	}
 }
+
+func benchView(n int) View {
+	r := rand.New(rand.NewPCG(uint64(n), 1))
+	v := View{Machines: make([]Machine, n)}
+	for i := range v.Machines {
+		lent := Resources{Cores: uint32(4 + r.IntN(61)), MemBytes: uint64(8+r.IntN(249)) << 30, GPUs: uint32(r.IntN(5) / 3)}
+		v.Machines[i] = Machine{
+			ID: "m", Site: []string{"psu", "osu", "uw"}[r.IntN(3)], Lent: lent,
+			Allocated: Resources{Cores: uint32(r.IntN(int(lent.Cores))), MemBytes: uint64(r.Int64N(int64(lent.MemBytes) / 2)), GPUs: 0},
+			Speed:     0.5 + r.Float64(), Dedicated: r.IntN(3) == 0, Completed: uint64(r.IntN(100)), Failed: uint64(r.IntN(5)),
+		}
+	}
+	return v
+}
+
+func BenchmarkIndexPlace10000(b *testing.B) {
+	x := NewIndex(benchView(10000), Params{})
+	j := Job{ID: "b", Workers: 8, Per: Resources{Cores: 2, MemBytes: 4 * gib}, Duration: time.Hour, Benefit: Benefit{Max: 1 << 50}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := x.Place(j, t0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkNewIndex100000(b *testing.B) {
+	v := benchView(100000)
+	b.ReportAllocs()
+	for b.Loop() {
+		NewIndex(v, Params{})
+	}
+}

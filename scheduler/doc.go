@@ -11,8 +11,16 @@
 // least-requested and balanced-resource scoring) place jobs on the same view
 // for comparison.
 //
+// Place and Quote look at every machine for every worker. An Index, built
+// once from a View, gives the same placements and prices in time that grows
+// far slower than the view (a branch-and-bound search over the machines'
+// next-unit prices), for a node that prices many bids against one view; it
+// is kept current with Update as machines' offers and allocations change.
+//
 // The package is pure: no I/O, no goroutines, no clock or randomness it was
-// not handed. Time is an argument; the same inputs give the same outputs. It
-// must not import p2p, ledger, storage or node: the node converts offers into
-// a View.
+// not handed. Time is an argument; the same inputs give the same outputs. An
+// Index holds its own copy of the view and changes only through Update, so
+// its answers are a function of the view, the updates and the arguments too.
+// It must not import p2p, ledger, storage or node: the node converts offers
+// into a View.
 package scheduler

@@ -34,8 +34,11 @@ var resourceNames = [4]string{"cores", "memory", "gpus", "network"}
 // machine's risk, its network distance to the workers already placed,
 // times the hours it will run there) is least, updating the load after
 // each: all workers or none. Machines whose window does not cover the run
-// are not used. It does not judge whether the job is worth its price: see
-// Quote.
+// are not used; of machines that cost the same, the lowest index wins. It
+// does not judge whether the job is worth its price: see Quote.
+//
+// Place looks at every machine in the view for every worker: it is the
+// reference that Index, built once for many placements, matches exactly.
 func Place(v View, j Job, now time.Time, p Params) (Placement, error) {
 	if err := j.Validate(); err != nil {
 		return Placement{}, &Rejection{Resource: "job", Reason: err.Error()}
@@ -130,9 +133,7 @@ func Place(v View, j Job, now time.Time, p Params) (Placement, error) {
 
 	// Machines the job is placed on get a private copy to load.
 	touched := map[int]*Machine{}
-	pl := Placement{Machines: make([]int, 0, j.Workers), Worker: make([]uint64, 0, j.Workers)}
-	var sums [4]float64
-	slowest := math.Inf(1)
+	t := newTally(j.Workers)
 	for w := 0; w < j.Workers; w++ {
 		// Seed with the best lower bound's machine, then evaluate exactly
 		// only the machines whose bound is below the best so far.
@@ -147,7 +148,9 @@ func Place(v View, j Job, now time.Time, p Params) (Placement, error) {
 			best, bestCost = seed, (exact(seed)+netOf(seed, w))*hrs[seed]
 			for i, b := range lb {
 				net := netOf(i, w)
-				if (b+net)*hrs[i] >= bestCost || i == seed {
+				// A bound equal to the best still gets its exact cost:
+				// ties go to the lowest index.
+				if (b+net)*hrs[i] > bestCost || i == seed {
 					continue
 				}
 				if c := (exact(i) + net) * hrs[i]; c < bestCost || (c == bestCost && i < best) {
@@ -161,22 +164,13 @@ func Place(v View, j Job, now time.Time, p Params) (Placement, error) {
 		if best < 0 {
 			return Placement{}, explain(v, j, now, w)
 		}
-		netBest := netOf(best, w)
-		hourly := cost[best] + netBest
-		pl.Machines = append(pl.Machines, best)
-		pl.Worker = append(pl.Worker, uint64(math.Ceil(hourly)))
 		m, ok := touched[best]
 		if !ok {
 			c := v.Machines[best]
 			m = &c
 			touched[best] = m
 		}
-		_, byRes := md.workerCost(m, j.Per)
-		for r := range 3 {
-			sums[r] += byRes[r]
-		}
-		sums[3] += netBest
-		slowest = min(slowest, m.speed())
+		t.add(md, best, m, j.Per, cost[best], netOf(best, w))
 		m.add(j.Per)
 		if m.fits(j.Per) {
 			cost[best], _ = md.workerCost(m, j.Per)
@@ -193,16 +187,46 @@ func Place(v View, j Job, now time.Time, p Params) (Placement, error) {
 			}
 		}
 	}
-	for r, s := range sums {
+	return t.finish(j, now), nil
+}
+
+// tally builds a Placement as workers are added, with the same arithmetic
+// for the exhaustive search and the index, so the two give equal results.
+type tally struct {
+	pl      Placement
+	sums    [4]float64
+	slowest float64
+}
+
+func newTally(workers int) tally {
+	return tally{pl: Placement{Machines: make([]int, 0, workers), Worker: make([]uint64, 0, workers)}, slowest: math.Inf(1)}
+}
+
+// add records a worker on machine i, whose state before the worker is m:
+// cost is md.workerCost(m, d)'s total, net the worker's network term.
+func (t *tally) add(md model, i int, m *Machine, d Resources, cost, net float64) {
+	t.pl.Machines = append(t.pl.Machines, i)
+	t.pl.Worker = append(t.pl.Worker, uint64(math.Ceil(cost+net)))
+	_, byRes := md.workerCost(m, d)
+	for r := range 3 {
+		t.sums[r] += byRes[r]
+	}
+	t.sums[3] += net
+	t.slowest = min(t.slowest, m.speed())
+}
+
+func (t *tally) finish(j Job, now time.Time) Placement {
+	pl := t.pl
+	for r, s := range t.sums {
 		pl.ByResource[r] = uint64(math.Ceil(s))
 	}
 	for _, c := range pl.Worker {
 		pl.PerHour += c
 	}
-	run := time.Duration(float64(j.Duration) / slowest)
+	run := time.Duration(float64(j.Duration) / t.slowest)
 	pl.Done = now.Add(run)
 	pl.Total = uint64(math.Ceil(float64(pl.PerHour) * run.Hours()))
-	return pl, nil
+	return pl
 }
 
 // Quote places the job (see Place) and admits it only if its benefit at
@@ -214,6 +238,11 @@ func Quote(v View, j Job, now time.Time, p Params) (Placement, error) {
 	if err != nil {
 		return Placement{}, err
 	}
+	return admit(pl, j, now)
+}
+
+// admit is Quote's miserly admission of a placement.
+func admit(pl Placement, j Job, now time.Time) (Placement, error) {
 	worth := j.Benefit.At(now, pl.Done)
 	if worth >= pl.Total {
 		return pl, nil
