@@ -26,11 +26,12 @@ func newSimCmd(c *cli) *cobra.Command {
 		Use:   "sim",
 		Short: "Compare placement policies on the same job trace in a simulator",
 		Long: `sim replays job traces over machine sets under each placement policy (the
-marginal-cost scheduler, centralized and decentralized, the round-robin,
-random, first-fit, least-requested, balanced-resource and Kubernetes-default
-baselines, and in the shared model a Mosix-like migrating balancer) and
-reports mean and p95 slowdown, completion time, utilization, peak load,
-rejected jobs and credits earned per machine.
+marginal-cost scheduler, centralized and decentralized, by exhaustive search
+and through the index a node uses at scale (marginal-cost-indexed: the same
+placements), the round-robin, random, first-fit, least-requested,
+balanced-resource and Kubernetes-default baselines, and in the shared model a
+Mosix-like migrating balancer) and reports mean and p95 slowdown, completion
+time, utilization, peak load, rejected jobs and credits earned per machine.
 
 Shipped scenarios (every parameter is documented in package scheduler/sim):
   workstations  the authors' workstation-cluster model: CPU shared equally,

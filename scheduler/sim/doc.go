@@ -16,7 +16,8 @@
 //     exchange CommBytes per step (ring all-reduce) over the links between
 //     their sites, so the network between machines matters.
 //
-// Policies: the marginal-cost scheduler (scheduler.Place), the baselines of
+// Policies: the marginal-cost scheduler (scheduler.Place, and the same
+// through a scheduler.Index as a node runs it at scale), the baselines of
 // package scheduler, a Mosix-like least-loaded balancer that migrates
 // running processes, and a decentralized mode in which K marginal-cost
 // schedulers each see an overlapping subset of the machines and the bidder

@@ -16,6 +16,7 @@ type policyKind int
 const (
 	static policyKind = iota
 	marginal
+	indexed
 	decentralized
 	mosix
 )
@@ -43,6 +44,12 @@ type Policy struct {
 // MarginalCost is scheduler.Place (and scheduler.Quote's admission where
 // jobs have a benefit) over all machines: the centralized policy.
 func MarginalCost() Policy { return Policy{Name: "marginal-cost", kind: marginal} }
+
+// MarginalCostIndexed is MarginalCost through a scheduler.Index built from
+// each placement's view: what a node pricing many bids against one view
+// runs. It places exactly as MarginalCost does; the simulator shows that
+// on the same work.
+func MarginalCostIndexed() Policy { return Policy{Name: "marginal-cost-indexed", kind: indexed} }
 
 // Decentralized is K marginal-cost schedulers, each seeing an overlapping
 // subset of about share of the machines (Shared model: a random subset;
@@ -73,11 +80,12 @@ func Baselines() []Policy {
 	}
 }
 
-// Policies are every policy that fits the model: marginal cost,
-// decentralized marginal cost (4 schedulers seeing half the machines
-// each), the baselines, and Mosix in the Shared model.
+// Policies are every policy that fits the model: marginal cost, by
+// exhaustive search and through an index, decentralized marginal cost (4
+// schedulers seeing half the machines each), the baselines, and Mosix in
+// the Shared model.
 func Policies(m Model) []Policy {
-	ps := append([]Policy{MarginalCost(), Decentralized(4, 0.5)}, Baselines()...)
+	ps := append([]Policy{MarginalCost(), MarginalCostIndexed(), Decentralized(4, 0.5)}, Baselines()...)
 	if m == Shared {
 		ps = append(ps, Mosix())
 	}
@@ -213,9 +221,9 @@ func (r *run) place(j *jobState) ([]int, bool) {
 	switch r.pol.kind {
 	case mosix:
 		return r.mosixPlace(j), true
-	case marginal, decentralized:
+	case marginal, indexed, decentralized:
 		subs := r.subsets
-		if r.pol.kind == marginal {
+		if r.pol.kind != decentralized {
 			subs = [][]int{nil}
 		}
 		// In the Shared model, memory is first held to its physical size
@@ -295,6 +303,13 @@ func (r *run) cheapest(subs [][]int, memScale float64, virtual bool, j scheduler
 // quote is Quote's miserly admission in the Reserved model; the Shared
 // model places every job, as the paper's policies do.
 func (r *run) quote(v scheduler.View, j scheduler.Job, now time.Time, p scheduler.Params) (scheduler.Placement, error) {
+	if r.pol.kind == indexed {
+		x := scheduler.NewIndex(v, p)
+		if r.s.Model == Shared {
+			return x.Place(j, now)
+		}
+		return x.Quote(j, now)
+	}
 	if r.s.Model == Shared {
 		return scheduler.Place(v, j, now, p)
 	}

@@ -283,3 +283,24 @@ func TestExperimentReport(t *testing.T) {
 		t.Errorf("marginal cost at 0.6: %+v: want 2 runs and credits earned", mc)
 	}
 }
+
+// TestIndexedPlacesAsMarginalCost: through an index, the marginal-cost
+// policy does exactly what it does by exhaustive search, on both shipped
+// scenarios at light and heavy load.
+func TestIndexedPlacesAsMarginalCost(t *testing.T) {
+	for _, s := range []*Scenario{Workstations(DefaultWorkstations, 0.5, 2), Workstations(DefaultWorkstations, 0.95, 3),
+		Edge(DefaultEdge, 0.3, 2), Edge(DefaultEdge, 0.9, 3)} {
+		want, err := Run(s, MarginalCost(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Run(s, MarginalCostIndexed(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.Policy = want.Policy
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: indexed slowdown %.4f, exhaustive %.4f (results differ)", s.Name, got.MeanSlowdown, want.MeanSlowdown)
+		}
+	}
+}
