@@ -55,3 +55,22 @@ func BenchmarkNewIndex100000(b *testing.B) {
 		NewIndex(v, Params{})
 	}
 }
+
+// BenchmarkIndexPlaceCold10000 cycles over 16 indexes, as make
+// bench-scheduler does: little of any one stays in cache.
+func BenchmarkIndexPlaceCold10000(b *testing.B) {
+	var xs []*Index
+	for k := range 16 {
+		v := benchView(10000 + k)
+		xs = append(xs, NewIndex(v, Params{}))
+	}
+	j := Job{ID: "b", Workers: 8, Per: Resources{Cores: 2, MemBytes: 4 * gib}, Duration: time.Hour, Benefit: Benefit{Max: 1 << 50}}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if _, err := xs[i%16].Place(j, t0); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}

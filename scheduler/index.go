@@ -3,6 +3,7 @@ package scheduler
 import (
 	"math"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -61,6 +62,7 @@ const leafSize = 8
 // entry is one machine as the index bounds it.
 type entry struct {
 	idx, site, leaf int32
+	always          bool       // lent all day, with no end to the offer
 	inv             float64    // 1 / speed
 	free            [3]float64 // cores, bytes, GPUs
 	lent            [3]float64 // cores, GiB, GPUs
@@ -108,11 +110,28 @@ func NewIndex(v View, p Params) *Index {
 			pt.group = x.sites[s]
 		}
 		for r := range 3 {
-			pt.k[r] = 1e3 // apart from every machine that lends r
+			pt.k[r] = math.NaN()
 			if e.lent[r] > 0 {
 				pt.k[r] = math.Log(e.eff[r])
 			}
 			pt.k[3+r] = 0.5 * math.Log(max(e.lent[r], 0.5))
+		}
+	}
+	// A machine that lends none of a resource goes just past the dearest
+	// that lends it: far enough to part them where that resource's prices
+	// spread widest, not so far that every other split waits for it (a
+	// job asking no GPUs can use a GPU machine's cores).
+	for r := range 3 {
+		dearest := math.Inf(-1)
+		for k := range pts {
+			if v := pts[k].k[r]; v == v && v < math.Inf(1) {
+				dearest = max(dearest, v)
+			}
+		}
+		for k := range pts {
+			if v := pts[k].k[r]; v != v || v > dearest+1 {
+				pts[k].k[r] = dearest + 1
+			}
 		}
 	}
 	pts = byGroup(pts, x.nsites+1)
@@ -189,6 +208,7 @@ func (x *Index) fill(e *entry, i int) {
 	alloc := [3]float64{float64(m.Allocated.Cores), float64(m.Allocated.MemBytes) / gib, float64(m.Allocated.GPUs)}
 	reserve := [3]float64{float64(m.Reserve.CoreHour), float64(m.Reserve.MemGiBHour), float64(m.Reserve.GPUHour)}
 	e.idx = int32(i)
+	e.always = m.Window.AllDay() && m.Until.IsZero()
 	e.inv = 1 / m.speed()
 	e.free = [3]float64{float64(f.Cores), float64(f.MemBytes), float64(f.GPUs)}
 	for r := range 3 {
@@ -397,8 +417,10 @@ type siteCount struct{ site, n int32 }
 type item struct {
 	res float64 // the resources' part of the bound: the same for every worker
 	wc  float64 // a machine's workerCost total, once computed (NaN before)
-	// ref is a node, or -1-k for entries[k].
-	ref, epoch int32
+	inv float64 // the least 1 / speed under the item
+	// ref is a node, or -1-k for entries[k]; siteLo..siteHi the site
+	// ordinals under it. A refresh needs no more than the item.
+	ref, epoch, siteLo, siteHi int32
 }
 
 // queued is an item's place in the heap: its bound, the lowest machine
@@ -439,6 +461,11 @@ type search struct {
 	bestCost, bestWC float64
 }
 
+// scratch keeps searches' memory between placements (it holds nothing a
+// placement's answer depends on): a node prices bids back to back, and
+// garbage from each would have the collector scanning its views.
+var scratch = sync.Pool{New: func() any { return new(search) }}
+
 // Place is Place(v, j, now, p) for the index's view and params.
 func (x *Index) Place(j Job, now time.Time) (Placement, error) {
 	if err := j.Validate(); err != nil {
@@ -448,11 +475,13 @@ func (x *Index) Place(j Job, now time.Time) (Placement, error) {
 		return Placement{}, explain(x.v, j, now, 0)
 	}
 	b := x.md.p.Base
-	s := &search{x: x, j: j, now: now, hours: hours(j.Duration),
-		need:   [3]float64{float64(j.Per.Cores), float64(j.Per.MemBytes), float64(j.Per.GPUs)},
-		d:      [3]float64{float64(j.Per.Cores), float64(j.Per.MemBytes) / gib, float64(j.Per.GPUs)},
-		base:   [3]float64{float64(b.CoreHour), float64(b.MemGiBHour), float64(b.GPUHour)},
-		placed: make([]int, 0, j.Workers), heap: make([]queued, 0, 256), items: make([]item, 0, 256)}
+	s := scratch.Get().(*search)
+	defer scratch.Put(s)
+	*s = search{x: x, j: j, now: now, hours: hours(j.Duration),
+		need:  [3]float64{float64(j.Per.Cores), float64(j.Per.MemBytes), float64(j.Per.GPUs)},
+		d:     [3]float64{float64(j.Per.Cores), float64(j.Per.MemBytes) / gib, float64(j.Per.GPUs)},
+		base:  [3]float64{float64(b.CoreHour), float64(b.MemGiBHour), float64(b.GPUHour)},
+		hosts: s.hosts[:0], sites: s.sites[:0], placed: s.placed[:0], heap: s.heap[:0], items: s.items[:0]}
 	for r := range 3 {
 		s.y[r] = x.md.lnN * s.d[r]
 		s.loss[r] = 64 * 0x1p-52 * (x.md.lnN + 2) / s.y[r]
@@ -601,32 +630,23 @@ func (s *search) next() (best int, cost float64) {
 	for len(s.heap) > 0 && s.beats(s.heap[0].bound, s.heap[0].minIdx) {
 		q := s.heap[0]
 		it := &s.items[q.arg]
-		if it.ref >= 0 { // a node
-			nd := &x.nodes[it.ref]
-			if it.epoch < w {
-				q.bound, it.epoch = (it.res+s.netBound(nd.siteLo, nd.siteHi)*nd.minInv)*s.hours*safety, w
-				if !s.beats(q.bound, q.minIdx) {
-					s.fixTop(q)
-					continue
-				}
-			}
-			s.popTop()
-			s.expand(it.ref)
-			continue
-		}
-		e := &x.entries[-1-it.ref]
-		if s.host(int(e.idx)) >= 0 {
-			s.popTop() // priced above, loaded with the job's workers
-			continue
-		}
-		if math.IsNaN(it.wc) && it.epoch < w {
-			q.bound, it.epoch = (it.res+s.netBound(e.site, e.site)*e.inv)*s.hours*safety, w
+		if it.epoch < w && (it.ref >= 0 || math.IsNaN(it.wc)) {
+			q.bound, it.epoch = (it.res+s.netBound(it.siteLo, it.siteHi)*it.inv)*s.hours*safety, w
 			if !s.beats(q.bound, q.minIdx) {
 				s.fixTop(q)
 				continue
 			}
 		}
-		q.bound = s.price(it, e)
+		if it.ref >= 0 { // a node
+			s.popTop()
+			s.expand(it.ref)
+			continue
+		}
+		if s.host(int(q.minIdx)) >= 0 {
+			s.popTop() // priced above, loaded with the job's workers
+			continue
+		}
+		q.bound = s.price(it, &x.entries[-1-it.ref])
 		s.fixTop(q)
 	}
 	if s.best < 0 || math.IsInf(s.bestCost, 1) {
@@ -673,7 +693,7 @@ func (s *search) expand(id int32) {
 			res := s.resBound(&ch.maxFree, &ch.maxLent, &ch.minEff, &ch.minRes)
 			if !math.IsInf(res, 1) {
 				s.push((res+s.netBound(ch.siteLo, ch.siteHi)*ch.minInv)*s.hours*safety, ch.minIdx,
-					item{res: res, wc: math.NaN(), ref: c, epoch: w})
+					item{res: res, wc: math.NaN(), inv: ch.minInv, ref: c, epoch: w, siteLo: ch.siteLo, siteHi: ch.siteHi})
 			}
 		}
 		return
@@ -684,11 +704,10 @@ func (s *search) expand(id int32) {
 		if math.IsInf(res, 1) || s.host(int(e.idx)) >= 0 {
 			continue
 		}
-		m := &x.v.Machines[e.idx]
-		if !m.available(s.now, s.now.Add(time.Duration(s.hours/m.speed()*float64(time.Hour)))) {
+		if m := &x.v.Machines[e.idx]; !e.always && !m.available(s.now, s.now.Add(time.Duration(s.hours/m.speed()*float64(time.Hour)))) {
 			continue
 		}
-		it := item{res: res, wc: math.NaN(), ref: -1 - k, epoch: w}
+		it := item{res: res, wc: math.NaN(), inv: e.inv, ref: -1 - k, epoch: w, siteLo: e.site, siteHi: e.site}
 		bound := (res + s.netBound(e.site, e.site)*e.inv) * s.hours * safety
 		if s.beats(bound, e.idx) {
 			bound = s.price(&it, e)
