@@ -71,7 +71,7 @@ bench-storage: ## Datasets: import vs sha256sum, 1 GiB transfer vs raw libp2p st
 	$(GO) run ./bench/storage -out bench/results/storage.json
 
 .PHONY: bench-scheduler
-bench-scheduler: ## Scheduler: placements/s and p99 over 100 / 1,000 / 10,000 machines; slowdown vs the baselines in the simulator
+bench-scheduler: ## Scheduler: placements/s and p99 over 100 to 100,000 machines, exhaustive vs indexed; slowdown vs the baselines in the simulator
 	$(GO) run ./bench/scheduler -out bench/results/scheduler.json
 
 .PHONY: bench-jobs
