@@ -18,10 +18,13 @@ import (
 // at least what the group's lowest next-unit prices (risk over speed
 // included), largest capacities, lowest reserve prices and fastest speed
 // would give, and nothing in the group can take the worker if its most
-// free capacity is short. The index keeps the machines in a tree whose
-// nodes hold those minima and maxima: a k-d tree over the logarithms of
-// each machine's next-unit prices and capacities, split by site first so
-// that a node's network term is bounded too. A placement is one
+// free capacity is short, or if none of its machines lends at this time of
+// day, or for as long as the run. The index keeps the machines in a tree
+// whose nodes hold those minima and maxima, the quarter hours its
+// machines' windows open and their offers' latest end, and which sites it
+// spans: a k-d tree over the logarithms of each machine's next-unit prices
+// and capacities, with each large site in a subtree of its own, so that a
+// node's network term is bounded too. A placement is one
 // branch-and-bound search, cheapest bound first, that ends each worker
 // when no node or machine left can beat the best machine found (or tie
 // it with a lower index). Adding a worker only raises the network terms
@@ -77,6 +80,13 @@ type inode struct {
 	minInv                      float64
 	maxFree, maxLent            [3]float64
 	minEff, minRes              [3]float64
+	// sites has bit s%64 set for each site ordinal s under the node;
+	// open has bit k set if a machine under it may start a run in the
+	// k-th quarter hour of the day (UTC); until is the latest end of an
+	// offer under it (Unix ns; no end is math.MaxInt64).
+	sites uint64
+	open  [2]uint64
+	until int64
 }
 
 // NewIndex prepares v for placements priced with p. It takes O(n log n)
@@ -94,20 +104,33 @@ func NewIndex(v View, p Params) *Index {
 		}
 	}
 	slices.Sort(names)
-	for _, s := range slices.Compact(names) {
-		x.sites[s] = x.nsites
+	// A large site has a subtree of its own, whose network term is bounded
+	// by that site's; every group costs the search a region to look at,
+	// so small sites (and machines without one) share the rest of the tree,
+	// where a node's site bits bound the term.
+	groupOf := map[string]int32{}
+	for k := 0; k < len(names); {
+		run := 1
+		for k+run < len(names) && names[k+run] == names[k] {
+			run++
+		}
+		x.sites[names[k]] = x.nsites
 		x.nsites++
+		if run >= max(64, n/32) {
+			groupOf[names[k]] = int32(len(groupOf))
+		}
+		k += run
 	}
-	// Machines without a site go after the named sites, as one group.
+	shared := int32(len(groupOf))
 	byMachine := make([]entry, n)
 	pts := make([]point, n)
 	for i := range x.v.Machines {
 		e := &byMachine[i]
 		x.fill(e, i)
 		pt := &pts[i]
-		pt.i, pt.group = int32(i), x.nsites
-		if s := x.v.Machines[i].Site; s != "" {
-			pt.group = x.sites[s]
+		pt.i, pt.group = int32(i), shared
+		if g, ok := groupOf[x.v.Machines[i].Site]; ok {
+			pt.group = g
 		}
 		for r := range 3 {
 			pt.k[r] = math.NaN()
@@ -134,7 +157,7 @@ func NewIndex(v View, p Params) *Index {
 			}
 		}
 	}
-	pts = byGroup(pts, x.nsites+1)
+	pts = byGroup(pts, shared+1)
 	x.entries = make([]entry, n)
 	if n > 0 {
 		b := builder{x: x, pts: pts}
@@ -146,8 +169,8 @@ func NewIndex(v View, p Params) *Index {
 		x.entries[k] = byMachine[i]
 		x.entries[k].leaf = leaf
 		x.pos[i] = int32(k)
-		if pts[k].group < int32(len(x.sites)) {
-			x.entries[k].site = pts[k].group
+		if site := x.v.Machines[i].Site; site != "" {
+			x.entries[k].site = x.sites[site]
 		} else {
 			x.entries[k].site = x.nsites
 			x.nsites++
@@ -225,6 +248,7 @@ func (x *Index) fill(e *entry, i int) {
 func (x *Index) pull(id int32) {
 	nd := &x.nodes[id]
 	nd.minIdx, nd.siteLo, nd.siteHi, nd.minInv = math.MaxInt32, math.MaxInt32, -1, math.Inf(1)
+	nd.sites, nd.open, nd.until = 0, [2]uint64{}, math.MinInt64
 	nd.maxFree, nd.maxLent = [3]float64{}, [3]float64{}
 	inf := math.Inf(1)
 	nd.minEff, nd.minRes = [3]float64{inf, inf, inf}, [3]float64{inf, inf, inf}
@@ -233,6 +257,15 @@ func (x *Index) pull(id int32) {
 			e := &x.entries[k]
 			nd.minIdx, nd.siteLo, nd.siteHi = min(nd.minIdx, e.idx), min(nd.siteLo, e.site), max(nd.siteHi, e.site)
 			nd.minInv = min(nd.minInv, e.inv)
+			nd.sites |= 1 << (e.site & 63)
+			m := &x.v.Machines[e.idx]
+			open := windowSlots(m.Window)
+			nd.open[0], nd.open[1] = nd.open[0]|open[0], nd.open[1]|open[1]
+			until := int64(math.MaxInt64)
+			if !m.Until.IsZero() {
+				until = m.Until.UnixNano()
+			}
+			nd.until = max(nd.until, until)
 			for r := range 3 {
 				nd.maxFree[r], nd.maxLent[r] = max(nd.maxFree[r], e.free[r]), max(nd.maxLent[r], e.lent[r])
 				nd.minEff[r], nd.minRes[r] = min(nd.minEff[r], e.eff[r]), min(nd.minRes[r], e.res[r])
@@ -244,6 +277,9 @@ func (x *Index) pull(id int32) {
 		ch := &x.nodes[c]
 		nd.minIdx, nd.siteLo, nd.siteHi = min(nd.minIdx, ch.minIdx), min(nd.siteLo, ch.siteLo), max(nd.siteHi, ch.siteHi)
 		nd.minInv = min(nd.minInv, ch.minInv)
+		nd.sites |= ch.sites
+		nd.open[0], nd.open[1] = nd.open[0]|ch.open[0], nd.open[1]|ch.open[1]
+		nd.until = max(nd.until, ch.until)
 		for r := range 3 {
 			nd.maxFree[r], nd.maxLent[r] = max(nd.maxFree[r], ch.maxFree[r]), max(nd.maxLent[r], ch.maxLent[r])
 			nd.minEff[r], nd.minRes[r] = min(nd.minEff[r], ch.minEff[r]), min(nd.minRes[r], ch.minRes[r])
@@ -266,6 +302,26 @@ func byGroup(pts []point, groups int32) []point {
 		g := pts[k].group
 		out[start[g]] = pts[k]
 		start[g]++
+	}
+	return out
+}
+
+// windowSlots has bit k set where a run may start in the k-th quarter
+// hour of the day, UTC, under window w: any quarter hour that has a
+// minute of the window.
+func windowSlots(w Window) [2]uint64 {
+	const day = 24 * 60
+	all := [2]uint64{^uint64(0), 1<<32 - 1}
+	if w.AllDay() || w.StartMin < 0 || w.StartMin >= day || w.EndMin < 0 || w.EndMin >= day {
+		return all // all day, or a window Covers reads in ways not worth copying
+	}
+	mod := func(a int) int { return ((a % day) + day) % day }
+	first := mod(w.StartMin - w.OffsetMin) // in UTC minutes
+	length := mod(w.EndMin - w.StartMin)
+	var out [2]uint64
+	for k := first / 15; k <= (first+length-1)/15; k++ {
+		slot := k % 96
+		out[slot>>6] |= 1 << (slot & 63)
 	}
 	return out
 }
@@ -419,8 +475,10 @@ type item struct {
 	wc  float64 // a machine's workerCost total, once computed (NaN before)
 	inv float64 // the least 1 / speed under the item
 	// ref is a node, or -1-k for entries[k]; siteLo..siteHi the site
-	// ordinals under it. A refresh needs no more than the item.
+	// ordinals under it and sites their bits. A refresh needs no more than
+	// the item.
 	ref, epoch, siteLo, siteHi int32
+	sites                      uint64
 }
 
 // queued is an item's place in the heap: its bound, the lowest machine
@@ -455,6 +513,10 @@ type search struct {
 	placed []int // machines of the workers so far, in order
 	heap   []queued
 	items  []item
+	// slot is the quarter hour of the day (UTC) the run starts in, and
+	// start its Unix ns.
+	slot  int
+	start int64
 	// The best machine so far for the current worker: its index, cost
 	// and workerCost total.
 	best             int
@@ -482,6 +544,8 @@ func (x *Index) Place(j Job, now time.Time) (Placement, error) {
 		d:     [3]float64{float64(j.Per.Cores), float64(j.Per.MemBytes) / gib, float64(j.Per.GPUs)},
 		base:  [3]float64{float64(b.CoreHour), float64(b.MemGiBHour), float64(b.GPUHour)},
 		hosts: s.hosts[:0], sites: s.sites[:0], placed: s.placed[:0], heap: s.heap[:0], items: s.items[:0]}
+	u := now.UTC()
+	s.slot, s.start = (u.Hour()*60+u.Minute())/15, now.UnixNano()
 	for r := range 3 {
 		s.y[r] = x.md.lnN * s.d[r]
 		s.loss[r] = 64 * 0x1p-52 * (x.md.lnN + 2) / s.y[r]
@@ -554,8 +618,9 @@ func (s *search) net(i, perMachine int, site int32) float64 {
 }
 
 // netBound is at most the network term of one more worker on any machine
-// not yet holding one of the job's workers, in site ordinals lo..hi.
-func (s *search) netBound(lo, hi int32) float64 {
+// not yet holding one of the job's workers, in site ordinals lo..hi whose
+// bits (ordinal % 64) are in mask.
+func (s *search) netBound(lo, hi int32, mask uint64) float64 {
 	placed := len(s.placed)
 	if placed == 0 || s.x.v.RTT != nil { // measured RTTs have no structure to bound: 0
 		return 0
@@ -563,7 +628,7 @@ func (s *search) netBound(lo, hi int32) float64 {
 	same, cross := float64(s.x.md.p.SameSite), float64(s.x.md.p.CrossSite)
 	b, in := math.Inf(1), 0
 	for _, c := range s.sites {
-		if c.site >= lo && c.site <= hi {
+		if c.site >= lo && c.site <= hi && mask&(1<<(c.site&63)) != 0 {
 			in++
 			b = min(b, same*float64(c.n)+cross*float64(placed-int(c.n)))
 		}
@@ -572,6 +637,12 @@ func (s *search) netBound(lo, hi int32) float64 {
 		b = min(b, cross*float64(placed))
 	}
 	return b
+}
+
+// shortest is at most the run, in ns, on any machine whose 1 / speed is
+// at least inv: a microsecond less than Place's reckoning, for rounding.
+func (s *search) shortest(inv float64) int64 {
+	return int64(time.Duration(s.hours*inv*safety*float64(time.Hour))) - int64(time.Microsecond)
 }
 
 // safety keeps a bound below the exact cost it bounds whatever the
@@ -631,7 +702,7 @@ func (s *search) next() (best int, cost float64) {
 		q := s.heap[0]
 		it := &s.items[q.arg]
 		if it.epoch < w && (it.ref >= 0 || math.IsNaN(it.wc)) {
-			q.bound, it.epoch = (it.res+s.netBound(it.siteLo, it.siteHi)*it.inv)*s.hours*safety, w
+			q.bound, it.epoch = (it.res+s.netBound(it.siteLo, it.siteHi, it.sites)*it.inv)*s.hours*safety, w
 			if !s.beats(q.bound, q.minIdx) {
 				s.fixTop(q)
 				continue
@@ -690,10 +761,13 @@ func (s *search) expand(id int32) {
 	if nd.left >= 0 {
 		for _, c := range [2]int32{nd.left, nd.right} {
 			ch := &x.nodes[c]
+			if ch.open[s.slot>>6]&(1<<(s.slot&63)) == 0 || s.start+s.shortest(ch.minInv) > ch.until {
+				continue // no machine under it is lending for the run now
+			}
 			res := s.resBound(&ch.maxFree, &ch.maxLent, &ch.minEff, &ch.minRes)
 			if !math.IsInf(res, 1) {
-				s.push((res+s.netBound(ch.siteLo, ch.siteHi)*ch.minInv)*s.hours*safety, ch.minIdx,
-					item{res: res, wc: math.NaN(), inv: ch.minInv, ref: c, epoch: w, siteLo: ch.siteLo, siteHi: ch.siteHi})
+				s.push((res+s.netBound(ch.siteLo, ch.siteHi, ch.sites)*ch.minInv)*s.hours*safety, ch.minIdx,
+					item{res: res, wc: math.NaN(), inv: ch.minInv, ref: c, epoch: w, siteLo: ch.siteLo, siteHi: ch.siteHi, sites: ch.sites})
 			}
 		}
 		return
@@ -707,8 +781,9 @@ func (s *search) expand(id int32) {
 		if m := &x.v.Machines[e.idx]; !e.always && !m.available(s.now, s.now.Add(time.Duration(s.hours/m.speed()*float64(time.Hour)))) {
 			continue
 		}
-		it := item{res: res, wc: math.NaN(), inv: e.inv, ref: -1 - k, epoch: w, siteLo: e.site, siteHi: e.site}
-		bound := (res + s.netBound(e.site, e.site)*e.inv) * s.hours * safety
+		bit := uint64(1) << (e.site & 63)
+		it := item{res: res, wc: math.NaN(), inv: e.inv, ref: -1 - k, epoch: w, siteLo: e.site, siteHi: e.site, sites: bit}
+		bound := (res + s.netBound(e.site, e.site, bit)*e.inv) * s.hours * safety
 		if s.beats(bound, e.idx) {
 			bound = s.price(&it, e)
 		}

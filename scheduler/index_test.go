@@ -106,6 +106,73 @@ func TestIndexMatchesPlaceAtScale(t *testing.T) {
 	}
 }
 
+// TestIndexMatchesPlaceWithWindowsAndSites: views where most machines
+// lend only in a window or their offers end within the day, over many
+// small sites, placed at times through the day.
+func TestIndexMatchesPlaceWithWindowsAndSites(t *testing.T) {
+	r := rand.New(rand.NewPCG(33, 34))
+	for trial := range 6 {
+		v := randomView(r, 3000)
+		for i := range v.Machines {
+			m := &v.Machines[i]
+			m.Lent.Cores += 8
+			m.Lent.MemBytes += 32 * gib
+			m.Site = fmt.Sprint("site-", r.IntN(10+trial*100))
+			switch r.IntN(10) {
+			case 0, 1, 2:
+				if trial%2 == 1 { // offers that end, rather than windows
+					m.Until = t0.Add(time.Duration(r.IntN(24*60)) * time.Minute)
+					m.Allocated = Resources{}
+					break
+				}
+				m.Window = Window{StartMin: 19*60 + r.IntN(60), EndMin: 7 * 60, OffsetMin: []int{0, -300, 60, 330}[r.IntN(4)]}
+				m.Allocated = Resources{}
+			case 3, 4, 5:
+				if trial%2 == 1 {
+					m.Until = t0.Add(time.Duration(r.IntN(24*60)) * time.Minute)
+					m.Allocated = Resources{}
+					break
+				}
+				m.Window = Window{StartMin: r.IntN(24 * 60), EndMin: r.IntN(24 * 60), OffsetMin: r.IntN(28*60) - 14*60}
+				m.Allocated = Resources{}
+			case 6, 7:
+				m.Until = t0.Add(time.Duration(r.IntN(24*60)) * time.Minute)
+				m.Allocated = Resources{}
+			}
+		}
+		x := NewIndex(v, Params{})
+		for k := range 8 {
+			at := t0.Add(time.Duration(k*180+r.IntN(180)) * time.Minute)
+			for range 3 {
+				j := randomJob(r)
+				j.Workers = 1 + r.IntN(16)
+				want, werr := Place(v, j, at, Params{})
+				got, err := x.Place(j, at)
+				if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(err, werr) {
+					t.Fatalf("trial %d at %s, job %+v: index %v %v, Place %v %v", trial, at.Format("15:04"), j, got.Machines, err, want.Machines, werr)
+				}
+			}
+		}
+	}
+}
+
+// TestWindowSlotsCoverTheWindow: every minute a window lets a run start
+// falls in a quarter hour its slots mark.
+func TestWindowSlotsCoverTheWindow(t *testing.T) {
+	r := rand.New(rand.NewPCG(35, 36))
+	day := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for range 300 {
+		w := Window{StartMin: r.IntN(24 * 60), EndMin: r.IntN(24 * 60), OffsetMin: r.IntN(28*60) - 14*60}
+		slots := windowSlots(w)
+		for m := 0; m < 24*60; m++ {
+			at := day.Add(time.Duration(m)*time.Minute + time.Duration(r.IntN(60))*time.Second)
+			if w.Covers(at, at) && slots[m/15>>6]&(1<<(m/15&63)) == 0 {
+				t.Fatalf("window %+v covers %s, slot %d not marked", w, at.Format("15:04:05"), m/15)
+			}
+		}
+	}
+}
+
 // TestIndexUpdate: after machines change (allocations, reserve prices,
 // sites, windows), the index places as Place does on the changed view and
 // as a new index does.
