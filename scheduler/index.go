@@ -34,6 +34,12 @@ import (
 // that already hold workers, whose load the placement changed, apart.
 // Nothing is approximated: each worker goes where Place puts it.
 //
+// Measured RTTs (View.RTT) have no structure to bound, so there the
+// network term's bound is 0: placements are still Place's, but a job of
+// several workers prices most machines whose resources alone cost less
+// than its best machine in all, and the index gains a few times over
+// Place rather than orders of magnitude. Site labels bound it well.
+//
 // Purity: NewIndex copies the view's machines, so the index changes only
 // through Update; its placements are a function of the view it was built
 // from, the Params, the updates since and the call's arguments, like

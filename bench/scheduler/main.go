@@ -6,8 +6,10 @@
 // placements/s and p99 <= 1 ms at 1,000 machines for the exhaustive search;
 // through the index, >= 10,000/s at 10,000 machines and >= 2,000/s at
 // 100,000. It also times building and updating an index, places a mix of
-// job shapes both ways, replays the simulator's scenarios under every
-// policy, prints tables and writes JSON (-out).
+// job shapes both ways and the job over views shaped against the index's
+// bounds (machines outside their windows, many sites, measured RTTs),
+// replays the simulator's scenarios under every policy, prints tables and
+// writes JSON (-out).
 //
 // Each placement is on a fresh random view state (machines of 4-64 cores,
 // 8-256 GiB, some GPUs, loads from idle to nearly full, three sites), so
@@ -48,8 +50,13 @@ type row struct {
 	Samples       int     `json:"samples"`
 	PerSecondMin  float64 `json:"placements_per_s_min"`
 	PerSecondMax  float64 `json:"placements_per_s_max"`
-	P99MinMicros  float64 `json:"p99_us_min"`
-	P99MaxMicros  float64 `json:"p99_us_max"`
+	// PerCPUSecond is placements per second of the process's CPU time:
+	// what one core does when the machine's other work takes turns on it.
+	PerCPUSecond    float64 `json:"placements_per_cpu_s,omitempty"`
+	PerCPUSecondMin float64 `json:"placements_per_cpu_s_min,omitempty"`
+	PerCPUSecondMax float64 `json:"placements_per_cpu_s_max,omitempty"`
+	P99MinMicros    float64 `json:"p99_us_min"`
+	P99MaxMicros    float64 `json:"p99_us_max"`
 }
 
 // side is exhaustive search against the index at one size.
@@ -72,6 +79,16 @@ type side struct {
 	BreakEven      float64 `json:"break_even_placements"`
 	// Goal is the indexed placements/s wanted at this size (0: none).
 	Goal float64 `json:"goal_placements_per_s,omitempty"`
+}
+
+// variantRow is the 8-worker job over a view shaped to be hard for the
+// index, both ways.
+type variantRow struct {
+	Machines   int     `json:"machines"`
+	View       string  `json:"view"`
+	Exhaustive row     `json:"exhaustive"`
+	Indexed    row     `json:"indexed"`
+	Speedup    float64 `json:"speedup"`
 }
 
 // mixRow is a mix of job shapes placed both ways.
@@ -106,6 +123,7 @@ func main() {
 	var rows []row
 	var sides []side
 	var mixes []mixRow
+	var variants []variantRow
 	for _, n := range []int{100, 1000, 10000, 100000} {
 		// Fewer views of the largest size, to keep the benchmark's memory
 		// (and its collector's work, which lands on the timed core) small.
@@ -177,7 +195,8 @@ func main() {
 		views, idx = nil, nil
 		runtime.GC()
 	}
-	report(rows, sides, mixes, *rounds)
+	variants = hardViews(job, 100000, *rounds, per)
+	report(rows, sides, mixes, variants, *rounds)
 	runtime.GOMAXPROCS(runtime.NumCPU())
 	q := quality(*seeds)
 	if *out != "" {
@@ -185,9 +204,10 @@ func main() {
 			Throughput []row          `json:"throughput"`
 			Indexed    []side         `json:"indexed_vs_exhaustive"`
 			JobMix     []mixRow       `json:"job_mix"`
+			HardViews  []variantRow   `json:"hard_views"`
 			Quality    []*sim.Report  `json:"quality"`
 			Setup      map[string]any `json:"setup"`
-		}{rows, sides, mixes, q, map[string]any{
+		}{rows, sides, mixes, variants, q, map[string]any{
 			"gomaxprocs": 1, "rounds": *rounds, "duration_per_case_s": dur.Seconds(), "go": runtime.Version(),
 			"cpus": runtime.NumCPU(), "job": "8 workers x (2 cores, 4 GiB), 1 h",
 		}}, "", "  ")
@@ -215,12 +235,13 @@ const minSamples = 20
 // policies taking turns within a round.
 func measure(n int, ps []placer, jobs []scheduler.Job, rounds int, per time.Duration) []row {
 	rates := make([][]float64, len(ps))
+	cpuRates := make([][]float64, len(ps))
 	p99s := make([][]float64, len(ps))
 	lats := make([][]time.Duration, len(ps))
 	for range rounds {
 		for pi, p := range ps {
 			var lat []time.Duration
-			start := time.Now()
+			start, cpu := time.Now(), cpuTime()
 			for i := 0; time.Since(start) < per || len(lat) < minSamples; i++ {
 				j := jobs[i%len(jobs)]
 				t := time.Now()
@@ -231,6 +252,9 @@ func measure(n int, ps []placer, jobs []scheduler.Job, rounds int, per time.Dura
 			}
 			total := time.Since(start)
 			rates[pi] = append(rates[pi], float64(len(lat))/total.Seconds())
+			if c := cpuTime() - cpu; c > 0 {
+				cpuRates[pi] = append(cpuRates[pi], float64(len(lat))/c.Seconds())
+			}
 			slices.Sort(lat)
 			p99s[pi] = append(p99s[pi], quantile(lat, 0.99))
 			lats[pi] = append(lats[pi], lat...)
@@ -244,6 +268,9 @@ func measure(n int, ps []placer, jobs []scheduler.Job, rounds int, per time.Dura
 			NanosPerMachn: p50 * 1000 / float64(n), Rounds: rounds, Samples: len(lats[pi]),
 			PerSecondMin: slices.Min(rates[pi]), PerSecondMax: slices.Max(rates[pi]),
 			P99MinMicros: slices.Min(p99s[pi]), P99MaxMicros: slices.Max(p99s[pi])}
+		if len(cpuRates[pi]) == rounds {
+			out[pi].PerCPUSecond, out[pi].PerCPUSecondMin, out[pi].PerCPUSecondMax = median(cpuRates[pi]), slices.Min(cpuRates[pi]), slices.Max(cpuRates[pi])
+		}
 	}
 	return out
 }
@@ -281,7 +308,7 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-func report(rows []row, sides []side, mixes []mixRow, rounds int) {
+func report(rows []row, sides []side, mixes []mixRow, variants []variantRow, rounds int) {
 	get := func(n int, policy string) row {
 		for _, r := range rows {
 			if r.Machines == n && r.Policy == policy {
@@ -305,6 +332,21 @@ func report(rows []row, sides []side, mixes []mixRow, rounds int) {
 			kd.PerSecond, sd.BuildMillis, sd.BuildMillisMin, sd.BuildMillisMax, sd.UpdateMicros, goal)
 	}
 	tw.Flush()
+	if get(100, "marginal-cost").PerCPUSecond > 0 {
+		fmt.Printf("\nthe same, per second of the process's CPU time (the machine is shared: this is one core's worth)\n")
+		tw = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "machines\texhaustive /CPU s\tindexed /CPU s\tindexed / exhaustive\tgoal (indexed)")
+		for _, sd := range sides {
+			ex, ix := get(sd.Machines, "marginal-cost"), get(sd.Machines, "marginal-cost-indexed")
+			goal := ""
+			if sd.Goal > 0 {
+				goal = fmt.Sprintf(">= %.0f/s: %.2fx", sd.Goal, ix.PerCPUSecond/sd.Goal)
+			}
+			fmt.Fprintf(tw, "%d\t%.0f (%.0f-%.0f)\t%.0f (%.0f-%.0f)\t%.1fx\t%s\n", sd.Machines, ex.PerCPUSecond, ex.PerCPUSecondMin, ex.PerCPUSecondMax,
+				ix.PerCPUSecond, ix.PerCPUSecondMin, ix.PerCPUSecondMax, ix.PerCPUSecond/ex.PerCPUSecond, goal)
+		}
+		tw.Flush()
+	}
 	ex := get(1000, "marginal-cost")
 	fmt.Printf("\nexhaustive at 1,000 machines: >= 10,000/s: %.2fx; p99 <= 1 ms: %v\n", ex.PerSecond/10000, ex.P99Micros <= 1000)
 	growth := func(p string) float64 { return get(100000, p).P50Micros / get(100, p).P50Micros }
@@ -326,6 +368,97 @@ func report(rows []row, sides []side, mixes []mixRow, rounds int) {
 		}
 		tw.Flush()
 	}
+	if len(variants) > 0 {
+		fmt.Printf("\nviews hard for the index, %d machines, the 8-worker job, placements/s, median (least-most)\n", variants[0].Machines)
+		tw = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "view\texhaustive /s\tindexed /s\tindexed / exhaustive\tp99 exhaustive\tp99 indexed")
+		for _, v := range variants {
+			fmt.Fprintf(tw, "%s\t%.0f (%.0f-%.0f)\t%.0f (%.0f-%.0f)\t%.1fx\t%.0f µs\t%.0f µs\n", v.View,
+				v.Exhaustive.PerSecond, v.Exhaustive.PerSecondMin, v.Exhaustive.PerSecondMax,
+				v.Indexed.PerSecond, v.Indexed.PerSecondMin, v.Indexed.PerSecondMax, v.Speedup, v.Exhaustive.P99Micros, v.Indexed.P99Micros)
+		}
+		tw.Flush()
+	}
+}
+
+// hardViews places the job over views shaped against the index's bounds:
+// most machines outside their lending window (the cheapest, idle ones),
+// most offers ending before the run would, a thousand small sites, no
+// sites at all, and measured RTTs (whose network term the index cannot
+// bound below 0).
+func hardViews(job scheduler.Job, n, rounds int, per time.Duration) []variantRow {
+	shapes := []struct {
+		name  string
+		shape func(v *scheduler.View, r *rand.Rand)
+	}{
+		{"80% outside their window (19:00-07:00, idle)", func(v *scheduler.View, r *rand.Rand) {
+			for i := range v.Machines {
+				if r.IntN(5) > 0 {
+					v.Machines[i].Window = scheduler.Window{StartMin: 19 * 60, EndMin: 7 * 60}
+					v.Machines[i].Allocated = scheduler.Resources{}
+				}
+			}
+		}},
+		{"80% of offers end in 30 min (idle)", func(v *scheduler.View, r *rand.Rand) {
+			for i := range v.Machines {
+				if r.IntN(5) > 0 {
+					v.Machines[i].Until = now.Add(30 * time.Minute)
+					v.Machines[i].Allocated = scheduler.Resources{}
+				}
+			}
+		}},
+		{"1,000 sites", func(v *scheduler.View, r *rand.Rand) {
+			for i := range v.Machines {
+				v.Machines[i].Site = fmt.Sprint("site-", r.IntN(1000))
+			}
+		}},
+		{"no sites", func(v *scheduler.View, r *rand.Rand) {
+			for i := range v.Machines {
+				v.Machines[i].Site = ""
+			}
+		}},
+		{"measured RTTs (10 sites)", func(v *scheduler.View, r *rand.Rand) {
+			site := make([]int, len(v.Machines))
+			for i := range site {
+				site[i] = r.IntN(10)
+			}
+			v.RTT = func(a, b int) (time.Duration, bool) {
+				if site[a] == site[b] {
+					return 300 * time.Microsecond, true
+				}
+				return time.Duration(10+5*(site[a]+site[b])) * time.Millisecond, true
+			}
+		}},
+	}
+	var out []variantRow
+	for _, sh := range shapes {
+		const nv = 2
+		views := make([]scheduler.View, nv)
+		idx := make([]*scheduler.Index, nv)
+		r := rand.New(rand.NewPCG(uint64(n), 2))
+		for i := range views {
+			views[i] = randomView(r, n)
+			sh.shape(&views[i], r)
+			idx[i] = scheduler.NewIndex(views[i], scheduler.Params{})
+			want, werr := scheduler.Place(views[i], job, now, scheduler.Params{})
+			got, err := idx[i].Place(job, now)
+			if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(err, werr) {
+				log.Fatalf("%s: the index placed %v (%v), Place %v (%v)", sh.name, got.Machines, err, want.Machines, werr)
+			}
+		}
+		m := measure(n, []placer{
+			{"marginal-cost", func(k int, j scheduler.Job) error {
+				_, err := scheduler.Place(views[k%nv], j, now, scheduler.Params{})
+				return err
+			}},
+			{"marginal-cost-indexed", func(k int, j scheduler.Job) error {
+				_, err := idx[k%nv].Place(j, now)
+				return err
+			}},
+		}, []scheduler.Job{job}, rounds, per)
+		out = append(out, variantRow{Machines: n, View: sh.name, Exhaustive: m[0], Indexed: m[1], Speedup: m[1].PerSecond / m[0].PerSecond})
+	}
+	return out
 }
 
 func randomView(r *rand.Rand, n int) scheduler.View {
