@@ -157,6 +157,9 @@ func NewIndex(v View, p Params) *Index {
 				dearest = max(dearest, v)
 			}
 		}
+		if math.IsInf(dearest, -1) { // none lends it: one value, no spread
+			dearest = 0
+		}
 		for k := range pts {
 			if v := pts[k].k[r]; v != v || v > dearest+1 {
 				pts[k].k[r] = dearest + 1

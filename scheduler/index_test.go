@@ -369,3 +369,24 @@ func TestGrowthBoundsTheIntegral(t *testing.T) {
 		}
 	}
 }
+
+// TestIndexWithoutGPUsOrWithOnlyThem: views where no machine lends a
+// resource, or every one does, build and place as Place does.
+func TestIndexWithoutGPUsOrWithOnlyThem(t *testing.T) {
+	r := rand.New(rand.NewPCG(37, 38))
+	for _, gpus := range []uint32{0, 2} {
+		v := randomView(r, 2000)
+		for i := range v.Machines {
+			v.Machines[i].Lent.GPUs, v.Machines[i].Allocated.GPUs = gpus, 0
+		}
+		x := NewIndex(v, Params{})
+		for range 20 {
+			j := randomJob(r)
+			want, werr := Place(v, j, t0, Params{})
+			got, err := x.Place(j, t0)
+			if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(err, werr) {
+				t.Fatalf("%d GPUs each: index %v %v, Place %v %v", gpus, got.Machines, err, want.Machines, werr)
+			}
+		}
+	}
+}
