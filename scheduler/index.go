@@ -201,7 +201,10 @@ func (x *Index) Machine(i int) Machine { return x.v.Machines[i] }
 // allocation: a hold granted or released, a job ended). The machine keeps
 // its place in the tree, where the bounds stay correct however far its
 // prices move; they only grow looser, and a new index after many updates
-// makes them tight again.
+// makes them tight again. A machine to leave alone until the next index
+// (unreachable, its offer withdrawn) can be updated with all it lends
+// allocated: it is then never chosen, though n, the base of the prices,
+// still counts it.
 func (x *Index) Update(i int, m Machine) {
 	old := x.v.Machines[i].Site
 	x.v.Machines[i] = m
