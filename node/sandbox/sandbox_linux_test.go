@@ -74,13 +74,15 @@ func readOnlyBase(t testing.TB) string {
 
 // spec is a job named after the test, with output captured in out.
 func spec(t *testing.T, out *bytes.Buffer, argv ...string) Spec {
-	return Spec{
-		Name:   strings.NewReplacer("/", "-").Replace(t.Name()),
-		Dir:    jobDir(t),
-		Argv:   argv,
-		Stdout: out,
-		Stderr: out,
+	s := Spec{
+		Name: strings.NewReplacer("/", "-").Replace(t.Name()),
+		Dir:  jobDir(t),
+		Argv: argv,
 	}
+	if out != nil {
+		s.Stdout, s.Stderr = out, out
+	}
+	return s
 }
 
 func run(t *testing.T, s Spec) Exit {
