@@ -72,6 +72,12 @@ func execOpts(t *testing.T, python string) func(name string, cpu int) nodeOpt {
 
 func startJobCluster(t *testing.T, python string, lenders int) *jobCluster {
 	t.Helper()
+	return startJobClusterLending(t, python, lenders, api.LendRequest{Cores: 1, MemBytes: 2 << 30})
+}
+
+// startJobClusterLending is startJobCluster with each lender lending lend.
+func startJobClusterLending(t *testing.T, python string, lenders int, lend api.LendRequest) *jobCluster {
+	t.Helper()
 	chain := testNet(t)
 	dir := t.TempDir()
 	withExec := execOpts(t, python)
@@ -91,7 +97,7 @@ func startJobCluster(t *testing.T, python string, lenders int) *jobCluster {
 			t.Fatal(err)
 		}
 		n := startNode(t, h, withBootstrap(a.addr()), withExec(name, i+1))
-		if _, err := n.client.SetLend(t.Context(), api.LendRequest{Cores: 1, MemBytes: 2 << 30}); err != nil {
+		if _, err := n.client.SetLend(t.Context(), lend); err != nil {
 			t.Fatal(err)
 		}
 		c.lenders = append(c.lenders, n)
