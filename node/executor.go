@@ -117,6 +117,8 @@ type worker struct {
 	// boxLeft: the sandbox may not be gone (it could not be emptied or
 	// removed), so its record stays for the next start to reap.
 	boxLeft bool
+	// swept: it ended keep_logs ago and the sweep is forgetting it.
+	swept bool
 }
 
 func workerKey(run string, index int) string { return run + "/" + strconv.Itoa(index) }
@@ -883,17 +885,19 @@ func sweepEvery(keep time.Duration) time.Duration { return min(time.Hour, max(ke
 func (e *Executor) sweep(now time.Time) {
 	live := map[string]bool{}
 	for _, w := range e.snapshot() {
-		w.mu.Lock()
-		ended := w.ended
-		w.mu.Unlock()
-		if !ended.IsZero() && now.Sub(ended) > e.keep {
-			select {
-			case <-w.done:
-				go e.finish(w)
-			default:
-			}
-		}
 		live[w.name] = true
+		select {
+		case <-w.done:
+		default:
+			continue
+		}
+		w.mu.Lock()
+		stale := !w.ended.IsZero() && now.Sub(w.ended) > e.keep && !w.swept
+		w.swept = w.swept || stale
+		w.mu.Unlock()
+		if stale {
+			go e.finish(w)
+		}
 	}
 	f, err := e.logs.Open(".")
 	if err != nil {
