@@ -70,8 +70,11 @@ func depth(p string) int { return strings.Count(filepath.Clean(p), "/") }
 // their host names so that paths the node hands the job stay valid.
 func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 	args := []string{bwrap,
-		"--new-session",     // no controlling tty to push input into (TIOCSTI)
-		"--die-with-parent", // the job dies with bwrap, whoever kills it
+		"--new-session", // no controlling tty to push input into (TIOCSTI)
+		// No --die-with-parent: its PR_SET_PDEATHSIG fires when the node's
+		// thread that started the job exits, which Go does to threads a
+		// goroutine locked (as entering a network namespace does). The
+		// cgroup ends the job, and Reap after a node's death.
 		// A user namespace in which the job keeps its own uid and no
 		// capability, and may make no further one (no "unshare -r").
 		"--unshare-user", "--disable-userns",

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -638,4 +639,35 @@ func TestNetNSKeepsListenersOffTheNetwork(t *testing.T) {
 		}
 	}
 	p.Wait()
+}
+
+// TestJobOutlivesTheThreadThatStartedIt: Go ends an OS thread whose
+// goroutine locked it and returned (as entering a network namespace
+// does); a job started from that thread must run on, which a parent-death
+// signal (bwrap's --die-with-parent) would not let it.
+func TestJobOutlivesTheThreadThatStartedIt(t *testing.T) {
+	needRoot(t)
+	var out lockedBuffer
+	s := spec(t, nil, "sh", "-c", "echo up > ready; sleep 2; echo survived")
+	s.Stdout, s.Stderr = &out, &out
+	started := make(chan *Process, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		p, err := Start(context.Background(), s)
+		if err != nil {
+			t.Error(err)
+		}
+		if err == nil {
+			waitForFile(t, filepath.Join(s.Dir, "ready")) // bwrap is set up
+		}
+		started <- p
+	}()
+	p := <-started
+	if p == nil {
+		t.FailNow()
+	}
+	e, err := p.Wait()
+	if err != nil || e.Code != 0 || !strings.Contains(out.String(), "survived") {
+		t.Errorf("exit = %+v, %v, output %q; want the job to finish", e, err, out.String())
+	}
 }

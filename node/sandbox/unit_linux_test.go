@@ -324,10 +324,13 @@ func TestBwrapArgsNesting(t *testing.T) {
 		t.Error("/tmp and /var/tmp must be the job's own, inside its dir")
 	}
 	for _, opt := range [][]string{{"--unshare-user"}, {"--disable-userns"}, {"--unshare-pid"}, {"--unshare-ipc"},
-		{"--proc", "/proc"}, {"--dev", "/dev"}, {"--tmpfs", "/dev/shm"}, {"--remount-ro", "/"}, {"--die-with-parent"}, {"--new-session"}} {
+		{"--proc", "/proc"}, {"--dev", "/dev"}, {"--tmpfs", "/dev/shm"}, {"--remount-ro", "/"}, {"--new-session"}} {
 		if argIndex(args, opt...) < 0 {
 			t.Errorf("missing %v in %v", opt, args)
 		}
+	}
+	if argIndex(args, "--die-with-parent") >= 0 {
+		t.Error("--die-with-parent kills the job when the Go thread that started it exits")
 	}
 	// The host's sockets and runtime state are nowhere in the view.
 	for _, p := range []string{"/run", "/var/run", "/run/systemd/resolve", "/home", "/root"} {
