@@ -162,6 +162,11 @@ func newExecutor(n *Node, dir, python string) (*Executor, error) {
 	if err := os.Chmod(dir, 0o711); err != nil {
 		return nil, fmt.Errorf("executor work dir: %w", err)
 	}
+	if os.Geteuid() == 0 {
+		if err := sandbox.CheckRootOnly(dir); err != nil {
+			return nil, fmt.Errorf("[executor] work_dir %s: %w; pick a dir only root can change", dir, err)
+		}
+	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, fmt.Errorf("executor work dir: %w", err)

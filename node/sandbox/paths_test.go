@@ -81,3 +81,32 @@ func TestIDRange(t *testing.T) {
 		t.Errorf("firstInRange found %q in a free range", name)
 	}
 }
+
+// TestCheckRootOnly: a work area under a dir another user owns, or one
+// others may write to without the sticky bit, is refused.
+func TestCheckRootOnly(t *testing.T) {
+	needRoot(t)
+	base := filepath.Dir(jobDir(t)) // 0755 root, in /tmp (1777, sticky)
+	if err := CheckRootOnly(base); err != nil {
+		t.Errorf("a root dir under /tmp: %v", err)
+	}
+	theirs := filepath.Join(base, "theirs")
+	os.Mkdir(theirs, 0o755)
+	os.Chown(theirs, 4242, 4242)
+	os.Mkdir(filepath.Join(theirs, "work"), 0o711)
+	if err := CheckRootOnly(filepath.Join(theirs, "work")); err == nil || !strings.Contains(err.Error(), "uid 4242") {
+		t.Errorf("under another user's dir: %v", err)
+	}
+	open := filepath.Join(base, "open")
+	os.Mkdir(open, 0o777)
+	os.Chmod(open, 0o777)
+	os.Mkdir(filepath.Join(open, "work"), 0o711)
+	if err := CheckRootOnly(filepath.Join(open, "work")); err == nil || !strings.Contains(err.Error(), "others may write") {
+		t.Errorf("under a world-writable dir without the sticky bit: %v", err)
+	}
+	link := filepath.Join(base, "link")
+	os.Symlink(filepath.Join(theirs, "work"), link)
+	if err := CheckRootOnly(link); err == nil {
+		t.Error("through a link into another user's dir: accepted")
+	}
+}

@@ -45,3 +45,6 @@ func (r IDRange) Acquire() (*Lease, error) { return nil, ErrUnsupported }
 
 // Release does nothing outside Linux.
 func (l *Lease) Release() error { return nil }
+
+// CheckRootOnly has nothing to check outside Linux, where no job runs.
+func CheckRootOnly(string) error { return nil }

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -178,4 +179,40 @@ func reachable(dir string, uid int) error {
 			return nil
 		}
 	}
+}
+
+// CheckRootOnly reports whether only root can change dir or any directory
+// on the way to it: each is root's, and one that others may write to is
+// sticky (as /var/tmp), so that no one else can rename what root made in
+// it. The node lays out work dirs by path under such a dir; under a dir
+// another user controls, a swapped link would send root's writes
+// elsewhere.
+func CheckRootOnly(dir string) error {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return err
+	}
+	p := "/"
+	parts := strings.Split(strings.TrimPrefix(real, "/"), "/")
+	for i := -1; i < len(parts); i++ {
+		if i >= 0 {
+			p = filepath.Join(p, parts[i])
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok || !fi.IsDir() {
+			return fmt.Errorf("%s is not a directory", p)
+		}
+		last := i == len(parts)-1
+		switch {
+		case st.Uid != 0:
+			return fmt.Errorf("%s belongs to uid %d, not root: another user could swap what root makes under it", p, st.Uid)
+		case fi.Mode().Perm()&0o022 != 0 && (last || fi.Mode()&os.ModeSticky == 0):
+			return fmt.Errorf("%s has mode %v: others may write to it", p, fi.Mode())
+		}
+	}
+	return nil
 }
