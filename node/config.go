@@ -44,8 +44,9 @@ type JobsConfig struct {
 // ExecutorConfig says where lent workers run.
 type ExecutorConfig struct {
 	// WorkDir holds each worker's work dir (inputs, output, scratch);
-	// empty means /var/tmp/deepmarket-jobs. Jobs run as another user, so
-	// it must not sit under a private directory such as the node's home.
+	// empty means /var/tmp/deepmarket-jobs. Jobs run as uids of their own,
+	// so it must not sit under a private directory such as the node's
+	// home; and only root may change it or the dirs above it.
 	WorkDir string `toml:"work_dir"`
 	// CPUs, when set, are the CPU ids lent workers are pinned to (else the
 	// highest-numbered free ones).
@@ -564,8 +565,9 @@ machines = {{lit .Scheduler.Machines}}
 
 [executor]
 # Where workers of lent jobs run (their inputs, output and scratch space).
-# Empty: /var/tmp/deepmarket-jobs. Jobs run as an unprivileged user, so this
-# must not be under a private directory.
+# Empty: /var/tmp/deepmarket-jobs. Jobs run as unprivileged uids of their own,
+# so this must not be under a private directory, and only root may change it
+# or the dirs above it.
 work_dir = {{lit .Executor.WorkDir}}
 # CPU ids lent workers may be pinned to; empty: the highest-numbered free ones.
 cpus = {{lit .Executor.CPUs}}
