@@ -36,14 +36,15 @@ install: build ## Install the deepmarket binary into $(PREFIX)/bin
 	@case ":$$PATH:" in *":$(PREFIX)/bin:"*) ;; *) echo "note: $(PREFIX)/bin is not on your PATH";; esac
 
 .PHONY: deps
-deps: ## Install what the tests need: Go modules, Fashion-MNIST, a tensorflow-cpu virtualenv ($(VENV)), chromium
+deps: ## Install what the tests need: Go modules, the job sandbox (bubblewrap), Fashion-MNIST, a tensorflow-cpu virtualenv ($(VENV)), chromium
 	$(GO) mod download
+	scripts/sandbox-env.sh
 	DM_VENV=$(VENV) scripts/python-env.sh
 	scripts/browser-env.sh
 
 .PHONY: test
 test: deps lint ## Install what the tests need and run every test
-	DM_PYTHON=$(VENV)/bin/python3 DM_REQUIRE_TF=1 DM_REQUIRE_BROWSER=1 $(GO) test -count=1 -timeout 25m ./...
+	DM_PYTHON=$(VENV)/bin/python3 DM_REQUIRE_TF=1 DM_REQUIRE_BROWSER=1 DM_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout 25m ./...
 	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZTIME) ./p2p
 	$(GO) test -run '^$$' -fuzz FuzzCheckTx -fuzztime $(FUZZTIME) ./ledger
 	$(GO) test -run '^$$' -fuzz FuzzDecodeTx -fuzztime $(FUZZTIME) ./ledger

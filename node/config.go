@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/deepmarket/deepmarket/node/sandbox"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
 )
@@ -59,12 +61,18 @@ type JobsConfig struct {
 // ExecutorConfig says where lent workers run.
 type ExecutorConfig struct {
 	// WorkDir holds each worker's work dir (inputs, output, scratch);
-	// empty means /var/tmp/deepmarket-jobs. Jobs run as another user, so
-	// it must not sit under a private directory such as the node's home.
+	// empty means /var/tmp/deepmarket-jobs. Jobs run as uids of their own,
+	// so it must not sit under a private directory such as the node's
+	// home; and only root may change it or the dirs above it.
 	WorkDir string `toml:"work_dir"`
 	// CPUs, when set, are the CPU ids lent workers are pinned to (else the
 	// highest-numbered free ones).
 	CPUs []int `toml:"cpus"`
+	// UIDRange ("FIRST-LAST") holds the uids workers run as, one of its
+	// own for each; no account may use them.
+	UIDRange string `toml:"uid_range"`
+	// KeepLogs is how long the logs and dirs of ended workers stay.
+	KeepLogs Duration `toml:"keep_logs"`
 }
 
 // NodeConfig names the node and its network.
@@ -104,6 +112,9 @@ type APIConfig struct {
 
 // InventoryConfig says how the machine's software is probed.
 type InventoryConfig struct {
+	// Python is the interpreter probed for TensorFlow and run for jobs'
+	// python3: a name looked up in PATH, or an absolute path whose prefix
+	// (a virtualenv) jobs may read.
 	Python string `toml:"python"`
 }
 
@@ -181,6 +192,7 @@ func DefaultConfig() Config {
 			BlockTime: Duration{time.Second}, EmptyBlockInterval: Duration{30 * time.Second},
 		},
 		Inventory: InventoryConfig{Python: "python3"},
+		Executor:  ExecutorConfig{UIDRange: sandbox.DefaultIDRange, KeepLogs: Duration{7 * 24 * time.Hour}},
 		Prices:    PricesConfig{CoreHour: "0.1", MemGiBHour: "0.02", GPUHour: "1"},
 		Scheduler: SchedulerConfig{Quote: true, Subset: SubsetAll, Nearest: 16},
 		Log:       LogConfig{Level: "info", Format: "text", Libp2pLevel: "warn"},
@@ -370,8 +382,11 @@ func (c *Config) Validate() error {
 	if d := c.Ledger.EmptyBlockInterval.Duration; d < 0 || d > time.Hour {
 		return bad("ledger] empty_block_interval", "%s: want between 0 and 1h", c.Ledger.EmptyBlockInterval)
 	}
-	if c.Inventory.Python == "" {
-		return bad("inventory] python", "is empty; e.g. \"python3\"")
+	if err := c.Inventory.validate(); err != nil {
+		return err
+	}
+	if err := c.Executor.validate(); err != nil {
+		return err
 	}
 	for key, v := range map[string]string{"core_hour": c.Prices.CoreHour, "mem_gib_hour": c.Prices.MemGiBHour, "gpu_hour": c.Prices.GPUHour} {
 		if _, err := units.ParseCredits(v); err != nil {
@@ -425,6 +440,40 @@ func (c *Config) Validate() error {
 	case "text", "json":
 	default:
 		return bad("log] format", "%q: want text or json", c.Log.Format)
+	}
+	return nil
+}
+
+// validate checks the interpreter: jobs may read its prefix (a
+// virtualenv), so that prefix must not unmask the host.
+func (c InventoryConfig) validate() error {
+	py := c.Python
+	switch {
+	case py == "":
+		return errors.New(`[inventory] python is empty; e.g. "python3" or "/opt/deepmarket/venv/bin/python3"`)
+	case !strings.Contains(py, "/"):
+		return nil // looked up in PATH, under /usr
+	case !filepath.IsAbs(py):
+		return fmt.Errorf("[inventory] python = %q: want a name such as python3 or an absolute path", py)
+	}
+	prefix := filepath.Dir(filepath.Dir(filepath.Clean(py)))
+	if err := sandbox.CheckReadOnly(prefix); err != nil {
+		return fmt.Errorf("[inventory] python = %q: its prefix %w; point it at a virtualenv such as /opt/deepmarket/venv/bin/python3", py, err)
+	}
+	return nil
+}
+
+// validate checks the uids workers run as and how long their traces stay.
+func (c ExecutorConfig) validate() error {
+	r, err := sandbox.ParseIDRange(c.UIDRange)
+	if err != nil {
+		return fmt.Errorf("[executor] uid_range = %q: %w", c.UIDRange, err)
+	}
+	if err := r.Check(); err != nil {
+		return fmt.Errorf("[executor] uid_range = %q: %w", c.UIDRange, err)
+	}
+	if d := c.KeepLogs.Duration; d < time.Minute || d > 365*24*time.Hour {
+		return fmt.Errorf("[executor] keep_logs = %s: want 1m to 8760h", d)
 	}
 	return nil
 }
@@ -523,7 +572,9 @@ empty_block_interval = {{lit .Ledger.EmptyBlockInterval}}
 listen = {{lit .API.Listen}}
 
 [inventory]
-# The Python interpreter probed for TensorFlow and used to run workers.
+# The Python interpreter probed for TensorFlow and run for a job's python3:
+# a name found in PATH, or the python3 of a virtualenv, whose prefix jobs
+# may read (never /, /usr/local/..., a home or anything of the host's).
 python = {{lit .Inventory.Python}}
 
 [prices]
@@ -546,11 +597,17 @@ machines = {{lit .Scheduler.Machines}}
 
 [executor]
 # Where workers of lent jobs run (their inputs, output and scratch space).
-# Empty: /var/tmp/deepmarket-jobs. Jobs run as an unprivileged user, so this
-# must not be under a private directory.
+# Empty: /var/tmp/deepmarket-jobs. Jobs run as unprivileged uids of their own,
+# so this must not be under a private directory, and only root may change it
+# or the dirs above it.
 work_dir = {{lit .Executor.WorkDir}}
 # CPU ids lent workers may be pinned to; empty: the highest-numbered free ones.
 cpus = {{lit .Executor.CPUs}}
+# The uids workers run as, one of its own for each worker, as FIRST-LAST.
+# No account may use them (checked against /etc/passwd and /etc/group).
+uid_range = {{lit .Executor.UIDRange}}
+# How long the logs and work dirs of ended workers stay on this machine.
+keep_logs = {{lit .Executor.KeepLogs}}
 
 [jobs]
 # How long a submitted job's escrow outlives its max_duration: the time this

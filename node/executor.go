@@ -23,9 +23,11 @@ import (
 
 	"github.com/deepmarket/deepmarket/identity"
 	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/node/sandbox"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/p2p/tunnel"
+	"github.com/deepmarket/deepmarket/storage"
 )
 
 // Executor timings.
@@ -48,12 +50,21 @@ const (
 // Executor runs the workers this machine was asked to launch: it is the
 // lender's side of a job. Each worker gets a fresh work dir (bundle/,
 // data/, out/), its inputs fetched by CID, loopback ports for its cluster
-// reached through authenticated libp2p tunnels, and a sandbox with the
-// limits its hold reserved. Only the submitter that committed the hold
-// can launch, watch, read the logs of, or stop a worker.
+// reached through authenticated libp2p tunnels, a uid of its own and a
+// sandbox with the limits its hold reserved. Only the submitter that
+// committed the hold can launch, watch, read the logs of, or stop a worker.
+//
+// A worker's dir is the job's: whatever the node (root) does in it goes
+// through root, an os.Root of the work area, or a descriptor walk in the
+// sandbox package, so that no name is resolved out of it and no symlink
+// the job planted leads the node elsewhere.
 type Executor struct {
 	n       *Node
 	dir     string
+	root    *os.Root // dir: the workers' dirs
+	logs    *os.Root // dir/logs: one dir per worker, which only the node writes
+	ids     sandbox.IDRange
+	keep    time.Duration // how long logs and dirs of ended workers stay
 	tunnels *tunnel.Service
 	python  string
 	// tag ends this node's sandbox names: nodes sharing a machine share
@@ -81,8 +92,8 @@ type worker struct {
 	l      p2p.Launch
 	bidder peer.ID
 	key    string
+	name   string // its dir under the work area and its log dir
 	dir    string
-	logs   string
 	cpus   []int
 	box    string // the sandbox's name
 
@@ -96,6 +107,8 @@ type worker struct {
 	ckpt     string
 	beat     time.Time
 	proc     *sandbox.Process
+	log      *workerLog
+	lease    *sandbox.Lease // its uid, held until nothing of the job is left
 	cancel   context.CancelFunc
 	stopping bool
 	wantCkpt bool
@@ -104,6 +117,8 @@ type worker struct {
 	// boxLeft: the sandbox may not be gone (it could not be emptied or
 	// removed), so its record stays for the next start to reap.
 	boxLeft bool
+	// swept: it ended keep_logs ago and the sweep is forgetting it.
+	swept bool
 }
 
 func workerKey(run string, index int) string { return run + "/" + strconv.Itoa(index) }
@@ -128,13 +143,47 @@ type sandboxRecord struct {
 
 // newExecutor prepares the work area; Run serves until ctx ends.
 func newExecutor(n *Node, dir, python string) (*Executor, error) {
-	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o711); err != nil {
+	if strings.Contains(python, "/") {
+		// Checked against the node's home here, where it is known; the
+		// config's own check covers the rest.
+		if err := sandbox.CheckReadOnly(readOnlyFor(python)[0], n.home.Dir); err != nil {
+			return nil, fmt.Errorf("[inventory] python = %q: its prefix %w; point it at a virtualenv such as /opt/deepmarket/venv/bin/python3", python, err)
+		}
+	}
+	ids, err := sandbox.ParseIDRange(n.cfg.Executor.UIDRange)
+	if err != nil {
+		return nil, fmt.Errorf("[executor] uid_range: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return nil, fmt.Errorf("executor work dir: %w", err)
 	}
-	// The job user must be able to reach its own dir through this one.
-	os.Chmod(dir, 0o711)
+	// A job's uid must be able to reach its own dir through this one, and
+	// nothing more.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return nil, fmt.Errorf("executor work dir: %w", err)
+	}
+	if os.Geteuid() == 0 {
+		if err := sandbox.CheckRootOnly(dir); err != nil {
+			return nil, fmt.Errorf("[executor] work_dir %s: %w; pick a dir only root can change", dir, err)
+		}
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("executor work dir: %w", err)
+	}
+	if err := root.Mkdir("logs", 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("executor log dir: %w", err)
+	}
+	if err := root.Chmod("logs", 0o700); err != nil {
+		return nil, fmt.Errorf("executor log dir: %w", err)
+	}
+	logs, err := root.OpenRoot("logs")
+	if err != nil {
+		return nil, fmt.Errorf("executor log dir: %w", err)
+	}
 	id := n.host.ID().String()
-	e := &Executor{n: n, dir: dir, python: python, tunnels: tunnel.New(n.host, n.cfg.Node.ChainID, n.log.With("module", "tunnel")),
+	e := &Executor{n: n, dir: dir, root: root, logs: logs, ids: ids, keep: n.cfg.Executor.KeepLogs.Duration,
+		python: python, tunnels: tunnel.New(n.host, n.cfg.Node.ChainID, n.log.With("module", "tunnel")),
 		tag: id[len(id)-8:], workers: map[string]*worker{}, nets: map[string]*runNet{}, cpus: map[int]string{}}
 	gauge := func(name, help string, f func() float64) {
 		n.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "deepmarket", Subsystem: "exec", Name: name, Help: help}, f))
@@ -184,14 +233,18 @@ func (e *Executor) inUseLocked() (cores uint32, mem uint64) {
 	return cores, mem
 }
 
-// capable says whether this machine can enforce a job's limits; the
-// probe (a test cgroup, a bwrap run) is made once.
+// capable says whether this machine builds the whole job sandbox; if not,
+// it does not lend, and the error says what to install. The probe (a test
+// cgroup, a trial job in bubblewrap) is made once.
 func (e *Executor) capable() error {
 	e.probeOnce.Do(func() {
 		c := sandbox.Probe()
-		e.probeErr = c.Essential()
-		if e.probeErr == nil && len(c.Problems) > 0 {
-			e.n.log.Warn("job sandbox: weaker here", "problems", c.Problems)
+		if e.probeErr = c.Essential(); e.probeErr != nil {
+			e.probeErr = fmt.Errorf("this machine cannot confine jobs, so it does not lend: %w", e.probeErr)
+			return
+		}
+		if len(c.Problems) > 0 {
+			e.n.log.Warn("job sandbox", "problems", c.Problems)
 		}
 	})
 	return e.probeErr
@@ -217,6 +270,8 @@ func (e *Executor) Run(ctx context.Context) error {
 	}
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
+	e.sweep(time.Now())
+	lastSweep := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -227,6 +282,10 @@ func (e *Executor) Run(ctx context.Context) error {
 			e.tunnels.Close()
 			return nil
 		case now := <-t.C:
+			if now.Sub(lastSweep) > sweepEvery(e.keep) {
+				e.sweep(now)
+				lastSweep = now
+			}
 			for _, w := range e.snapshot() {
 				w.mu.Lock()
 				live := w.state == p2p.WorkerRunning || w.state == p2p.WorkerFetching
@@ -275,7 +334,7 @@ func (e *Executor) reapLeftovers() {
 				"sandbox", name, "job", r.Job, "worker", r.Index)
 		}
 		if e.isWorkerDir(r) {
-			if err := os.RemoveAll(r.Dir); err != nil {
+			if err := e.root.RemoveAll(workerName(r.Job, r.Index)); err != nil {
 				log.Warn("cannot remove the work dir of a worker of a previous run", "dir", r.Dir, "err", err)
 				continue
 			}
@@ -330,7 +389,7 @@ func (e *Executor) handle(ctx context.Context, from peer.ID, env *p2p.Envelope) 
 		if err != nil {
 			return "", nil, err
 		}
-		return p2p.TypeLogs, readLogs(w.logs, r.Offset), nil
+		return p2p.TypeLogs, w.readLog(r.Offset), nil
 	case p2p.TypeStop:
 		r, w, err := ownedReq(e, from, env, func(r *p2p.Stop) (string, int) { return r.JobID, r.Index })
 		if err != nil {
@@ -439,6 +498,9 @@ func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) error
 			}
 		}
 	}
+	if _, _, err := e.program(l.Command); err != nil {
+		return err
+	}
 	key := workerKey(l.JobID, l.Index)
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -453,9 +515,8 @@ func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) error
 		return err
 	}
 	name := workerName(l.JobID, l.Index)
-	w := &worker{l: l, bidder: from, key: key, dir: filepath.Join(e.dir, name),
-		logs: filepath.Join(e.dir, "logs", name+".log"), cpus: cpus, box: name + "-" + e.tag,
-		state: p2p.WorkerFetching, beat: time.Now(), done: make(chan struct{})}
+	w := &worker{l: l, bidder: from, key: key, name: name, dir: filepath.Join(e.dir, name),
+		cpus: cpus, box: name + "-" + e.tag, state: p2p.WorkerFetching, beat: time.Now(), done: make(chan struct{})}
 	wctx, cancel := context.WithCancel(e.ctx)
 	w.cancel = cancel
 	e.workers[key] = w
@@ -592,8 +653,18 @@ func (e *Executor) run(ctx context.Context, w *worker) {
 		w.fail("record the worker: " + err.Error())
 		return
 	}
+	// A fresh dir, root's until the sandbox hands it to the worker's uid:
+	// no job can reach it while the node lays the inputs out.
+	if err := e.root.RemoveAll(w.name); err != nil {
+		w.fail("work dir: " + err.Error())
+		return
+	}
+	if err := e.root.Mkdir(w.name, 0o700); err != nil {
+		w.fail("work dir: " + err.Error())
+		return
+	}
 	for _, d := range []string{"bundle", "data", "out", "tmp"} {
-		if err := os.MkdirAll(filepath.Join(w.dir, d), 0o755); err != nil {
+		if err := e.root.Mkdir(filepath.Join(w.name, d), 0o755); err != nil {
 			w.fail("work dir: " + err.Error())
 			return
 		}
@@ -619,6 +690,14 @@ func (e *Executor) run(ctx context.Context, w *worker) {
 			w.fail("fetch checkpoint: " + err.Error())
 			return
 		}
+	}
+	argv, inBundle, err := e.program(l.Command)
+	if err == nil && inBundle {
+		err = e.makeRunnable(w.name, argv[0])
+	}
+	if err != nil {
+		w.fail(err.Error())
+		return
 	}
 	// The cluster, as every worker sees it: worker j at 127.0.0.1 on
 	// workerPort(j) of the run's network namespace, where only loopback
@@ -664,18 +743,24 @@ func (e *Executor) run(ctx context.Context, w *worker) {
 		path = filepath.Dir(e.python) + ":" + path
 	}
 	env = append(env, "PATH="+path)
-	logf, err := os.OpenFile(w.logs, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o640)
+	jl, err := openWorkerLog(e.logs, w.name)
 	if err != nil {
-		w.fail("log file: " + err.Error())
+		w.fail(err.Error())
 		return
 	}
-	defer logf.Close()
+	lease, err := e.ids.Acquire()
+	w.set(func() { w.log, w.lease = jl, lease })
+	if err != nil {
+		w.fail("a uid for the worker: " + err.Error())
+		return
+	}
 	spec := sandbox.Spec{
 		Name: w.box, Dir: w.dir, Cwd: filepath.Join(w.dir, "bundle"),
-		Argv: l.Command, Env: env, Stdout: logf, Stderr: logf, NetNS: ns,
+		Argv: argv, Env: env, Stdout: jl, Stderr: jl, NetNS: ns, UID: lease.ID,
 		Limits: sandbox.Limits{
 			CPUs: w.cpus, Cores: float64(max(l.Res.Cores, 1)), MemBytes: l.Res.MemBytes,
-			Pids: 512, DiskBytes: max(10<<30, 2*l.Res.MemBytes), GPUs: gpuIDs(int(l.Res.GPUs)),
+			// The logs count against the worker's disk bound.
+			Pids: 512, DiskBytes: max(10<<30, 2*l.Res.MemBytes) - workerLogBytes, GPUs: gpuIDs(int(l.Res.GPUs)),
 		},
 		ReadOnly: readOnlyFor(e.python),
 		Hide:     []string{e.n.home.Dir},
@@ -694,8 +779,13 @@ func (e *Executor) run(ctx context.Context, w *worker) {
 	}
 	w.proc, w.state, w.started = proc, p2p.WorkerRunning, time.Now()
 	w.mu.Unlock()
-	log.Info("worker started", "command", l.Command, "cpus", w.cpus)
+	log.Info("worker started", "command", l.Command, "cpus", w.cpus, "uid", lease.ID)
 	exit, err := proc.Wait()
+	if err == nil {
+		// Nothing of the job is left and its dir is root's again: the uid
+		// owns nothing and may serve another job.
+		lease.Release()
+	}
 	w.mu.Lock()
 	w.ended = time.Now()
 	w.exit = exit.Code
@@ -722,7 +812,7 @@ func (e *Executor) run(ctx context.Context, w *worker) {
 	log.Info("worker ended", "exit", exit.Code, "signal", exit.Signal, "state", w.state, "cpu", exit.CPU)
 	if l.Index == 0 && ((!stopped && exit.Code == 0 && err == nil) || wantCkpt) {
 		// The chief's output dir is the job's result (or its checkpoint).
-		pin, err := e.n.blocks.Add(context.WithoutCancel(ctx), filepath.Join(w.dir, "out"), nil)
+		pin, err := e.addOutput(context.WithoutCancel(ctx), w)
 		w.mu.Lock()
 		switch {
 		case err != nil:
@@ -745,6 +835,98 @@ func gpuIDs(n int) []int {
 		ids[i] = i
 	}
 	return ids
+}
+
+// program is what runs a job's command here: an interpreter name lenders
+// offer (python3) becomes this machine's interpreter; anything else must
+// be a file of the bundle, named relative to it (inBundle).
+func (e *Executor) program(cmd []string) (argv []string, inBundle bool, err error) {
+	if len(cmd) == 0 {
+		return nil, false, errors.New("empty command")
+	}
+	argv = slices.Clone(cmd)
+	if jobs.IsInterpreter(cmd[0]) {
+		argv[0] = e.python
+		return argv, false, nil
+	}
+	if !filepath.IsLocal(cmd[0]) {
+		return nil, false, fmt.Errorf("command[0] %q: not in the bundle and not an interpreter this machine offers (%s)",
+			cmd[0], strings.Join(jobs.Interpreters, ", "))
+	}
+	argv[0] = "./" + filepath.Clean(cmd[0])
+	return argv, true, nil
+}
+
+// makeRunnable marks the bundle's program executable (a bundle fetched by
+// CID carries no modes), while the dir is still root's alone.
+func (e *Executor) makeRunnable(worker, prog string) error {
+	name := filepath.Join(worker, "bundle", prog)
+	fi, err := e.root.Lstat(name)
+	if err != nil || !fi.Mode().IsRegular() {
+		return fmt.Errorf("command[0] %q is not a file of the bundle", prog)
+	}
+	return e.root.Chmod(name, 0o755)
+}
+
+// addOutput adds the chief's output dir to storage. The job chose what is
+// in it, links included: the import resolves every name beneath the
+// worker's dir and reads nothing outside it.
+func (e *Executor) addOutput(ctx context.Context, w *worker) (storage.Pin, error) {
+	dir, err := e.root.OpenRoot(w.name)
+	if err != nil {
+		return storage.Pin{}, err
+	}
+	defer dir.Close()
+	return e.n.blocks.AddFrom(ctx, dir, "out", nil)
+}
+
+// sweepEvery is how often ended workers' logs and dirs are looked at.
+func sweepEvery(keep time.Duration) time.Duration { return min(time.Hour, max(keep/4, 5*time.Second)) }
+
+// sweep forgets workers that ended longer than keep ago (their submitters
+// never said they were done: their dirs go) and removes log dirs not
+// written for as long, so that nothing of a job stays on the lender
+// forever.
+func (e *Executor) sweep(now time.Time) {
+	live := map[string]bool{}
+	for _, w := range e.snapshot() {
+		live[w.name] = true
+		select {
+		case <-w.done:
+		default:
+			continue
+		}
+		w.mu.Lock()
+		stale := !w.ended.IsZero() && now.Sub(w.ended) > e.keep && !w.swept
+		w.swept = w.swept || stale
+		w.mu.Unlock()
+		if stale {
+			go e.finish(w)
+		}
+	}
+	f, err := e.logs.Open(".")
+	if err != nil {
+		return
+	}
+	entries, err := f.ReadDir(-1)
+	f.Close()
+	if err != nil {
+		return
+	}
+	for _, d := range entries {
+		fi, err := d.Info()
+		if err != nil || live[d.Name()] || now.Sub(fi.ModTime()) <= e.keep {
+			continue
+		}
+		// A log dir's mtime is that of its last rotation; its current file
+		// tells when the worker last wrote.
+		if cur, err := e.logs.Stat(filepath.Join(d.Name(), workerLogCurrent)); err == nil && now.Sub(cur.ModTime()) <= e.keep {
+			continue
+		}
+		if err := e.logs.RemoveAll(d.Name()); err != nil {
+			e.n.log.Warn("cannot remove an old worker log", "module", "executor", "dir", d.Name(), "err", err)
+		}
+	}
 }
 
 // readOnlyFor lists what a job may read beyond its dir: the Python
@@ -817,7 +999,7 @@ func (e *Executor) keepCheckpoint(w *worker) {
 	if !need {
 		return
 	}
-	pin, err := e.n.blocks.Add(context.Background(), filepath.Join(w.dir, "out"), nil)
+	pin, err := e.addOutput(context.Background(), w)
 	w.mu.Lock()
 	if err == nil {
 		w.ckpt = pin.CID.String()
@@ -838,12 +1020,17 @@ func (e *Executor) finish(w *worker) {
 	}
 	e.n.holds.Release(w.l.Hold)
 	w.mu.Lock()
-	left := w.boxLeft
+	left, lease, jl := w.boxLeft, w.lease, w.log
 	w.mu.Unlock()
-	if err := os.RemoveAll(w.dir); err == nil && !left {
+	if err := e.root.RemoveAll(w.name); err == nil && !left {
 		if err := e.n.store.Delete(sandboxesKey + w.box); err != nil {
 			e.n.log.Warn("cannot forget a finished worker", "module", "executor", "err", err)
 		}
+		// Its files are gone with its dir: the uid owns nothing.
+		lease.Release()
+	}
+	if jl != nil {
+		jl.Close() // its files stay until the sweep
 	}
 	e.mu.Lock()
 	delete(e.workers, w.key)
@@ -866,8 +1053,8 @@ func (w *worker) status(now time.Time) p2p.JobStatus {
 	if !w.ended.IsZero() {
 		st.Ended = w.ended.UnixMilli()
 	}
-	if fi, err := os.Stat(w.logs); err == nil {
-		st.LogBytes = fi.Size()
+	if w.log != nil {
+		st.LogBytes = w.log.Size()
 	}
 	// Output is kept only once the chief has ended: until then a result
 	// or checkpoint CID is not known.
@@ -881,6 +1068,8 @@ func (w *worker) status(now time.Time) p2p.JobStatus {
 	return st
 }
 
+// readLogs reads a log file of the node's own (the submitter's job log)
+// from offset off.
 func readLogs(path string, off int64) p2p.Logs {
 	f, err := os.Open(path)
 	if err != nil {
@@ -893,6 +1082,17 @@ func readLogs(path string, off int64) p2p.Logs {
 		return p2p.Logs{Next: off}
 	}
 	return p2p.Logs{Data: buf[:n], Next: max(off, 0) + int64(n)}
+}
+
+// readLog reads the worker's output from offset off.
+func (w *worker) readLog(off int64) p2p.Logs {
+	w.mu.Lock()
+	jl := w.log
+	w.mu.Unlock()
+	if jl == nil {
+		return p2p.Logs{Next: off}
+	}
+	return jl.Read(off)
 }
 
 // keepReceipt records the submitter's latest usage receipt for this

@@ -40,9 +40,7 @@ func jobPython(t *testing.T) string {
 		}
 		t.Skip("no Python with tensorflow-cpu: run `make deps` (make test does)")
 	}
-	if err := sandbox.Probe().Essential(); err != nil {
-		t.Skipf("this machine cannot enforce job limits: %v", err)
-	}
+	needSandbox(t)
 	return py
 }
 
@@ -75,6 +73,12 @@ func execOpts(t *testing.T, python string) func(name string, cpu int) nodeOpt {
 
 func startJobCluster(t *testing.T, python string, lenders int) *jobCluster {
 	t.Helper()
+	return startJobClusterLending(t, python, lenders, api.LendRequest{Cores: 1, MemBytes: 2 << 30})
+}
+
+// startJobClusterLending is startJobCluster with each lender lending lend.
+func startJobClusterLending(t *testing.T, python string, lenders int, lend api.LendRequest) *jobCluster {
+	t.Helper()
 	chain := testNet(t)
 	dir := t.TempDir()
 	withExec := execOpts(t, python)
@@ -94,7 +98,7 @@ func startJobCluster(t *testing.T, python string, lenders int) *jobCluster {
 			t.Fatal(err)
 		}
 		n := startNode(t, h, withBootstrap(a.addr()), withExec(name, i+1))
-		if _, err := n.client.SetLend(t.Context(), api.LendRequest{Cores: 1, MemBytes: 2 << 30}); err != nil {
+		if _, err := n.client.SetLend(t.Context(), lend); err != nil {
 			t.Fatal(err)
 		}
 		c.lenders = append(c.lenders, n)
@@ -260,27 +264,26 @@ func TestFashionMNISTAcrossTwoLenders(t *testing.T) {
 // each answers inside the job's namespace, where the tunnels reach it.
 func assertNoTFPortReachable(t *testing.T, lenders []*testNode, must bool) bool {
 	t.Helper()
-	uid := sandbox.Probe().JobUID
 	addrs, _ := net.InterfaceAddrs()
 	addrs = append(addrs, &net.IPNet{IP: net.IPv4(127, 0, 0, 1)})
 	seen := 0
 	for _, l := range lenders {
 		l.exec.mu.Lock()
 		type target struct {
-			pid int
-			ns  *sandbox.NetNS
+			pid, uid int
+			ns       *sandbox.NetNS
 		}
 		var ts []target
 		for _, w := range l.exec.workers {
 			w.mu.Lock()
 			if w.proc != nil {
-				ts = append(ts, target{w.proc.Pid(), l.exec.nets[w.l.JobID].ns})
+				ts = append(ts, target{w.proc.Pid(), w.proc.UID(), l.exec.nets[w.l.JobID].ns})
 			}
 			w.mu.Unlock()
 		}
 		l.exec.mu.Unlock()
 		for _, tg := range ts {
-			for _, port := range listeningPorts(t, tg.pid, uid) {
+			for _, port := range listeningPorts(t, tg.pid, tg.uid) {
 				seen++
 				c, err := tg.ns.DialTCP(t.Context(), port)
 				if err != nil {

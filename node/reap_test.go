@@ -20,12 +20,7 @@ import (
 // dir, keeps what the machine is owed, and leaves alone a worker of
 // another node on the same machine.
 func TestRestartReapsLeftoverWorkers(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: starts sandboxed workers")
-	}
-	if err := sandbox.Probe().Essential(); err != nil {
-		t.Skipf("this machine cannot enforce job limits: %v", err)
-	}
+	needSandbox(t)
 	h := initHome(t, filepath.Join(t.TempDir(), "lender"), testNet(t))
 	work := reapWorkDir(t)
 	otherWork := reapWorkDir(t)

@@ -32,7 +32,6 @@ import (
 
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
-	"github.com/deepmarket/deepmarket/node/sandbox"
 )
 
 // chromium finds the browser ($DM_CHROMIUM if set, else Debian's), or
@@ -313,9 +312,7 @@ func checkNotBlank(b []byte) error {
 // need only python3.
 func uiPython(t *testing.T) string {
 	t.Helper()
-	if err := sandbox.Probe().Essential(); err != nil {
-		t.Skipf("this machine cannot enforce job limits (lending needs them): %v", err)
-	}
+	needSandbox(t) // lending needs it
 	for _, p := range []string{os.Getenv("DM_PYTHON"), "/opt/deepmarket/venv/bin/python3", "/usr/bin/python3"} {
 		if p == "" {
 			continue

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up what the Python training jobs (examples/fashion-mnist) need:
-#  1. Debian packages: bubblewrap (the job sandbox uses it where installed),
-#     dataset-fashion-mnist (the real Fashion-MNIST IDX files,
-#     gzipped, under /usr/share/datasets/fashion-mnist) and python3-venv.
+#  1. Debian packages: dataset-fashion-mnist (the real Fashion-MNIST IDX
+#     files, gzipped, under /usr/share/datasets/fashion-mnist) and
+#     python3-venv. (The job sandbox's bubblewrap: scripts/sandbox-env.sh.)
 #  2. A virtualenv at ${DM_VENV:-<repo>/.venv} with the pinned packages below.
 # Idempotent: when everything is already there it only checks and exits
 # (well under 2 s). Env: DM_VENV (venv path), PYTHON (interpreter for the
@@ -20,7 +20,7 @@ PINS=(tensorflow-cpu==2.20.0 keras==3.15.1 numpy==2.4.6)
 # installed without dependencies.
 NODEPS_PINS=(tf-keras==2.20.1)
 DATA_DIR=/usr/share/datasets/fashion-mnist
-DEB_PKGS=(dataset-fashion-mnist python3-venv bubblewrap)
+DEB_PKGS=(dataset-fashion-mnist python3-venv)
 
 say() { echo "python-env: $*"; }
 die() { echo "python-env: ERROR: $*" >&2; exit 1; }

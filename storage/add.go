@@ -2,12 +2,14 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	chunker "github.com/ipfs/boxo/chunker"
@@ -29,11 +31,25 @@ var cidBuilder = cid.Prefix{Version: 1, Codec: cid.DagProtobuf, MhType: mh.SHA2_
 // included; symbolic links are stored as links, not followed; other
 // special files are an error.
 func (s *Store) Add(ctx context.Context, path string, progress func(Progress)) (Pin, error) {
-	root, err := os.Lstat(path)
+	return s.add(ctx, pathSource{}, path, progress)
+}
+
+// AddFrom imports the tree at path beneath root (see Add), reading nothing
+// outside root whatever happens to the tree meanwhile: every name is
+// resolved beneath root, symbolic links are stored as links, and a file or
+// directory that is swapped for another while it is read fails the import
+// rather than being read. This is how a node imports a tree that someone
+// else controls, such as the output dir of a job it ran.
+func (s *Store) AddFrom(ctx context.Context, root *os.Root, path string, progress func(Progress)) (Pin, error) {
+	return s.add(ctx, rootSource{root}, path, progress)
+}
+
+func (s *Store) add(ctx context.Context, src source, path string, progress func(Progress)) (Pin, error) {
+	root, err := src.lstat(path)
 	if err != nil {
 		return Pin{}, fmt.Errorf("add: %w", err)
 	}
-	total, err := treeSize(path, root)
+	total, err := treeSize(src, path, root)
 	if err != nil {
 		return Pin{}, fmt.Errorf("add %s: %w", path, err)
 	}
@@ -42,6 +58,7 @@ func (s *Store) Add(ctx context.Context, path string, progress func(Progress)) (
 	defer s.gc.RUnlock()
 	im := &importer{
 		ctx:   ctx,
+		src:   src,
 		store: s,
 		batch: ipld.NewBatch(ctx, merkledag.NewDAGService(s.blockService()),
 			ipld.MaxSizeBatchOption(16<<20), ipld.MaxNodesBatchOption(64)),
@@ -78,8 +95,96 @@ func (s *Store) Add(ctx context.Context, path string, progress func(Progress)) (
 	return p, nil
 }
 
+// errChanged reports an entry swapped for another while it was imported.
+var errChanged = errors.New("changed while being added")
+
+// source is the tree an import reads.
+type source interface {
+	lstat(name string) (fs.FileInfo, error)
+	readlink(name string) (string, error)
+	// readDir lists the directory name, which must still be the one
+	// described by fi.
+	readDir(name string, fi fs.FileInfo) ([]string, error)
+	// open opens the regular file name, which must still be the one
+	// described by fi.
+	open(name string, fi fs.FileInfo) (*os.File, error)
+}
+
+// pathSource reads paths as they are (Add).
+type pathSource struct{}
+
+func (pathSource) lstat(name string) (fs.FileInfo, error) { return os.Lstat(name) }
+func (pathSource) readlink(name string) (string, error)   { return os.Readlink(name) }
+
+func (pathSource) readDir(name string, fi fs.FileInfo) ([]string, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return readNames(f, fi)
+}
+
+func (pathSource) open(name string, fi fs.FileInfo) (*os.File, error) {
+	return openChecked(func(flag int) (*os.File, error) { return os.OpenFile(name, flag, 0) }, fi)
+}
+
+// rootSource reads names beneath a root (AddFrom).
+type rootSource struct{ r *os.Root }
+
+func (s rootSource) lstat(name string) (fs.FileInfo, error) { return s.r.Lstat(name) }
+func (s rootSource) readlink(name string) (string, error)   { return s.r.Readlink(name) }
+
+func (s rootSource) readDir(name string, fi fs.FileInfo) ([]string, error) {
+	f, err := s.r.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return readNames(f, fi)
+}
+
+func (s rootSource) open(name string, fi fs.FileInfo) (*os.File, error) {
+	return openChecked(func(flag int) (*os.File, error) { return s.r.OpenFile(name, flag, 0) }, fi)
+}
+
+// readNames lists the open directory f, sorted, if it is the one fi
+// describes.
+func readNames(f *os.File, fi fs.FileInfo) ([]string, error) {
+	got, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !got.IsDir() || !os.SameFile(got, fi) {
+		return nil, fmt.Errorf("%s: %w", f.Name(), errChanged)
+	}
+	names, err := f.Readdirnames(-1)
+	sort.Strings(names)
+	return names, err
+}
+
+// openChecked opens a regular file without blocking (a FIFO swapped in
+// would hang a blocking open) and keeps it only if it is the file fi
+// describes.
+func openChecked(open func(flag int) (*os.File, error), fi fs.FileInfo) (*os.File, error) {
+	f, err := open(os.O_RDONLY | syscall.O_NONBLOCK)
+	if err != nil {
+		return nil, err
+	}
+	got, err := f.Stat()
+	if err == nil && (!got.Mode().IsRegular() || !os.SameFile(got, fi)) {
+		err = fmt.Errorf("%s: %w", f.Name(), errChanged)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
 type importer struct {
 	ctx      context.Context
+	src      source
 	store    *Store
 	batch    *ipld.Batch
 	total    int64
@@ -109,11 +214,11 @@ func (im *importer) add(path string, fi fs.FileInfo) (ipld.Node, error) {
 	}
 	switch {
 	case fi.Mode().IsRegular():
-		return im.addFile(path)
+		return im.addFile(path, fi)
 	case fi.IsDir():
-		return im.addDir(path)
+		return im.addDir(path, fi)
 	case fi.Mode()&fs.ModeSymlink != 0:
-		target, err := os.Readlink(path)
+		target, err := im.src.readlink(path)
 		if err != nil {
 			return nil, err
 		}
@@ -131,8 +236,8 @@ func (im *importer) add(path string, fi fs.FileInfo) (ipld.Node, error) {
 	}
 }
 
-func (im *importer) addFile(path string) (ipld.Node, error) {
-	f, err := os.Open(path)
+func (im *importer) addFile(path string, fi fs.FileInfo) (ipld.Node, error) {
+	f, err := im.src.open(path, fi)
 	if err != nil {
 		return nil, err
 	}
@@ -150,26 +255,26 @@ func (im *importer) addFile(path string) (ipld.Node, error) {
 	return balanced.Layout(db)
 }
 
-func (im *importer) addDir(path string) (ipld.Node, error) {
-	entries, err := os.ReadDir(path)
+func (im *importer) addDir(path string, fi fs.FileInfo) (ipld.Node, error) {
+	names, err := im.src.readDir(path, fi)
 	if err != nil {
 		return nil, err
 	}
-	sort.Slice(entries, func(i, j int) bool { return entries[i].Name() < entries[j].Name() })
 	dir, err := uio.NewDirectory(batchDAG{im}, uio.WithCidBuilder(cidBuilder))
 	if err != nil {
 		return nil, err
 	}
-	for _, e := range entries {
-		fi, err := e.Info()
+	for _, name := range names {
+		p := filepath.Join(path, name)
+		cfi, err := im.src.lstat(p)
 		if err != nil {
 			return nil, err
 		}
-		child, err := im.add(filepath.Join(path, e.Name()), fi)
+		child, err := im.add(p, cfi)
 		if err != nil {
 			return nil, err
 		}
-		if err := dir.AddChild(im.ctx, e.Name(), child); err != nil {
+		if err := dir.AddChild(im.ctx, name, child); err != nil {
 			return nil, err
 		}
 	}
@@ -202,28 +307,31 @@ func (d batchDAG) Remove(context.Context, cid.Cid) error       { return nil }
 func (d batchDAG) RemoveMany(context.Context, []cid.Cid) error { return nil }
 
 // treeSize is the bytes of regular files under path, for progress.
-func treeSize(path string, fi fs.FileInfo) (int64, error) {
-	if !fi.IsDir() {
-		if fi.Mode().IsRegular() {
-			return fi.Size(), nil
-		}
+func treeSize(src source, path string, fi fs.FileInfo) (int64, error) {
+	switch {
+	case fi.Mode().IsRegular():
+		return fi.Size(), nil
+	case !fi.IsDir():
 		return 0, nil
 	}
+	names, err := src.readDir(path, fi)
+	if err != nil {
+		return 0, err
+	}
 	var total int64
-	err := filepath.WalkDir(path, func(_ string, d fs.DirEntry, err error) error {
+	for _, name := range names {
+		p := filepath.Join(path, name)
+		cfi, err := src.lstat(p)
 		if err != nil {
-			return err
+			return 0, err
 		}
-		if d.Type().IsRegular() {
-			info, err := d.Info()
-			if err != nil {
-				return err
-			}
-			total += info.Size()
+		n, err := treeSize(src, p, cfi)
+		if err != nil {
+			return 0, err
 		}
-		return nil
-	})
-	return total, err
+		total += n
+	}
+	return total, nil
 }
 
 // kindOf names what a root is, for `data ls`.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,6 +20,14 @@ import (
 // Frameworks a job may name: tensorflow gets TF_CONFIG; generic gets the
 // same cluster information as DM_* variables only.
 var Frameworks = map[string]bool{"tensorflow": true, "generic": true}
+
+// Interpreters are the programs a command may name without shipping them:
+// every lender offers them, each mapping the name to its own configured
+// interpreter. Any other program must be a file of the bundle.
+var Interpreters = []string{"python3", "python"}
+
+// IsInterpreter reports whether prog names an interpreter lenders offer.
+func IsInterpreter(prog string) bool { return slices.Contains(Interpreters, prog) }
 
 // Bounds on a job's shape.
 const (
@@ -186,6 +195,9 @@ func (f *File) Validate(baseDir string) (*Spec, error) {
 	if s.Dataset, err = resolveInput("dataset", f.Dataset, baseDir, false); err != nil {
 		return nil, err
 	}
+	if err := checkProgram(s.Command[0], s.Bundle); err != nil {
+		return nil, err
+	}
 	// A script the command names in the bundle must be there.
 	if !IsCID(s.Bundle) {
 		for _, a := range s.Command[1:] {
@@ -214,15 +226,36 @@ func checkCommand(cmd []string) error {
 		if a == "" || strings.ContainsRune(a, 0) || len(a) > 4096 {
 			return bad("command", "argument %d is empty, too long or holds a NUL byte", i)
 		}
-		if i == 0 && !strings.Contains(a, "/") {
-			continue // a program on the machine's PATH, such as python3
-		}
 		if looksLikePath(a) {
 			clean := filepath.Clean(a)
 			if filepath.IsAbs(clean) || clean == ".." || strings.HasPrefix(clean, "../") {
 				return bad("command", "%q reaches outside the bundle: paths must be relative to it", a)
 			}
 		}
+	}
+	return nil
+}
+
+// checkProgram refuses a command whose program a lender would not run: it
+// must be an interpreter lenders offer, or a file of the bundle named
+// relative to it. Refusing here, before anything is escrowed, spares the
+// submitter a job that every lender would fail.
+func checkProgram(prog, bundle string) error {
+	if IsInterpreter(prog) {
+		return nil
+	}
+	refuse := func() error {
+		return bad("command[0]", "%q: not in the bundle and not an interpreter lenders offer (%s)", prog, strings.Join(Interpreters, ", "))
+	}
+	if !filepath.IsLocal(prog) {
+		return refuse()
+	}
+	if IsCID(bundle) {
+		return nil // the lender checks once it has the bundle
+	}
+	st, err := os.Lstat(filepath.Join(bundle, prog))
+	if err != nil || !st.Mode().IsRegular() {
+		return refuse()
 	}
 	return nil
 }

@@ -62,6 +62,9 @@ func TestSpecErrorsNameTheKey(t *testing.T) {
 		{`command = ["python3", "train.py", "--epochs", "2"]`, `command = ["python3", "../../etc/passwd"]`, "command"},
 		{`command = ["python3", "train.py", "--epochs", "2"]`, `command = ["/bin/sh", "-c", "cat ~/.ssh/id_rsa"]`, "command"},
 		{`command = ["python3", "train.py", "--epochs", "2"]`, `command = ["python3", "missing.py"]`, "command"},
+		{`command = ["python3", "train.py", "--epochs", "2"]`, `command = ["./python3", "train.py"]`, "command[0]"},
+		{`command = ["python3", "train.py", "--epochs", "2"]`, `command = ["sh", "-c", "cat /etc/passwd"]`, "command[0]"},
+		{`command = ["python3", "train.py", "--epochs", "2"]`, `command = ["bash", "train.py"]`, "command[0]"},
 		{`name = "fashion"`, `name = "bad name!"`, "name"},
 		{`name = "fashion"`, "name = \"fashion\"\ncolour = \"red\"", "colour"},
 	} {
@@ -71,6 +74,33 @@ func TestSpecErrorsNameTheKey(t *testing.T) {
 		if !ok || se.Key != tc.key {
 			t.Errorf("%s -> %s: error %v, want one about %q", tc.from, tc.to, err, tc.key)
 		}
+	}
+}
+
+// TestCommandProgram: the program is an interpreter lenders offer or a
+// file of the bundle, and the refusal names the key.
+func TestCommandProgram(t *testing.T) {
+	dir := bundleDir(t)
+	os.WriteFile(filepath.Join(dir, "run.sh"), []byte("#!/bin/sh\necho hi\n"), 0o755)
+	for _, cmd := range []string{`["python3", "train.py"]`, `["python", "train.py"]`, `["./run.sh"]`, `["run.sh", "--fast"]`} {
+		in := strings.Replace(good, `command = ["python3", "train.py", "--epochs", "2"]`, "command = "+cmd, 1)
+		if _, err := ParseSpec([]byte(in), dir); err != nil {
+			t.Errorf("command = %s: %v", cmd, err)
+		}
+	}
+	in := strings.Replace(good, `command = ["python3", "train.py", "--epochs", "2"]`, `command = ["./python3", "probe.py"]`, 1)
+	_, err := ParseSpec([]byte(in), dir)
+	if err == nil || err.Error() != `command[0]: "./python3": not in the bundle and not an interpreter lenders offer (python3, python)` {
+		t.Errorf("err = %v", err)
+	}
+	// A bundle given by CID is checked by the lender; the name must still
+	// stay inside it.
+	cidBundle := strings.Replace(good, `bundle = "."`, `bundle = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"`, 1)
+	if _, err := ParseSpec([]byte(strings.Replace(cidBundle, `command = ["python3", "train.py", "--epochs", "2"]`, `command = ["./run.sh"]`, 1)), dir); err != nil {
+		t.Errorf("a bundle CID with ./run.sh: %v", err)
+	}
+	if _, err := ParseSpec([]byte(strings.Replace(cidBundle, `command = ["python3", "train.py", "--epochs", "2"]`, `command = ["../run.sh"]`, 1)), dir); err == nil {
+		t.Error("a bundle CID with ../run.sh: accepted")
 	}
 }
 

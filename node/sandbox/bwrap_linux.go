@@ -1,25 +1,45 @@
 package sandbox
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
-	"syscall"
 )
 
 // systemDirs are the host dirs every job sees read-only: enough to run
-// Python and TensorFlow, nothing that holds users' data.
-var systemDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys", "/run/systemd/resolve"}
+// Python and TensorFlow, nothing that holds users' data. /etc is among them
+// with its secrets hidden (etcSecrets); /run, /tmp, /var and the homes are
+// not, so no host socket is reachable by path.
+var systemDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys"}
+
+// etcSecrets are hidden under the read-only /etc. Their modes already keep
+// them from a job's uid; this keeps them from a mode mistake too.
+var etcSecrets = []string{
+	"/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/security/opasswd",
+	"/etc/ssh", "/etc/ssl/private", "/etc/sudoers", "/etc/sudoers.d", "/etc/krb5.keytab",
+	"/etc/NetworkManager/system-connections", "/etc/wireguard", "/etc/openvpn", "/etc/ipsec.secrets",
+	"/etc/ppp", "/etc/credstore", "/etc/credstore.encrypted", "/etc/machine-id", "/etc/deepmarket",
+}
 
 // gpuDevices are the device nodes a GPU job needs; jobs without GPUs get
 // none of them, which is the one GPU restriction the kernel enforces.
 var gpuDevices = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset", "/dev/nvidia-caps"}
 
-// defaultHidden lists every home under /home plus /root.
+// minBwrap is the oldest bubblewrap with --disable-userns.
+var minBwrap = [3]int{0, 8, 0}
+
+// bwrapInstall is what to do when bubblewrap is missing or too old.
+const bwrapInstall = "install bubblewrap 0.8 or later: apt-get install bubblewrap (dnf install bubblewrap), or run make deps"
+
+// defaultHidden lists every home under /home plus /root and the secrets
+// under /etc.
 func defaultHidden() []string {
-	hide := []string{"/root"}
+	hide := append([]string{"/root"}, etcSecrets...)
 	entries, _ := os.ReadDir("/home")
 	for _, e := range entries {
 		hide = append(hide, filepath.Join("/home", e.Name()))
@@ -27,13 +47,15 @@ func defaultHidden() []string {
 	return hide
 }
 
-// bwrapView is the filesystem a job sees.
+// bwrapView is the filesystem and namespaces a job gets.
 type bwrapView struct {
-	Dir      string
-	Cwd      string // where the job starts; Dir when empty
-	ReadOnly []string
-	Hide     []string
-	GPU      bool
+	Dir        string
+	Cwd        string // where the job starts; Dir when empty
+	ReadOnly   []string
+	Hide       []string
+	GPU        bool
+	OwnNet     bool  // a network namespace of its own (else the one the trampoline joined)
+	SeccompFDs []int // the fds bwrap reads seccomp filters from
 }
 
 // mountOp is one bwrap option with its target path.
@@ -44,21 +66,24 @@ type mountOp struct {
 
 func depth(p string) int { return strings.Count(filepath.Clean(p), "/") }
 
-// under reports whether p is base or inside it.
-func under(p, base string) bool {
-	p, base = filepath.Clean(p), filepath.Clean(base)
-	return p == base || base == "/" || strings.HasPrefix(p, base+"/")
-}
-
 // bwrapArgs builds the bwrap command line that runs argv in v. Paths keep
 // their host names so that paths the node hands the job stay valid.
 func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 	args := []string{bwrap,
 		"--new-session", // no controlling tty to push input into (TIOCSTI)
+		// No --die-with-parent: its PR_SET_PDEATHSIG fires when the node's
+		// thread that started the job exits, which Go does to threads a
+		// goroutine locked (as entering a network namespace does). The
+		// cgroup ends the job, and Reap after a node's death.
+		// A user namespace in which the job keeps its own uid and no
+		// capability, and may make no further one (no "unshare -r").
+		"--unshare-user", "--disable-userns",
 		"--unshare-pid", // pid 1 of the job dies last and takes all with it
 		"--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 	}
-	// The network namespace is shared on purpose: another package filters it.
+	if v.OwnNet {
+		args = append(args, "--unshare-net")
+	}
 	var visible []string
 	for _, d := range systemDirs {
 		fi, err := os.Lstat(d)
@@ -74,7 +99,9 @@ func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 			visible = append(visible, d)
 		}
 	}
-	args = append(args, "--proc", "/proc", "--dev", "/dev")
+	// Its own /proc (of its pid namespace), /dev (null, zero, random, tty,
+	// pts) and /dev/shm: nothing of the host's.
+	args = append(args, "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm")
 	if v.GPU {
 		for _, d := range gpuDevices {
 			args = append(args, "--dev-bind-try", d, d)
@@ -84,8 +111,10 @@ func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 			args = append(args, "--dev-bind", d, d)
 		}
 	}
-	// /tmp is the job's own, inside its dir so that the disk bound covers it.
-	args = append(args, "--bind", filepath.Join(v.Dir, "tmp"), "/tmp")
+	// /tmp and /var/tmp are the job's own, inside its dir so that the disk
+	// bound covers them and they go with it.
+	tmp := filepath.Join(v.Dir, "tmp")
+	args = append(args, "--bind", tmp, "/tmp", "--bind", tmp, "/var/tmp")
 
 	// Apply the job's paths shallowest first, so that the more specific one
 	// wins where they nest: a venv inside a hidden home stays visible, a
@@ -93,7 +122,7 @@ func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 	var ops []mountOp
 	for _, p := range v.ReadOnly {
 		if p = filepath.Clean(p); filepath.IsAbs(p) {
-			ops = append(ops, mountOp{[]string{"--ro-bind-try", p, p}, p})
+			ops = append(ops, mountOp{[]string{"--ro-bind", p, p}, p})
 			visible = append(visible, p)
 		}
 	}
@@ -103,7 +132,7 @@ func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 		if !filepath.IsAbs(p) || !slices.ContainsFunc(visible, func(b string) bool { return under(p, b) }) {
 			continue // not mounted into the sandbox: already absent
 		}
-		fi, err := os.Stat(p)
+		fi, err := os.Lstat(p)
 		switch {
 		case err != nil:
 		case fi.IsDir():
@@ -118,6 +147,12 @@ func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 	for _, op := range ops {
 		args = append(args, op.args...)
 	}
+	// The root tmpfs that holds the mount points is read-only: the job
+	// writes in its dir, its /tmp and /dev/shm, nowhere else.
+	args = append(args, "--remount-ro", "/")
+	for _, fd := range v.SeccompFDs {
+		args = append(args, "--add-seccomp-fd", strconv.Itoa(fd))
+	}
 	cwd := v.Cwd
 	if cwd == "" {
 		cwd = v.Dir
@@ -126,10 +161,9 @@ func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 	return append(args, argv...)
 }
 
-// findBwrap returns bwrap's path when it can build a sandbox as id here; a
-// bwrap that is installed but cannot (no unprivileged user namespaces) is
-// no use, and Start then runs without it.
-func findBwrap(id identity) string {
+// findBwrap returns the path of a bubblewrap recent enough for the
+// sandbox, or an error that says how to install one.
+func findBwrap() (string, error) {
 	path, err := exec.LookPath("bwrap")
 	if err != nil {
 		for _, p := range []string{"/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap"} {
@@ -140,18 +174,35 @@ func findBwrap(id identity) string {
 		}
 	}
 	if path == "" {
-		return ""
+		return "", fmt.Errorf("bubblewrap (bwrap) is not installed: %s", bwrapInstall)
 	}
-	cmd := exec.Command(path, "--unshare-pid", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--", "true")
+	cmd := exec.Command(path, "--version")
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
-	cmd.Dir = "/"
-	if id.switchUser {
-		cmd.SysProcAttr = &syscall.SysProcAttr{
-			Credential: &syscall.Credential{Uid: uint32(id.uid), Gid: uint32(id.gid), Groups: []uint32{}},
-		}
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %v: %s", path, err, bwrapInstall)
 	}
-	if err := cmd.Run(); err != nil {
-		return ""
+	v, ok := parseBwrapVersion(string(out))
+	if !ok {
+		return "", fmt.Errorf("%s --version said %q: %s", path, strings.TrimSpace(string(out)), bwrapInstall)
 	}
-	return path
+	if slices.Compare(v[:], minBwrap[:]) < 0 {
+		return "", fmt.Errorf("%s is bubblewrap %d.%d.%d, which cannot forbid user namespaces inside the sandbox: %s", path, v[0], v[1], v[2], bwrapInstall)
+	}
+	return path, nil
+}
+
+var bwrapVersionRE = regexp.MustCompile(`(\d+)\.(\d+)(?:\.(\d+))?`)
+
+// parseBwrapVersion reads "bubblewrap 0.8.0".
+func parseBwrapVersion(s string) ([3]int, bool) {
+	m := bwrapVersionRE.FindStringSubmatch(s)
+	if m == nil {
+		return [3]int{}, false
+	}
+	var v [3]int
+	for i := range 3 {
+		v[i], _ = strconv.Atoi(m[i+1])
+	}
+	return v, true
 }

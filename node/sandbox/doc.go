@@ -1,6 +1,10 @@
 // Package sandbox runs one untrusted job process (a TensorFlow worker of a
-// borrower's job) on a lender's machine with limits that the kernel enforces,
+// borrower's job) on a lender's machine with limits the kernel enforces,
 // so that the node never has to trust the job to behave.
+//
+// There is one sandbox and no weaker fallback: a machine that cannot
+// build all of it (Probe, Capabilities.Essential) must not run jobs, and
+// Start fails there.
 //
 // # What it enforces
 //
@@ -20,24 +24,47 @@
 //   - Processes: pids.max (default 512) stops fork bombs.
 //   - Disk: RLIMIT_FSIZE bounds any single file to Limits.DiskBytes, and a
 //     watchdog measures the job dir every 2 s and kills the job when the dir
-//     grows past the bound.
-//   - Identity: when the node runs as root the job runs as the unprivileged
-//     user deepmarket-job (created with useradd if missing, else nobody),
-//     with no supplementary groups and no_new_privs set, so setuid binaries
-//     do not help it and files it cannot read by mode (a 0700 /root, another
-//     user's 0700 home) stay closed. Its environment is built from scratch:
-//     nothing of the node's (API tokens included) leaks in.
-//   - Filesystem view: when bubblewrap (bwrap) works here, the job gets a
-//     private mount, pid, ipc and uts namespace in which only /usr, /lib*,
-//     /bin, /sbin, /etc and /sys (read-only), the ReadOnly paths, the job dir
-//     (read-write) and a /tmp backed by <dir>/tmp exist; every home under
-//     /home, /root and the Hide paths are absent. Without bwrap, hiding and
-//     "writes only in its dir" rest on file modes alone: the job can then read
-//     anything world-readable and write world-writable places such as /tmp
-//     and /dev/shm (the latter counts against its memory limit).
+//     grows past the bound; fallocate, which reserves disk in an instant, is
+//     refused. Output reaches the node through pipes only, so the job never
+//     holds a descriptor of a node's file.
 //
-// The node learns which of these work through Probe and must refuse to lend
-// when Capabilities.Essential reports an error (no memory or pids limit).
+// Each job runs as a uid of its own (an IDRange lease; gid the same), which
+// no account and no other job shares, with no supplementary groups and
+// no_new_privs set. bubblewrap (bwrap, 0.8 or later) then builds its view
+// of the machine in namespaces of its own:
+//
+//   - a user namespace in which it keeps its uid and has no capability,
+//     and may create no further one (--disable-userns);
+//   - a mount namespace in which only /usr, /bin, /sbin, /lib*, /sys and
+//     /etc (read-only, with its secrets such as /etc/shadow hidden), the
+//     ReadOnly paths, the job dir (read-write) and a /tmp and /var/tmp
+//     backed by <dir>/tmp exist, over a read-only root; /proc, /dev and
+//     /dev/shm are its own; /run, /var, the homes, /root and the Hide paths
+//     are absent, so no host socket is reachable by path;
+//   - pid, ipc and uts namespaces: it sees and signals its own processes
+//     only;
+//   - a network namespace: Spec.NetNS, or one of its own with only
+//     loopback; never the host's, whose loopback ports and abstract unix
+//     sockets belong to the host.
+//
+// A seccomp filter (built with elastic/go-seccomp-bpf, loaded by bwrap just
+// before the job's program) refuses namespaces, mounts, ptrace and
+// process_vm_*, keys, BPF, perf, kernel modules, kexec, reboot, swap, raw
+// and packet sockets, userfaultfd, io_uring, fallocate and the CPU's other
+// system call ABIs.
+//
+// Configuration cannot widen this: CheckReadOnly refuses a ReadOnly path
+// that would expose the host (/, /proc, /dev, /run, /tmp, /etc, /root, a
+// whole home, the node's own home).
+//
+// # The node in a job's dir
+//
+// A job may change its dir at any moment, symbolic links included. The
+// sandbox's own walks of it (handing it to the job's uid, measuring it,
+// taking it back) go from descriptor to descriptor and never follow a
+// link; once Wait returns, no process of the job is left and the dir
+// belongs to root again. Callers import and remove such dirs through an
+// os.Root.
 //
 // # Entering the cgroup
 //
@@ -45,17 +72,17 @@
 // MaybeRunTrampoline first). On cgroup v2 the kernel places the trampoline in
 // the job cgroup as it is cloned (CLONE_INTO_CGROUP); on v1 the trampoline,
 // still root, writes its own pid into each hierarchy's cgroup.procs. Only then
-// does it set rlimits, drop to the job user, set no_new_privs and exec the job
-// (or bwrap, which execs the job). Start returns only after that exec, so a
-// Stop that follows Start always finds the job inside its cgroup.
+// does it join the network namespace, set rlimits, drop to the job's uid,
+// set no_new_privs and exec bwrap, which execs the job. Start returns only
+// after that exec, so a Stop that follows Start always finds the job inside
+// its cgroup.
 //
 // Stopping signals every process in the cgroup (freezing it first, so that
 // nothing forks in between; v2 kills with cgroup.kill), which catches
-// processes that double-forked away from the job's process tree. Under bwrap
-// the SIGTERM skips bwrap's own two processes, whose death would end the job
-// before its grace period. When the
-// job's main process exits, whatever it left behind is killed and the cgroup
-// is removed.
+// processes that double-forked away from the job's process tree. The
+// SIGTERM skips bwrap's own two processes, whose death would end the job
+// before its grace period. When the job's main process exits, whatever it
+// left behind is killed and the cgroup is removed.
 //
 // A job outlives a node killed with SIGKILL: it runs on in its cgroup,
 // reparented to init. Reap kills such a job by its Spec.Name and removes its
@@ -64,13 +91,12 @@
 //
 // # What it does not do
 //
-// It does not restrict the network (another package does; the job shares
-// the node's network namespace). Per-GPU isolation is advisory: Limits.GPUs
-// sets CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES; only "no GPU at all"
-// is enforced, and only under bwrap (no /dev/nvidia* nodes are mapped in).
-// Concurrent jobs share the job user, so without bwrap they can signal each
-// other's processes; give each job its own Spec.UID to prevent that.
+// Per-GPU isolation is advisory: Limits.GPUs sets CUDA_VISIBLE_DEVICES and
+// NVIDIA_VISIBLE_DEVICES; only "no GPU at all" is enforced (no /dev/nvidia*
+// nodes are mapped in). The disk bound is measured, not reserved: a job may
+// overshoot it by what it writes in one watchdog interval.
 //
-// sandbox imports only the standard library and golang.org/x/sys; it must not
-// import other DeepMarket packages, so that the node can use it anywhere.
+// sandbox imports only the standard library, golang.org/x/sys, x/net/bpf
+// and the seccomp assembler; it must not import other DeepMarket packages,
+// so that the node can use it anywhere.
 package sandbox

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,15 +28,16 @@ var (
 	hier     hierarchy
 	hierErr  error
 
-	bwrapMu    sync.Mutex
-	bwrapByUID = map[int]string{}
+	bwrapOnce sync.Once
+	bwrapPath string
+	bwrapErr  error
 )
 
 // machine detects the cgroup hierarchy once per node process.
 func machine() (hierarchy, error) {
 	hierOnce.Do(func() {
 		if os.Geteuid() != 0 {
-			hierErr = fmt.Errorf("%w: creating cgroups needs root", ErrUnsupported)
+			hierErr = fmt.Errorf("%w: the node must run as root to confine jobs (cgroups, a uid per job)", ErrUnsupported)
 			return
 		}
 		hier, hierErr = detectHierarchy(cgroupRoot, "/proc/self/mountinfo")
@@ -43,35 +45,41 @@ func machine() (hierarchy, error) {
 	return hier, hierErr
 }
 
-// bwrapFor returns the usable bwrap for id, checking once per uid.
-func bwrapFor(id identity) string {
-	bwrapMu.Lock()
-	defer bwrapMu.Unlock()
-	p, ok := bwrapByUID[id.uid]
-	if !ok {
-		p = findBwrap(id)
-		bwrapByUID[id.uid] = p
+// bwrap finds bubblewrap once per node process.
+func bwrap() (string, error) {
+	bwrapOnce.Do(func() { bwrapPath, bwrapErr = findBwrap() })
+	if bwrapErr != nil {
+		return "", fmt.Errorf("%w: %w", ErrUnsupported, bwrapErr)
 	}
-	return p
+	return bwrapPath, nil
 }
 
-// Probe reports which enforcement mechanisms work on this machine. It
-// creates and removes a probe cgroup, may create the job user, and runs
-// bwrap once, so call it at node start rather than per job.
+// probeUID runs Probe's trial job: nobody, which every system has and
+// which owns nothing a trial of "true" could touch.
+const probeUID = 65534
+
+// Probe reports whether this machine builds the whole sandbox: it needs
+// root, cgroups with the memory and pids controllers, bubblewrap 0.8 or
+// later and a kernel that lets it make namespaces and load a seccomp
+// filter. It creates and removes a probe cgroup and runs one trial job in
+// a full sandbox, so call it at node start rather than per job.
 func Probe() Capabilities {
-	id := defaultIdentity()
-	c := Capabilities{SwitchUser: id.switchUser, JobUser: id.name, JobUID: id.uid, JobGID: id.gid}
-	if !id.switchUser {
-		c.Problems = append(c.Problems, "not root: jobs run as the node's own user")
+	var c Capabilities
+	c.Root = os.Geteuid() == 0
+	if !c.Root {
+		c.Missing = append(c.Missing, "the node is not root: run it as root (sudo, or the packaged systemd unit) so that it can create cgroups and run each job as its own user")
+		return c
 	}
-	if h, err := machine(); err != nil {
-		c.Problems = append(c.Problems, "cgroups: "+err.Error())
-	} else if cg, err := h.create("probe-"+strconv.Itoa(os.Getpid()), Limits{MemBytes: 64 << 20, Pids: 16}); err != nil {
-		c.Problems = append(c.Problems, "cgroups: "+err.Error())
-	} else {
-		if err := cg.remove(); err != nil {
-			c.Problems = append(c.Problems, "cgroups: "+err.Error())
+	h, err := machine()
+	if err == nil {
+		var cg cgroup
+		if cg, err = h.create("probe-"+strconv.Itoa(os.Getpid()), Limits{MemBytes: 64 << 20, Pids: 16}); err == nil {
+			err = cg.remove()
 		}
+	}
+	if err != nil {
+		c.Missing = append(c.Missing, "cgroups: "+err.Error()+" (mount cgroup v2 at /sys/fs/cgroup, or v1 with the memory and pids controllers)")
+	} else {
 		c.CgroupVersion = h.version()
 		c.Controllers = h.controllers()
 		c.SwapLimited = h.swapLimited()
@@ -79,18 +87,56 @@ func Probe() Capabilities {
 			c.Problems = append(c.Problems, "swap is not limited: a job may swap beyond its memory limit")
 		}
 	}
-	if c.Bwrap = bwrapFor(id); c.Bwrap == "" {
-		c.Problems = append(c.Problems, "bubblewrap is missing or cannot create namespaces: Hide paths and the read-only view rest on file modes")
+	bw, err := bwrap()
+	if err != nil {
+		c.Missing = append(c.Missing, err.Error())
+		return c
 	}
+	if c.CgroupVersion == 0 {
+		return c
+	}
+	if err := trial(); err != nil {
+		c.Missing = append(c.Missing, "a trial job could not be sandboxed: "+err.Error()+
+			" (bubblewrap needs unprivileged user namespaces: sysctl -w user.max_user_namespaces=15000 kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 or later, the bwrap AppArmor profile)")
+		return c
+	}
+	c.Bwrap = bw
 	return c
+}
+
+// trial runs true in a full sandbox.
+func trial() error {
+	base, err := os.MkdirTemp("", "deepmarket-probe-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(base)
+	if err := os.Chmod(base, 0o711); err != nil {
+		return err
+	}
+	var out strings.Builder
+	p, err := Start(context.Background(), Spec{Name: "probe-" + strconv.Itoa(os.Getpid()), Dir: filepath.Join(base, "job"),
+		Argv: []string{"true"}, UID: probeUID, Limits: Limits{MemBytes: 64 << 20, Pids: 16}, Stdout: &out, Stderr: &out})
+	if err != nil {
+		return err
+	}
+	e, err := p.Wait()
+	if err != nil {
+		return err
+	}
+	if e.Code != 0 || e.Signal != "" {
+		return fmt.Errorf("exit %d %s: %s", e.Code, e.Signal, strings.TrimSpace(out.String()))
+	}
+	return nil
 }
 
 // Process is a job running in its sandbox.
 type Process struct {
 	spec    Spec
+	uid     int
+	lease   *Lease // the uid Start leased itself, released once the job is gone
 	cg      cgroup
 	cmd     *exec.Cmd
-	bwrap   bool
 	started time.Time
 
 	copiers      sync.WaitGroup // output copy goroutines
@@ -103,8 +149,9 @@ type Process struct {
 	err  error
 }
 
-// Start runs s.Argv in a new sandbox and returns once the job's own program
-// is executing inside its cgroup. When ctx ends the job is stopped with
+// Start runs s.Argv in a new sandbox and returns once bubblewrap, which
+// builds the sandbox and runs the job's program in it, is executing inside
+// the job's cgroup as the job's uid. When ctx ends the job is stopped with
 // DefaultStopGrace. The caller must call Wait.
 func Start(ctx context.Context, s Spec) (*Process, error) {
 	if !hooked.Load() {
@@ -113,12 +160,23 @@ func Start(ctx context.Context, s Spec) (*Process, error) {
 	if len(s.Argv) == 0 {
 		return nil, errors.New("sandbox: empty Argv")
 	}
+	if !filepath.IsAbs(s.Dir) {
+		return nil, fmt.Errorf("sandbox: job dir %q is not absolute", s.Dir)
+	}
 	s.Dir = filepath.Clean(s.Dir)
 	cwd := s.Dir
 	if s.Cwd != "" {
 		cwd = filepath.Clean(s.Cwd)
-		if rel, err := filepath.Rel(s.Dir, cwd); err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		if !under(cwd, s.Dir) {
 			return nil, fmt.Errorf("sandbox: cwd %s is not inside the job dir %s", cwd, s.Dir)
+		}
+	}
+	for _, ro := range s.ReadOnly {
+		if err := CheckReadOnly(ro); err != nil {
+			return nil, fmt.Errorf("sandbox: read-only path: %w", err)
+		}
+		if _, err := os.Stat(ro); err != nil {
+			return nil, fmt.Errorf("sandbox: read-only path: %w", err)
 		}
 	}
 	name, err := sanitizeName(s.Name)
@@ -129,34 +187,51 @@ func Start(ctx context.Context, s Spec) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	id, err := identityFor(s)
+	bw, err := bwrap()
 	if err != nil {
 		return nil, err
 	}
-	if err := prepareDir(s.Dir, id); err != nil {
-		return nil, err
+	progs, err := seccompPrograms()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnsupported, err)
 	}
-	p := &Process{spec: s, done: make(chan struct{})}
+	p := &Process{spec: s, uid: s.UID, done: make(chan struct{})}
+	switch {
+	case s.UID == 0:
+		if p.lease, err = DefaultIDs.Acquire(); err != nil {
+			return nil, err
+		}
+		p.uid = p.lease.ID
+	case s.UID < 0 || s.UID == os.Getuid():
+		return nil, fmt.Errorf("sandbox: uid %d is not one a job may run as", s.UID)
+	}
+	fail := func(err error) (*Process, error) {
+		return nil, errors.Join(err, p.lease.Release())
+	}
+	if err := prepareDir(s.Dir, p.uid); err != nil {
+		return fail(err)
+	}
+	var scFDs []int
+	for i := range progs {
+		scFDs = append(scFDs, firstSeccompFD+i)
+	}
+	view := bwrapView{Dir: s.Dir, Cwd: cwd, ReadOnly: s.ReadOnly, Hide: append(defaultHidden(), s.Hide...),
+		GPU: len(s.Limits.GPUs) > 0, OwnNet: s.NetNS == nil, SeccompFDs: scFDs}
 	cfg := trampolineConfig{
-		SwitchUser: id.switchUser, UID: id.uid, GID: id.gid,
-		FSize: s.Limits.DiskBytes, Dir: cwd, Argv: s.Argv, Env: buildEnv(s, id),
-	}
-	if bw := bwrapFor(id); bw != "" && !s.noBwrap {
-		hide := append(defaultHidden(), s.Hide...)
-		view := bwrapView{Dir: s.Dir, Cwd: cwd, ReadOnly: s.ReadOnly, Hide: hide, GPU: len(s.Limits.GPUs) > 0}
-		cfg.Path, cfg.Argv, p.bwrap = bw, bwrapArgs(bw, view, s.Argv), true
+		UID: p.uid, GID: p.uid, FSize: s.Limits.DiskBytes, Dir: cwd,
+		Path: bw, Argv: bwrapArgs(bw, view, s.Argv), Env: buildEnv(s),
 	}
 	if p.cg, err = h.create(name, s.Limits); err != nil {
-		return nil, fmt.Errorf("create cgroup: %w", err)
+		return fail(fmt.Errorf("create cgroup: %w", err))
 	}
 	cfg.JoinFiles = p.cg.joinFiles()
 	cfg.CgroupSuffix = "/" + parentCgroup + "/" + name
 	if h.version() == 1 {
 		cfg.CgroupControllers = h.controllers()
 	}
-	if err := p.start(cfg); err != nil {
+	if err := p.start(cfg, progs); err != nil {
 		kerr := p.cg.kill()
-		return nil, errors.Join(err, kerr, p.cg.remove())
+		return fail(errors.Join(err, kerr, p.cg.remove()))
 	}
 	go p.reap()
 	if s.Limits.DiskBytes > 0 {
@@ -177,51 +252,85 @@ func Start(ctx context.Context, s Spec) (*Process, error) {
 	return p, nil
 }
 
-// start runs the trampoline and waits until it has exec'd the job.
-func (p *Process) start(cfg trampolineConfig) error {
-	cfgR, cfgW, err := os.Pipe()
-	if err != nil {
-		return err
-	}
-	defer cfgW.Close()
-	stR, stW, err := os.Pipe()
-	if err != nil {
-		cfgR.Close()
-		return err
-	}
-	defer stR.Close()
-	closeAfterStart := []*os.File{cfgR, stW}
+// start runs the trampoline and waits until it has exec'd bwrap.
+func (p *Process) start(cfg trampolineConfig, seccompProgs [][]byte) error {
+	// ours are the node's ends, closed on return; theirs are the
+	// trampoline's, closed as soon as it has them (or failed to start), so
+	// that only the job holds them and the output copies see EOF when it
+	// ends.
+	var ours, theirs []*os.File
 	defer func() {
-		for _, f := range closeAfterStart {
+		for _, f := range append(ours, theirs...) {
 			f.Close()
 		}
 	}()
+	closeTheirs := func() {
+		for _, f := range theirs {
+			f.Close()
+		}
+		theirs = nil
+	}
+	pipe := func() (r, w *os.File, err error) {
+		if r, w, err = os.Pipe(); err == nil {
+			ours = append(ours, r, w) // until sorted below
+		}
+		return r, w, err
+	}
+	cfgR, cfgW, err := pipe()
+	if err != nil {
+		return err
+	}
+	stR, stW, err := pipe()
+	if err != nil {
+		return err
+	}
+	ours, theirs = []*os.File{cfgW, stR}, []*os.File{cfgR, stW}
+	// Each filter fits a pipe's buffer whole; bwrap reads them and closes
+	// them before the job's program runs.
+	for _, prog := range seccompProgs {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return err
+		}
+		theirs = append(theirs, r)
+		_, err = w.Write(prog)
+		w.Close()
+		if err != nil {
+			return fmt.Errorf("seccomp filter: %w", err)
+		}
+	}
 
 	p.cmd = &exec.Cmd{
 		Path: "/proc/self/exe", // the node binary, even if replaced on disk since
-		Args: []string{"deepmarket-sandbox", cfg.Argv[0]},
+		Args: []string{"deepmarket-sandbox", p.spec.Argv[0]},
 		// The trampoline's only variable; the job's env travels in cfg.
 		Env:        []string{trampolineEnv + "=1"},
 		Dir:        "/",
-		ExtraFiles: []*os.File{cfgR, stW},
+		ExtraFiles: slices.Clone(theirs), // fds 3, 4, then the filters from firstSeccompFD
 		// Its own session: no controlling terminal, no node's process group.
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
 	}
 	if p.spec.NetNS != nil {
+		cfg.NetNSFD = 3 + len(p.cmd.ExtraFiles)
 		p.cmd.ExtraFiles = append(p.cmd.ExtraFiles, p.spec.NetNS.f)
-		cfg.NetNSFD = netnsFD
 	}
-	if p.cmd.Stdout, err = p.output(p.spec.Stdout, &closeAfterStart); err != nil {
+	if p.cmd.Stdout, err = p.output(p.spec.Stdout, &theirs); err != nil {
+		closeTheirs()
+		p.copiers.Wait()
 		return err
 	}
 	if interfaceEqual(p.spec.Stdout, p.spec.Stderr) {
 		p.cmd.Stderr = p.cmd.Stdout
-	} else if p.cmd.Stderr, err = p.output(p.spec.Stderr, &closeAfterStart); err != nil {
+	} else if p.cmd.Stderr, err = p.output(p.spec.Stderr, &theirs); err != nil {
+		closeTheirs()
+		p.copiers.Wait()
 		return err
 	}
 	if dir := p.cg.cloneDir(); dir != "" {
 		fd, err := os.Open(dir)
 		if err != nil {
+			closeTheirs()
+			p.copiers.Wait()
 			return fmt.Errorf("open cgroup: %w", err)
 		}
 		defer fd.Close()
@@ -229,13 +338,12 @@ func (p *Process) start(cfg trampolineConfig) error {
 		p.cmd.SysProcAttr.CgroupFD = int(fd.Fd())
 	}
 	p.started = time.Now()
-	if err := p.cmd.Start(); err != nil {
+	err = p.cmd.Start()
+	closeTheirs()
+	if err != nil {
+		p.copiers.Wait()
 		return fmt.Errorf("start trampoline: %w", err)
 	}
-	for _, f := range closeAfterStart {
-		f.Close()
-	}
-	closeAfterStart = nil
 	werr := json.NewEncoder(cfgW).Encode(cfg)
 	cfgW.Close()
 	msg, rerr := io.ReadAll(stR) // EOF without a message: the exec succeeded
@@ -251,21 +359,19 @@ func (p *Process) start(cfg trampolineConfig) error {
 	return nil
 }
 
-// output gives the job an *os.File for w. A pipe with a copy goroutine
-// stands in for other writers; it ends when the last process holding the
-// pipe dies, which reap ensures by emptying the cgroup first.
-func (p *Process) output(w io.Writer, closeAfterStart *[]*os.File) (*os.File, error) {
+// output gives the job the write end of a pipe whose other end a goroutine
+// copies into w: never a file of the node's, which the job could then
+// truncate, fallocate or seek. The copy ends when the last process holding
+// the pipe dies, which reap ensures by emptying the cgroup first.
+func (p *Process) output(w io.Writer, theirs *[]*os.File) (*os.File, error) {
 	if w == nil {
 		return nil, nil // exec.Cmd opens /dev/null
-	}
-	if f, ok := w.(*os.File); ok {
-		return f, nil
 	}
 	r, wf, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	*closeAfterStart = append(*closeAfterStart, wf)
+	*theirs = append(*theirs, wf)
 	p.copiers.Add(1)
 	go func() {
 		defer p.copiers.Done()
@@ -282,7 +388,7 @@ func interfaceEqual(a, b io.Writer) (eq bool) {
 }
 
 // reap waits for the main process, kills what it left behind, collects the
-// counters and removes the cgroup.
+// counters, removes the cgroup and gives the job dir back to root.
 func (p *Process) reap() {
 	werr := p.cmd.Wait()
 	wall := time.Since(p.started)
@@ -297,6 +403,17 @@ func (p *Process) reap() {
 		p.diskExceeded.Store(true)
 	}
 	rerr := p.cg.remove()
+	// Nothing runs as the job's uid any more: root takes the dir back, so
+	// that what the node does with it next (importing the output, removing
+	// it) races no process of the job, and the uid owns nothing once leased
+	// again.
+	var cerr error
+	if kerr == nil {
+		cerr = chownTree(p.spec.Dir, 0, 0)
+	}
+	if kerr == nil && cerr == nil {
+		cerr = p.lease.Release()
+	}
 
 	e := Exit{Wall: wall, CPU: st.cpu, MaxRSS: st.peak, Stopped: p.stopped.Load(), PidsLimited: st.pidsLimited}
 	var sig syscall.Signal
@@ -308,7 +425,7 @@ func (p *Process) reap() {
 		default:
 			e.Code = ws.ExitStatus()
 			// bwrap reports its child's death by signal n as exit 128+n.
-			if p.bwrap && e.Code > 128 && e.Code <= 128+64 {
+			if e.Code > 128 && e.Code <= 128+64 {
 				sig = syscall.Signal(e.Code - 128)
 			}
 		}
@@ -322,7 +439,7 @@ func (p *Process) reap() {
 	e.DiskExceeded = p.diskExceeded.Load() || sig == syscall.SIGXFSZ
 	e.OOMKilled = st.oomKilled || st.memLimitHit && sig == syscall.SIGKILL && !e.Stopped && !e.DiskExceeded
 	p.exit = e
-	if err := errors.Join(werr, kerr, rerr); err != nil {
+	if err := errors.Join(werr, kerr, rerr, cerr); err != nil {
 		p.err = fmt.Errorf("sandbox %s: %w", p.spec.Name, err)
 	}
 	close(p.done)
@@ -337,8 +454,11 @@ func (p *Process) Wait() (Exit, error) {
 	return p.exit, p.err
 }
 
-// Pid is the pid of the job's main process (of bwrap, when used).
+// Pid is the pid of the job's main process, bwrap, outside the sandbox.
 func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// UID is the uid the job runs as.
+func (p *Process) UID() int { return p.uid }
 
 // Stop sends SIGTERM to every process in the job's cgroup, SIGKILLs them
 // all after grace (sooner if the main process exits first), and returns once
@@ -350,9 +470,7 @@ func (p *Process) Stop(grace time.Duration) {
 	default:
 	}
 	p.stopped.Store(true)
-	if !p.bwrap {
-		_, _ = p.cg.signal(syscall.SIGTERM, nil) // errors mean the cgroup is already gone
-	} else if n, _ := p.cg.signal(syscall.SIGTERM, p.isBwrapMonitor); n == 0 {
+	if n, _ := p.cg.signal(syscall.SIGTERM, p.isBwrapMonitor); n == 0 {
 		// bwrap has not started the job's own program yet: nothing can
 		// shut down gracefully, and ending bwrap ends the job.
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
@@ -441,7 +559,7 @@ func (p *Process) watchDisk() {
 
 // buildEnv makes the job's environment from nothing: the node's own may
 // hold secrets such as its API token.
-func buildEnv(s Spec, id identity) []string {
+func buildEnv(s Spec) []string {
 	var keys []string
 	vals := map[string]string{}
 	set := func(k, v string) {
@@ -453,9 +571,9 @@ func buildEnv(s Spec, id identity) []string {
 	set("PATH", "/usr/local/bin:/usr/bin:/bin")
 	set("HOME", s.Dir)
 	set("LANG", "C.UTF-8")
-	set("TMPDIR", filepath.Join(s.Dir, "tmp"))
-	set("USER", id.name)
-	set("LOGNAME", id.name)
+	set("TMPDIR", "/tmp") // the job's own, in its dir
+	set("USER", "job")
+	set("LOGNAME", "job")
 	for _, kv := range s.Env {
 		if k, v, ok := strings.Cut(kv, "="); ok && k != "" && k != trampolineEnv {
 			set(k, v)

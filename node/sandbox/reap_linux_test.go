@@ -14,11 +14,10 @@ import (
 
 func TestReapKillsAnOrphanedJob(t *testing.T) {
 	needRoot(t)
-	uid := ownUID(t)
-	modes(t, func(t *testing.T, noBwrap bool) {
+	{
 		var out bytes.Buffer
 		// A worker with a child of its own, as a TensorFlow worker has.
-		s := spec(t, &out, noBwrap, "sh", "-c", `sleep 300 & echo up > ready; exec sleep 300`)
+		s := spec(t, &out, "sh", "-c", `sleep 300 & echo up > ready; exec sleep 300`)
 		// No context stops it: its node is about to die.
 		p, err := Start(context.Background(), s)
 		if err != nil {
@@ -65,15 +64,15 @@ func TestReapKillsAnOrphanedJob(t *testing.T) {
 		for _, pid := range before {
 			eventuallyGone(t, pid)
 		}
-		if left := liveProcsOfUID(t, uid); len(left) > 0 {
-			t.Errorf("processes of the job user survive Reap: %v", left)
+		if left := liveProcsOfUID(t, p.UID()); len(left) > 0 {
+			t.Errorf("processes of the job's uid survive Reap: %v", left)
 		}
 		assertCgroupGone(t, p)
 
 		if killed, err := Reap(s.Name); killed != 0 || err != nil {
 			t.Errorf("second Reap = %d, %v; want 0, nil", killed, err)
 		}
-	})
+	}
 }
 
 // eventuallyGone waits until pid is gone or a zombie: an orphan killed

@@ -17,16 +17,15 @@ const DefaultStopGrace = 5 * time.Second
 // DiskCheckInterval is how often the watchdog measures a job dir.
 const DiskCheckInterval = 2 * time.Second
 
-// JobUserName is the system user jobs run as when the node runs as root.
-const JobUserName = "deepmarket-job"
-
 // Sentinel errors callers branch on.
 var (
-	// ErrUnsupported means this machine cannot enforce the limits (no
-	// cgroups, not Linux); the node should not lend.
-	ErrUnsupported = errors.New("sandbox: limits cannot be enforced on this machine")
+	// ErrUnsupported means this machine cannot build the sandbox (not root,
+	// no cgroups, no bubblewrap, not Linux); the node must not lend.
+	ErrUnsupported = errors.New("sandbox: jobs cannot be confined on this machine")
 	// ErrNoTrampoline means main did not call MaybeRunTrampoline before Start.
 	ErrNoTrampoline = errors.New("sandbox: main must call sandbox.MaybeRunTrampoline() first")
+	// ErrNoFreeID means every uid of an IDRange is leased or in use.
+	ErrNoFreeID = errors.New("sandbox: no free uid in the range")
 )
 
 // Limits are the resources one job process (and everything it spawns) may use.
@@ -52,47 +51,52 @@ type Spec struct {
 	// Name names the job's cgroup (job id plus worker index); characters
 	// other than [A-Za-z0-9._-] become '_'.
 	Name string
-	// Dir is the job's work dir: its cwd, HOME, TMPDIR parent and the only
-	// place it may write. It is created if missing and handed to the job user
-	// with everything in it, so give each job a fresh one.
+	// Dir is the job's work dir: its cwd, HOME, /tmp and the only place it
+	// may write. It is created if missing and handed to the job's uid with
+	// everything in it, so give each job a fresh one. Once Wait returns it
+	// belongs to root again.
 	Dir string
 	// NetNS, when set, is the network namespace the job runs in (see
-	// NewNetNS); nil leaves it in the node's.
+	// NewNetNS); nil gives the job a namespace of its own with nothing but
+	// loopback. A job never shares the host's network namespace, whose
+	// abstract unix sockets and loopback ports belong to the host.
 	NetNS *NetNS
 	// Cwd, when set, is where the job starts instead of Dir: Dir itself or
 	// a directory inside it (a job's code beside its data and output).
 	Cwd string
-	// Argv is the command; Argv[0] is looked up in the job's PATH.
+	// Argv is the command; Argv[0] is looked up in the job's PATH inside the
+	// sandbox, or taken relative to Cwd when it holds a '/'.
 	Argv []string
 	// Env entries ("K=V") are added to a clean environment (PATH, HOME=Dir,
-	// LANG=C.UTF-8, TMPDIR=Dir/tmp) and override it, except the GPU variables,
+	// LANG=C.UTF-8, TMPDIR=/tmp) and override it, except the GPU variables,
 	// which always come from Limits.GPUs.
 	Env    []string
 	Limits Limits
-	// Stdout and Stderr receive the job's output; nil discards it.
+	// Stdout and Stderr receive the job's output through pipes the node
+	// reads: the job never holds a descriptor of the node's own files. nil
+	// discards it.
 	Stdout, Stderr io.Writer
-	// ReadOnly are extra paths the job may read (a Python venv, a dataset).
+	// ReadOnly are extra paths the job may read (a Python environment).
+	// Each must pass CheckReadOnly.
 	ReadOnly []string
-	// Hide are paths the job must not see, on top of every home under /home
-	// and /root; pass the node's own home dir here. Under bwrap the more
-	// specific path wins when Hide and ReadOnly (or Dir) nest.
+	// Hide are paths the job must not see, on top of every home under /home,
+	// /root and the secrets under /etc; pass the node's own home dir here.
+	// The more specific path wins when Hide and ReadOnly (or Dir) nest.
 	Hide []string
-	// UID and GID run the job as this user when the node is root; 0 means
-	// the job user (deepmarket-job, else nobody). Root is never used.
-	UID, GID int
-
-	// noBwrap runs without bwrap even where it works, so that tests cover
-	// both ways of running.
-	noBwrap bool
+	// UID is the job's own uid (its gid is the same number), which no other
+	// job and no account may share: lease it with IDRange.Acquire and
+	// release it after Wait. 0 makes Start lease one from DefaultIDs for the
+	// sandbox's lifetime.
+	UID int
 }
 
 // Exit is how a job ended.
 type Exit struct {
 	// Code is the main process's exit status; -1 when a signal killed it.
 	Code int
-	// Signal names the signal that killed the main process ("SIGKILL"), or
-	// "" when it exited. Under bwrap a death by signal n shows as Code 128+n
-	// and Signal is derived from it.
+	// Signal names the signal that killed the job's program ("SIGKILL"), or
+	// "" when it exited. bwrap reports a death by signal n as exit 128+n;
+	// Signal is derived from that.
 	Signal string
 	// OOMKilled: the kernel killed a process of the job for exceeding MemBytes.
 	OOMKilled bool
@@ -111,23 +115,23 @@ type Exit struct {
 	MaxRSS uint64
 }
 
-// Capabilities says which enforcement mechanisms work on this machine.
+// Capabilities says what of the sandbox works on this machine.
 type Capabilities struct {
+	// Root: the node runs as root, which creating cgroups and switching
+	// jobs to their own uids needs.
+	Root bool
 	// CgroupVersion is 1 or 2, or 0 when no usable cgroup hierarchy exists.
 	CgroupVersion int
 	// Controllers are the controllers the sandbox can use here, sorted.
 	Controllers []string
 	// SwapLimited: the memory limit also covers swap (or swappiness is 0 on v1).
 	SwapLimited bool
-	// SwitchUser: the node is root and jobs run as another user.
-	SwitchUser bool
-	// JobUser, JobUID and JobGID name the user jobs run as.
-	JobUser        string
-	JobUID, JobGID int
-	// Bwrap is the path of a bubblewrap that works here, "" when none does;
-	// without it, Hide and the read-only view rest on file modes.
+	// Bwrap is the bubblewrap that builds job sandboxes here, "" when none can.
 	Bwrap string
-	// Problems explains each mechanism that is missing.
+	// Missing says, for each part of the sandbox this machine cannot build,
+	// what is wrong and how to fix it. No job may run while it is not empty.
+	Missing []string
+	// Problems are weaker spots that do not stop lending.
 	Problems []string
 }
 
@@ -141,21 +145,17 @@ func (c Capabilities) Has(controller string) bool {
 	return false
 }
 
-// Essential returns nil when the limits a lender cannot do without (memory
-// and pids, hence a cgroup hierarchy) are enforced here, and otherwise an
-// error wrapping ErrUnsupported that says what is missing.
+// Essential returns nil when this machine builds the whole sandbox (cgroups
+// with memory and pids, bubblewrap with its namespaces, seccomp, a uid per
+// job), and otherwise an error wrapping ErrUnsupported that says what is
+// missing and how to install it. A node must not lend while it fails.
 func (c Capabilities) Essential() error {
-	var missing []error
-	if c.CgroupVersion == 0 {
-		missing = append(missing, errors.New("no usable cgroup hierarchy (run the node as root on Linux)"))
-	}
-	for _, ctl := range []string{"memory", "pids"} {
-		if c.CgroupVersion != 0 && !c.Has(ctl) {
-			missing = append(missing, errors.New("cgroup controller "+ctl+" unavailable"))
-		}
-	}
-	if len(missing) == 0 {
+	if len(c.Missing) == 0 {
 		return nil
 	}
-	return errors.Join(append([]error{ErrUnsupported}, missing...)...)
+	errs := []error{ErrUnsupported}
+	for _, m := range c.Missing {
+		errs = append(errs, errors.New(m))
+	}
+	return errors.Join(errs...)
 }

@@ -8,38 +8,35 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/deepmarket/deepmarket/internal/testutil"
 )
 
-// These tests start real jobs in real cgroups and so need root. They run
-// one at a time: the fork bomb test counts every process of the job user.
+// These tests start real jobs in real sandboxes and so need root, cgroups
+// and bubblewrap; under DM_REQUIRE_ROOT=1 they fail where these are
+// missing. Each job runs as a uid of its own, leased from DefaultIDs.
 
-func needRoot(t *testing.T) {
+var (
+	probeOnce sync.Once
+	probeErr  error
+)
+
+func needRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates cgroups and switches to the job user")
-	}
-	if _, err := machine(); err != nil {
-		t.Skipf("no usable cgroups here: %v", err)
-	}
-}
-
-// modes runs f without bwrap and, where bwrap works, with it.
-func modes(t *testing.T, f func(t *testing.T, noBwrap bool)) {
-	t.Run("plain", func(t *testing.T) { f(t, true) })
-	t.Run("bwrap", func(t *testing.T) {
-		if bwrapFor(defaultIdentity()) == "" {
-			t.Skip("bubblewrap is not installed or cannot create namespaces here")
-		}
-		f(t, false)
+	testutil.NeedRoot(t, func() error {
+		probeOnce.Do(func() { probeErr = Probe().Essential() })
+		return probeErr
 	})
 }
 
-// jobDir makes a job dir the job user can reach: t.TempDir's own dir is
+// jobDir makes a job dir the job's uid can reach: t.TempDir's own dir is
 // 0700 root, which no job could enter.
 func jobDir(t testing.TB) string {
 	t.Helper()
@@ -54,34 +51,39 @@ func jobDir(t testing.TB) string {
 	return filepath.Join(base, "job")
 }
 
-// spec is a job named after the test, with output captured in out.
-func spec(t *testing.T, out *bytes.Buffer, noBwrap bool, argv ...string) Spec {
-	s := Spec{
-		Name:    strings.NewReplacer("/", "-").Replace(t.Name()),
-		Dir:     jobDir(t),
-		Argv:    argv,
-		Stdout:  out,
-		Stderr:  out,
-		noBwrap: noBwrap,
+// readOnlyBase makes a dir for data that jobs may be given read-only:
+// not under /tmp, which CheckReadOnly refuses.
+func readOnlyBase(t testing.TB) string {
+	t.Helper()
+	for _, parent := range []string{"/srv", "/var/cache", "/opt"} {
+		if _, err := os.Stat(parent); err != nil {
+			continue
+		}
+		base, err := os.MkdirTemp(parent, "deepmarket-sandbox-test-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(base) })
+		if err := os.Chmod(base, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return base
 	}
-	if uid := ownUIDs[strings.SplitN(t.Name(), "/", 2)[0]]; uid != 0 {
-		s.UID, s.GID = uid, uid
-	}
-	return s
+	t.Fatal("no /srv, /var/cache or /opt to put read-only test data in")
+	return ""
 }
 
-// ownUIDs gives tests that count the job user's processes a uid of their
-// own, so jobs of other packages' tests running meanwhile (the node's
-// end-to-end tests run as the default job user) are not counted.
-var ownUIDs = map[string]int{}
-
-func ownUID(t *testing.T) int {
-	if !defaultIdentity().switchUser {
-		return defaultIdentity().uid
+// spec is a job named after the test, with output captured in out.
+func spec(t *testing.T, out *bytes.Buffer, argv ...string) Spec {
+	s := Spec{
+		Name: strings.NewReplacer("/", "-").Replace(t.Name()),
+		Dir:  jobDir(t),
+		Argv: argv,
 	}
-	uid := 61000 + os.Getpid()%1000*3 + len(ownUIDs)
-	ownUIDs[t.Name()] = uid
-	return uid
+	if out != nil {
+		s.Stdout, s.Stderr = out, out
+	}
+	return s
 }
 
 func run(t *testing.T, s Spec) Exit {
@@ -175,10 +177,10 @@ func TestProbe(t *testing.T) {
 	c := Probe()
 	t.Logf("capabilities: %+v", c)
 	if err := c.Essential(); err != nil {
-		t.Fatalf("root with cgroups, yet: %v", err)
+		t.Fatalf("root with cgroups and bubblewrap, yet: %v", err)
 	}
-	if !c.SwitchUser || c.JobUID == 0 {
-		t.Errorf("root must switch jobs to an unprivileged user, got %s (%d)", c.JobUser, c.JobUID)
+	if !c.Root || c.Bwrap == "" || c.CgroupVersion == 0 {
+		t.Errorf("capabilities %+v: want root, cgroups and bubblewrap", c)
 	}
 }
 
@@ -190,56 +192,54 @@ func TestCPUPinningAndQuota(t *testing.T) {
 	if err != nil {
 		t.Fatalf("parse online CPUs %q: %v", online, err)
 	}
-	modes(t, func(t *testing.T, noBwrap bool) {
-		var out bytes.Buffer
-		s := spec(t, &out, noBwrap, "sleep", "600")
-		s.Limits = Limits{CPUs: []int{last}, MemBytes: 256 << 20, Pids: 64}
-		p, err := Start(t.Context(), s)
-		if err != nil {
-			t.Fatal(err)
+	var out bytes.Buffer
+	s := spec(t, &out, "sleep", "600")
+	s.Limits = Limits{CPUs: []int{last}, MemBytes: 256 << 20, Pids: 64}
+	p, err := Start(t.Context(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Start returns after the exec, so the job is already confined.
+	pids, err := p.cg.pids()
+	if err != nil || len(pids) == 0 {
+		t.Fatalf("cgroup holds %v (%v), want the job", pids, err)
+	}
+	for _, pid := range pids {
+		if got := procStatus(t, pid, "Cpus_allowed_list"); got != strconv.Itoa(last) {
+			t.Errorf("pid %d Cpus_allowed_list = %q, want %d", pid, got, last)
 		}
-		// Start returns after the exec, so the job is already confined.
-		pids, err := p.cg.pids()
-		if err != nil || len(pids) == 0 {
-			t.Fatalf("cgroup holds %v (%v), want the job", pids, err)
+		if got := procStatus(t, pid, "Uid"); strings.Fields(got)[0] == "0" {
+			t.Errorf("pid %d runs as root", pid)
 		}
-		for _, pid := range pids {
-			if got := procStatus(t, pid, "Cpus_allowed_list"); got != strconv.Itoa(last) {
-				t.Errorf("pid %d Cpus_allowed_list = %q, want %d", pid, got, last)
-			}
-			if got := procStatus(t, pid, "Uid"); strings.Fields(got)[0] == "0" {
-				t.Errorf("pid %d runs as root", pid)
-			}
+	}
+	files := map[string]string{}
+	switch cg := p.cg.(type) {
+	case *cgroupV1Job:
+		files[filepath.Join(cg.dirs["cpuset"], "cpuset.cpus")] = strconv.Itoa(last)
+		files[filepath.Join(cg.dirs["cpu"], "cpu.cfs_quota_us")] = "100000"
+		files[filepath.Join(cg.dirs["cpu"], "cpu.cfs_period_us")] = "100000"
+		files[filepath.Join(cg.dirs["memory"], "memory.limit_in_bytes")] = strconv.Itoa(256 << 20)
+		files[filepath.Join(cg.dirs["pids"], "pids.max")] = "64"
+	case *cgroupV2Job:
+		files[filepath.Join(cg.dir, "cpuset.cpus")] = strconv.Itoa(last)
+		files[filepath.Join(cg.dir, "cpu.max")] = "100000 100000"
+		files[filepath.Join(cg.dir, "memory.max")] = strconv.Itoa(256 << 20)
+		files[filepath.Join(cg.dir, "pids.max")] = "64"
+	}
+	for f, want := range files {
+		if got := readBack(t, f); got != want {
+			t.Errorf("%s = %q, want %q", f, got, want)
 		}
-		files := map[string]string{}
-		switch cg := p.cg.(type) {
-		case *cgroupV1Job:
-			files[filepath.Join(cg.dirs["cpuset"], "cpuset.cpus")] = strconv.Itoa(last)
-			files[filepath.Join(cg.dirs["cpu"], "cpu.cfs_quota_us")] = "100000"
-			files[filepath.Join(cg.dirs["cpu"], "cpu.cfs_period_us")] = "100000"
-			files[filepath.Join(cg.dirs["memory"], "memory.limit_in_bytes")] = strconv.Itoa(256 << 20)
-			files[filepath.Join(cg.dirs["pids"], "pids.max")] = "64"
-		case *cgroupV2Job:
-			files[filepath.Join(cg.dir, "cpuset.cpus")] = strconv.Itoa(last)
-			files[filepath.Join(cg.dir, "cpu.max")] = "100000 100000"
-			files[filepath.Join(cg.dir, "memory.max")] = strconv.Itoa(256 << 20)
-			files[filepath.Join(cg.dir, "pids.max")] = "64"
-		}
-		for f, want := range files {
-			if got := readBack(t, f); got != want {
-				t.Errorf("%s = %q, want %q", f, got, want)
-			}
-		}
-		p.Stop(10 * time.Second)
-		e, err := p.Wait()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !e.Stopped || e.Signal != "SIGTERM" {
-			t.Errorf("exit = %+v, want stopped by SIGTERM", e)
-		}
-		assertCgroupGone(t, p)
-	})
+	}
+	p.Stop(10 * time.Second)
+	e, err := p.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !e.Stopped || e.Signal != "SIGTERM" {
+		t.Errorf("exit = %+v, want stopped by SIGTERM", e)
+	}
+	assertCgroupGone(t, p)
 }
 
 func readOrEmpty(path string) string {
@@ -250,7 +250,7 @@ func readOrEmpty(path string) string {
 func TestCoresQuotaWithoutPinning(t *testing.T) {
 	needRoot(t)
 	var out bytes.Buffer
-	s := spec(t, &out, true, "sleep", "600")
+	s := spec(t, &out, "sleep", "600")
 	s.Limits = Limits{Cores: 1.5}
 	p, err := Start(t.Context(), s)
 	if err != nil {
@@ -275,57 +275,49 @@ func TestCoresQuotaWithoutPinning(t *testing.T) {
 
 func TestMemoryHogIsOOMKilled(t *testing.T) {
 	needRoot(t)
-	modes(t, func(t *testing.T, noBwrap bool) {
-		var out bytes.Buffer
-		// dd fills a 512 MiB buffer from /dev/zero, touching every page.
-		s := spec(t, &out, noBwrap, "dd", "if=/dev/zero", "of=/dev/null", "bs=512M", "count=1")
-		s.Limits = Limits{MemBytes: 64 << 20}
-		e := run(t, s)
-		if !e.OOMKilled || e.Signal != "SIGKILL" {
-			t.Fatalf("exit = %+v (output %q), want OOM-killed by SIGKILL", e, out.String())
-		}
-		if e.MaxRSS > 64<<20 {
-			t.Errorf("peak memory %d exceeds the 64 MiB limit", e.MaxRSS)
-		}
-		// This test process, outside the job's cgroup, is evidently alive.
-	})
+	var out bytes.Buffer
+	// dd fills a 512 MiB buffer from /dev/zero, touching every page.
+	s := spec(t, &out, "dd", "if=/dev/zero", "of=/dev/null", "bs=512M", "count=1")
+	s.Limits = Limits{MemBytes: 64 << 20}
+	e := run(t, s)
+	if !e.OOMKilled || e.Signal != "SIGKILL" {
+		t.Fatalf("exit = %+v (output %q), want OOM-killed by SIGKILL", e, out.String())
+	}
+	if e.MaxRSS > 64<<20 {
+		t.Errorf("peak memory %d exceeds the 64 MiB limit", e.MaxRSS)
+	}
+	// This test process, outside the job's cgroup, is evidently alive.
 }
 
 func TestForkBombHitsPidsLimit(t *testing.T) {
 	needRoot(t)
-	uid := ownUID(t)
-	modes(t, func(t *testing.T, noBwrap bool) {
-		var out bytes.Buffer
-		// The bomb saturates pids.max; the main shell then starts sleepers
-		// until a fork fails, which ends it (sh exits on "Cannot fork") and
-		// leaves the cgroup full of processes for Wait to kill.
-		script := `b() { b | b & }; b; while :; do sleep 600 & done`
-		s := spec(t, &out, noBwrap, "sh", "-c", script)
-		s.Limits = Limits{Pids: 32, MemBytes: 512 << 20}
-		p, err := Start(t.Context(), s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := p.Wait()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("exit: %+v", e)
-		if !e.PidsLimited {
-			t.Errorf("exit = %+v, want PidsLimited", e)
-		}
-		assertCgroupGone(t, p)
-		if left := liveProcsOfUID(t, uid); len(left) > 0 {
-			t.Errorf("processes of the job user survive the job: %v", left)
-		}
-	})
+	var out bytes.Buffer
+	// The bomb saturates pids.max; the main shell then starts sleepers
+	// until a fork fails, which ends it (sh exits on "Cannot fork") and
+	// leaves the cgroup full of processes for Wait to kill.
+	script := `b() { b | b & }; b; while :; do sleep 600 & done`
+	s := spec(t, &out, "sh", "-c", script)
+	s.Limits = Limits{Pids: 32, MemBytes: 512 << 20}
+	p, err := Start(t.Context(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := p.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("exit: %+v", e)
+	if !e.PidsLimited {
+		t.Errorf("exit = %+v, want PidsLimited", e)
+	}
+	assertCgroupGone(t, p)
+	if left := liveProcsOfUID(t, p.UID()); len(left) > 0 {
+		t.Errorf("processes of the job user survive the job: %v", left)
+	}
 }
 
 func TestJobCannotReadOtherUsersFiles(t *testing.T) {
 	needRoot(t)
-	if !defaultIdentity().switchUser {
-		t.Skip("jobs run as the node's user here")
-	}
 	rootSecret := filepath.Join("/root", fmt.Sprintf("deepmarket-sandbox-secret-%d", os.Getpid()))
 	if err := os.WriteFile(rootSecret, []byte("CONTENT-0f-root"), 0o600); err != nil {
 		t.Fatal(err)
@@ -346,23 +338,18 @@ func TestJobCannotReadOtherUsersFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	modes(t, func(t *testing.T, noBwrap bool) {
-		for _, secret := range []string{rootSecret, homeSecret} {
-			var out bytes.Buffer
-			e := run(t, spec(t, &out, noBwrap, "cat", secret))
-			if e.Code == 0 || strings.Contains(out.String(), "CONTENT-0f") {
-				t.Errorf("cat %s: exit %+v, output %q; want a failure", secret, e, out.String())
-			}
+	for _, secret := range []string{rootSecret, homeSecret} {
+		var out bytes.Buffer
+		e := run(t, spec(t, &out, "cat", secret))
+		if e.Code == 0 || strings.Contains(out.String(), "CONTENT-0f") {
+			t.Errorf("cat %s: exit %+v, output %q; want a failure", secret, e, out.String())
 		}
-	})
+	}
 }
 
 func TestBwrapHidesPaths(t *testing.T) {
 	needRoot(t)
-	if bwrapFor(defaultIdentity()) == "" {
-		t.Skip("bubblewrap is not installed or cannot create namespaces here")
-	}
-	base := filepath.Dir(jobDir(t))
+	base := readOnlyBase(t)
 	data := filepath.Join(base, "data")
 	for _, d := range []string{filepath.Join(data, "private")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -375,7 +362,7 @@ func TestBwrapHidesPaths(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	s := spec(t, &out, false, "sh", "-c",
+	s := spec(t, &out, "sh", "-c",
 		`cat "$1/train.csv"; echo; cat "$1/private/key"; echo; ls /home /root 2>&1; echo; cat /proc/1/cmdline; echo; touch /usr/x 2>&1`, "sh", data)
 	s.ReadOnly = []string{data}
 	s.Hide = []string{filepath.Join(data, "private")}
@@ -400,123 +387,114 @@ func TestBwrapHidesPaths(t *testing.T) {
 
 func TestDiskBound(t *testing.T) {
 	needRoot(t)
-	modes(t, func(t *testing.T, noBwrap bool) {
-		t.Run("many files", func(t *testing.T) {
-			var out bytes.Buffer
-			// Each file fits RLIMIT_FSIZE; together they break the bound, and
-			// only the watchdog can end the sleep.
-			s := spec(t, &out, noBwrap, "sh", "-c",
-				`for i in 1 2 3 4; do head -c 600000 /dev/zero > f$i; done; exec sleep 600`)
-			s.Limits = Limits{DiskBytes: 1 << 20}
-			e := run(t, s)
-			if !e.DiskExceeded || e.Stopped || e.Signal != "SIGKILL" {
-				t.Fatalf("exit = %+v (output %q), want killed for disk use", e, out.String())
-			}
-		})
-		t.Run("one big file", func(t *testing.T) {
-			var out bytes.Buffer
-			s := spec(t, &out, noBwrap, "dd", "if=/dev/zero", "of=big", "bs=64K", "count=64")
-			s.Limits = Limits{DiskBytes: 1 << 20}
-			e := run(t, s)
-			if !e.DiskExceeded || e.Signal != "SIGXFSZ" {
-				t.Fatalf("exit = %+v (output %q), want SIGXFSZ", e, out.String())
-			}
-			fi, err := os.Stat(filepath.Join(s.Dir, "big"))
-			if err != nil || fi.Size() > 1<<20 {
-				t.Fatalf("big file: %v, %v; want at most 1 MiB", fi, err)
-			}
-		})
+	t.Run("many files", func(t *testing.T) {
+		var out bytes.Buffer
+		// Each file fits RLIMIT_FSIZE; together they break the bound, and
+		// only the watchdog can end the sleep.
+		s := spec(t, &out, "sh", "-c",
+			`for i in 1 2 3 4; do head -c 600000 /dev/zero > f$i; done; exec sleep 600`)
+		s.Limits = Limits{DiskBytes: 1 << 20}
+		e := run(t, s)
+		if !e.DiskExceeded || e.Stopped || e.Signal != "SIGKILL" {
+			t.Fatalf("exit = %+v (output %q), want killed for disk use", e, out.String())
+		}
+	})
+	t.Run("one big file", func(t *testing.T) {
+		var out bytes.Buffer
+		s := spec(t, &out, "dd", "if=/dev/zero", "of=big", "bs=64K", "count=64")
+		s.Limits = Limits{DiskBytes: 1 << 20}
+		e := run(t, s)
+		if !e.DiskExceeded || e.Signal != "SIGXFSZ" {
+			t.Fatalf("exit = %+v (output %q), want SIGXFSZ", e, out.String())
+		}
+		fi, err := os.Stat(filepath.Join(s.Dir, "big"))
+		if err != nil || fi.Size() > 1<<20 {
+			t.Fatalf("big file: %v, %v; want at most 1 MiB", fi, err)
+		}
 	})
 }
 
 func TestEnvDoesNotLeak(t *testing.T) {
 	needRoot(t)
 	t.Setenv("DEEPMARKET_API_TOKEN", "tok-should-not-leak")
-	modes(t, func(t *testing.T, noBwrap bool) {
-		var out bytes.Buffer
-		s := spec(t, &out, noBwrap, "env")
-		s.Env = []string{"TF_CONFIG={\"task\":0}"}
-		s.Limits.GPUs = []int{0, 2}
-		e := run(t, s)
-		got := out.String()
-		if e.Code != 0 {
-			t.Fatalf("env failed: %+v %q", e, got)
+	var out bytes.Buffer
+	s := spec(t, &out, "env")
+	s.Env = []string{"TF_CONFIG={\"task\":0}"}
+	s.Limits.GPUs = []int{0, 2}
+	e := run(t, s)
+	got := out.String()
+	if e.Code != 0 {
+		t.Fatalf("env failed: %+v %q", e, got)
+	}
+	if strings.Contains(got, "tok-should-not-leak") || strings.Contains(got, "DEEPMARKET_API_TOKEN") || strings.Contains(got, trampolineEnv) {
+		t.Errorf("the node's environment leaked into the job:\n%s", got)
+	}
+	for _, want := range []string{"HOME=" + s.Dir + "\n", "TMPDIR=/tmp\n", "TF_CONFIG={\"task\":0}\n", "CUDA_VISIBLE_DEVICES=0,2\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("job env lacks %q:\n%s", want, got)
 		}
-		if strings.Contains(got, "tok-should-not-leak") || strings.Contains(got, "DEEPMARKET_API_TOKEN") || strings.Contains(got, trampolineEnv) {
-			t.Errorf("the node's environment leaked into the job:\n%s", got)
-		}
-		for _, want := range []string{"HOME=" + s.Dir + "\n", "TMPDIR=" + s.Dir + "/tmp\n", "TF_CONFIG={\"task\":0}\n", "CUDA_VISIBLE_DEVICES=0,2\n"} {
-			if !strings.Contains(got, want) {
-				t.Errorf("job env lacks %q:\n%s", want, got)
-			}
-		}
-	})
+	}
 }
 
 func TestStopKillsDoubleForkedProcess(t *testing.T) {
 	needRoot(t)
-	uid := ownUID(t)
-	modes(t, func(t *testing.T, noBwrap bool) {
-		var out bytes.Buffer
-		// Everything ignores SIGTERM, so only the SIGKILL after the grace
-		// ends it. The inner shell starts a sleep and exits, so that sleep is
-		// reparented away from the job's tree.
-		s := spec(t, &out, noBwrap, "sh", "-c",
-			`trap "" TERM; sh -c 'sleep 600 & echo up > ready'; exec sleep 600`)
-		p, err := Start(t.Context(), s)
-		if err != nil {
-			t.Fatal(err)
+	var out bytes.Buffer
+	// Everything ignores SIGTERM, so only the SIGKILL after the grace
+	// ends it. The inner shell starts a sleep and exits, so that sleep is
+	// reparented away from the job's tree.
+	s := spec(t, &out, "sh", "-c",
+		`trap "" TERM; sh -c 'sleep 600 & echo up > ready'; exec sleep 600`)
+	p, err := Start(t.Context(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitForFile(t, filepath.Join(s.Dir, "ready"))
+	before, _ := p.cg.pids()
+	if len(before) < 2 {
+		t.Fatalf("cgroup holds %v, want the job and its daemon", before)
+	}
+	p.Stop(200 * time.Millisecond)
+	e, err := p.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !e.Stopped || e.Signal != "SIGKILL" {
+		t.Errorf("exit = %+v, want Stopped by SIGKILL", e)
+	}
+	for _, pid := range before {
+		if err := syscall.Kill(pid, 0); err == nil && !strings.HasPrefix(procStateOrZ(pid), "Z") {
+			t.Errorf("pid %d of the job survived Stop", pid)
 		}
-		waitForFile(t, filepath.Join(s.Dir, "ready"))
-		before, _ := p.cg.pids()
-		if len(before) < 2 {
-			t.Fatalf("cgroup holds %v, want the job and its daemon", before)
-		}
-		p.Stop(200 * time.Millisecond)
-		e, err := p.Wait()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !e.Stopped || e.Signal != "SIGKILL" {
-			t.Errorf("exit = %+v, want Stopped by SIGKILL", e)
-		}
-		for _, pid := range before {
-			if err := syscall.Kill(pid, 0); err == nil && !strings.HasPrefix(procStateOrZ(pid), "Z") {
-				t.Errorf("pid %d of the job survived Stop", pid)
-			}
-		}
-		if left := liveProcsOfUID(t, uid); len(left) > 0 {
-			t.Errorf("processes of the job user survive Stop: %v", left)
-		}
-		assertCgroupGone(t, p)
-	})
+	}
+	if left := liveProcsOfUID(t, p.UID()); len(left) > 0 {
+		t.Errorf("processes of the job user survive Stop: %v", left)
+	}
+	assertCgroupGone(t, p)
 }
 
 func TestStopGivesTheJobItsGrace(t *testing.T) {
 	needRoot(t)
-	modes(t, func(t *testing.T, noBwrap bool) {
-		var out bytes.Buffer
-		// A worker that saves its state on SIGTERM; under bwrap the SIGTERM
-		// must reach it, not the bwrap processes whose death would end it.
-		s := spec(t, &out, noBwrap, "sh", "-c",
-			`trap 'echo saved > state; exit 0' TERM; echo up > ready; sleep 600 & wait`)
-		p, err := Start(t.Context(), s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		waitForFile(t, filepath.Join(s.Dir, "ready"))
-		p.Stop(time.Minute)
-		e, err := p.Wait()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !e.Stopped || e.Code != 0 || e.Signal != "" {
-			t.Errorf("exit = %+v, want a clean exit from the job's SIGTERM handler", e)
-		}
-		if got := readOrEmpty(filepath.Join(s.Dir, "state")); got != "saved" {
-			t.Errorf("state = %q, want the handler's output", got)
-		}
-	})
+	var out bytes.Buffer
+	// A worker that saves its state on SIGTERM; under bwrap the SIGTERM
+	// must reach it, not the bwrap processes whose death would end it.
+	s := spec(t, &out, "sh", "-c",
+		`trap 'echo saved > state; exit 0' TERM; echo up > ready; sleep 600 & wait`)
+	p, err := Start(t.Context(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitForFile(t, filepath.Join(s.Dir, "ready"))
+	p.Stop(time.Minute)
+	e, err := p.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !e.Stopped || e.Code != 0 || e.Signal != "" {
+		t.Errorf("exit = %+v, want a clean exit from the job's SIGTERM handler", e)
+	}
+	if got := readOrEmpty(filepath.Join(s.Dir, "state")); got != "saved" {
+		t.Errorf("state = %q, want the handler's output", got)
+	}
 }
 
 // waitForFile polls until path exists; the test's own timeout bounds it.
@@ -532,15 +510,21 @@ func waitForFile(t *testing.T, path string) {
 
 func TestWaitKillsLeftovers(t *testing.T) {
 	needRoot(t)
-	uid := ownUID(t)
 	var out bytes.Buffer
 	// The main process exits at once, leaving a daemon behind.
-	s := spec(t, &out, true, "sh", "-c", `(trap "" TERM HUP; exec sleep 600) & echo started`)
-	e := run(t, s)
+	s := spec(t, &out, "sh", "-c", `(trap "" TERM HUP; exec sleep 600) & echo started`)
+	p, err := Start(t.Context(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := p.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if e.Code != 0 || !strings.Contains(out.String(), "started") {
 		t.Fatalf("exit = %+v, output %q", e, out.String())
 	}
-	if left := liveProcsOfUID(t, uid); len(left) > 0 {
+	if left := liveProcsOfUID(t, p.UID()); len(left) > 0 {
 		t.Errorf("the job's daemon outlived Wait: %v", left)
 	}
 }
@@ -560,27 +544,32 @@ func procStateOrZ(pid int) string {
 
 func TestStartErrors(t *testing.T) {
 	needRoot(t)
+	// A program that does not exist fails inside the sandbox, as the job.
 	var out bytes.Buffer
-	s := spec(t, &out, true, "no-such-program-xyz")
-	_, err := Start(t.Context(), s)
-	if err == nil || !strings.Contains(err.Error(), "not found") {
-		t.Fatalf("err = %v, want the program not found", err)
+	e := run(t, spec(t, &out, "no-such-program-xyz"))
+	if e.Code == 0 || !strings.Contains(out.String(), "No such file") {
+		t.Errorf("exit = %+v, output %q; want the program not found", e, out.String())
+	}
+	// A job dir under root's 0700 home is unreachable for a job's uid.
+	bad := Spec{Name: "bad", Dir: filepath.Join("/root", fmt.Sprintf("deepmarket-job-%d", os.Getpid())), Argv: []string{"true"}}
+	t.Cleanup(func() { os.RemoveAll(bad.Dir) })
+	if _, err := Start(t.Context(), bad); err == nil || !strings.Contains(err.Error(), "not reachable") {
+		t.Errorf("err = %v, want the job dir reported unreachable", err)
 	}
 	h, _ := machine()
 	if v1, ok := h.(*cgroupV1); ok {
-		name, _ := sanitizeName(s.Name)
-		for _, d := range v1.dirs(name) {
+		for _, d := range v1.dirs("bad") {
 			if _, err := os.Stat(d); err == nil {
 				t.Errorf("failed Start left cgroup %s", d)
 			}
 		}
 	}
-	// A job dir under root's 0700 home is unreachable for the job user.
-	if defaultIdentity().switchUser {
-		bad := Spec{Name: "bad", Dir: filepath.Join("/root", fmt.Sprintf("deepmarket-job-%d", os.Getpid())), Argv: []string{"true"}}
-		t.Cleanup(func() { os.RemoveAll(bad.Dir) })
-		if _, err := Start(t.Context(), bad); err == nil || !strings.Contains(err.Error(), "not reachable") {
-			t.Errorf("err = %v, want the job dir reported unreachable", err)
+	// A read-only path that would unmask the host is refused.
+	for _, ro := range []string{"/", "/proc", "/run", "/tmp", "/home"} {
+		s := spec(t, &out, "true")
+		s.ReadOnly = []string{ro}
+		if _, err := Start(t.Context(), s); err == nil {
+			t.Errorf("ReadOnly %s: Start succeeded", ro)
 		}
 	}
 }
@@ -589,7 +578,7 @@ func TestContextCancelStopsJob(t *testing.T) {
 	needRoot(t)
 	var out bytes.Buffer
 	ctx, cancel := contextWithCancel(t)
-	p, err := Start(ctx, spec(t, &out, true, "sleep", "600"))
+	p, err := Start(ctx, spec(t, &out, "sleep", "600"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -614,42 +603,71 @@ func TestNetNSKeepsListenersOffTheNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ns.Close()
-	modes(t, func(t *testing.T, noBwrap bool) {
-		var out bytes.Buffer
-		port := 20000 + int(time.Now().UnixNano()%10000)
-		s := spec(t, &out, noBwrap, "python3", "-c", fmt.Sprintf(
-			"import socket,time\ns=socket.socket(socket.AF_INET6)\ns.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)\n"+
-				"s.bind(('::', %d)); s.listen(); print('listening', flush=True)\nc,_=s.accept(); c.sendall(b'hi'); c.close(); time.sleep(1)", port))
-		s.NetNS = ns
-		p, err := Start(t.Context(), s)
+	var out bytes.Buffer
+	port := 20000 + int(time.Now().UnixNano()%10000)
+	s := spec(t, &out, "python3", "-c", fmt.Sprintf(
+		"import socket,time\ns=socket.socket(socket.AF_INET6)\ns.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)\n"+
+			"s.bind(('::', %d)); s.listen(); print('listening', flush=True)\nc,_=s.accept(); c.sendall(b'hi'); c.close(); time.sleep(1)", port))
+	s.NetNS = ns
+	p, err := Start(t.Context(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop(time.Second)
+	// The node's own network cannot reach it, on any address.
+	var c *net.TCPConn
+	for range 50 {
+		if c, err = ns.DialTCP(t.Context(), port); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("inside the namespace the job's port does not answer: %v (%s)", err, out.String())
+	}
+	b := make([]byte, 2)
+	if _, err := io.ReadFull(c, b); err != nil || string(b) != "hi" {
+		t.Errorf("read %q %v", b, err)
+	}
+	c.Close()
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range append(addrs, &net.IPNet{IP: net.IPv4(127, 0, 0, 1)}) {
+		ip := a.(*net.IPNet).IP
+		if hc, err := net.DialTimeout("tcp", net.JoinHostPort(ip.String(), strconv.Itoa(port)), time.Second); err == nil {
+			hc.Close()
+			t.Errorf("the job's port answers on the host's %s", ip)
+		}
+	}
+	p.Wait()
+}
+
+// TestJobOutlivesTheThreadThatStartedIt: Go ends an OS thread whose
+// goroutine locked it and returned (as entering a network namespace
+// does); a job started from that thread must run on, which a parent-death
+// signal (bwrap's --die-with-parent) would not let it.
+func TestJobOutlivesTheThreadThatStartedIt(t *testing.T) {
+	needRoot(t)
+	var out lockedBuffer
+	s := spec(t, nil, "sh", "-c", "echo up > ready; sleep 2; echo survived")
+	s.Stdout, s.Stderr = &out, &out
+	started := make(chan *Process, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		p, err := Start(context.Background(), s)
 		if err != nil {
-			t.Fatal(err)
+			t.Error(err)
 		}
-		defer p.Stop(time.Second)
-		// The node's own network cannot reach it, on any address.
-		var c *net.TCPConn
-		for range 50 {
-			if c, err = ns.DialTCP(t.Context(), port); err == nil {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
+		if err == nil {
+			waitForFile(t, filepath.Join(s.Dir, "ready")) // bwrap is set up
 		}
-		if err != nil {
-			t.Fatalf("inside the namespace the job's port does not answer: %v (%s)", err, out.String())
-		}
-		b := make([]byte, 2)
-		if _, err := io.ReadFull(c, b); err != nil || string(b) != "hi" {
-			t.Errorf("read %q %v", b, err)
-		}
-		c.Close()
-		addrs, _ := net.InterfaceAddrs()
-		for _, a := range append(addrs, &net.IPNet{IP: net.IPv4(127, 0, 0, 1)}) {
-			ip := a.(*net.IPNet).IP
-			if hc, err := net.DialTimeout("tcp", net.JoinHostPort(ip.String(), strconv.Itoa(port)), time.Second); err == nil {
-				hc.Close()
-				t.Errorf("the job's port answers on the host's %s", ip)
-			}
-		}
-		p.Wait()
-	})
+		started <- p
+	}()
+	p := <-started
+	if p == nil {
+		t.FailNow()
+	}
+	e, err := p.Wait()
+	if err != nil || e.Code != 0 || !strings.Contains(out.String(), "survived") {
+		t.Errorf("exit = %+v, %v, output %q; want the job to finish", e, err, out.String())
+	}
 }

@@ -13,7 +13,8 @@ type Process struct{}
 // MaybeRunTrampoline does nothing outside Linux.
 func MaybeRunTrampoline() {}
 
-// Start fails outside Linux: there are no cgroups to enforce limits with.
+// Start fails outside Linux: there are no cgroups or namespaces to confine
+// a job with.
 func Start(context.Context, Spec) (*Process, error) { return nil, ErrUnsupported }
 
 // Wait never returns an exit outside Linux.
@@ -21,6 +22,9 @@ func (p *Process) Wait() (Exit, error) { return Exit{}, ErrUnsupported }
 
 // Pid is 0 outside Linux.
 func (p *Process) Pid() int { return 0 }
+
+// UID is 0 outside Linux.
+func (p *Process) UID() int { return 0 }
 
 // Stop does nothing outside Linux.
 func (p *Process) Stop(time.Duration) {}
@@ -30,5 +34,17 @@ func Reap(string) (int, error) { return 0, nil }
 
 // Probe reports that nothing can be enforced outside Linux.
 func Probe() Capabilities {
-	return Capabilities{Problems: []string{"not Linux: no cgroups"}}
+	return Capabilities{Missing: []string{"not Linux: jobs run only on Linux lenders (cgroups, namespaces, seccomp)"}}
 }
+
+// Lease is a uid held for one job (Linux only).
+type Lease struct{ ID int }
+
+// Acquire fails outside Linux.
+func (r IDRange) Acquire() (*Lease, error) { return nil, ErrUnsupported }
+
+// Release does nothing outside Linux.
+func (l *Lease) Release() error { return nil }
+
+// CheckRootOnly has nothing to check outside Linux, where no job runs.
+func CheckRootOnly(string) error { return nil }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -24,7 +23,10 @@ const trampolineEnv = "_DEEPMARKET_SANDBOX_TRAMPOLINE"
 const (
 	configFD = 3 // read: the JSON trampolineConfig
 	statusFD = 4 // write, close-on-exec: an error message, or EOF on exec
-	netnsFD  = 5 // the network namespace to join, when NetNSFD says so
+	// From 5, read and left open across exec: one per seccomp filter, for
+	// bwrap's --add-seccomp-fd, then the network namespace to join, when
+	// NetNSFD says so.
+	firstSeccompFD = 5
 )
 
 // hooked records that main called MaybeRunTrampoline, without which a
@@ -38,11 +40,10 @@ type trampolineConfig struct {
 	// for CgroupControllers (v1) or the unified line (v2, when empty).
 	CgroupSuffix      string
 	CgroupControllers []string
-	SwitchUser        bool
-	UID, GID          int
+	UID, GID          int    // the job's, never root
 	FSize             uint64 // RLIMIT_FSIZE, 0 for none
 	Dir               string
-	Path              string // absolute program to exec; "" means look up Argv[0]
+	Path              string // bwrap, which runs Argv[len(bwrap args):] in the sandbox
 	Argv              []string
 	Env               []string
 	NetNSFD           int // 0: stay in the node's network namespace
@@ -51,7 +52,8 @@ type trampolineConfig struct {
 // MaybeRunTrampoline must be the first call in main (and in TestMain of any
 // test that starts sandboxed jobs). In the node it returns at once; in a
 // process that Start re-executed as a trampoline it moves into the job's
-// cgroup, drops privileges and execs the job, and never returns.
+// cgroup, drops privileges and execs bwrap, which builds the sandbox and
+// runs the job in it, and never returns.
 func MaybeRunTrampoline() {
 	hooked.Store(true)
 	if os.Getenv(trampolineEnv) != "1" {
@@ -74,8 +76,11 @@ func runTrampoline() error {
 	if err != nil {
 		return fmt.Errorf("sandbox trampoline: read config: %w", err)
 	}
-	if len(cfg.Argv) == 0 {
-		return errors.New("sandbox trampoline: empty argv")
+	if len(cfg.Argv) == 0 || cfg.Path == "" {
+		return errors.New("sandbox trampoline: nothing to run")
+	}
+	if cfg.UID <= 0 || cfg.GID <= 0 {
+		return fmt.Errorf("sandbox trampoline: refusing to run a job as %d:%d", cfg.UID, cfg.GID)
 	}
 	if cfg.NetNSFD > 0 {
 		// setns moves only this thread, so the exec below must happen on
@@ -110,65 +115,31 @@ func runTrampoline() error {
 	}
 	// A job's core dump would land in its dir and count against the bound.
 	_ = unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{})
-	if cfg.SwitchUser {
-		// Go applies these to every thread of the process.
-		if err := syscall.Setgroups(nil); err != nil {
-			return fmt.Errorf("drop groups: %w", err)
-		}
-		if err := syscall.Setgid(cfg.GID); err != nil {
-			return fmt.Errorf("setgid %d: %w", cfg.GID, err)
-		}
-		if err := syscall.Setuid(cfg.UID); err != nil {
-			return fmt.Errorf("setuid %d: %w", cfg.UID, err)
-		}
-		if os.Getuid() != cfg.UID || os.Geteuid() != cfg.UID {
-			return fmt.Errorf("sandbox trampoline: still uid %d after setuid %d", os.Geteuid(), cfg.UID)
-		}
+	// Go applies these to every thread of the process.
+	if err := syscall.Setgroups(nil); err != nil {
+		return fmt.Errorf("drop groups: %w", err)
 	}
-	// setuid binaries (su, sudo, ping) must not hand privileges back.
+	if err := syscall.Setgid(cfg.GID); err != nil {
+		return fmt.Errorf("setgid %d: %w", cfg.GID, err)
+	}
+	if err := syscall.Setuid(cfg.UID); err != nil {
+		return fmt.Errorf("setuid %d: %w", cfg.UID, err)
+	}
+	if os.Getuid() != cfg.UID || os.Geteuid() != cfg.UID || os.Getegid() != cfg.GID {
+		return fmt.Errorf("sandbox trampoline: still uid %d after setuid %d", os.Geteuid(), cfg.UID)
+	}
+	// setuid binaries (su, sudo, ping) must not hand privileges back, and
+	// bwrap loads the seccomp filter under it.
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("set no_new_privs: %w", err)
 	}
 	if err := os.Chdir(cfg.Dir); err != nil {
 		return fmt.Errorf("enter job dir: %w", err)
 	}
-	path := cfg.Path
-	if path == "" {
-		if path, err = lookPath(cfg.Argv[0], envValue(cfg.Env, "PATH")); err != nil {
-			return err
-		}
-	}
-	if err := syscall.Exec(path, cfg.Argv, cfg.Env); err != nil {
-		return fmt.Errorf("exec %s: %w", path, err)
+	if err := syscall.Exec(cfg.Path, cfg.Argv, cfg.Env); err != nil {
+		return fmt.Errorf("exec %s: %w", cfg.Path, err)
 	}
 	return nil
-}
-
-// lookPath finds file in the job's PATH (not the node's), as the job user.
-func lookPath(file, pathEnv string) (string, error) {
-	if strings.Contains(file, "/") {
-		return file, nil
-	}
-	for _, d := range filepath.SplitList(pathEnv) {
-		if d == "" {
-			d = "."
-		}
-		p := filepath.Join(d, file)
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && unix.Access(p, unix.X_OK) == nil {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%s: executable not found in the job's PATH %q", file, pathEnv)
-}
-
-func envValue(env []string, key string) string {
-	v := ""
-	for _, kv := range env {
-		if k, val, ok := strings.Cut(kv, "="); ok && k == key {
-			v = val
-		}
-	}
-	return v
 }
 
 // checkCgroup verifies, from /proc/self/cgroup content, that the process

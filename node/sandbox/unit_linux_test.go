@@ -233,13 +233,13 @@ func TestBuildEnvIsCleanAndGPUsWin(t *testing.T) {
 	t.Setenv("DEEPMARKET_API_TOKEN", "s3cret")
 	s := Spec{Dir: "/jobs/j", Env: []string{"PATH=/venv/bin:/usr/bin", "CUDA_VISIBLE_DEVICES=0,1,2,3", "TF_CONFIG={}"},
 		Limits: Limits{GPUs: []int{1}}}
-	env := buildEnv(s, identity{name: "deepmarket-job"})
+	env := buildEnv(s)
 	get := func(k string) string { return envValue(env, k) }
 	if strings.Contains(strings.Join(env, "\n"), "s3cret") {
 		t.Fatalf("node env leaked: %v", env)
 	}
 	checks := map[string]string{
-		"PATH": "/venv/bin:/usr/bin", "HOME": "/jobs/j", "TMPDIR": "/jobs/j/tmp", "LANG": "C.UTF-8",
+		"PATH": "/venv/bin:/usr/bin", "HOME": "/jobs/j", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
 		"TF_CONFIG": "{}", "CUDA_VISIBLE_DEVICES": "1", "NVIDIA_VISIBLE_DEVICES": "1",
 	}
 	for k, v := range checks {
@@ -247,10 +247,20 @@ func TestBuildEnvIsCleanAndGPUsWin(t *testing.T) {
 			t.Errorf("%s = %q, want %q", k, get(k), v)
 		}
 	}
-	none := buildEnv(Spec{Dir: "/j"}, identity{})
+	none := buildEnv(Spec{Dir: "/j"})
 	if !slices.Contains(none, "CUDA_VISIBLE_DEVICES=") || !slices.Contains(none, "NVIDIA_VISIBLE_DEVICES=") {
 		t.Errorf("no GPUs must hide them all: %v", none)
 	}
+}
+
+func envValue(env []string, key string) string {
+	v := ""
+	for _, kv := range env {
+		if k, val, ok := strings.Cut(kv, "="); ok && k == key {
+			v = val
+		}
+	}
+	return v
 }
 
 // argIndex finds the option sequence opt... in args.
@@ -278,17 +288,20 @@ func TestBwrapArgsNesting(t *testing.T) {
 		ReadOnly: []string{venv, data, home},
 		Hide:     []string{home, secret, dir, "/root"},
 	}, []string{"python3", "-c", "pass"})
+	if argIndex(args, "--unshare-net") >= 0 {
+		t.Error("a job given a network namespace must not get another")
+	}
+	if own := bwrapArgs("/usr/bin/bwrap", bwrapView{Dir: dir, OwnNet: true}, []string{"true"}); argIndex(own, "--unshare-net") < 0 {
+		t.Error("a job given no network namespace must get one of its own, never the host's")
+	}
 
 	if args[0] != "/usr/bin/bwrap" || !slices.Equal(args[len(args)-4:], []string{"--", "python3", "-c", "pass"}) {
 		t.Fatalf("command not at the end: %v", args)
 	}
-	if argIndex(args, "--unshare-net") >= 0 {
-		t.Error("the network namespace belongs to another package")
-	}
-	roHome := argIndex(args, "--ro-bind-try", home, home)
+	roHome := argIndex(args, "--ro-bind", home, home)
 	hideHome := argIndex(args, "--tmpfs", home)
-	roVenv := argIndex(args, "--ro-bind-try", venv, venv)
-	roData := argIndex(args, "--ro-bind-try", data, data)
+	roVenv := argIndex(args, "--ro-bind", venv, venv)
+	roData := argIndex(args, "--ro-bind", data, data)
 	hideSecret := argIndex(args, "--tmpfs", secret)
 	bindDir := argIndex(args, "--bind", dir, dir)
 	hideDir := argIndex(args, "--tmpfs", dir)
@@ -307,8 +320,28 @@ func TestBwrapArgsNesting(t *testing.T) {
 	if argIndex(args, "--tmpfs", "/root") >= 0 {
 		t.Error("/root is not mounted at all, so it needs no tmpfs over it")
 	}
-	if argIndex(args, "--bind", filepath.Join(dir, "tmp"), "/tmp") < 0 {
-		t.Error("/tmp must be the job's own, inside its dir")
+	if argIndex(args, "--bind", filepath.Join(dir, "tmp"), "/tmp") < 0 || argIndex(args, "--bind", filepath.Join(dir, "tmp"), "/var/tmp") < 0 {
+		t.Error("/tmp and /var/tmp must be the job's own, inside its dir")
+	}
+	for _, opt := range [][]string{{"--unshare-user"}, {"--disable-userns"}, {"--unshare-pid"}, {"--unshare-ipc"},
+		{"--proc", "/proc"}, {"--dev", "/dev"}, {"--tmpfs", "/dev/shm"}, {"--remount-ro", "/"}, {"--new-session"}} {
+		if argIndex(args, opt...) < 0 {
+			t.Errorf("missing %v in %v", opt, args)
+		}
+	}
+	if argIndex(args, "--die-with-parent") >= 0 {
+		t.Error("--die-with-parent kills the job when the Go thread that started it exits")
+	}
+	// The host's sockets and runtime state are nowhere in the view.
+	for _, p := range []string{"/run", "/var/run", "/run/systemd/resolve", "/home", "/root"} {
+		if argIndex(args, "--ro-bind", p, p) >= 0 || argIndex(args, "--bind", p, p) >= 0 {
+			t.Errorf("%s is mounted into the sandbox", p)
+		}
+	}
+	// Mounts come before the job's own dir is bound, and the job's
+	// program comes after everything.
+	if argIndex(args, "--remount-ro", "/") > argIndex(args, "--chdir") {
+		t.Error("the root must be read-only before the job starts")
 	}
 	if argIndex(args, "--dev-bind-try", "/dev/nvidiactl", "/dev/nvidiactl") >= 0 {
 		t.Error("a job without GPUs must not get GPU device nodes")
@@ -334,13 +367,22 @@ func TestDirUsageCountsBlocksOnce(t *testing.T) {
 }
 
 func TestCapabilitiesEssential(t *testing.T) {
-	ok := Capabilities{CgroupVersion: 1, Controllers: []string{"cpu", "memory", "pids"}}
+	ok := Capabilities{Root: true, CgroupVersion: 1, Controllers: []string{"cpu", "memory", "pids"}, Bwrap: "/usr/bin/bwrap",
+		Problems: []string{"swap is not limited"}}
 	if err := ok.Essential(); err != nil {
-		t.Fatalf("memory and pids present: %v", err)
+		t.Fatalf("everything there: %v", err)
 	}
-	for _, c := range []Capabilities{{}, {CgroupVersion: 2, Controllers: []string{"cpu", "memory"}}} {
-		if err := c.Essential(); !errors.Is(err, ErrUnsupported) {
-			t.Errorf("%+v: err = %v, want ErrUnsupported", c, err)
+	missing := Capabilities{Missing: []string{"bubblewrap (bwrap) is not installed: " + bwrapInstall}}
+	err := missing.Essential()
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "apt-get install bubblewrap") {
+		t.Errorf("err = %v, want ErrUnsupported saying how to install bubblewrap", err)
+	}
+}
+
+func TestParseBwrapVersion(t *testing.T) {
+	for in, want := range map[string][3]int{"bubblewrap 0.8.0\n": {0, 8, 0}, "bubblewrap 0.11.0": {0, 11, 0}, "bubblewrap 0.4": {0, 4, 0}} {
+		if got, ok := parseBwrapVersion(in); !ok || got != want {
+			t.Errorf("parseBwrapVersion(%q) = %v, %v; want %v", in, got, ok, want)
 		}
 	}
 }
