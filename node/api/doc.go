@@ -1,5 +1,5 @@
 // Package api is the node's local HTTP/JSON API: the types that form the
-// JSON contract of the CLI (DESIGN §9), the server the node runs on
+// JSON contract of the CLI (docs/architecture.md), the server the node runs on
 // loopback (with /metrics and /healthz), its OpenAPI description, and the
 // client the CLI uses. The server also serves the dashboard (the files of
 // package node/web), its sessions (session.go: one-time login links,
