@@ -174,7 +174,7 @@ func (s *Service) Close() {
 // Stats is a snapshot of what a Service carries.
 type Stats struct {
 	Live    int                 // tunnelled connections open now, both roles
-	Refused uint64              // incoming streams refused since New
+	Refused uint64              // incoming streams and direct connections refused since New
 	Jobs    map[string]JobStats // jobs with an Expose or a Forward in place
 }
 
