@@ -344,6 +344,11 @@ func (f *forwarder) directTarget(ctx context.Context) (addr string, ok bool) {
 	if time.Now().Before(f.noDirectUntil) {
 		return "", false
 	}
+	// The address f's host reaches the peer at, reconnecting if the
+	// connection Forward made has gone since.
+	if len(s.h.Network().ConnsToPeer(f.peer)) == 0 {
+		s.h.Connect(ctx, peer.AddrInfo{ID: f.peer})
+	}
 	var ip net.IP
 	for _, c := range s.h.Network().ConnsToPeer(f.peer) {
 		a := c.RemoteMultiaddr()

@@ -392,6 +392,24 @@ func TestDirectFallsBackToStreams(t *testing.T) {
 	})
 }
 
+// A forwarder whose libp2p connection to the worker's machine has gone
+// reconnects and still goes direct.
+func TestDirectAfterReconnect(t *testing.T) {
+	a, _, addr, _ := pair(t, "tcp", echo)
+	if err := roundTrip(t, dial(t, addr), []byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range a.h.Network().Peers() {
+		a.h.Network().ClosePeer(p)
+	}
+	if err := roundTrip(t, dial(t, addr), []byte("second")); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.tn.Stats().Jobs[job]; got.Direct != 2 || got.Conns != 2 {
+		t.Fatalf("A: %+v; want both connections direct", got)
+	}
+}
+
 // Whatever reaches the direct listener without a libp2p handshake, a
 // scanner or a confused gRPC client, is refused before any worker is
 // dialed.
