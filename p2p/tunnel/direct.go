@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -90,8 +92,6 @@ func (s *Service) startDirect() {
 		return
 	}
 	s.tlsID = id
-	s.small.New = func() any { b := make([]byte, frameStride); return &b }
-	s.large.New = func() any { b := make([]byte, directFrames*frameStride); return &b }
 	addr := s.directAddr
 	if addr == "" {
 		if addr, err = listenAddrOf(s.h.Network().ListenAddresses()); err != nil {
@@ -465,7 +465,8 @@ type directEnd struct {
 	c       *net.TCPConn
 	out, in *frameKey
 	scope   network.StreamManagementScope
-	s       *Service
+	bufs    *framePools
+	log     *slog.Logger
 }
 
 var _ farEnd = (*directEnd)(nil)
@@ -479,22 +480,34 @@ func (s *Service) newDirectEnd(c *net.TCPConn, cs tls.ConnectionState, dialer bo
 	if err != nil {
 		return nil, err
 	}
-	return &directEnd{c: c, out: out, in: in, scope: scope, s: s}, nil
+	return &directEnd{c: c, out: out, in: in, scope: scope, bufs: &s.frameBufs, log: s.log}, nil
 }
 
-// buffer takes a buffer of frames frames (1 or directFrames) from the pool.
-func (d *directEnd) buffer(frames int) *[]byte {
+// framePools holds direct links' buffers, of one frame and of
+// directFrames frames.
+type framePools struct{ small, large sync.Pool }
+
+// get takes a buffer of frames frames, 1 or directFrames.
+func (p *framePools) get(frames int) *[]byte {
 	if frames == 1 {
-		return d.s.small.Get().(*[]byte)
+		if b, ok := p.small.Get().(*[]byte); ok {
+			return b
+		}
+		b := make([]byte, frameStride)
+		return &b
 	}
-	return d.s.large.Get().(*[]byte)
+	if b, ok := p.large.Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, directFrames*frameStride)
+	return &b
 }
 
-func (d *directEnd) release(b *[]byte) {
+func (p *framePools) put(b *[]byte) {
 	if len(*b) == frameStride {
-		d.s.small.Put(b)
+		p.small.Put(b)
 	} else {
-		d.s.large.Put(b)
+		p.large.Put(b)
 	}
 }
 
@@ -512,8 +525,8 @@ func (d *directEnd) send(l *link, n *atomic.Uint64) {
 		return
 	}
 	frames := 1
-	bp := d.buffer(frames)
-	defer func() { d.release(bp) }()
+	bp := d.bufs.get(frames)
+	defer func() { d.bufs.put(bp) }()
 	buf := *bp
 	iov := make([][]byte, 0, directFrames)
 	for {
@@ -536,9 +549,9 @@ func (d *directEnd) send(l *link, n *atomic.Uint64) {
 			}
 			n.Add(uint64(k))
 			if k == frames*maxFramePayload && frames < directFrames && d.grow() {
-				d.release(bp)
+				d.bufs.put(bp)
 				frames = directFrames
-				bp = d.buffer(frames)
+				bp = d.bufs.get(frames)
 				buf = *bp
 			}
 		}
@@ -566,8 +579,8 @@ func (d *directEnd) send(l *link, n *atomic.Uint64) {
 // clean end that was not.
 func (d *directEnd) receive(l *link, n *atomic.Uint64) {
 	frames := 1
-	bp := d.buffer(frames)
-	defer func() { d.release(bp) }()
+	bp := d.bufs.get(frames)
+	defer func() { d.bufs.put(bp) }()
 	buf := *bp
 	start, end := 0, 0 // buf[start:end] is read and not yet opened
 	vec := make(net.Buffers, 0, directFrames+1)
@@ -581,7 +594,7 @@ func (d *directEnd) receive(l *link, n *atomic.Uint64) {
 		opened, used, total, fin, err := d.in.openFrames(buf[start:end], vec[:0])
 		vec = opened[:0] // its array, for the next read; WriteTo consumes opened
 		if err != nil {
-			d.s.log.Warn("direct tunnel cut", "remote", d.c.RemoteAddr(), "err", err)
+			d.log.Warn("direct tunnel cut", "remote", d.c.RemoteAddr(), "err", err)
 			l.abort()
 			return
 		}
@@ -608,10 +621,10 @@ func (d *directEnd) receive(l *link, n *atomic.Uint64) {
 			return
 		}
 		if end == len(buf) && frames < directFrames && d.grow() {
-			nb := d.buffer(directFrames)
+			nb := d.bufs.get(directFrames)
 			end = copy(*nb, buf[start:end])
 			start = 0
-			d.release(bp)
+			d.bufs.put(bp)
 			bp, buf, frames = nb, *nb, directFrames
 		}
 	}

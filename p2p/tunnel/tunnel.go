@@ -75,15 +75,15 @@ type Service struct {
 	bufs    sync.Pool
 
 	// The direct path (direct.go); tlsID is nil while it is off.
-	direct       bool
-	directAddr   string
-	dproto       protocol.ID
-	tlsID        *libp2ptls.Identity
-	directLn     *net.TCPListener // nil: no direct listener
-	handshakes   chan struct{}    // direct connections being authenticated
-	small, large sync.Pool        // direct links' buffers, 1 and directFrames frames
-	dialDirect   dialer
-	bg           sync.WaitGroup // the direct listener's accept loop
+	direct     bool
+	directAddr string
+	dproto     protocol.ID
+	tlsID      *libp2ptls.Identity
+	directLn   *net.TCPListener // nil: no direct listener
+	handshakes chan struct{}    // direct connections being authenticated
+	frameBufs  framePools       // direct links' buffers
+	dialDirect dialer
+	bg         sync.WaitGroup // the direct listener's accept loop
 
 	// ctx ends with Close: it cuts short stream opens, direct handshakes,
 	// local dials and header reads.
