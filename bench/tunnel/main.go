@@ -1,20 +1,28 @@
-// Command tunnel measures p2p/tunnel: throughput and round-trip latency of
-// a TCP connection carried between two real hosts on loopback, side by
-// side in one run with a direct loopback TCP connection (the goal's
-// reference: tunnel >= 0.5x direct) and with a bare libp2p stream between
-// the same hosts (libp2p's own cost, which the tunnel cannot beat). Each
-// runs over TCP (Noise first, as p2p.NewHost), TCP with TLS preferred, and
-// QUIC. It prints a table and writes JSON (-out):
+// Command tunnel measures p2p/tunnel: throughput, CPU per GB and
+// round-trip latency of a TCP connection carried between two real hosts on
+// loopback, side by side in one run with a direct loopback TCP connection
+// (the goal's reference: tunnel >= 0.5x direct), a bare libp2p stream
+// between the same hosts (libp2p's own cost), and the tunnel's two paths:
+// the old one, a libp2p stream per connection (tunnel.WithDirect(false)),
+// and the direct one, a TLS-authenticated TCP connection of its own with
+// AES-GCM frames (the default; goal: <= 0.5x the old path's CPU per GB).
+// The hosts run over TCP (Noise first, as p2p.NewHost), TCP with TLS
+// preferred, and QUIC; the direct path does not use the host's transport
+// for its bytes, so its rows differ by drift alone. It prints a table and
+// writes JSON (-out):
 //
 //	go run ./bench/tunnel -out bench/results/tunnel.json
 //
 // Throughput: one connection sends -size bytes to a sink that reads to EOF
 // and answers with the count; the clock runs from dial to that answer.
-// Then -conns connections share -size. The three paths take turns, -reps
-// times, and each reports its median, so that drift on a shared machine
-// hits all three alike. CPU is this process's (both hosts, both ends) per
-// GB carried. Latency: -pings round trips of -ping-size bytes on one open
-// connection, after 100 unrecorded ones.
+// Then -conns connections share -size. The paths take turns, -reps times,
+// and each reports the median and the range of its runs, so that drift on
+// a shared machine hits all of them alike; ratios between paths are the
+// median of the ratios of runs taken in the same turn. CPU is this
+// process's (both hosts, both ends) per GB carried. Latency: -pings round
+// trips of -ping-size bytes on one open connection, after 100 unrecorded
+// ones. -cpuprofile P adds one unrecorded run per path and connection
+// count under the CPU profiler, written to P-<transport>-<path>-<conns>.prof.
 package main
 
 import (
@@ -31,6 +39,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -61,9 +70,10 @@ const (
 
 // The paths a connection can take.
 const (
-	pathDirect = "direct TCP"
-	pathRaw    = "raw libp2p stream"
-	pathTunnel = "tunnel"
+	pathDirect    = "direct TCP"
+	pathRaw       = "raw libp2p stream"
+	pathOldTunnel = "tunnel, streams (old)"
+	pathTunnel    = "tunnel, direct (new)"
 )
 
 type row struct {
@@ -79,26 +89,44 @@ type row struct {
 	// that higher is better in both.
 	Ratio    float64 `json:"ratio_to_direct,omitempty"`
 	RawRatio float64 `json:"ratio_to_raw_stream,omitempty"`
+	OldRatio float64 `json:"ratio_to_old_tunnel,omitempty"`
 	Goal     string  `json:"goal,omitempty"`
 	Pass     *bool   `json:"pass,omitempty"`
 	Error    string  `json:"error,omitempty"`
+
+	// Throughput runs: the range over -reps runs around the medians above,
+	// and CPU per GB as a ratio to the old tunnel path's (lower is better),
+	// the median and range of the runs' ratios, turn by turn. The overhead
+	// ratio leaves out what direct TCP costs in the same turn, the sending
+	// and receiving applications' own share, which no path can save: it
+	// compares what the two tunnels themselves take from the machine.
+	MBpsRange                *[2]float64 `json:"mb_s_range,omitempty"`
+	CPURange                 *[2]float64 `json:"cpu_s_per_gb_range,omitempty"`
+	CPURatioOld              float64     `json:"cpu_ratio_to_old_tunnel,omitempty"`
+	CPURatioOldRange         *[2]float64 `json:"cpu_ratio_to_old_tunnel_range,omitempty"`
+	CPUOverheadRatioOld      float64     `json:"cpu_overhead_ratio_to_old_tunnel,omitempty"`
+	CPUOverheadRatioOldRange *[2]float64 `json:"cpu_overhead_ratio_to_old_tunnel_range,omitempty"`
+	CPUGoal                  string      `json:"cpu_goal,omitempty"`
+	CPUPass                  *bool       `json:"cpu_pass,omitempty"`
 }
 
 type settings struct {
 	size, conns, reps, pings, pingSize, buf int
+	profile                                 string
 }
 
 func main() {
 	out := flag.String("out", "bench/results/tunnel.json", "where to write JSON results")
 	size := flag.Int("size", 1<<30, "bytes per throughput run")
 	conns := flag.Int("conns", 8, "connections in the concurrent throughput run (they share -size); 0 skips it")
-	reps := flag.Int("reps", 3, "throughput runs per path (the median is reported)")
+	reps := flag.Int("reps", 5, "throughput runs per path (the median and the range are reported)")
 	pings := flag.Int("pings", 2000, "round trips in the latency run")
 	pingSize := flag.Int("ping-size", 1024, "bytes each way per round trip")
-	buf := flag.Int("buf", tunnel.DefaultBufferSize, "tunnel copy buffer per direction")
+	buf := flag.Int("buf", tunnel.DefaultBufferSize, "the old (stream) path's copy buffer per direction")
 	transports := flag.String("transports", "tcp,tcp-tls,quic", "host transports to run: tcp (Noise), tcp-tls, quic")
+	profile := flag.String("cpuprofile", "", "write a CPU profile of one extra run per path to this prefix")
 	flag.Parse()
-	set := settings{size: *size, conns: *conns, reps: max(*reps, 1), pings: *pings, pingSize: *pingSize, buf: *buf}
+	set := settings{size: *size, conns: *conns, reps: max(*reps, 1), pings: *pings, pingSize: *pingSize, buf: *buf, profile: *profile}
 
 	sink, echo := serveLocal(sinkConn), serveLocal(echoConn)
 	defer sink.Close()
@@ -108,28 +136,7 @@ func main() {
 		rows = append(rows, runTransport(tr, set, sink, echo)...)
 	}
 
-	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "case\tpath\ttransport\tconns\tMB/s\tCPU s/GB\tmedian µs\tp99 µs\tvs direct\tvs raw stream\tgoal\tpass\t")
-	f := func(v float64, prec int) string {
-		if v == 0 {
-			return "-"
-		}
-		return fmt.Sprintf("%.*f", prec, v)
-	}
-	for _, r := range rows {
-		if r.Error != "" {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\terror: %s\t\t\t\t\t\t\t\t\n", r.Case, r.Path, r.Transport, r.Conns, r.Error)
-			continue
-		}
-		pass := "-"
-		if r.Pass != nil {
-			pass = fmt.Sprint(*r.Pass)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Case, r.Path, r.Transport, f(float64(r.Conns), 0),
-			f(r.MBps, 0), f(r.CPUsPerGB, 2), f(r.MedianUs, 1), f(r.P99Us, 1), f(r.Ratio, 2), f(r.RawRatio, 2), r.Goal, pass)
-	}
-	tw.Flush()
-	fmt.Println("  vs direct / vs raw stream: throughput path/reference, latency reference/path (higher is better)")
+	printTable(rows)
 
 	res := map[string]any{
 		"when": time.Now().UTC().Format(time.RFC3339), "go": runtime.Version(), "cpus": runtime.NumCPU(),
@@ -146,42 +153,36 @@ func main() {
 	fmt.Println("results:", *out)
 }
 
-// runTransport measures the three paths with two fresh hosts on one
-// transport.
+// runTransport measures the four paths with fresh hosts on one transport.
+// The old and the new tunnel path each get their own pair of hosts, since
+// both Services would answer the tunnel's protocol on one host.
 func runTransport(tr string, set settings, sink, echo net.Listener) []row {
 	fail := func(err error) []row {
 		return []row{{Case: "setup", Path: pathTunnel, Transport: tr, Error: err.Error()}}
 	}
-	a, err := newHost(1, tr)
+	ctx := context.Background()
+	a, b, err := hostPair(ctx, tr, 1)
 	if err != nil {
 		return fail(err)
 	}
 	defer a.Close()
-	b, err := newHost(2, tr)
-	if err != nil {
-		return fail(err)
-	}
 	defer b.Close()
-	ctx := context.Background()
-	if err := a.Connect(ctx, peer.AddrInfo{ID: b.ID(), Addrs: b.Addrs()}); err != nil {
-		return fail(err)
-	}
-	ta := tunnel.New(a, chain, nil, tunnel.WithBufferSize(set.buf))
-	defer ta.Close()
-	tb := tunnel.New(b, chain, nil, tunnel.WithBufferSize(set.buf))
-	defer tb.Close()
-	defer tb.Expose(job, 0, port(sink), []peer.ID{a.ID()})()
-	defer tb.Expose(job, 1, port(echo), []peer.ID{a.ID()})()
-	sinkAddr, c1, err := ta.Forward(ctx, job, 0, b.ID())
+	na, nb, err := hostPair(ctx, tr, 3)
 	if err != nil {
 		return fail(err)
 	}
-	defer c1.Close()
-	echoAddr, c2, err := ta.Forward(ctx, job, 1, b.ID())
+	defer na.Close()
+	defer nb.Close()
+	old, err := forward(ctx, a, b, set, sink, echo, tunnel.WithDirect(false))
 	if err != nil {
 		return fail(err)
 	}
-	defer c2.Close()
+	defer old.close()
+	lean, err := forward(ctx, na, nb, set, sink, echo)
+	if err != nil {
+		return fail(err)
+	}
+	defer lean.close()
 	b.SetStreamHandler(rawProto+"/sink", func(s network.Stream) { sinkConn(s) })
 	defer b.RemoveStreamHandler(rawProto + "/sink")
 	b.SetStreamHandler(rawProto+"/echo", func(s network.Stream) { echoConn(s) })
@@ -192,25 +193,15 @@ func runTransport(tr string, set settings, sink, echo net.Listener) []row {
 	streamTo := func(proto string) dialer {
 		return func() (conn, error) { return a.NewStream(ctx, b.ID(), protocol.ID(proto)) }
 	}
+	const direct, raw, oldTun, newTun = 0, 1, 2, 3
 	paths := []struct {
 		name       string
 		sink, echo dialer
 	}{
-		{pathDirect, tcpTo(sink.Addr().String()), tcpTo(echo.Addr().String())},
-		{pathRaw, streamTo(rawProto + "/sink"), streamTo(rawProto + "/echo")},
-		{pathTunnel, tcpTo(sinkAddr), tcpTo(echoAddr)},
-	}
-	ratios := func(rs []row, better func(r, ref row) float64) {
-		direct, raw, tun := &rs[0], &rs[1], &rs[2]
-		if direct.Error == "" && raw.Error == "" {
-			raw.Ratio = better(*raw, *direct)
-		}
-		if direct.Error == "" && tun.Error == "" {
-			tun.Ratio = better(*tun, *direct)
-		}
-		if raw.Error == "" && tun.Error == "" {
-			tun.RawRatio = better(*tun, *raw)
-		}
+		direct: {pathDirect, tcpTo(sink.Addr().String()), tcpTo(echo.Addr().String())},
+		raw:    {pathRaw, streamTo(rawProto + "/sink"), streamTo(rawProto + "/echo")},
+		oldTun: {pathOldTunnel, tcpTo(old.sink), tcpTo(old.echo)},
+		newTun: {pathTunnel, tcpTo(lean.sink), tcpTo(lean.echo)},
 	}
 
 	var rows []row
@@ -219,6 +210,15 @@ func runTransport(tr string, set settings, sink, echo net.Listener) []row {
 		counts = append(counts, set.conns)
 	}
 	for _, n := range counts {
+		if set.profile != "" {
+			for _, p := range paths {
+				if err := profiled(fmt.Sprintf("%s-%s-%s-%d.prof", set.profile, tr, slug(p.name), n), func() {
+					throughput(p.name, tr, n, set, p.sink)
+				}); err != nil {
+					return fail(err)
+				}
+			}
+		}
 		runs := make([][]row, len(paths))
 		for range set.reps {
 			for i, p := range paths {
@@ -227,40 +227,236 @@ func runTransport(tr string, set settings, sink, echo net.Listener) []row {
 		}
 		rs := make([]row, len(paths))
 		for i := range paths {
-			rs[i] = median(runs[i])
+			rs[i] = summarize(runs[i])
 		}
-		ratios(rs, func(r, ref row) float64 { return r.MBps / ref.MBps })
-		if n == 1 && rs[2].Error == "" {
-			pass := rs[2].Ratio >= 0.5
-			rs[2].Goal, rs[2].Pass = ">= 0.5x direct", &pass
+		mbps := func(path, ref int) func(int) float64 {
+			return func(i int) float64 { return runs[path][i].MBps / runs[ref][i].MBps }
+		}
+		rs[raw].Ratio, _ = turnRatio(runs, mbps(raw, direct))
+		rs[oldTun].Ratio, _ = turnRatio(runs, mbps(oldTun, direct))
+		rs[oldTun].RawRatio, _ = turnRatio(runs, mbps(oldTun, raw))
+		rs[newTun].Ratio, _ = turnRatio(runs, mbps(newTun, direct))
+		rs[newTun].RawRatio, _ = turnRatio(runs, mbps(newTun, raw))
+		rs[newTun].OldRatio, _ = turnRatio(runs, mbps(newTun, oldTun))
+		var span, ospan [2]float64
+		if rs[newTun].CPURatioOld, span = turnRatio(runs, func(i int) float64 {
+			return runs[newTun][i].CPUsPerGB / runs[oldTun][i].CPUsPerGB
+		}); rs[newTun].CPURatioOld > 0 {
+			pass := rs[newTun].CPURatioOld <= 0.5
+			rs[newTun].CPURatioOldRange, rs[newTun].CPUGoal, rs[newTun].CPUPass = &span, "<= 0.5x old tunnel", &pass
+		}
+		if rs[newTun].CPUOverheadRatioOld, ospan = turnRatio(runs, func(i int) float64 {
+			return (runs[newTun][i].CPUsPerGB - runs[direct][i].CPUsPerGB) / (runs[oldTun][i].CPUsPerGB - runs[direct][i].CPUsPerGB)
+		}); rs[newTun].CPUOverheadRatioOld > 0 {
+			rs[newTun].CPUOverheadRatioOldRange = &ospan
+		}
+		if n == 1 && rs[newTun].Ratio > 0 {
+			pass := rs[newTun].Ratio >= 0.5
+			rs[newTun].Goal, rs[newTun].Pass = ">= 0.5x direct", &pass
 		}
 		rows = append(rows, rs...)
 	}
+	// Each path must have carried what it claims to.
+	if st := nb.tn.Stats().Jobs[job]; st.Direct == 0 || st.Direct != st.Conns {
+		return fail(fmt.Errorf("new path: %d of %d connections carried direct", st.Direct, st.Conns))
+	}
+	if st := b.tn.Stats().Jobs[job]; st.Direct != 0 {
+		return fail(fmt.Errorf("old path: %d connections carried direct", st.Direct))
+	}
+
 	rs := make([]row, len(paths))
 	for i, p := range paths {
 		rs[i] = latency(p.name, tr, set, p.echo)
 	}
-	ratios(rs, func(r, ref row) float64 { return ref.MedianUs / r.MedianUs })
+	better := func(r, ref row) float64 {
+		if r.Error != "" || ref.Error != "" {
+			return 0
+		}
+		return ref.MedianUs / r.MedianUs
+	}
+	rs[raw].Ratio = better(rs[raw], rs[direct])
+	rs[oldTun].Ratio, rs[oldTun].RawRatio = better(rs[oldTun], rs[direct]), better(rs[oldTun], rs[raw])
+	rs[newTun].Ratio, rs[newTun].RawRatio = better(rs[newTun], rs[direct]), better(rs[newTun], rs[raw])
+	rs[newTun].OldRatio = better(rs[newTun], rs[oldTun])
 	return append(rows, rs...)
 }
 
-// median is the run with the median throughput, or the first failure.
-func median(runs []row) row {
+// tunnelHost is a host with its tunnel Service.
+type tunnelHost struct {
+	host.Host
+	tn *tunnel.Service
+}
+
+// hostPair starts two connected hosts on transport tr, their keys from
+// seeds seed and seed+1.
+func hostPair(ctx context.Context, tr string, seed byte) (a, b *tunnelHost, err error) {
+	ha, err := newHost(seed, tr)
+	if err != nil {
+		return nil, nil, err
+	}
+	hb, err := newHost(seed+1, tr)
+	if err != nil {
+		ha.Close()
+		return nil, nil, err
+	}
+	if err := ha.Connect(ctx, peer.AddrInfo{ID: hb.ID(), Addrs: hb.Addrs()}); err != nil {
+		ha.Close()
+		hb.Close()
+		return nil, nil, err
+	}
+	return &tunnelHost{Host: ha}, &tunnelHost{Host: hb}, nil
+}
+
+// forwarders are the loopback ends of a's tunnels to b's sink and echo.
+type forwarders struct {
+	sink, echo string
+	close      func()
+}
+
+// forward starts a's and b's tunnel Services with opts, exposes the sink
+// and the echo on b and forwards to them from a.
+func forward(ctx context.Context, a, b *tunnelHost, set settings, sink, echo net.Listener, opts ...tunnel.Option) (*forwarders, error) {
+	opts = append(opts, tunnel.WithBufferSize(set.buf))
+	a.tn, b.tn = tunnel.New(a, chain, nil, opts...), tunnel.New(b, chain, nil, opts...)
+	unexpose0 := b.tn.Expose(job, 0, port(sink), []peer.ID{a.ID()})
+	unexpose1 := b.tn.Expose(job, 1, port(echo), []peer.ID{a.ID()})
+	f := &forwarders{close: func() {
+		unexpose0()
+		unexpose1()
+		a.tn.Close()
+		b.tn.Close()
+	}}
+	var c0, c1 io.Closer
+	var err error
+	if f.sink, c0, err = a.tn.Forward(ctx, job, 0, b.ID()); err != nil {
+		f.close()
+		return nil, err
+	}
+	if f.echo, c1, err = a.tn.Forward(ctx, job, 1, b.ID()); err != nil {
+		c0.Close()
+		f.close()
+		return nil, err
+	}
+	closeTunnels := f.close
+	f.close = func() {
+		c0.Close()
+		c1.Close()
+		closeTunnels()
+	}
+	return f, nil
+}
+
+// profiled runs fn under the CPU profiler, writing the profile to path.
+func profiled(path string, fn func()) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := pprof.StartCPUProfile(f); err != nil {
+		return err
+	}
+	fn()
+	pprof.StopCPUProfile()
+	return nil
+}
+
+// slug makes a path's name fit in a file name.
+func slug(name string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '-'
+	}, strings.ToLower(strings.NewReplacer(", ", "-", " (", "-", ")", "").Replace(name)))
+}
+
+// summarize is the median of runs' throughput and of their CPU per GB,
+// each taken on its own, with their ranges; or the first failure.
+func summarize(runs []row) row {
 	for _, r := range runs {
 		if r.Error != "" {
 			return r
 		}
 	}
-	slices.SortFunc(runs, func(x, y row) int {
-		switch {
-		case x.MBps < y.MBps:
-			return -1
-		case x.MBps > y.MBps:
-			return 1
+	r := runs[0]
+	var mbps, cpu [2]float64
+	r.MBps, mbps = medianOf(runs, func(r row) float64 { return r.MBps })
+	r.CPUsPerGB, cpu = medianOf(runs, func(r row) float64 { return r.CPUsPerGB })
+	r.MBpsRange, r.CPURange = &mbps, &cpu
+	return r
+}
+
+// turnRatio is the median, and the range, of ratio(i) over the turns i of
+// runs (runs[path][turn]): ratios of runs taken in the same turn, which
+// drift on a shared machine moves least. It is 0 if a run failed.
+func turnRatio(runs [][]row, ratio func(turn int) float64) (float64, [2]float64) {
+	var ratios []row
+	for i := range runs[0] {
+		for _, path := range runs {
+			if path[i].Error != "" {
+				return 0, [2]float64{}
+			}
 		}
-		return 0
-	})
-	return runs[len(runs)/2]
+		ratios = append(ratios, row{MBps: ratio(i)})
+	}
+	return medianOf(ratios, func(r row) float64 { return r.MBps })
+}
+
+// medianOf is the median of v over runs (the upper one of an even count),
+// and the range.
+func medianOf(runs []row, v func(row) float64) (float64, [2]float64) {
+	vs := make([]float64, len(runs))
+	for i, r := range runs {
+		vs[i] = v(r)
+	}
+	slices.Sort(vs)
+	return vs[len(vs)/2], [2]float64{vs[0], vs[len(vs)-1]}
+}
+
+// printTable prints rows for a reader; the JSON has the same and more.
+func printTable(rows []row) {
+	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "case\tpath\ttransport\tconns\tMB/s\t(range)\tCPU s/GB\t(range)\tCPU vs old\t(range)\toverhead vs old\t(range)\tmedian µs\tp99 µs\tvs direct\tvs raw stream\tvs old\tgoal\tpass\t")
+	f := func(v float64, prec int) string {
+		if v == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.*f", prec, v)
+	}
+	span := func(r *[2]float64, prec int) string {
+		if r == nil {
+			return ""
+		}
+		return fmt.Sprintf("%.*f..%.*f", prec, r[0], prec, r[1])
+	}
+	for _, r := range rows {
+		if r.Error != "" {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\terror: %s\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\n", r.Case, r.Path, r.Transport, r.Conns, r.Error)
+			continue
+		}
+		var goals, passes []string
+		for _, g := range []struct {
+			goal string
+			pass *bool
+		}{{r.Goal, r.Pass}, {r.CPUGoal, r.CPUPass}} {
+			if g.pass != nil {
+				goals, passes = append(goals, g.goal), append(passes, fmt.Sprint(*g.pass))
+			}
+		}
+		goal, pass := "-", "-"
+		if len(goals) > 0 {
+			goal, pass = strings.Join(goals, "; "), strings.Join(passes, "; ")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Case, r.Path, r.Transport, f(float64(r.Conns), 0),
+			f(r.MBps, 0), span(r.MBpsRange, 0), f(r.CPUsPerGB, 2), span(r.CPURange, 2), f(r.CPURatioOld, 2), span(r.CPURatioOldRange, 2),
+			f(r.CPUOverheadRatioOld, 2), span(r.CPUOverheadRatioOldRange, 2),
+			f(r.MedianUs, 1), f(r.P99Us, 1), f(r.Ratio, 2), f(r.RawRatio, 2), f(r.OldRatio, 2), goal, pass)
+	}
+	tw.Flush()
+	fmt.Println("  vs direct / raw stream / old: throughput path/reference, latency reference/path (higher is better)")
+	fmt.Println("  CPU vs old: CPU s/GB new/old, lower is better; overhead vs old: the same less direct TCP's CPU in that turn")
+	fmt.Println("  (the applications' own send and receive), i.e. what each tunnel itself costs; ratios are medians of same-turn ratios")
 }
 
 func newHost(seed byte, tr string) (host.Host, error) {

@@ -9,20 +9,35 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 )
 
-// link is one tunnelled connection: a local TCP connection and the stream
-// that carries it.
+// link is one tunnelled connection: a local TCP connection and the far
+// end that carries it to the other machine.
 type link struct {
-	st      network.Stream
 	tc      *net.TCPConn
+	far     farEnd
 	aborted atomic.Bool
 }
 
-// abort cuts both sides at once: the stream is reset and the TCP
+// farEnd is how a link reaches the other machine: a libp2p stream, or a
+// direct connection of its own.
+type farEnd interface {
+	// send carries l.tc's bytes to the other machine until l.tc ends and
+	// then passes the end on; receive carries the other way. Each counts
+	// the bytes it delivers in n and aborts l on any failure.
+	send(l *link, n *atomic.Uint64)
+	receive(l *link, n *atomic.Uint64)
+	// reset cuts the far end at once; any goroutine may call it.
+	reset()
+	// finish releases what the far end holds once both directions have
+	// ended, closing it if they ended cleanly.
+	finish(clean bool)
+}
+
+// abort cuts both sides at once: the far end is reset and the TCP
 // connection closed with an RST, so that neither application mistakes a
 // broken connection for a clean end.
 func (l *link) abort() {
 	if l.aborted.CompareAndSwap(false, true) {
-		l.st.Reset()
+		l.far.reset()
 		l.tc.SetLinger(0)
 		l.tc.Close()
 	}
@@ -72,25 +87,54 @@ func (ls *linkSet) close() {
 func (s *Service) carry(l *link, ls *linkSet, c *jobCounters) {
 	if !ls.add(l) {
 		l.abort()
+		l.far.finish(false)
 		return
 	}
 	defer ls.remove(l)
 	s.live.Add(1)
 	defer s.live.Add(-1)
 	c.conns.Add(1)
+	if _, ok := l.far.(*directEnd); ok {
+		c.direct.Add(1)
+	}
 	c.live.Add(1)
 	defer c.live.Add(-1)
 
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.copyHalf(l, l.st, l.tc, l.st.CloseWrite, &c.sent)
+		l.far.send(l, &c.sent)
 	}()
-	s.copyHalf(l, l.tc, l.st, l.tc.CloseWrite, &c.received)
+	l.far.receive(l, &c.received)
 	<-done
-	if !l.aborted.Load() {
-		l.st.Close()
+	clean := !l.aborted.Load()
+	if clean {
 		l.tc.Close()
+	}
+	l.far.finish(clean)
+}
+
+// streamEnd is a link's far end over a libp2p stream.
+type streamEnd struct {
+	st   network.Stream
+	bufs *sync.Pool
+}
+
+var _ farEnd = streamEnd{}
+
+func (e streamEnd) send(l *link, n *atomic.Uint64) {
+	copyHalf(l, e.st, l.tc, e.st.CloseWrite, n, e.bufs)
+}
+
+func (e streamEnd) receive(l *link, n *atomic.Uint64) {
+	copyHalf(l, l.tc, e.st, l.tc.CloseWrite, n, e.bufs)
+}
+
+func (e streamEnd) reset() { e.st.Reset() }
+
+func (e streamEnd) finish(clean bool) {
+	if clean {
+		e.st.Close()
 	}
 }
 
@@ -100,9 +144,9 @@ func (s *Service) carry(l *link, ls *linkSet, c *jobCounters) {
 // the link both ways. It reads and writes directly rather than through
 // io.Copy, which would use net.TCPConn's own 32 KiB buffers instead of
 // ours.
-func (s *Service) copyHalf(l *link, dst io.Writer, src io.Reader, closeWrite func() error, n *atomic.Uint64) {
-	bp := s.bufs.Get().(*[]byte)
-	defer s.bufs.Put(bp)
+func copyHalf(l *link, dst io.Writer, src io.Reader, closeWrite func() error, n *atomic.Uint64, bufs *sync.Pool) {
+	bp := bufs.Get().(*[]byte)
+	defer bufs.Put(bp)
 	buf := *bp
 	for {
 		nr, rerr := src.Read(buf)

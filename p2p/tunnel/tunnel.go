@@ -16,17 +16,21 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 )
 
-// ServiceName is the resource manager service that tunnel streams are
-// accounted to, so that a job's many connections are held to the service's
-// limits instead of crowding out other protocols.
+// ServiceName is the resource manager service that tunnel streams, and
+// direct connections as if they were streams, are accounted to, so that a
+// job's many connections are held to the service's limits instead of
+// crowding out other protocols.
 const ServiceName = "deepmarket-tunnel"
 
-// DefaultBufferSize is the copy buffer per direction of a connection.
-// Larger buffers measured no faster (bench/tunnel: 32 KiB to 256 KiB are
-// within noise), and each connection reserves both of its buffers from the
-// resource manager, whose default limit per protocol and peer is 16 MiB.
+// DefaultBufferSize is the copy buffer per direction of a connection
+// carried by a stream. Larger buffers measured no faster on that path
+// (bench/tunnel: 32 KiB to 256 KiB are within noise), and each connection
+// reserves both of its buffers from the resource manager, whose default
+// limit per protocol and peer is 16 MiB. The direct path sizes its own
+// buffers in frames (see directFrames).
 const DefaultBufferSize = 64 << 10
 
 const (
@@ -49,8 +53,8 @@ func Protocol(chainID string) protocol.ID {
 type Option func(*Service)
 
 // WithBufferSize sets the copy buffer per direction of each connection
-// (default DefaultBufferSize). Each connection reserves twice this much
-// memory from the resource manager.
+// carried by a stream (default DefaultBufferSize). Each such connection
+// reserves twice this much memory from the resource manager.
 func WithBufferSize(n int) Option {
 	return func(s *Service) {
 		if n > 0 {
@@ -59,9 +63,10 @@ func WithBufferSize(n int) Option {
 	}
 }
 
-// Service carries tunnelled connections in both roles: it serves streams
-// for workers this machine Exposes, and Forwards loopback ports to workers
-// on other machines. Its methods are safe for concurrent use.
+// Service carries tunnelled connections in both roles: it serves direct
+// connections and streams for workers this machine Exposes, and Forwards
+// loopback ports to workers on other machines. Its methods are safe for
+// concurrent use.
 type Service struct {
 	h       host.Host
 	proto   protocol.ID
@@ -69,8 +74,19 @@ type Service struct {
 	bufSize int
 	bufs    sync.Pool
 
-	// ctx ends with Close: it cuts short stream opens, local dials and
-	// header reads.
+	// The direct path (direct.go); tlsID is nil while it is off.
+	direct     bool
+	directAddr string
+	dproto     protocol.ID
+	tlsID      *libp2ptls.Identity
+	directLn   *net.TCPListener // nil: no direct listener
+	handshakes chan struct{}    // direct connections being authenticated
+	frameBufs  framePools       // direct links' buffers
+	dialDirect dialer
+	bg         sync.WaitGroup // the direct listener's accept loop
+
+	// ctx ends with Close: it cuts short stream opens, direct handshakes,
+	// local dials and header reads.
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -84,11 +100,11 @@ type Service struct {
 
 	live     atomic.Int64
 	refused  atomic.Uint64
-	handlers sync.WaitGroup // inbound streams being handled
+	handlers sync.WaitGroup // inbound streams and direct connections being handled
 }
 
-// New registers the tunnel's stream handler on h and returns the Service;
-// log may be nil.
+// New registers the tunnel's stream handlers on h, opens the direct
+// listener (see WithDirect) and returns the Service; log may be nil.
 func New(h host.Host, chainID string, log *slog.Logger, opts ...Option) *Service {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -97,6 +113,7 @@ func New(h host.Host, chainID string, log *slog.Logger, opts ...Option) *Service
 	s := &Service{
 		h: h, proto: Protocol(chainID), log: log.With("module", "tunnel"), bufSize: DefaultBufferSize,
 		ctx: ctx, cancel: cancel,
+		direct: true, dproto: DirectProtocol(chainID), handshakes: make(chan struct{}, maxHandshakes), dialDirect: dialTCP,
 		exposed: map[workerKey]*exposure{}, exposes: map[*exposure]struct{}{},
 		forwards: map[*forwarder]struct{}{}, jobs: map[string]*jobCounters{},
 	}
@@ -108,6 +125,9 @@ func New(h host.Host, chainID string, log *slog.Logger, opts ...Option) *Service
 		return &b
 	}
 	h.SetStreamHandler(s.proto, s.handle)
+	if s.direct {
+		s.startDirect()
+	}
 	return s
 }
 
@@ -133,6 +153,10 @@ func (s *Service) Close() {
 	s.mu.Unlock()
 
 	s.h.RemoveStreamHandler(s.proto)
+	if s.directLn != nil {
+		s.h.RemoveStreamHandler(s.dproto)
+		s.directLn.Close()
+	}
 	s.cancel()
 	for _, e := range exps {
 		e.links.close()
@@ -144,12 +168,13 @@ func (s *Service) Close() {
 		f.Close()
 	}
 	s.handlers.Wait()
+	s.bg.Wait()
 }
 
 // Stats is a snapshot of what a Service carries.
 type Stats struct {
 	Live    int                 // tunnelled connections open now, both roles
-	Refused uint64              // incoming streams refused since New
+	Refused uint64              // incoming streams and direct connections refused since New
 	Jobs    map[string]JobStats // jobs with an Expose or a Forward in place
 }
 
@@ -158,6 +183,7 @@ type JobStats struct {
 	Sent     uint64 // bytes read from local connections and carried to peers
 	Received uint64 // bytes carried from peers and written to local connections
 	Conns    uint64 // connections carried since the job's first Expose or Forward
+	Direct   uint64 // of Conns, those carried by direct connections
 	Live     int    // connections open now
 }
 
@@ -168,15 +194,15 @@ func (s *Service) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for job, c := range s.jobs {
-		st.Jobs[job] = JobStats{Sent: c.sent.Load(), Received: c.received.Load(), Conns: c.conns.Load(), Live: int(c.live.Load())}
+		st.Jobs[job] = JobStats{Sent: c.sent.Load(), Received: c.received.Load(), Conns: c.conns.Load(), Direct: c.direct.Load(), Live: int(c.live.Load())}
 	}
 	return st
 }
 
 type jobCounters struct {
-	refs                  int // Exposes and Forwards in place; under Service.mu
-	sent, received, conns atomic.Uint64
-	live                  atomic.Int64
+	refs                          int // Exposes and Forwards in place; under Service.mu
+	sent, received, conns, direct atomic.Uint64
+	live                          atomic.Int64
 }
 
 func (s *Service) acquireJobLocked(job string) *jobCounters {
@@ -331,16 +357,7 @@ func (s *Service) handle(st network.Stream) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, setupTimeout)
-	var c net.Conn
-	if e.ns != nil {
-		var tc *net.TCPConn
-		if tc, err = e.ns.DialTCP(ctx, e.port); err == nil {
-			c = tc
-		}
-	} else {
-		var d net.Dialer
-		c, err = d.DialContext(ctx, "tcp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(e.port)))
-	}
+	c, err := s.dialWorker(ctx, e)
 	cancel()
 	stop()
 	if err != nil {
@@ -349,7 +366,20 @@ func (s *Service) handle(st network.Stream) {
 		st.Reset()
 		return
 	}
-	s.carry(&link{st: st, tc: c.(*net.TCPConn)}, &e.links, e.stats)
+	s.carry(&link{tc: c, far: streamEnd{st: st, bufs: &s.bufs}}, &e.links, e.stats)
+}
+
+// dialWorker connects to e's worker on its loopback.
+func (s *Service) dialWorker(ctx context.Context, e *exposure) (*net.TCPConn, error) {
+	if e.ns != nil {
+		return e.ns.DialTCP(ctx, e.port)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(e.port)))
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.TCPConn), nil
 }
 
 // reserve accounts a stream to the tunnel service and reserves its copy
@@ -379,6 +409,10 @@ type forwarder struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	once   sync.Once
+
+	dmu           sync.Mutex
+	directPort    int       // the peer's direct listener; 0: not known
+	noDirectUntil time.Time // streams only until then
 }
 
 // Forward opens a listener on 127.0.0.1 at a port the system picks, whose
@@ -481,21 +515,37 @@ func (f *forwarder) serve() {
 func (f *forwarder) open(c *net.TCPConn) {
 	defer f.wg.Done()
 	ctx, cancel := context.WithTimeout(f.ctx, setupTimeout)
-	st, err := f.s.h.NewStream(ctx, f.peer, f.s.proto)
+	far, err := f.connect(ctx)
 	cancel()
-	if err == nil {
-		if err = f.s.reserve(st); err == nil {
-			_, err = st.Write(f.header)
-		}
-		if err != nil {
-			st.Reset()
-		}
-	}
 	if err != nil {
 		f.s.log.Debug("tunnel open failed", "peer", f.peer, "job", f.job, "err", err)
 		c.SetLinger(0)
 		c.Close()
 		return
 	}
-	f.s.carry(&link{st: st, tc: c}, &f.links, f.stats)
+	f.s.carry(&link{tc: c, far: far}, &f.links, f.stats)
+}
+
+// connect opens the far end of one connection to the remote worker: a
+// direct connection where it can, else a stream.
+func (f *forwarder) connect(ctx context.Context) (farEnd, error) {
+	d, err := f.openDirect(ctx)
+	switch {
+	case err == nil:
+		return d, nil
+	case !errors.Is(err, errNoDirect):
+		return nil, err
+	}
+	st, err := f.s.h.NewStream(ctx, f.peer, f.s.proto)
+	if err != nil {
+		return nil, err
+	}
+	if err = f.s.reserve(st); err == nil {
+		_, err = st.Write(f.header)
+	}
+	if err != nil {
+		st.Reset()
+		return nil, err
+	}
+	return streamEnd{st: st, bufs: &f.s.bufs}, nil
 }

@@ -1,0 +1,438 @@
+package tunnel_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/p2p/tunnel"
+)
+
+// newNodeWith is newNode with the tunnel's options.
+func newNodeWith(t *testing.T, seed byte, opts ...tunnel.Option) *node {
+	t.Helper()
+	k, err := identity.KeyFromSeed(bytes.Repeat([]byte{seed}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := p2p.NewHost(p2p.HostParams{Key: k, Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	log := slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	tn := tunnel.New(h, chain, log, opts...)
+	t.Cleanup(tn.Close)
+	return &node{h: h, tn: tn}
+}
+
+// proxy is a TCP relay that a node's direct connections are dialed
+// through: it records the bytes from the dialer and may change them.
+type proxy struct {
+	// to, if set, says where a dial for addr really goes.
+	to func(addr string) string
+	// up, if set, sees each chunk from the dialer at its offset in the
+	// connection, may change it in place, and returns false to end the
+	// connection there with a clean half-close.
+	up func(off int, b []byte) bool
+
+	dials    atomic.Int64
+	mu       sync.Mutex
+	recorded bytes.Buffer
+	wg       sync.WaitGroup
+}
+
+func newProxy(t *testing.T) *proxy {
+	p := &proxy{}
+	t.Cleanup(p.wg.Wait)
+	return p
+}
+
+// route sends n's direct dials through p: each gets a listener of its own
+// on 127.0.0.1, relayed to where the dial was for.
+func (p *proxy) route(n *node) {
+	tunnel.SetDirectDialer(n.tn, func(ctx context.Context, addr string) (net.Conn, error) {
+		p.dials.Add(1)
+		target := addr
+		if p.to != nil {
+			target = p.to(addr)
+		}
+		var d net.Dialer
+		up, err := d.DialContext(ctx, "tcp", target)
+		if err != nil {
+			return nil, err
+		}
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			up.Close()
+			return nil, err
+		}
+		p.wg.Add(1)
+		go p.relay(ln, up.(*net.TCPConn))
+		return d.DialContext(ctx, "tcp", ln.Addr().String())
+	})
+}
+
+// relay carries the one connection accepted on ln to and from up.
+func (p *proxy) relay(ln net.Listener, up *net.TCPConn) {
+	defer p.wg.Done()
+	c, err := ln.Accept()
+	ln.Close()
+	if err != nil {
+		up.Close()
+		return
+	}
+	down := c.(*net.TCPConn)
+	cut := func() {
+		up.SetLinger(0)
+		down.SetLinger(0)
+		up.Close()
+		down.Close()
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 32<<10)
+		for off := 0; ; {
+			n, err := down.Read(buf)
+			if n > 0 {
+				p.mu.Lock()
+				p.recorded.Write(buf[:n])
+				p.mu.Unlock()
+				if p.up != nil && !p.up(off, buf[:n]) {
+					up.CloseWrite()
+					io.Copy(io.Discard, down)
+					return
+				}
+				off += n
+				if _, err := up.Write(buf[:n]); err != nil {
+					cut()
+					return
+				}
+			}
+			if err == io.EOF {
+				up.CloseWrite()
+				return
+			}
+			if err != nil {
+				cut()
+				return
+			}
+		}
+	}()
+	if _, err := io.Copy(down, up); err != nil {
+		cut()
+	} else {
+		down.CloseWrite()
+	}
+	<-done
+	up.Close()
+	down.Close()
+}
+
+func (p *proxy) sawBytes(b []byte) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return bytes.Contains(p.recorded.Bytes(), b)
+}
+
+// recorder is a worker that keeps what it reads and how its reading ended.
+type recorder struct {
+	got chan []byte
+	err chan error
+}
+
+func record(t *testing.T) (*recorder, *server) {
+	r := &recorder{got: make(chan []byte, 1), err: make(chan error, 1)}
+	return r, serve(t, func(c *net.TCPConn) {
+		b, err := io.ReadAll(c)
+		r.got <- b
+		r.err <- err
+	})
+}
+
+// TestDirectRoundTrip carries a connection between two real hosts over a
+// direct connection, and checks that its bytes are not on the wire in the
+// clear.
+func TestDirectRoundTrip(t *testing.T) {
+	a, b := newNodeWith(t, 1), newNodeWith(t, 2)
+	connect(t, a, b)
+	p := newProxy(t)
+	p.route(a)
+	srv := serve(t, echo)
+	b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
+	addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+	marker := []byte("TENSOR-BYTES-IN-THE-CLEAR")
+	data := make([]byte, 4<<20)
+	rand.Read(data)
+	for off := 0; off+len(marker) < len(data); off += 64 << 10 {
+		copy(data[off:], marker)
+	}
+	if err := roundTrip(t, dial(t, addr), data); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the link to close", func() bool { return a.tn.Stats().Live == 0 && b.tn.Stats().Live == 0 })
+	as, bs := a.tn.Stats().Jobs[job], b.tn.Stats().Jobs[job]
+	n := uint64(len(data))
+	if as.Direct != 1 || bs.Direct != 1 || as.Sent != n || as.Received != n || bs.Sent != n || bs.Received != n {
+		t.Fatalf("stats: A %+v, B %+v; want %d bytes each way over 1 direct connection", as, bs, n)
+	}
+	if p.dials.Load() != 1 {
+		t.Fatalf("%d direct dials, want 1", p.dials.Load())
+	}
+	if p.sawBytes(marker) || p.sawBytes(data[1000:1100]) {
+		t.Fatal("the tunnelled bytes crossed the direct connection in the clear")
+	}
+	if host, _, _ := net.SplitHostPort(b.tn.DirectAddr()); host != "127.0.0.1" {
+		t.Fatalf("direct listener at %s, want the host's own address", b.tn.DirectAddr())
+	}
+	a.tn.Close()
+	b.tn.Close()
+	noTunnelGoroutines(t)
+}
+
+// A peer that is not on the job's allow list is refused on the direct
+// path itself, after its handshake: the worker never sees it.
+func TestDirectRefusesPeerNotAllowed(t *testing.T) {
+	a, b := newNodeWith(t, 1), newNodeWith(t, 2)
+	connect(t, a, b)
+	srv := serve(t, echo)
+	b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
+	c := newNodeWith(t, 3)
+	connect(t, c, b)
+	caddr, closer, err := c.tn.Forward(t.Context(), job, 1, b.h.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+	refused(t, caddr)
+	eventually(t, "C's link to end", func() bool { return c.tn.Stats().Live == 0 })
+	if got := c.tn.Stats().Jobs[job]; got.Direct != 1 || got.Conns != 1 {
+		t.Fatalf("C: %+v; want its one connection tried direct, and no fallback to a stream", got)
+	}
+	if srv.accepted.Load() != 0 || b.tn.Stats().Refused != 1 {
+		t.Fatalf("worker saw %d connections, B refused %d; want 0 and 1", srv.accepted.Load(), b.tn.Stats().Refused)
+	}
+}
+
+// A direct connection that reaches another node than the worker's is
+// refused by the forwarder's handshake, even though that node would take
+// it: the connection goes by stream to the right machine instead.
+func TestDirectAuthenticatesTheWorkersMachine(t *testing.T) {
+	a, b, impostor := newNodeWith(t, 1), newNodeWith(t, 2), newNodeWith(t, 3)
+	connect(t, a, b)
+	connect(t, a, impostor)
+	good, bad := serve(t, echo), serve(t, echo)
+	b.tn.Expose(job, 1, good.port(), []peer.ID{a.h.ID()})
+	impostor.tn.Expose(job, 1, bad.port(), []peer.ID{a.h.ID()})
+	p := newProxy(t)
+	p.to = func(string) string { return impostor.tn.DirectAddr() }
+	p.route(a)
+	addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+	if err := roundTrip(t, dial(t, addr), []byte("for B only")); err != nil {
+		t.Fatal(err)
+	}
+	if bad.accepted.Load() != 0 || good.accepted.Load() != 1 {
+		t.Fatalf("impostor's worker saw %d connections, B's %d", bad.accepted.Load(), good.accepted.Load())
+	}
+	if got := a.tn.Stats().Jobs[job]; got.Direct != 0 || got.Conns != 1 {
+		t.Fatalf("A: %+v; want its connection carried by a stream", got)
+	}
+}
+
+// TestDirectTamperedByte flips one bit of the frames between the two
+// nodes: the worker gets only bytes that were sent, up to the bad frame,
+// and then a reset; the client's connection ends in an error.
+func TestDirectTamperedByte(t *testing.T) {
+	a, b := newNodeWith(t, 1), newNodeWith(t, 2)
+	connect(t, a, b)
+	const at = 300 << 10 // well past the handshake, inside the frames
+	p := newProxy(t)
+	var flipped atomic.Bool
+	p.up = func(off int, chunk []byte) bool {
+		if off <= at && at < off+len(chunk) {
+			chunk[at-off] ^= 0x10
+			flipped.Store(true)
+		}
+		return true
+	}
+	p.route(a)
+	r, srv := record(t)
+	b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
+	addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+	data := make([]byte, 1<<20)
+	rand.Read(data)
+	c := dial(t, addr)
+	go func() {
+		c.Write(data) // fails once the link is cut
+		c.CloseWrite()
+	}()
+	if _, err := io.ReadAll(c); err == nil {
+		t.Fatal("the client's connection ended cleanly")
+	}
+	got, werr := <-r.got, <-r.err
+	if !flipped.Load() {
+		t.Fatal("the proxy never reached the byte to flip")
+	}
+	if !bytes.HasPrefix(data, got) || len(got) >= len(data) {
+		t.Fatalf("worker got %d bytes, not a strict prefix of the %d sent", len(got), len(data))
+	}
+	if werr == nil {
+		t.Fatal("the worker's connection ended cleanly after a tampered frame")
+	}
+	if st := a.tn.Stats().Jobs[job]; st.Direct != 1 {
+		t.Fatalf("A: %+v; want one direct connection", st)
+	}
+}
+
+// TestDirectTruncated ends the direct connection early with a clean FIN,
+// as an attacker could: the worker must see a reset, not a clean end that
+// would pass truncated data off as complete.
+func TestDirectTruncated(t *testing.T) {
+	a, b := newNodeWith(t, 1), newNodeWith(t, 2)
+	connect(t, a, b)
+	p := newProxy(t)
+	p.up = func(off int, chunk []byte) bool { return off < 200<<10 }
+	p.route(a)
+	r, srv := record(t)
+	b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
+	addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+	data := make([]byte, 1<<20)
+	rand.Read(data)
+	c := dial(t, addr)
+	go func() {
+		c.Write(data)
+		c.CloseWrite()
+	}()
+	io.ReadAll(c)
+	got, werr := <-r.got, <-r.err
+	if werr == nil {
+		t.Fatalf("the worker's connection ended cleanly after %d of %d bytes", len(got), len(data))
+	}
+	if !bytes.HasPrefix(data, got) {
+		t.Fatal("the worker got bytes that were not sent")
+	}
+}
+
+// Without a direct listener on the worker's machine, or when the direct
+// dial fails, connections go by streams; a failed dial is not tried again
+// for every connection.
+func TestDirectFallsBackToStreams(t *testing.T) {
+	t.Run("no direct listener", func(t *testing.T) {
+		a, b := newNodeWith(t, 1), newNodeWith(t, 2, tunnel.WithDirect(false))
+		connect(t, a, b)
+		srv := serve(t, echo)
+		b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
+		addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closer.Close()
+		if err := roundTrip(t, dial(t, addr), []byte("by stream")); err != nil {
+			t.Fatal(err)
+		}
+		if b.tn.DirectAddr() != "" {
+			t.Fatalf("direct listener at %s with WithDirect(false)", b.tn.DirectAddr())
+		}
+		if got := a.tn.Stats().Jobs[job]; got.Direct != 0 || got.Conns != 1 {
+			t.Fatalf("A: %+v", got)
+		}
+	})
+	t.Run("dial fails", func(t *testing.T) {
+		a, b := newNodeWith(t, 1), newNodeWith(t, 2)
+		connect(t, a, b)
+		var dials atomic.Int64
+		tunnel.SetDirectDialer(a.tn, func(ctx context.Context, addr string) (net.Conn, error) {
+			dials.Add(1)
+			return nil, errors.New("firewalled")
+		})
+		srv := serve(t, echo)
+		b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
+		addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closer.Close()
+		for i := range 3 {
+			if err := roundTrip(t, dial(t, addr), []byte{byte(i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := a.tn.Stats().Jobs[job]; got.Direct != 0 || got.Conns != 3 || dials.Load() != 1 {
+			t.Fatalf("A: %+v after %d direct dials; want 3 connections by stream, 1 dial", got, dials.Load())
+		}
+	})
+}
+
+// A forwarder whose libp2p connection to the worker's machine has gone
+// reconnects and still goes direct.
+func TestDirectAfterReconnect(t *testing.T) {
+	a, _, addr, _ := pair(t, "tcp", echo)
+	if err := roundTrip(t, dial(t, addr), []byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range a.h.Network().Peers() {
+		a.h.Network().ClosePeer(p)
+	}
+	if err := roundTrip(t, dial(t, addr), []byte("second")); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.tn.Stats().Jobs[job]; got.Direct != 2 || got.Conns != 2 {
+		t.Fatalf("A: %+v; want both connections direct", got)
+	}
+}
+
+// Whatever reaches the direct listener without a libp2p handshake, a
+// scanner or a confused gRPC client, is refused before any worker is
+// dialed.
+func TestDirectListenerRefusesStrangers(t *testing.T) {
+	a, b := newNodeWith(t, 1), newNodeWith(t, 2)
+	connect(t, a, b)
+	srv := serve(t, echo)
+	b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
+	for _, hello := range [][]byte{
+		[]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
+		{0x16, 0x03, 0x01, 0x00, 0x05, 1, 2, 3, 4, 5},
+	} {
+		c, err := net.Dial("tcp4", b.tn.DirectAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		c.Write(hello)
+		io.ReadAll(c)
+		c.Close()
+	}
+	eventually(t, "B to refuse both", func() bool { return b.tn.Stats().Refused == 2 })
+	if srv.accepted.Load() != 0 {
+		t.Fatalf("the worker saw %d connections", srv.accepted.Load())
+	}
+}

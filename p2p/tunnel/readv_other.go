@@ -1,0 +1,13 @@
+//go:build !unix
+
+package tunnel
+
+import (
+	"net"
+	"syscall"
+)
+
+// readv reads into iov[0] alone where there is no readv(2).
+func readv(c *net.TCPConn, _ syscall.RawConn, iov [][]byte) (int, error) {
+	return c.Read(iov[0])
+}
