@@ -177,6 +177,11 @@ class Averager:
         return self._state.round if self._state else 0
 
     @property
+    def steps_total(self):
+        """Inner steps of all workers in all rounds so far (as the coordinators counted them)."""
+        return self._state.steps if self._state else 0
+
+    @property
     def theta(self):
         """The global weights of the current round (flat float32, read only)."""
         return self._state.theta
@@ -274,19 +279,25 @@ class Averager:
         with self._cv:
             self._state.stop = True
 
-    def close(self):
+    def close(self, finished=False):
         """Leaves the job: a coordinator first waits (up to timeout) until its
-        members have their last round, then every connection is closed."""
+        members have their last round, then every connection is closed.
+        finished: training is over, so the checkpoint goes (as Keras'
+        BackupAndRestore does); otherwise the coordinator writes a last one."""
         if self._t0 is not None:
             self.stats["seconds"] = round(time.monotonic() - self._t0, 3)
         self.stats["last_round"] = self.round
+        if finished:
+            self._remove_checkpoint()
         if self.world == 1 or self._listener is None:
-            self._save_checkpoint(final=True)
+            if not finished:
+                self._save_checkpoint()
             return
         end = time.monotonic() + self.timeout
         with self._cv:
             if self._coord == self.rank:
-                self._save_checkpoint(final=True)
+                if not finished:
+                    self._save_checkpoint()
                 # Members still to come for a round we coordinate would wait in vain.
                 while (self._members - {self.rank} - self._dead) and time.monotonic() < end:
                     self._cv.wait(0.2)
@@ -778,7 +789,14 @@ class Averager:
 
     # ------------------------------------------------------------ checkpoints
 
-    def _save_checkpoint(self, final=False):
+    def _remove_checkpoint(self):
+        if self.checkpoint_dir:
+            try:
+                os.remove(os.path.join(self.checkpoint_dir, CHECKPOINT))
+            except FileNotFoundError:
+                pass
+
+    def _save_checkpoint(self):
         if not self.checkpoint_dir or self._state is None:
             return
         st = self._state

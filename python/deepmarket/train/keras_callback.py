@@ -33,8 +33,9 @@ class DiLoCo(_keras.callbacks.Callback):
     momentum; rounds (None) stops fit after this many global rounds (a
     restarted worker stops with the others); rank and peers (None: from
     DM_RANK and DM_AVG_PEERS, see env.py); checkpoint_dir (None:
-    $DM_OUTPUT_DIR if set; the coordinator writes diloco-state.npz there and
-    every worker its worker-RANK.json accounting); timeout (60 s: how long a
+    $DM_OUTPUT_DIR if set; the coordinator writes diloco-state.npz there
+    after its rounds and removes it when training ends, and every worker
+    writes its worker-RANK.json accounting); timeout (60 s: how long a
     round waits for a slow or silent worker), join_timeout (120 s),
     connect_timeout (10 s); log (print).
 
@@ -120,7 +121,7 @@ class DiLoCo(_keras.callbacks.Callback):
                 self._set(self.averager.theta)
             else:
                 self._round_end()  # the steps since the last round still count
-        self.averager.close()
+        self.averager.close(finished=True)
         st = dict(self.averager.stats)
         st.update(sync_every=self.sync_every, compress=self.averager.codec, peers_from=self.peers.source)
         st["bytes_sent_per_round"] = round(st["bytes_sent"] / st["rounds"]) if st["rounds"] else 0
