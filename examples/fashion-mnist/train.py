@@ -451,11 +451,12 @@ def main(argv=None):
                 return
             t0 = time.time()
             loss, acc = self.model.evaluate(test_ds, verbose=0)
-            self.eval_seconds += time.time() - t0
+            took = time.time() - t0
+            self.eval_seconds += took
             at = time.time() - T_START
             self.history.append([round(at, 3), progress.steps_run, round(float(acc), 4)])
             log("%s eval after %d steps, %.1fs: test accuracy %.4f (%.1fs)"
-                % (tag, progress.steps_run, at, acc, time.time() - t0))
+                % (tag, progress.steps_run, at, acc, took))
             if acc >= args.target_accuracy and self.reached_at is None:
                 self.reached_at = at
                 log("%s reached the target accuracy %.4f after %.1fs" % (tag, args.target_accuracy, at))
@@ -463,6 +464,10 @@ def main(argv=None):
                     diloco.request_stop()
                 else:
                     self.model.stop_training = True
+            elif diloco is not None:
+                # The others kept training meanwhile: skip the steps we missed
+                # rather than have them wait for us at the round's end.
+                diloco.catch_up(took)
 
     progress = Progress()
     target = Target()

@@ -63,6 +63,8 @@ class DiLoCo(_keras.callbacks.Callback):
         self._stop = False
         self._done = 0
         self._target = self.sync_every
+        self._step_s = None
+        self._t_batch = time.monotonic()
 
     @property
     def rank(self):
@@ -75,6 +77,20 @@ class DiLoCo(_keras.callbacks.Callback):
     @property
     def round(self):
         return self.averager.round if self.averager else 0
+
+    def catch_up(self, seconds):
+        """Skips the inner steps this worker could have taken in `seconds`
+        it spent on something else (an evaluation, say), so that the others
+        do not wait for it at the round's end; returns how many. Call it from
+        the training loop (a callback after this one). Alone, it does nothing."""
+        if self.world == 1 or self.averager is None or not self._step_s or self.model.stop_training:
+            return 0
+        n = max(0, min(self._target - self._done, int(seconds / self._step_s)))
+        self._target -= n
+        self.averager.progress = self.sync_every - (self._target - self._done)
+        if n and self._done >= self._target:
+            self._round_end()
+        return n
 
     def request_stop(self):
         """Ends training on every worker: called from the training loop (a
@@ -102,7 +118,13 @@ class DiLoCo(_keras.callbacks.Callback):
         if self._target == 0 and not self.model.stop_training:
             self._round_end()
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self._t_batch = time.monotonic()
+
     def on_train_batch_end(self, batch, logs=None):
+        # The inner step's own time (callbacks and rounds left out), for catch_up.
+        dt = time.monotonic() - self._t_batch
+        self._step_s = dt if self._step_s is None else 0.9 * self._step_s + 0.1 * dt
         self.synced = False
         self._done += 1
         self.averager.progress = self.sync_every - (self._target - self._done)
