@@ -85,6 +85,8 @@ def parse_args(argv=None):
                    help="diloco: compression of what workers exchange")
     p.add_argument("--outer-lr", type=float, default=0.7, help="diloco: outer SGD learning rate")
     p.add_argument("--outer-momentum", type=float, default=0.9, help="diloco: outer Nesterov momentum")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                   help="diloco: keep training while a round's exchange is on the wire (hides the link's latency)")
     p.add_argument("--target-accuracy", type=float, default=None,
                    help="stop once the test accuracy reaches this (checked every --eval-every steps, "
                         "else every epoch) and record the time to it")
@@ -330,12 +332,14 @@ def main(argv=None):
     if args.mode == "diloco":
         rounds = -(-args.epochs * steps // args.sync_every)
         diloco = dmt.DiLoCo(sync_every=args.sync_every, compress=None if args.compress == "none" else args.compress,
-                            outer_lr=args.outer_lr, outer_momentum=args.outer_momentum, rounds=rounds,
+                            outer_lr=args.outer_lr, outer_momentum=args.outer_momentum, overlap=args.overlap,
+                            rounds=rounds,
                             checkpoint_dir=args.out, log=lambda m: log("%s %s" % (tag, m)))
         log("%s start: diloco, %d workers, chief=%s, %d train / %d test examples, batch %d per worker, "
-            "%d steps/epoch, %d epochs, sync every %d steps (%d rounds), %s, TF %s (import %.1fs, data load %.1fs)"
+            "%d steps/epoch, %d epochs, sync every %d steps (%d rounds), %s%s, TF %s (import %.1fs, data load %.1fs)"
             % (tag, workers, chief, len(x_train), len(x_test), local_batch, steps, args.epochs,
-               args.sync_every, rounds, args.compress, tf.__version__, t_tf, t_data))
+               args.sync_every, rounds, args.compress, ", overlapped" if args.overlap else "",
+               tf.__version__, t_tf, t_data))
     else:
         log("%s start: %d replicas in sync, chief=%s, %d train / %d test examples, "
             "global batch %d, %d steps/epoch, %d epochs, TF %s (import %.1fs, data load %.1fs)"
@@ -450,7 +454,11 @@ def main(argv=None):
             if diloco is not None and not chief:
                 return
             t0 = time.time()
-            loss, acc = self.model.evaluate(test_ds, verbose=0)
+            if diloco is not None:
+                with diloco.global_weights():  # the job's weights, not this worker's own steps since
+                    loss, acc = self.model.evaluate(test_ds, verbose=0)
+            else:
+                loss, acc = self.model.evaluate(test_ds, verbose=0)
             took = time.time() - t0
             self.eval_seconds += took
             at = time.time() - T_START
@@ -555,6 +563,7 @@ def main(argv=None):
                 "compress": args.compress,
                 "outer_lr": args.outer_lr,
                 "outer_momentum": args.outer_momentum,
+                "overlap": args.overlap,
                 "diloco": st,
             })
         else:

@@ -28,6 +28,7 @@ def main():
     p.add_argument("--compress", default="int8")
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--overlap", action="store_true")
     a = p.parse_args()
 
     import tensorflow as tf
@@ -48,7 +49,7 @@ def main():
     model.compile(keras.optimizers.Adam(0.01),
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
 
-    diloco = dmt.DiLoCo(sync_every=a.sync_every, compress=a.compress, rounds=a.rounds, rank=a.rank,
+    diloco = dmt.DiLoCo(sync_every=a.sync_every, compress=a.compress, rounds=a.rounds, rank=a.rank, overlap=a.overlap,
                         peers=a.peers.split(","), checkpoint_dir=a.out, timeout=a.timeout,
                         join_timeout=30, connect_timeout=5)
 

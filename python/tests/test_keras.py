@@ -34,7 +34,7 @@ class Proc:
     def __init__(self, rank, addrs, out, **flags):
         args = [sys.executable, WORKER, "--rank", str(rank), "--peers", ",".join(addrs), "--out", out]
         for k, v in flags.items():
-            args += ["--" + k.replace("_", "-"), str(v)]
+            args += ["--" + k.replace("_", "-")] + ([str(v)] if v != "" else [])
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.rank, self.lines, self.all = rank, queue.Queue(), []
         self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -142,8 +142,14 @@ class KerasDiLoCoTest(unittest.TestCase):
         self.assertTrue(os.path.isfile(os.path.join(self.tmp.name, "worker-0.json")))
 
     def test_two_workers_converge_to_identical_weights(self):
+        self.converge(rounds=8, sync_every=10, compress="int8")
+
+    def test_overlapped_rounds_converge_to_identical_weights(self):
+        self.converge(rounds=8, sync_every=10, compress="fp16", overlap="")
+
+    def converge(self, **flags):
         addrs = free_addrs(2)
-        ps = [self.start(r, addrs, rounds=8, sync_every=10, compress="int8") for r in range(2)]
+        ps = [self.start(r, addrs, **flags) for r in range(2)]
         for p in ps:
             p.finish(self)
         (r0, d0, acc0), (r1, d1, acc1) = ps[0].final(), ps[1].final()

@@ -126,7 +126,8 @@ class Averager:
     own threads. Defaults: compress "int8", outer_lr 0.7, outer_momentum 0.9,
     nesterov True, timeout 60 s (how long a coordinator waits for members
     after its own delta is ready), join_timeout 120 s (how long a rank > 0
-    waits at start for a peer to join; rank 0 does not wait),
+    waits at start for a peer to join; rank 0 does not wait, but its first
+    round waits this long for the others to join),
     connect_timeout 10 s (connect and first answer), checkpoint_dir None
     (no checkpoint), checkpoint_every 1 round, job "" (frames from another
     job are refused), log print.
@@ -169,6 +170,7 @@ class Averager:
                       "last_round": None, "rounds": 0, "rounds_coordinated": 0, "late": 0, "resyncs": 0,
                       "bytes_sent": 0, "bytes_received": 0, "seconds": 0.0}
         self._t0 = None
+        self._expect_until = 0.0         # a founder's first round waits for all until then
 
     # ------------------------------------------------------------ public API
 
@@ -212,6 +214,13 @@ class Averager:
             if adopted is not None:
                 how, progress = "joined", adopted
         with self._cv:
+            if how != "joined":
+                # We start the job: the first round waits for everyone to
+                # join (up to join_timeout from our start), as they were all
+                # launched with us; later rounds wait only for who is there.
+                self._members = set(range(self.world))
+                self._dead.clear()
+                self._expect_until = self._t0 + self.join_timeout
             self._established = True
         st = self._state
         self.stats["joined_round"], self.stats["joined_how"] = st.round, how
@@ -411,7 +420,8 @@ class Averager:
             r = st.round
             self._pending[self.rank] = (delta, steps, stop)
             self._cv.notify_all()
-            end = time.monotonic() + self.timeout
+            end = max(time.monotonic() + self.timeout, self._expect_until)
+            self._expect_until = 0.0
             while True:
                 waiting = sorted(j for j in self._members
                                  if j != self.rank and j not in self._dead

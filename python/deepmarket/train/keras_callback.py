@@ -1,8 +1,10 @@
 """DiLoCo as a Keras callback (tf_keras, the Keras 2 TensorFlow ships; else Keras 3)."""
 
+import contextlib
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -30,25 +32,30 @@ class DiLoCo(_keras.callbacks.Callback):
     Arguments (defaults): sync_every (500) inner steps between averaging
     rounds; compress ("int8"; "fp16" or None) for the pseudo-gradients;
     outer_lr (0.7) and outer_momentum (0.9) of the outer SGD with Nesterov
-    momentum; rounds (None) stops fit after this many global rounds (a
-    restarted worker stops with the others); rank and peers (None: from
-    DM_RANK and DM_AVG_PEERS, see env.py); checkpoint_dir (None:
+    momentum; overlap (False): keep training while a round's exchange is on
+    the wire, and when the new global weights arrive continue from them plus
+    the steps taken meanwhile (hides the link's latency; the global weights
+    are the same either way); rounds (None) stops fit after this many global
+    rounds (a restarted worker stops with the others); rank and peers (None:
+    from DM_RANK and DM_AVG_PEERS, see env.py); checkpoint_dir (None:
     $DM_OUTPUT_DIR if set; the coordinator writes diloco-state.npz there
     after its rounds and removes it when training ends, and every worker
     writes its worker-RANK.json accounting); timeout (60 s: how long a
     round waits for a slow or silent worker), join_timeout (120 s),
     connect_timeout (10 s); log (print).
 
-    Each epoch's logs get diloco_round. After fit, `stats` holds this
-    worker's rounds, seconds worked, bytes sent and received.
+    When fit ends, the model holds the global weights (the same on every
+    worker). Each epoch's logs get diloco_round. After fit, `stats` holds
+    this worker's rounds, seconds worked, bytes sent and received.
     """
 
     def __init__(self, sync_every=500, compress="int8", outer_lr=0.7, outer_momentum=0.9, nesterov=True,
-                 rounds=None, rank=None, peers=None, checkpoint_dir=None, timeout=60.0, join_timeout=120.0,
-                 connect_timeout=10.0, log=None):
+                 overlap=False, rounds=None, rank=None, peers=None, checkpoint_dir=None, timeout=60.0,
+                 join_timeout=120.0, connect_timeout=10.0, log=None):
         super().__init__()
         self.peers = envmod.from_env(rank=rank, addrs=peers)
         self.sync_every = int(sync_every)
+        self.overlap = bool(overlap) and self.peers.world > 1
         self.rounds = rounds
         self.checkpoint_dir = checkpoint_dir if checkpoint_dir is not None else os.environ.get("DM_OUTPUT_DIR")
         tag = "[diloco %d/%d]" % (self.peers.rank, self.peers.world)
@@ -59,12 +66,14 @@ class DiLoCo(_keras.callbacks.Callback):
                           checkpoint_dir=self.checkpoint_dir, job=os.environ.get("DM_JOB_ID", ""))
         self.averager = None
         self.stats = {}
-        self.synced = False  # True right after a round ended (for callbacks after this one)
+        self.synced = False  # True right after new global weights arrived (for callbacks after this one)
         self._stop = False
-        self._done = 0
+        self._done = 0       # inner steps since this worker's last hand-in
         self._target = self.sync_every
         self._step_s = None
         self._t_batch = time.monotonic()
+        self._pool = None
+        self._inflight = None  # (future of Averager.sync, the weights handed in)
 
     @property
     def rank(self):
@@ -77,6 +86,20 @@ class DiLoCo(_keras.callbacks.Callback):
     @property
     def round(self):
         return self.averager.round if self.averager else 0
+
+    @contextlib.contextmanager
+    def global_weights(self):
+        """Within it, the model holds the job's global weights (to evaluate
+        them: with overlap, the model's own are those plus the steps since)."""
+        if self.averager is None:
+            yield
+            return
+        own = self.model.get_weights()
+        self._set(self.averager.theta)
+        try:
+            yield
+        finally:
+            self.model.set_weights(own)
 
     def catch_up(self, seconds):
         """Skips the inner steps this worker could have taken in `seconds`
@@ -99,7 +122,7 @@ class DiLoCo(_keras.callbacks.Callback):
         self._stop = True
         if self.averager is not None and not self.model.stop_training:
             self.averager.request_stop()
-            self._round_end()
+            self._round_end(wait=True)
 
     # ------------------------------------------------------------ Keras hooks
 
@@ -111,7 +134,8 @@ class DiLoCo(_keras.callbacks.Callback):
         mask = np.concatenate([np.full(int(np.prod(v.shape)), id(v) in trainable, dtype=bool)
                                for v in self.model.weights]) if weights else np.zeros(0, bool)
         self.averager = Averager(self.peers, log=self._log, **self._opts)
-        self._t0 = time.time()
+        if self.overlap:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diloco")
         res = self.averager.start(_flatten(weights), mask)
         self._set(res.theta)
         self._after(res)
@@ -128,7 +152,9 @@ class DiLoCo(_keras.callbacks.Callback):
         self.synced = False
         self._done += 1
         self.averager.progress = self.sync_every - (self._target - self._done)
-        if self._done >= self._target:
+        if self._inflight is not None and self._inflight[0].done():
+            self._land()
+        if self._done >= self._target and not self.model.stop_training:
             self._round_end()
 
     def on_epoch_end(self, epoch, logs=None):
@@ -138,14 +164,19 @@ class DiLoCo(_keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         if self.averager is None:
             return
+        if self._inflight is not None:
+            self._land()
         if self._done > 0:
             if self.model.stop_training:  # steps after the last round: not global, drop them
                 self._set(self.averager.theta)
             else:
-                self._round_end()  # the steps since the last round still count
+                self._round_end(wait=True)  # the steps since the last round still count
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         self.averager.close(finished=True)
         st = dict(self.averager.stats)
-        st.update(sync_every=self.sync_every, compress=self.averager.codec, peers_from=self.peers.source)
+        st.update(sync_every=self.sync_every, compress=self.averager.codec, overlap=self.overlap,
+                  peers_from=self.peers.source)
         st["bytes_sent_per_round"] = round(st["bytes_sent"] / st["rounds"]) if st["rounds"] else 0
         self.stats = st
         self._log("left at round %d: %d rounds (%d coordinated, %d late, %d resyncs) in %.1fs, "
@@ -162,17 +193,46 @@ class DiLoCo(_keras.callbacks.Callback):
 
     # ------------------------------------------------------------ rounds
 
-    def _round_end(self):
-        # A round can end with 0 steps left for the next one (a worker that
-        # joined at the very end of a round): then sync again at once.
+    def _round_end(self, wait=False):
+        """Hands in this round's steps. Without overlap (or with wait) it
+        blocks until the round's global weights are here; with overlap it
+        returns at once and _land applies them when they arrive."""
         while True:
-            local = _flatten(self.model.get_weights()) if self._done > 0 else None
-            res = self.averager.sync(local, self._done, stop=self._stop)
+            if self._inflight is not None:
+                self._land()  # the previous round's answer first
+                if self.model.stop_training or (self._done < self._target and not wait):
+                    return
+            steps = self._done
+            local = _flatten(self.model.get_weights()) if steps > 0 else None
+            self._done = 0
+            if self.overlap and not wait and steps > 0:
+                # Provisional: _land sets the real count when the answer comes.
+                self._target = self.sync_every
+                self._inflight = (self._pool.submit(self.averager.sync, local, steps, self._stop), local)
+                return
+            res = self.averager.sync(local, steps, stop=self._stop)
             self._set(res.theta)
             self._after(res)
             self.synced = True
+            # A round can end with 0 steps left for the next one (a worker that
+            # joined at the very end of a round): then hand in again at once.
             if self.model.stop_training or self._target > 0:
                 return
+
+    def _land(self):
+        """Applies the answer of the exchange in flight (waiting for it):
+        the new global weights plus the steps taken since the hand-in."""
+        future, sent = self._inflight
+        res = future.result()
+        self._inflight = None
+        steps = self._done
+        self._after(res)
+        if self.model.stop_training or steps == 0:
+            self._set(res.theta)  # the end: exactly the global weights, the steps since dropped
+        else:
+            self._set(res.theta + (_flatten(self.model.get_weights()) - sent))
+            self._done = steps
+        self.synced = True
 
     def _after(self, res):
         self._done = 0
