@@ -177,9 +177,11 @@ def table(outcomes):
                          (mode, n, one["time_to_target_s"] / r["time_to_target_s"]))
         s = by.get(("sync", n), {})
         if mode == "diloco" and "test_accuracy" in r and "test_accuracy" in s:
-            notes.append("diloco vs sync, %d workers: final accuracy %+.2f points, bytes sent per worker %.3fx"
-                         % (n, 100 * (r["test_accuracy"] - s["test_accuracy"]),
-                            (r.get("bytes_sent") or 0) / s["bytes_sent"] if s.get("bytes_sent") else float("nan")))
+            note = "diloco vs sync, %d workers: final accuracy %+.2f points" % (
+                n, 100 * (r["test_accuracy"] - s["test_accuracy"]))
+            if s.get("bytes_sent"):
+                note += ", bytes sent per worker %.3fx" % ((r.get("bytes_sent") or 0) / s["bytes_sent"])
+            notes.append(note)
     return lines + [""] + notes
 
 
@@ -200,6 +202,9 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join("/tmp", "dm-bench-local-%d" % os.getpid()),
                    help="a folder per run under this")
     p.add_argument("--hosts", default=None, help="one address per rank (default 127.0.0.1)")
+    p.add_argument("--ports", default=None, metavar="TF_BASE,AVG_BASE",
+                   help="rank j's TensorFlow port is TF_BASE+j and its averaging port AVG_BASE+j, as a node's "
+                        "(20000,21000); default: free ports")
     p.add_argument("--no-pin", action="store_true", help="do not pin workers to cores")
     p.add_argument("--timeout", type=float, default=3600, help="seconds a run may take")
     p.add_argument("--print-plan", action="store_true", help="print the workers' commands and env as JSON, run nothing")
@@ -207,17 +212,25 @@ def main(argv=None):
     a = p.parse_args(argv)
     train_args = train_args or DEFAULT_ARGS
     counts = [int(x) for x in a.workers.split(",") if x]
+    bases = [int(x) for x in a.ports.split(",")] if a.ports else None
+    if bases is not None and len(bases) != 2:
+        p.error("--ports wants TF_BASE,AVG_BASE")
+
+    def specs_for(m, n):
+        return plan(m, n, train_args, a.out, a.python, a.train_py, hosts=a.hosts.split(",") if a.hosts else None,
+                    tf_ports=[bases[0] + j for j in range(n)] if bases else None,
+                    avg_ports=[bases[1] + j for j in range(n)] if bases else None,
+                    data=a.data, pin=not a.no_pin)
+
     modes = [m for m in a.modes.split(",") if m]
     runs = [(m, n) for n in counts for m in modes]
     if a.print_plan:
-        print(json.dumps([{"mode": m, "workers": n, "specs": [asdict(s) for s in plan(
-            m, n, train_args, a.out, a.python, a.train_py, hosts=a.hosts.split(",") if a.hosts else None,
-            data=a.data, pin=not a.no_pin)]} for m, n in runs], indent=2))
+        print(json.dumps([{"mode": m, "workers": n, "specs": [asdict(s) for s in specs_for(m, n)]}
+                          for m, n in runs], indent=2))
         return 0
     outcomes = []
     for m, n in runs:
-        specs = plan(m, n, train_args, a.out, a.python, a.train_py,
-                     hosts=a.hosts.split(",") if a.hosts else None, data=a.data, pin=not a.no_pin)
+        specs = specs_for(m, n)
         print("running %s with %d worker(s)%s: %s" % (m, n, " pinned to cores %s" % [s.cpu for s in specs]
               if specs[0].cpu is not None else "", " ".join(train_args)), flush=True)
         o = run(specs, m, a.timeout)

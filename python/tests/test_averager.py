@@ -53,6 +53,7 @@ class Worker:
         self.outcomes = []
         self.joined = None
         self.crash_after = None
+        self.stop_at = None
         self.error = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -69,7 +70,7 @@ class Worker:
                     return self._crash()
                 time.sleep(self.round_time * res.steps / self.H)  # the inner steps
                 local = res.theta - delta_for(self.rank, res.round) if res.steps else None
-                res = self.av.sync(local, res.steps)
+                res = self.av.sync(local, res.steps, stop=res.round == self.stop_at)
                 self.seen.append((res.round, digest(res.theta)))
                 self.outcomes.append(res.outcome)
             self.final = res
@@ -161,6 +162,19 @@ class AveragerTest(unittest.TestCase):
         self.assertEqual(w1b.joined[2], "joined")
         self.assertIn(w1b.joined[:2], [(0, digest(np.full(N, 1.0, np.float32)))] + w0.seen)
         self.assertEqual(w0.seen[-1], w1b.seen[-1])
+
+    def test_stop_keeps_the_weights_it_was_asked_at(self):
+        addrs = free_addrs(2)
+        ws = [Worker(r, addrs, rounds=10) for r in range(2)]
+        ws[1].stop_at = 3  # say rank 1 saw the target accuracy at round 3
+        for w in ws:
+            w.start()
+        for w in ws:
+            w.join(self)
+        at_request = dict(ws[1].seen)[3]
+        for w in ws:
+            self.assertTrue(w.final.stop)
+            self.assertEqual(w.seen[-1], (4, at_request))  # one more round, the same weights
 
     def test_checkpoint_resume(self):
         addrs = free_addrs(2)

@@ -436,8 +436,10 @@ class Averager:
                           % (r, ",".join(map(str, waiting)), self.timeout))
             entries = sorted(self._pending.items())
             self._pending = {}
-            got = [(j, d, s) for j, (d, s, _) in entries if s > 0 and d is not None]
             stop_all = st.stop or any(x[2] for _, x in entries)
+            # A stop keeps the weights it was asked at (those that reached a
+            # target, say): the steps of the round it ends are dropped.
+            got = [] if stop_all else [(j, d, s) for j, (d, s, _) in entries if s > 0 and d is not None]
             prev = st.digest
             header = {"t": "update", "from_round": r, "round": r + 1, "prev": prev,
                       "ranks": [j for j, _, _ in got], "steps": sum(s for _, _, s in got)}

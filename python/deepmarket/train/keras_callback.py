@@ -118,7 +118,9 @@ class DiLoCo(_keras.callbacks.Callback):
     def request_stop(self):
         """Ends training on every worker: called from the training loop (a
         callback after this one), it ends this worker's round now with the
-        stop flag, and the coordinator tells everyone at that round's end."""
+        stop flag, and the coordinator tells everyone at that round's end.
+        The job ends on the global weights of the moment (the others' steps
+        in that last round are dropped)."""
         self._stop = True
         if self.averager is not None and not self.model.stop_training:
             self.averager.request_stop()
