@@ -1,16 +1,27 @@
 #!/usr/bin/env python3
-"""Distributed Fashion-MNIST training with tf.distribute.MultiWorkerMirroredStrategy.
+"""Distributed Fashion-MNIST training, synchronous or DiLoCo.
 
-The cluster comes from the TF_CONFIG environment variable, read by TensorFlow
-itself (nothing here changes how TF interprets it). Without TF_CONFIG the
-program trains as a single worker. Every worker runs this same program; worker
-0 (or "chief") writes OUT/model.keras and OUT/result.json.
+--mode sync (the default): tf.distribute.MultiWorkerMirroredStrategy, the
+gradients all-reduced after every step. The cluster comes from the TF_CONFIG
+environment variable, read by TensorFlow itself (nothing here changes how TF
+interprets it). Without TF_CONFIG the program trains as a single worker.
+
+--mode diloco: every worker trains plain single-worker Keras on its own
+shuffle of the data and, every --sync-every steps, averages its progress with
+the others through deepmarket.train.DiLoCo (compressed, over one TCP port per
+worker; a lost worker does not stop the others). Peers come from DM_RANK and
+DM_AVG_PEERS (else TF_CONFIG with each port + 1000).
+
+Every worker runs this same program; worker 0 (or "chief") writes
+OUT/model.keras and OUT/result.json. --target-accuracy stops the run once
+the test accuracy reaches it and records how long that took.
 
 Data: the four Fashion-MNIST IDX files (gzipped or plain) in --data, parsed
 with numpy; nothing is downloaded.
 
-A restarted job resumes from its last finished epoch thanks to
-keras.callbacks.BackupAndRestore (OUT/backup on the chief).
+A restarted job resumes: in sync mode from its last finished epoch thanks to
+keras.callbacks.BackupAndRestore (OUT/backup on the chief); in diloco mode
+from the last round, through the live workers or OUT/diloco-state.npz.
 """
 
 import time
@@ -59,14 +70,37 @@ def parse_args(argv=None):
                    help="batch size per worker (global batch = this x workers)")
     p.add_argument("--train-examples", type=int, default=None,
                    help="use only the first N training examples (for quick tests)")
-    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp",
-                   help="mlp: Flatten+Dense(128)+Dense(10); cnn: a tiny conv net (slower, more accurate)")
+    p.add_argument("--model", choices=["mlp", "cnn", "cnn-wide"], default="mlp",
+                   help="mlp: Flatten+Dense(128)+Dense(10); cnn: a tiny conv net (slower, more accurate); "
+                        "cnn-wide: a wider conv net, compute-bound (a step of 64 takes 50+ ms on a core), "
+                        "reaches 0.90 test accuracy")
     p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate")
     p.add_argument("--seed", type=int, default=42, help="random seed (same on every worker)")
+    p.add_argument("--mode", choices=["sync", "diloco"], default="sync",
+                   help="sync: all-reduce gradients every step (MultiWorkerMirroredStrategy); "
+                        "diloco: local steps, averaged every --sync-every steps (deepmarket.train.DiLoCo)")
+    p.add_argument("--sync-every", type=int, default=100,
+                   help="diloco: inner steps between averaging rounds")
+    p.add_argument("--compress", choices=["int8", "fp16", "none"], default="int8",
+                   help="diloco: compression of what workers exchange")
+    p.add_argument("--outer-lr", type=float, default=0.7, help="diloco: outer SGD learning rate")
+    p.add_argument("--outer-momentum", type=float, default=0.9, help="diloco: outer Nesterov momentum")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                   help="diloco: keep training while a round's exchange is on the wire (hides the link's latency)")
+    p.add_argument("--target-accuracy", type=float, default=None,
+                   help="stop once the test accuracy reaches this (checked every --eval-every steps, "
+                        "else every epoch) and record the time to it")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="with --target-accuracy: evaluate every this many steps per worker "
+                        "(diloco: at the first round end after them; default: every epoch)")
     a = p.parse_args(argv)
-    for name in ("epochs", "batch_size"):
+    for name in ("epochs", "batch_size", "sync_every"):
         if getattr(a, name) < 1:
             p.error("--%s must be >= 1" % name.replace("_", "-"))
+    if a.target_accuracy is not None and not 0 < a.target_accuracy <= 1:
+        p.error("--target-accuracy must be in (0, 1]")
+    if a.eval_every is not None and a.eval_every < 1:
+        p.error("--eval-every must be >= 1")
     if a.steps_per_epoch is not None and a.steps_per_epoch < 1:
         p.error("--steps-per-epoch must be >= 1")
     if a.train_examples is not None and a.train_examples < 1:
@@ -198,6 +232,51 @@ def sync_backup_from_chief(tf, strategy, backup_dir, chief, tag):
     return True, False
 
 
+def build_model(keras, name):
+    if name == "cnn":
+        layers = [keras.Input((28, 28, 1)),
+                  keras.layers.Conv2D(16, 3, activation="relu"),
+                  keras.layers.MaxPooling2D(),
+                  keras.layers.Conv2D(32, 3, activation="relu"),
+                  keras.layers.MaxPooling2D(),
+                  keras.layers.Flatten(),
+                  keras.layers.Dense(64, activation="relu"),
+                  keras.layers.Dense(10)]
+    elif name == "cnn-wide":
+        # Most of the time goes to the convolutions (compute-bound): the
+        # model has 0.4M weights, so averaging it costs little next to a step.
+        layers = [keras.Input((28, 28, 1)),
+                  keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+                  keras.layers.MaxPooling2D(),
+                  keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+                  keras.layers.MaxPooling2D(),
+                  keras.layers.Flatten(),
+                  keras.layers.Dense(128, activation="relu"),
+                  keras.layers.Dense(10)]
+    else:
+        layers = [keras.Input((28, 28, 1)),
+                  keras.layers.Flatten(),
+                  keras.layers.Dense(128, activation="relu"),
+                  keras.layers.Dense(10)]
+    return keras.Sequential(layers, name="fashion_mnist_" + name.replace("-", "_"))
+
+
+def import_deepmarket():
+    """deepmarket.train, installed in the job's environment or, when this
+    runs from a checkout of the repository, from its python/ folder."""
+    try:
+        import deepmarket.train as dmt
+        return dmt
+    except ImportError:
+        here = os.path.dirname(os.path.abspath(__file__))
+        checkout = os.path.normpath(os.path.join(here, "..", "..", "python"))
+        if not os.path.isfile(os.path.join(checkout, "deepmarket", "train", "__init__.py")):
+            raise
+        sys.path.insert(0, checkout)
+        import deepmarket.train as dmt
+        return dmt
+
+
 def main(argv=None):
     args = parse_args(argv)
     t_data0 = time.time()
@@ -222,52 +301,72 @@ def main(argv=None):
         tf.config.threading.set_intra_op_parallelism_threads(n)
         tf.config.threading.set_inter_op_parallelism_threads(n)
 
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    resolver = strategy.cluster_resolver
-    chief = is_chief(resolver)
-    task_id = resolver.task_id or 0
-    task = "%s %d" % (resolver.task_type or "worker", task_id)
-    workers = strategy.num_replicas_in_sync
-    global_batch = args.batch_size * workers
+    diloco = None
+    if args.mode == "diloco":
+        try:
+            dmt = import_deepmarket()
+        except ImportError as e:
+            print("train.py: error: --mode diloco needs the deepmarket package (pip install ./python "
+                  "from the repository into this environment): %s" % e, file=sys.stderr)
+            return 2
+        strategy = tf.distribute.get_strategy()  # the default: this worker alone
+        try:
+            peers = dmt.from_env()
+        except ValueError as e:
+            print("train.py: error: %s" % e, file=sys.stderr)
+            return 2
+        chief, task_id, workers = peers.rank == 0, peers.rank, peers.world
+        task = "worker %d" % task_id
+        global_batch = args.batch_size * workers  # all workers together, as in sync mode
+        local_batch = args.batch_size
+    else:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        resolver = strategy.cluster_resolver
+        chief = is_chief(resolver)
+        task_id = resolver.task_id or 0
+        task = "%s %d" % (resolver.task_type or "worker", task_id)
+        workers = strategy.num_replicas_in_sync
+        global_batch = local_batch = args.batch_size * workers
     steps = args.steps_per_epoch or max(1, len(x_train) // global_batch)
     tag = "[%s]" % task
-    log("%s start: %d replicas in sync, chief=%s, %d train / %d test examples, "
-        "global batch %d, %d steps/epoch, %d epochs, TF %s (import %.1fs, data load %.1fs)"
-        % (tag, workers, chief,
-           len(x_train), len(x_test), global_batch, steps, args.epochs, tf.__version__, t_tf, t_data))
+    if args.mode == "diloco":
+        rounds = -(-args.epochs * steps // args.sync_every)
+        diloco = dmt.DiLoCo(sync_every=args.sync_every, compress=None if args.compress == "none" else args.compress,
+                            outer_lr=args.outer_lr, outer_momentum=args.outer_momentum, overlap=args.overlap,
+                            rounds=rounds,
+                            checkpoint_dir=args.out, log=lambda m: log("%s %s" % (tag, m)))
+        log("%s start: diloco, %d workers, chief=%s, %d train / %d test examples, batch %d per worker, "
+            "%d steps/epoch, %d epochs, sync every %d steps (%d rounds), %s%s, TF %s (import %.1fs, data load %.1fs)"
+            % (tag, workers, chief, len(x_train), len(x_test), local_batch, steps, args.epochs,
+               args.sync_every, rounds, args.compress, ", overlapped" if args.overlap else "",
+               tf.__version__, t_tf, t_data))
+    else:
+        log("%s start: %d replicas in sync, chief=%s, %d train / %d test examples, "
+            "global batch %d, %d steps/epoch, %d epochs, TF %s (import %.1fs, data load %.1fs)"
+            % (tag, workers, chief,
+               len(x_train), len(x_test), global_batch, steps, args.epochs, tf.__version__, t_tf, t_data))
 
     keras.utils.set_random_seed(args.seed)
     opts = tf.data.Options()
     opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     if cores:
         opts.threading.private_threadpool_size = max(1, int(float(cores)))
+    # diloco: every worker reads the whole set in its own order (a worker
+    # lost or added changes nothing about what the others read).
     train_ds = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
-                .shuffle(min(len(x_train), 10000), seed=args.seed, reshuffle_each_iteration=True)
+                .shuffle(min(len(x_train), 10000), seed=args.seed + (task_id if diloco else 0),
+                         reshuffle_each_iteration=True)
                 .repeat()
-                .batch(global_batch, drop_remainder=True)
+                .batch(local_batch, drop_remainder=True)
                 .with_options(opts)
                 .prefetch(tf.data.AUTOTUNE))
     # Larger batches for evaluation: fewer steps, so fewer all-reduces.
     test_ds = (tf.data.Dataset.from_tensor_slices((x_test, y_test))
-               .batch(max(global_batch, 512 * workers))
+               .batch(max(global_batch, 512 * workers) if diloco is None else 1024)
                .with_options(opts))
 
     with strategy.scope():
-        if args.model == "cnn":
-            layers = [keras.Input((28, 28, 1)),
-                      keras.layers.Conv2D(16, 3, activation="relu"),
-                      keras.layers.MaxPooling2D(),
-                      keras.layers.Conv2D(32, 3, activation="relu"),
-                      keras.layers.MaxPooling2D(),
-                      keras.layers.Flatten(),
-                      keras.layers.Dense(64, activation="relu"),
-                      keras.layers.Dense(10)]
-        else:
-            layers = [keras.Input((28, 28, 1)),
-                      keras.layers.Flatten(),
-                      keras.layers.Dense(128, activation="relu"),
-                      keras.layers.Dense(10)]
-        model = keras.Sequential(layers, name="fashion_mnist_" + args.model)
+        model = build_model(keras, args.model)
         model.compile(optimizer=keras.optimizers.Adam(args.learning_rate),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
@@ -276,56 +375,137 @@ def main(argv=None):
     # BackupAndRestore (tf_keras): the chief saves its checkpoint after every
     # epoch in OUT/backup/chief/, other workers write to temporary folders in
     # OUT/backup/; on a restart every worker restores from OUT/backup/chief/.
+    # In diloco mode the DiLoCo callback keeps its own checkpoint instead.
     backup_dir = os.path.join(args.out, "backup")
     got_copy = False
-    if workers > 1:
-        has_ckpt, got_copy = sync_backup_from_chief(tf, strategy, backup_dir, chief, tag)
-    else:
-        has_ckpt = os.path.isdir(os.path.join(backup_dir, "chief"))
-    if has_ckpt and chief:
-        log("%s resuming from the checkpoint in %s" % (tag, backup_dir))
+    if diloco is None:
+        if workers > 1:
+            has_ckpt, got_copy = sync_backup_from_chief(tf, strategy, backup_dir, chief, tag)
+        else:
+            has_ckpt = os.path.isdir(os.path.join(backup_dir, "chief"))
+        if has_ckpt and chief:
+            log("%s resuming from the checkpoint in %s" % (tag, backup_dir))
 
     class Progress(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
             self.epochs_run = 0
+            self.steps_run = 0
             self.first_step_at = None
             self.train_seconds = 0.0
+            self.t_epoch = None
 
         def on_epoch_begin(self, epoch, logs=None):
             self.t_epoch = time.time()
+            self.epoch_steps = 0
 
         def on_train_batch_end(self, batch, logs=None):
+            self.steps_run += 1
+            self.epoch_steps += 1
             if self.first_step_at is None:
                 self.first_step_at = time.time() - T_START
                 log("%s first step done %.1fs after process start" % (tag, self.first_step_at))
 
         def on_epoch_end(self, epoch, logs=None):
             dt = time.time() - self.t_epoch
+            self.t_epoch = None
             self.epochs_run += 1
             self.train_seconds += dt
             logs = logs or {}
-            log("%s epoch %d/%d: loss %.4f accuracy %.4f, %.1fs, %.0f examples/s"
+            extra = " round %d" % logs["diloco_round"] if "diloco_round" in logs else ""
+            log("%s epoch %d/%d: loss %.4f accuracy %.4f, %.1fs, %.0f examples/s%s"
                 % (tag, epoch + 1, args.epochs, logs.get("loss", float("nan")),
-                   logs.get("accuracy", float("nan")), dt, steps * global_batch / dt))
+                   logs.get("accuracy", float("nan")), dt, self.epoch_steps * local_batch / dt, extra))
+
+        def on_train_end(self, logs=None):
+            if self.t_epoch is not None:  # stopped in the middle of an epoch
+                self.train_seconds += time.time() - self.t_epoch
+
+    class Target(keras.callbacks.Callback):
+        """Evaluates the test set every --eval-every steps (else every epoch)
+        and stops training at --target-accuracy. sync: every worker evaluates
+        (the evaluation is itself distributed) and all stop together. diloco:
+        the chief evaluates the global weights right after a round and asks
+        the job to stop; the others stop at that round's end."""
+
+        def __init__(self):
+            super().__init__()
+            self.history = []
+            self.reached_at = None
+            self.eval_seconds = 0.0
+            self.since = 0
+            self.due = False
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.since += 1
+            if args.eval_every and self.since >= args.eval_every:
+                self.due = True
+            if self.due and (diloco is None or diloco.synced) and not self.model.stop_training:
+                self.check()
+
+        def on_epoch_end(self, epoch, logs=None):
+            if not args.eval_every:
+                self.due = True
+                if diloco is None or diloco.synced:
+                    self.check()
+
+        def check(self):
+            self.due, self.since = False, 0
+            if diloco is not None and not chief:
+                return
+            t0 = time.time()
+            if diloco is not None:
+                with diloco.global_weights():  # the job's weights, not this worker's own steps since
+                    loss, acc = self.model.evaluate(test_ds, verbose=0)
+            else:
+                loss, acc = self.model.evaluate(test_ds, verbose=0)
+            took = time.time() - t0
+            self.eval_seconds += took
+            at = time.time() - T_START
+            self.history.append([round(at, 3), progress.steps_run, round(float(acc), 4)])
+            log("%s eval after %d steps, %.1fs: test accuracy %.4f (%.1fs)"
+                % (tag, progress.steps_run, at, acc, took))
+            if acc >= args.target_accuracy and self.reached_at is None:
+                self.reached_at = at
+                log("%s reached the target accuracy %.4f after %.1fs" % (tag, args.target_accuracy, at))
+                if diloco is not None:
+                    diloco.request_stop()
+                else:
+                    self.model.stop_training = True
+            elif diloco is not None:
+                # The others kept training meanwhile: skip the steps we missed
+                # rather than have them wait for us at the round's end.
+                diloco.catch_up(took)
 
     progress = Progress()
-    callbacks = [keras.callbacks.BackupAndRestore(backup_dir=backup_dir), progress]
+    target = Target()
+    if diloco is not None:
+        callbacks = [diloco, progress]
+    else:
+        callbacks = [keras.callbacks.BackupAndRestore(backup_dir=backup_dir), progress]
+    if args.target_accuracy is not None:
+        callbacks.append(target)
     t_fit = time.time()
     log("%s fit starts %.1fs after process start" % (tag, t_fit - T_START))
     model.fit(train_ds, epochs=args.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
-    log("%s fit done in %.1fs" % (tag, time.time() - t_fit))
-    if progress.epochs_run < args.epochs:
+    fit_seconds = time.time() - t_fit
+    log("%s fit done in %.1fs" % (tag, fit_seconds))
+    if diloco is None and progress.epochs_run < args.epochs and target.reached_at is None:
         log("%s resumed from backup: ran %d of %d epochs" % (tag, progress.epochs_run, args.epochs))
 
-    # BackupAndRestore deletes the checkpoint after fit on the chief; also drop
-    # the copy a non-chief worker got (own OUT only) and the empty folder.
-    if got_copy:
-        shutil.rmtree(os.path.join(backup_dir, "chief"), ignore_errors=True)
-    try:
-        os.rmdir(backup_dir)
-    except OSError:
-        pass
+    if diloco is None:
+        # BackupAndRestore deletes the checkpoint after fit on the chief; also drop
+        # the copy a non-chief worker got (own OUT only) and the empty folder.
+        if got_copy:
+            shutil.rmtree(os.path.join(backup_dir, "chief"), ignore_errors=True)
+        try:
+            os.rmdir(backup_dir)
+        except OSError:
+            pass
+
+    if diloco is not None and not chief:
+        log("%s done: the chief evaluates and saves the model" % tag)
+        return 0
 
     t_eval = time.time()
     test_loss, test_acc = model.evaluate(test_ds, verbose=0)
@@ -344,7 +524,8 @@ def main(argv=None):
 
     if chief:
         seconds = time.time() - T_START
-        examples = progress.epochs_run * steps * global_batch
+        examples = progress.steps_run * global_batch
+        train_s = fit_seconds - target.eval_seconds
         result = {
             "test_accuracy": float(test_acc),
             "test_loss": float(test_loss),
@@ -360,7 +541,41 @@ def main(argv=None):
             "tf_import_seconds": round(t_tf, 3),
             "model": args.model,
             "tensorflow": tf.__version__,
+            "mode": args.mode,
+            "target_accuracy": args.target_accuracy,
+            "target_reached": target.reached_at is not None,
+            "time_to_target_s": round(target.reached_at, 3) if target.reached_at is not None else None,
+            "evals": target.history,
+            "eval_seconds": round(target.eval_seconds, 3),
+            "fit_seconds": round(fit_seconds, 3),
         }
+        if diloco is not None:
+            st = diloco.stats
+            # Examples of every worker: the rounds' inner steps, summed by the coordinator.
+            examples = diloco.averager.steps_total * local_batch
+            result.update({
+                "examples_per_second": round(examples / progress.train_seconds, 1) if progress.train_seconds else 0.0,
+                "bytes_sent": st["bytes_sent"],
+                "bytes_received": st["bytes_received"],
+                "bytes_sent_per_round": st["bytes_sent_per_round"],
+                "rounds": diloco.round,
+                "sync_every": args.sync_every,
+                "compress": args.compress,
+                "outer_lr": args.outer_lr,
+                "outer_momentum": args.outer_momentum,
+                "overlap": args.overlap,
+                "diloco": st,
+            })
+        else:
+            # MultiWorkerMirroredStrategy's ring all-reduce sends about
+            # 2(W-1)/W of the gradients (float32) a step from every worker.
+            grad_bytes = 4 * model.count_params()
+            result.update({
+                "bytes_sent": int(progress.steps_run * 2 * (workers - 1) / workers * grad_bytes),
+                "bytes_sent_estimated": True,
+                "rounds": progress.steps_run,
+            })
+        result["examples_per_s"] = round(examples / train_s, 1) if train_s > 0 else 0.0
         tmp = os.path.join(args.out, "result.json.tmp")
         with open(tmp, "w") as f:
             json.dump(result, f, indent=2)

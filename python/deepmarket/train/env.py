@@ -1,0 +1,99 @@
+"""Who this worker is and where its peers listen, from the environment.
+
+  DM_RANK          this worker's rank, 0..DM_WORLD_SIZE-1 (else TF_CONFIG's
+                   task index, else 0)
+  DM_WORLD_SIZE    number of workers (else the length of DM_AVG_PEERS, else
+                   of TF_CONFIG's worker list, else 1)
+  DM_AVG_PEERS     comma-separated host:port, one per rank, where each
+                   worker's averaging server listens (one TCP port per
+                   worker, separate from TensorFlow's). Without it, the
+                   addresses in DM_WORKERS (else TF_CONFIG's worker list)
+                   with AVG_PORT_OFFSET added to each port.
+  DM_OUTPUT_DIR    where the coordinator writes its checkpoint
+  DM_JOB_ID        tags every frame, so two jobs never average together
+"""
+
+import json
+import os
+from dataclasses import dataclass
+
+from . import wire
+
+AVG_PORT_OFFSET = 1000
+
+
+@dataclass(frozen=True)
+class Peers:
+    """Peers is the job's averaging membership as this worker sees it."""
+    rank: int
+    addrs: tuple  # one "host:port" per rank
+    source: str   # which variable the addresses came from, for the log
+
+    @property
+    def world(self):
+        return len(self.addrs)
+
+
+def from_env(environ=None, rank=None, addrs=None):
+    """Returns this worker's Peers; explicit rank/addrs override the environment."""
+    env = os.environ if environ is None else environ
+    tf_workers, tf_index = _tf_config(env.get("TF_CONFIG"))
+    source = "arguments"
+    if addrs is None:
+        if env.get("DM_AVG_PEERS"):
+            addrs, source = _split(env["DM_AVG_PEERS"]), "DM_AVG_PEERS"
+        elif env.get("DM_WORKERS"):
+            addrs, source = _offset(_split(env["DM_WORKERS"])), "DM_WORKERS ports + %d" % AVG_PORT_OFFSET
+        elif tf_workers:
+            addrs, source = _offset(tf_workers), "TF_CONFIG ports + %d" % AVG_PORT_OFFSET
+    if rank is None:
+        if env.get("DM_RANK"):
+            rank = _int(env, "DM_RANK")
+        else:
+            rank = tf_index if tf_index is not None else 0
+    world = _int(env, "DM_WORLD_SIZE") if env.get("DM_WORLD_SIZE") else None
+    if addrs is None:
+        if (world or 1) > 1:
+            raise ValueError("DM_WORLD_SIZE=%d but no peer addresses: set DM_AVG_PEERS "
+                             "(host:port of every worker's averaging port, in rank order)" % world)
+        addrs, source = ("127.0.0.1:0",), "single worker"
+    addrs = tuple(addrs)
+    for a in addrs:
+        wire.split_addr(a)
+    if world is not None and world != len(addrs):
+        raise ValueError("DM_WORLD_SIZE=%d but %s names %d workers" % (world, source, len(addrs)))
+    if not 0 <= rank < len(addrs):
+        raise ValueError("rank %d is outside 0..%d" % (rank, len(addrs) - 1))
+    return Peers(rank=rank, addrs=addrs, source=source)
+
+
+def _split(s):
+    return [a.strip() for a in s.split(",") if a.strip()]
+
+
+def _offset(addrs):
+    out = []
+    for a in addrs:
+        host, port = wire.split_addr(a)
+        out.append("%s:%d" % (host, port + AVG_PORT_OFFSET))
+    return out
+
+
+def _int(env, key):
+    try:
+        return int(env[key])
+    except ValueError:
+        raise ValueError("%s=%r is not an integer" % (key, env[key])) from None
+
+
+def _tf_config(raw):
+    if not raw:
+        return None, None
+    try:
+        cfg = json.loads(raw)
+        workers = cfg.get("cluster", {}).get("worker") or None
+        task = cfg.get("task", {})
+        index = int(task["index"]) if task.get("type") == "worker" and "index" in task else None
+        return workers, index
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ValueError("TF_CONFIG is not valid: %s" % e) from None
