@@ -127,9 +127,14 @@ func (n *Node) Send(ctx context.Context, req api.SendRequest) (api.SendResult, e
 	return api.SendResult{}, &api.Error{Status: http.StatusBadRequest, Field: "kind", Message: fmt.Sprintf("kind %q: want transfer or grant", req.Kind)}
 }
 
-// Audit implements api.Ledger: replays this node's chain from genesis.
+// Audit implements api.Ledger: replays this node's chain from the
+// genesis in its home, verifying every commit.
 func (n *Node) Audit(ctx context.Context) (*ledger.AuditReport, error) {
-	return ledger.AuditWith(ctx, n.chain.Client(), nil)
+	doc, err := cmttypes.GenesisDocFromFile(n.home.GenesisPath())
+	if err != nil {
+		return nil, fmt.Errorf("read genesis %s: %w", n.home.GenesisPath(), err)
+	}
+	return ledger.AuditWith(ctx, n.chain.Client(), ledger.AuditOptions{Genesis: doc, GenesisSource: n.home.GenesisPath()})
 }
 
 var _ api.Ledger = (*Node)(nil)

@@ -209,7 +209,7 @@ Exits non-zero on any mismatch. Works from any machine against any node's RPC
 					}
 				}
 			}
-			rep, err := ledger.Audit(cmd.Context(), rpc, progress)
+			rep, err := ledger.Audit(cmd.Context(), rpc, ledger.AuditOptions{Progress: progress})
 			if progress != nil {
 				fmt.Fprintln(os.Stderr)
 			}
