@@ -166,6 +166,10 @@ func (c *Client) TxStatus(ctx context.Context, hash string) (TxStatus, error) {
 	if err != nil {
 		return TxStatus{}, err
 	}
+	if e, ok := c.entry(hash); ok && st.Nonce == nil {
+		n := e.Nonce
+		st.Nonce = &n
+	}
 	c.finish(hash, st)
 	return st, nil
 }
