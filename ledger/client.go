@@ -186,8 +186,19 @@ func (c *Client) Release(p *Prepared) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.moveTurnLocked(p.Nonce + 1)
-	if c.nonce != nil && *c.nonce == p.Nonce+1 {
-		*c.nonce = p.Nonce // nothing was signed after it
+	c.unusedLocked(p)
+}
+
+// unusedLocked gives back p's nonce, which no transaction will use: the
+// next one signs with it, or, if others were signed after p, the client
+// learns the nonce again.
+func (c *Client) unusedLocked(p *Prepared) {
+	switch {
+	case c.nonce == nil:
+	case *c.nonce == p.Nonce+1:
+		*c.nonce = p.Nonce
+	default:
+		c.nonce = nil
 	}
 }
 
@@ -237,6 +248,7 @@ const broadcastWait = time.Minute
 // *UnknownOutcomeError; a transaction never delivered, as ErrNotSent.
 func (c *Client) Broadcast(ctx context.Context, p *Prepared) error {
 	if err := c.waitTurn(ctx, p); err != nil {
+		c.Release(p)
 		return err
 	}
 	defer func() {
@@ -276,9 +288,13 @@ func (c *Client) send(ctx context.Context, p *Prepared) error {
 				}
 			}
 			c.finish(p.Hash, TxStatus{Hash: p.Hash, State: TxRefused, Code: res.Code, Reason: res.Log})
+			c.mu.Lock()
 			if res.Code == CodeBadNonce {
-				c.forgetNonce()
+				c.nonce = nil
+			} else {
+				c.unusedLocked(p)
 			}
+			c.mu.Unlock()
 			return refusal
 		case retryable(err):
 			last = err // not delivered
@@ -288,6 +304,9 @@ func (c *Client) send(ctx context.Context, p *Prepared) error {
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			if !delivered {
 				c.finish(p.Hash, TxStatus{Hash: p.Hash, State: TxRefused, Code: CodeMalformed, Reason: "never sent: " + last.Error()})
+				c.mu.Lock()
+				c.unusedLocked(p)
+				c.mu.Unlock()
 				return fmt.Errorf("%w: %s: %w", ErrNotSent, p.Hash, last)
 			}
 			return &UnknownOutcomeError{Hash: p.Hash, Reason: "the node did not answer: " + last.Error()}

@@ -174,22 +174,45 @@ func (c *Client) TxStatus(ctx context.Context, hash string) (TxStatus, error) {
 	return st, nil
 }
 
-// resolve asks the chain what became of a transaction.
-func (c *Client) resolve(ctx context.Context, hash string) (TxStatus, error) {
+// ReadTxStatus tells what a node knows of any transaction: committed or
+// failed (its tx index), pending (its mempool), else unknown. Only the
+// client that sent a transaction can tell it refused or dropped
+// (Client.TxStatus).
+func ReadTxStatus(ctx context.Context, rpc RPC, hash string) (TxStatus, error) {
+	hash = strings.ToUpper(strings.TrimSpace(hash))
+	if raw, err := hex.DecodeString(hash); err != nil || len(raw) != 32 {
+		return TxStatus{}, fmt.Errorf("transaction hash %q: want 64 hex digits", hash)
+	}
+	return lookupTx(ctx, rpc, hash)
+}
+
+// lookupTx reads a transaction from a node's tx index and mempool.
+func lookupTx(ctx context.Context, rpc RPC, hash string) (TxStatus, error) {
 	raw, _ := hex.DecodeString(hash)
-	if res, err := c.rpc.Tx(ctx, raw, false); err == nil {
-		c.sawHeight(res.Height)
+	if res, err := rpc.Tx(ctx, raw, false); err == nil {
 		return statusOf(res), nil
 	} else if ctx.Err() != nil {
 		return TxStatus{}, err
 	}
 	st := TxStatus{Hash: hash, State: TxUnknown, Reason: "not seen: it may still arrive"}
 	var pend PendingTx
-	if _, err := query(ctx, c.rpc, "/pending/"+hash, &pend); err != nil {
+	if _, err := query(ctx, rpc, "/pending/"+hash, &pend); err != nil {
 		return TxStatus{}, err
 	}
 	if pend.Pending {
 		st.State, st.Reason = TxPending, "in the node's mempool"
+	}
+	return st, nil
+}
+
+// resolve asks the chain what became of a transaction.
+func (c *Client) resolve(ctx context.Context, hash string) (TxStatus, error) {
+	st, err := lookupTx(ctx, c.rpc, hash)
+	if err != nil || st.State.Final() {
+		if err == nil {
+			c.sawHeight(st.Height)
+		}
+		return st, err
 	}
 	e, mine := c.entry(hash)
 	if !mine {

@@ -94,6 +94,15 @@ func startNode(t *testing.T, h Home, opts ...nodeOpt) *testNode {
 
 func (n *testNode) addr() string { return n.Status().Addrs[0] }
 
+// admit has issuer (a node whose local genesis made it the issuer) admit
+// member's account: escrows pay registered machines only.
+func admit(t *testing.T, issuer, member *testNode) {
+	t.Helper()
+	if _, err := issuer.ledger.Admit(t.Context(), member.key.Address()); err != nil {
+		t.Fatalf("admit %s: %v", member.home.Dir, err)
+	}
+}
+
 // testWriter sends logs through t.Log, so they show only on failure.
 type testWriter struct{ t *testing.T }
 

@@ -93,6 +93,7 @@ func startJobCluster(t *testing.T, python string, lenders int) *jobCluster {
 			t.Fatal(err)
 		}
 		n := startNode(t, h, withBootstrap(a.addr()), withExec(name, i+1))
+		admit(t, a, n)
 		if _, err := n.client.SetLend(t.Context(), api.LendRequest{Cores: 1, MemBytes: 2 << 30}); err != nil {
 			t.Fatal(err)
 		}
