@@ -166,9 +166,13 @@ func (app *App) checkTx(b []byte, recheck bool) error {
 	_, known := app.verified[h]
 	chainID := app.state.ChainID
 	standing := app.state.standing(d)
+	full := app.pendingFull(string(d.signer))
 	app.mu.RUnlock()
 	if standing != nil {
 		return standing
+	}
+	if full != nil {
+		return full
 	}
 	if !known || !recheck {
 		if err := d.verifySig(chainID); err != nil {
@@ -190,8 +194,8 @@ func (app *App) checkTx(b []byte, recheck bool) error {
 	if d.tx.Nonce != next {
 		return reject(CodeBadNonce, "nonce %d, account %s expects %d", d.tx.Nonce, signer, next)
 	}
-	if next-committed >= s.Params.MaxTxsPerBlock {
-		return reject(CodeRateLimited, "%s has %d transactions pending, the most allowed: wait for a block", signer, next-committed)
+	if err := app.pendingFull(signer); err != nil {
+		return err
 	}
 	// Every check a block would make, against the committed state...
 	if err := s.check(d, s.Time, next); err != nil {
@@ -216,6 +220,22 @@ func (app *App) checkTx(b []byte, recheck bool) error {
 	app.checkNonce[signer] = next + 1
 	app.verified[h] = struct{}{}
 	app.pending[h] = struct{}{}
+	return nil
+}
+
+// pendingFull refuses a signer with MaxTxsPerBlock transactions pending.
+func (app *App) pendingFull(signer string) error {
+	next, ok := app.checkNonce[signer]
+	if !ok {
+		return nil
+	}
+	var committed uint64
+	if a, found := app.state.Accounts[signer]; found {
+		committed = a.Nonce
+	}
+	if next-committed >= app.state.Params.MaxTxsPerBlock {
+		return reject(CodeRateLimited, "%s has %d transactions pending, the most allowed: wait for a block", signer, next-committed)
+	}
 	return nil
 }
 
@@ -401,7 +421,7 @@ func (app *App) Commit(context.Context, *abci.RequestCommit) (*abci.ResponseComm
 // FinalizeBlock and Commit that block is decided but not yet stored).
 // Paths (values are JSON):
 //
-//	/account/ADDR       Account
+//	/account/ADDR       AccountView
 //	/issuer/ADDR        Issuer
 //	/member/ADDR        Membership
 //	/registration/ADDR  Registration (a machine's owner and link nonce; /link/ADDR too)
@@ -423,6 +443,13 @@ func (app *App) Query(_ context.Context, req *abci.RequestQuery) (*abci.Response
 
 // ErrNotFound is answered for queries of missing entries.
 var ErrNotFound = errors.New("not found")
+
+// AccountView is the answer to /account/ADDR: the account, and the next
+// nonce counting the transactions this node's mempool holds.
+type AccountView struct {
+	Account
+	PendingNonce uint64 `json:"pending_nonce"`
+}
 
 // Membership is the answer to /member/ADDR.
 type Membership struct {
@@ -456,9 +483,13 @@ func (app *App) query(path string) (any, error) {
 		if _, err := identity.ParseAddress(arg); err != nil {
 			return nil, reject(CodeInvalidAddress, "%v", err)
 		}
-		a := Account{}
+		a := AccountView{}
 		if v, ok := s.Accounts[arg]; ok {
-			a = *v
+			a.Account = *v
+		}
+		a.PendingNonce = a.Nonce
+		if n, ok := app.checkNonce[arg]; ok {
+			a.PendingNonce = n
 		}
 		return a, nil
 	case "issuer":

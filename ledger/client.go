@@ -49,6 +49,11 @@ var ErrCommitTimeout = errors.New("transaction not committed in time")
 // refused a transaction.
 var ErrUnknownOutcome = errors.New("outcome unknown")
 
+// ErrDuplicateTx means the signed transaction is one a node already has,
+// sent by another client of the same key: it is that transaction, not a
+// new one.
+var ErrDuplicateTx = errors.New("the same transaction was sent already")
+
 // ErrNotSent means a transaction was never delivered to a node (it was
 // catching up, or its mempool was full, until the caller gave up): it
 // cannot commit.
@@ -87,6 +92,7 @@ type Client struct {
 	chainID string
 	outbox  Outbox
 	now     func() time.Time
+	started time.Time
 
 	mu      sync.Mutex
 	nonce   *uint64                 // next nonce to sign, once known
@@ -108,7 +114,7 @@ func WithOutbox(o Outbox) ClientOption { return func(c *Client) { c.outbox = o }
 
 // NewClient returns a client that signs with key on chainID.
 func NewClient(rpc RPC, key Signer, chainID string, opts ...ClientOption) *Client {
-	c := &Client{rpc: rpc, key: key, addr: identity.AddressOf(key.Public()), chainID: chainID, now: time.Now,
+	c := &Client{rpc: rpc, key: key, addr: identity.AddressOf(key.Public()), chainID: chainID, now: time.Now, started: time.Now(),
 		turnCh: make(chan struct{}), entries: map[string]*OutboxEntry{}}
 	for _, o := range opts {
 		o(c)
@@ -138,13 +144,14 @@ func (c *Client) Prepare(ctx context.Context, typ string, msg any) (*Prepared, e
 		return nil, err
 	}
 	if c.nonce == nil || c.now().Sub(c.seen) > heightStale {
-		a, h, err := c.accountAt(ctx, c.addr)
+		var a AccountView
+		h, err := query(ctx, c.rpc, "/account/"+string(c.addr), &a)
 		if err != nil {
 			return nil, err
 		}
 		c.sawHeightLocked(h)
 		if c.nonce == nil {
-			next := a.Nonce
+			next := max(a.Nonce, a.PendingNonce) // another client of this key may have some pending
 			for _, e := range c.entries {
 				if e.Final == nil && e.Nonce >= next {
 					next = e.Nonce + 1 // sent, not yet committed: the nonce is taken
@@ -243,7 +250,8 @@ const broadcastWait = time.Minute
 
 // Broadcast sends p (after the transactions prepared before it) and
 // returns once a node's mempool accepted it. It retries with the same
-// bytes. A refusal by CheckTx comes back as *Error (the ledger refused it:
+// bytes, also while the mempool holds as many of the signer's
+// transactions as it may (CodeRateLimited): a sender waits for room. A refusal by CheckTx comes back as *Error (the ledger refused it:
 // it will not commit); an answer it cannot interpret as either, as an
 // *UnknownOutcomeError; a transaction never delivered, as ErrNotSent.
 func (c *Client) Broadcast(ctx context.Context, p *Prepared) error {
@@ -256,23 +264,35 @@ func (c *Client) Broadcast(ctx context.Context, p *Prepared) error {
 		c.moveTurnLocked(p.Nonce + 1)
 		c.mu.Unlock()
 	}()
-	if err := c.remember(p); err != nil {
+	known, err := c.remember(p)
+	if err != nil {
 		return err
 	}
-	return c.send(ctx, p)
+	return c.send(ctx, p, known)
 }
 
-// send broadcasts p's bytes until a node answers for them.
-func (c *Client) send(ctx context.Context, p *Prepared) error {
+// send broadcasts p's bytes until a node answers for them; delivered: an
+// earlier broadcast of this client may have reached a node.
+func (c *Client) send(ctx context.Context, p *Prepared, delivered bool) error {
 	deadline := time.Now().Add(broadcastWait)
-	delivered := false // an earlier try may have reached the node
 	refilled := false
 	var last error
 	for {
 		res, err := c.rpc.BroadcastTxSync(ctx, p.Tx)
 		switch {
-		case err == nil && res.Code == CodeOK, err != nil && inCache(err):
+		case err == nil && res.Code == CodeOK:
 			return nil
+		case err != nil && inCache(err):
+			if delivered {
+				return nil // ours, sent before
+			}
+			c.finish(p.Hash, TxStatus{Hash: p.Hash, State: TxRefused, Code: CodeBadNonce, Reason: "sent already by another client of this key"})
+			c.forgetNonce()
+			return fmt.Errorf("%w: %s (nonce %d)", ErrDuplicateTx, p.Hash, p.Nonce)
+		case err == nil && res.Code == CodeRateLimited:
+			// The signer has as many pending as a block takes: send the
+			// same bytes again once there is room.
+			last = &Error{Code: res.Code, Reason: res.Log}
 		case err == nil:
 			refusal := &Error{Code: res.Code, Reason: res.Log}
 			if delivered {
@@ -311,9 +331,13 @@ func (c *Client) send(ctx context.Context, p *Prepared) error {
 			}
 			return &UnknownOutcomeError{Hash: p.Hash, Reason: "the node did not answer: " + last.Error()}
 		}
+		pause := 250 * time.Millisecond
+		if errors.As(last, new(*Error)) {
+			pause = 50 * time.Millisecond // rate limited: room comes with each block
+		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(250 * time.Millisecond):
+		case <-time.After(pause):
 		}
 	}
 }
@@ -377,8 +401,8 @@ func (c *Client) forgetNonce() {
 // Submit signs msg with the account's next nonce and broadcasts it; it
 // returns once the mempool has accepted it, with its hash. A refusal by
 // CheckTx comes back as *Error with the ledger's code and reason; if the
-// refusal was for the nonce (another client used the key), Submit learns
-// the nonce again and signs once more.
+// refusal was for the nonce, or the bytes were sent already (another
+// client used the key), Submit learns the nonce again and signs once more.
 func (c *Client) Submit(ctx context.Context, typ string, msg any) (string, error) {
 	for attempt := 0; ; attempt++ {
 		p, err := c.Prepare(ctx, typ, msg)
@@ -390,7 +414,7 @@ func (c *Client) Submit(ctx context.Context, typ string, msg any) (string, error
 			return p.Hash, nil
 		}
 		var lerr *Error
-		if attempt == 0 && errors.As(err, &lerr) && lerr.Code == CodeBadNonce {
+		if attempt == 0 && (errors.As(err, &lerr) && lerr.Code == CodeBadNonce || errors.Is(err, ErrDuplicateTx)) {
 			continue
 		}
 		return p.Hash, fmt.Errorf("broadcast %s: %w", typ, err)
@@ -398,16 +422,17 @@ func (c *Client) Submit(ctx context.Context, typ string, msg any) (string, error
 }
 
 // Wait waits until the transaction is committed and returns its result;
-// a transaction the block refused comes back as *Error, one that can no
-// longer commit (another took its nonce) too. When ctx ends first it
-// returns an *UnknownOutcomeError (errors.Is ErrCommitTimeout).
+// a transaction the block refused comes back as *Error. When ctx ends
+// first it returns an *UnknownOutcomeError (errors.Is ErrCommitTimeout):
+// TxStatus then tells, dropped included.
 func (c *Client) Wait(ctx context.Context, hash string) (*ctypes.ResultTx, error) {
 	raw, err := hex.DecodeString(hash)
 	if err != nil {
 		return nil, fmt.Errorf("tx hash %q: %w", hash, err)
 	}
 	hash = strings.ToUpper(hash)
-	for poll := 1; ; poll++ {
+	nextResolve := time.Now().Add(waitResolve)
+	for {
 		res, err := c.rpc.Tx(ctx, raw, false)
 		if err == nil {
 			c.sawHeight(res.Height)
@@ -419,10 +444,12 @@ func (c *Client) Wait(ctx context.Context, hash string) (*ctypes.ResultTx, error
 			}
 			return res, nil
 		}
-		// The index may lag, or have lost a block to a crash: now and then
-		// ask the chain itself.
-		if poll%10 == 0 {
-			if st, err := c.resolve(ctx, hash); err == nil {
+		// The index lags a commit by a moment, and may have lost a block
+		// to a crash: when the transaction is long in coming, ask the
+		// chain itself.
+		if time.Now().After(nextResolve) {
+			nextResolve = time.Now().Add(waitResolve)
+			if st, err := c.resolve(ctx, hash, false); err == nil {
 				switch st.State {
 				case TxCommitted:
 					return &ctypes.ResultTx{Hash: raw, Height: st.Height, TxResult: abciResult(st)}, nil
@@ -439,6 +466,10 @@ func (c *Client) Wait(ctx context.Context, hash string) (*ctypes.ResultTx, error
 		}
 	}
 }
+
+// waitResolve is how long Wait polls the tx index before it asks the
+// chain itself (and how often after that).
+const waitResolve = 3 * time.Second
 
 // Do submits msg and waits up to DefaultCommitTimeout for it to commit.
 func (c *Client) Do(ctx context.Context, typ string, msg any) (*ctypes.ResultTx, error) {

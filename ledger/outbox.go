@@ -70,6 +70,9 @@ const (
 	outboxKeep = 24 * time.Hour
 	sweepEvery = 5 * time.Second
 	maxEntries = 10_000
+	// sweepAge is how old a transaction this client sent must be before
+	// Run looks after it.
+	sweepAge = 30 * time.Second
 )
 
 // loadLocked reads the outbox once.
@@ -91,18 +94,25 @@ func (c *Client) loadLocked() error {
 }
 
 // remember keeps p until its outcome is known, in the outbox first: once
-// it may have been sent, a restarted client must know of it.
-func (c *Client) remember(p *Prepared) error {
+// it may have been sent, a restarted client must know of it. known: this
+// client sent it before.
+func (c *Client) remember(p *Prepared) (known bool, err error) {
+	c.mu.Lock()
+	old, known := c.entries[p.Hash]
+	c.mu.Unlock()
+	if known && old.Final == nil {
+		return true, nil
+	}
 	e := &OutboxEntry{Hash: p.Hash, Tx: p.Tx, Nonce: p.Nonce, Height: p.Height, At: c.now().Unix()}
 	if c.outbox != nil {
 		if err := c.outbox.Put(*e); err != nil {
-			return fmt.Errorf("%w: %s: keep it in the outbox: %w", ErrNotSent, p.Hash, err)
+			return false, fmt.Errorf("%w: %s: keep it in the outbox: %w", ErrNotSent, p.Hash, err)
 		}
 	}
 	c.mu.Lock()
 	c.entries[p.Hash] = e
 	c.mu.Unlock()
-	return nil
+	return known, nil
 }
 
 // finish records a transaction's final outcome.
@@ -162,7 +172,7 @@ func (c *Client) TxStatus(ctx context.Context, hash string) (TxStatus, error) {
 	if e, ok := c.entry(hash); ok && e.Final != nil {
 		return *e.Final, nil
 	}
-	st, err := c.resolve(ctx, hash)
+	st, err := c.resolve(ctx, hash, true)
 	if err != nil {
 		return TxStatus{}, err
 	}
@@ -205,8 +215,12 @@ func lookupTx(ctx context.Context, rpc RPC, hash string) (TxStatus, error) {
 	return st, nil
 }
 
-// resolve asks the chain what became of a transaction.
-func (c *Client) resolve(ctx context.Context, hash string) (TxStatus, error) {
+// resolve asks the chain what became of a transaction. Only with search
+// does it read the blocks since the transaction was signed, when the tx
+// index lacks it and its nonce is used (the index lags a commit, and a
+// crash can lose a block's index): that tells committed from dropped, at
+// the cost of reading those blocks.
+func (c *Client) resolve(ctx context.Context, hash string, search bool) (TxStatus, error) {
 	st, err := lookupTx(ctx, c.rpc, hash)
 	if err != nil || st.State.Final() {
 		if err == nil {
@@ -230,6 +244,10 @@ func (c *Client) resolve(ctx context.Context, hash string) (TxStatus, error) {
 	c.sawHeight(h)
 	if a.Nonce <= e.Nonce {
 		return st, nil // its nonce is still free
+	}
+	if !search {
+		st.Reason = fmt.Sprintf("nonce %d is used; the tx index does not have it yet", n)
+		return st, nil
 	}
 	// Its nonce is used: by it (the tx index may lag, or have lost a
 	// block to a crash) or by another. The blocks since it was signed
@@ -315,10 +333,13 @@ func (c *Client) sweep(ctx context.Context) {
 	}
 	var open []OutboxEntry
 	var old []string
-	cutoff := c.now().Add(-outboxKeep).Unix()
+	now := c.now()
+	cutoff, fresh := now.Add(-outboxKeep).Unix(), now.Add(-sweepAge).Unix()
 	for h, e := range c.entries {
 		switch {
-		case e.Final == nil:
+		case e.Final == nil && (e.At < c.started.Unix() || e.At < fresh):
+			// From before this client started (a restarted node), or long
+			// in coming; the others have a Wait of their own.
 			open = append(open, *e)
 		case e.At < cutoff:
 			old = append(old, h)
@@ -331,7 +352,7 @@ func (c *Client) sweep(ctx context.Context) {
 	}
 	sort.Slice(open, func(i, j int) bool { return open[i].Nonce < open[j].Nonce })
 	for _, e := range open {
-		st, err := c.resolve(ctx, e.Hash)
+		st, err := c.resolve(ctx, e.Hash, true)
 		if err != nil {
 			return // the node is not answering; the next sweep tries again
 		}
