@@ -41,7 +41,7 @@ const (
 	// pruneEvery is how many blocks pass between prunings.
 	pruneEvery = 10
 	// nodeCacheSize is how many tree nodes the store caches in memory.
-	nodeCacheSize = 200_000
+	nodeCacheSize = 1_000_000
 	stateDBName   = "state" // the database directory under the ledger's dir: state.db
 )
 
