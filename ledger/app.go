@@ -407,7 +407,9 @@ func (app *App) Commit(context.Context, *abci.RequestCommit) (*abci.ResponseComm
 		// rather than let it run on with a state it cannot recover.
 		panic(fmt.Sprintf("save ledger state at height %d: %v", s.Height, err))
 	}
-	clear(s.dirty)
+	// New maps, not cleared ones: a cleared map keeps its size, and every
+	// block would walk the buckets genesis (every key dirty) left.
+	s.dirty = map[string]bool{}
 	clear(app.checkNonce)
 	clear(app.checkSpend)
 	clear(app.pending)

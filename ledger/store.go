@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -55,12 +56,66 @@ type treeStore struct {
 	tree *iavl.MutableTree
 }
 
-// unsized lets a batch grow as it needs: goleveldb preallocates the size
-// IAVL asks for, and the store asks for no flushing within a version (see
-// openStore).
+// unsized gives IAVL batches that grow as they need and are written in one
+// piece: the store asks for no flushing within a version (see openStore),
+// goleveldb would preallocate the size IAVL asks for, and a goleveldb
+// batch grown record by record copies itself over and over (a genesis of a
+// million accounts spent most of its time there).
 type unsized struct{ corestore.KVStoreWithBatch }
 
+func (u unsized) NewBatch() corestore.Batch            { return &bufBatch{db: u.KVStoreWithBatch} }
 func (u unsized) NewBatchWithSize(int) corestore.Batch { return u.NewBatch() }
+
+// bufBatch keeps a batch's writes and hands them to the database's own
+// batch, sized once, when written.
+type bufBatch struct {
+	db   corestore.KVStoreWithBatch
+	ops  []bufOp
+	size int
+}
+
+type bufOp struct {
+	key, value []byte
+	del        bool
+}
+
+func (b *bufBatch) Set(key, value []byte) error {
+	b.ops = append(b.ops, bufOp{key: bytes.Clone(key), value: bytes.Clone(value)})
+	b.size += len(key) + len(value) + 2*binary.MaxVarintLen32 + 1
+	return nil
+}
+
+func (b *bufBatch) Delete(key []byte) error {
+	b.ops = append(b.ops, bufOp{key: bytes.Clone(key), del: true})
+	b.size += len(key) + binary.MaxVarintLen32 + 1
+	return nil
+}
+
+func (b *bufBatch) write(sync bool) error {
+	batch := b.db.NewBatchWithSize(b.size)
+	defer batch.Close()
+	for _, op := range b.ops {
+		var err error
+		if op.del {
+			err = batch.Delete(op.key)
+		} else {
+			err = batch.Set(op.key, op.value)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	b.ops, b.size = nil, 0
+	if sync {
+		return batch.WriteSync()
+	}
+	return batch.Write()
+}
+
+func (b *bufBatch) Write() error              { return b.write(false) }
+func (b *bufBatch) WriteSync() error          { return b.write(true) }
+func (b *bufBatch) Close() error              { b.ops = nil; return nil }
+func (b *bufBatch) GetByteSize() (int, error) { return b.size, nil }
 
 // openStore opens the tree in db at its latest version. A version is
 // written in one batch (no flush threshold), so a process killed at any
