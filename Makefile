@@ -64,7 +64,7 @@ bench-p2p: build ## Gossip: propagation over 50 nodes, validation rate, idle nod
 	$(GO) run ./bench/p2p -bin $(BIN) -out bench/results/p2p.json
 
 .PHONY: bench-ledger
-bench-ledger: ## Ledger vs CometBFT's kvstore: tx/s and commit latency (1 and 4 validators), audit replay rate
+bench-ledger: ## Ledger vs CometBFT's kvstore: tx/s and commit latency (1 and 4 validators), audit replay rate, per-block time at 10k/100k/1M accounts
 	$(GO) run ./bench/ledger -out bench/results/ledger.json
 
 .PHONY: bench-storage

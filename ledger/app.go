@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,32 +13,37 @@ import (
 	"sync"
 
 	abci "github.com/cometbft/cometbft/abci/types"
-	badger "github.com/dgraph-io/badger/v4"
+	idb "github.com/cosmos/iavl/db"
 
 	"github.com/deepmarket/deepmarket/identity"
-	"github.com/deepmarket/deepmarket/wire"
 )
 
-// AppVersion is the version of the ledger's state machine.
-const AppVersion = 1
+// AppVersion is the version of the ledger's state machine: 2 since the
+// state lives in an IAVL tree and only members sign.
+const AppVersion = 2
 
-// App is the ledger's ABCI application. It keeps the state in memory and,
-// when opened on a badger directory, persists each committed block
-// atomically, so a node killed at any moment restarts at the app hash of
-// its last commit and CometBFT's handshake replays the rest.
+// App is the ledger's ABCI application. It keeps the state in memory, for
+// reads, and in an authenticated store (an IAVL tree, store.go) whose root
+// hash is the app hash. Opened on a directory, the store saves each
+// committed block atomically, so a node killed at any moment restarts at
+// the app hash of its last commit and CometBFT's handshake replays the
+// rest.
 type App struct {
 	abci.BaseApplication
 
-	log *slog.Logger
-	db  *badger.DB // nil: in memory (tests, audit)
+	log   *slog.Logger
+	store *treeStore
 
-	mu    sync.RWMutex
-	state *State
+	mu       sync.RWMutex
+	state    *State
+	prevTime int64 // the time of the block before the last one
 
 	// Mempool view since the last commit: the next nonce and the credits
-	// already spent by pending transactions of each account.
+	// already spent by pending transactions of each account, and the
+	// pending transactions (CometBFT checks each again after a commit).
 	checkNonce map[string]uint64
 	checkSpend map[string]uint64
+	pending    map[[32]byte]struct{}
 	// Transactions whose signatures CheckTx verified; FinalizeBlock does not
 	// verify them again.
 	verified map[[32]byte]struct{}
@@ -45,116 +51,43 @@ type App struct {
 
 var _ abci.Application = (*App)(nil)
 
-// NewMemoryApp returns an app whose state lives in memory only.
-func NewMemoryApp(log *slog.Logger) *App {
+func newApp(st *treeStore, log *slog.Logger) *App {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &App{log: log, state: NewState(), checkNonce: map[string]uint64{}, checkSpend: map[string]uint64{}, verified: map[[32]byte]struct{}{}}
+	return &App{log: log, store: st, state: NewState(), checkNonce: map[string]uint64{}, checkSpend: map[string]uint64{},
+		pending: map[[32]byte]struct{}{}, verified: map[[32]byte]struct{}{}}
 }
 
-// OpenApp opens (creating) a persistent app in dir.
-func OpenApp(dir string, log *slog.Logger) (*App, error) {
-	app := NewMemoryApp(log)
-	// No background compactors: each wakes every 50 ms, a cost an idle lab
-	// machine would feel. Commit compacts level 0 itself when it fills.
-	opts := badger.DefaultOptions(dir).WithLogger(nil).WithSyncWrites(true).
-		WithMemTableSize(memTableSize).WithNumMemtables(2).WithBlockCacheSize(8 << 20).
-		WithValueThreshold(64 << 10).WithValueLogFileSize(64 << 20).WithNumCompactors(0).
-		WithNumLevelZeroTables(4).WithNumLevelZeroTablesStall(32)
-	db, err := badger.Open(opts)
+// NewMemoryApp returns an app whose state lives in memory only (tests,
+// the audit).
+func NewMemoryApp(log *slog.Logger) *App {
+	st, err := openStore(idb.NewMemDB(), false)
 	if err != nil {
-		return nil, fmt.Errorf("open ledger state %s: %w", dir, err)
+		panic(fmt.Sprintf("in-memory ledger store: %v", err)) // an empty memory store always opens
 	}
-	app.db = db
-	if err := app.load(); err != nil {
-		db.Close()
+	return newApp(st, log)
+}
+
+// OpenApp opens (creating) a persistent app in dir, at the last block it
+// committed. A directory an earlier release wrote is refused with
+// ErrOldStateFormat.
+func OpenApp(dir string, log *slog.Logger) (*App, error) {
+	st, err := openDiskStore(dir)
+	if err != nil {
 		return nil, err
 	}
+	app := newApp(st, log)
+	if app.state, err = st.load(); err != nil {
+		st.close()
+		return nil, err
+	}
+	app.prevTime = app.state.Time
 	return app, nil
 }
 
 // Close closes the app's store.
-func (app *App) Close() error {
-	if app.db != nil {
-		return app.db.Close()
-	}
-	return nil
-}
-
-type meta struct {
-	ChainID string `cbor:"chain_id"`
-	Height  int64  `cbor:"height"`
-	Time    int64  `cbor:"time"`
-	AppHash []byte `cbor:"app_hash"`
-	Supply  uint64 `cbor:"supply"`
-	Params  Params `cbor:"params"`
-}
-
-const metaKey = "meta"
-
-func (app *App) load() error {
-	s := NewState()
-	err := app.db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.DefaultIteratorOptions)
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			item := it.Item()
-			key := string(item.Key())
-			val, err := item.ValueCopy(nil)
-			if err != nil {
-				return err
-			}
-			prefix, name, _ := strings.Cut(key, "/")
-			switch prefix + "/" {
-			case pAccount:
-				err = decodeInto(val, s.Accounts, name)
-			case pIssuer:
-				err = decodeInto(val, s.Issuers, name)
-			case pEscrow:
-				err = decodeInto(val, s.Escrows, name)
-			case pMachine:
-				err = decodeInto(val, s.Machines, name)
-			case pValidator:
-				err = decodeInto(val, s.Validators, name)
-			case pPending:
-				err = decodeInto(val, s.Pending, name)
-			case pLink:
-				s.Links[name] = string(val)
-			default:
-				if key == metaKey {
-					var m meta
-					if err = wire.Unmarshal(val, &m); err == nil {
-						s.ChainID, s.Height, s.Time, s.AppHash, s.Supply, s.Params = m.ChainID, m.Height, m.Time, m.AppHash, m.Supply, m.Params
-					}
-				}
-			}
-			if err != nil {
-				return fmt.Errorf("ledger state key %q: %w", key, err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("load ledger state: %w", err)
-	}
-	if s.Height > 0 {
-		if h := s.Hash(); string(h) != string(s.AppHash) {
-			return fmt.Errorf("load ledger state: stored app hash %X does not match the stored state (%X): the store is corrupt", s.AppHash, h)
-		}
-	}
-	app.state = s
-	return nil
-}
-
-func decodeInto[T any](b []byte, m map[string]*T, name string) error {
-	var v T
-	if err := wire.Unmarshal(b, &v); err != nil {
-		return err
-	}
-	m[name] = &v
-	return nil
-}
+func (app *App) Close() error { return app.store.close() }
 
 // Info tells CometBFT where the app is, so its handshake replays any
 // blocks the app has not committed.
@@ -162,8 +95,8 @@ func (app *App) Info(context.Context, *abci.RequestInfo) (*abci.ResponseInfo, er
 	app.mu.RLock()
 	defer app.mu.RUnlock()
 	return &abci.ResponseInfo{
-		Data: "deepmarket-ledger", Version: "1", AppVersion: AppVersion,
-		LastBlockHeight: app.state.Height, LastBlockAppHash: app.state.AppHash,
+		Data: "deepmarket-ledger", Version: "2", AppVersion: AppVersion,
+		LastBlockHeight: app.store.version(), LastBlockAppHash: app.store.hash(),
 	}, nil
 }
 
@@ -186,18 +119,32 @@ func (app *App) InitChain(_ context.Context, req *abci.RequestInitChain) (*abci.
 	if err := s.initValidators(req.Validators, g.Validators); err != nil {
 		return nil, err
 	}
-	s.Height = req.InitialHeight - 1
-	s.AppHash = s.Hash()
-	s.markAllDirty() // the first Commit stores genesis too
 	app.mu.Lock()
+	defer app.mu.Unlock()
+	if app.store.version() != 0 {
+		return nil, fmt.Errorf("InitChain on a ledger at height %d", app.store.version())
+	}
+	app.store.tree.Rollback()
+	app.store.setInitialVersion(req.InitialHeight)
+	s.Height = req.InitialHeight - 1
+	s.markAllDirty() // the first Commit stores genesis too
+	problems, err := app.store.write(s)
+	if err != nil {
+		return nil, fmt.Errorf("write genesis state: %w", err)
+	}
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("genesis state: %s", strings.Join(problems, "; "))
+	}
+	s.AppHash = app.store.workingHash()
 	app.state = s
-	app.mu.Unlock()
 	return &abci.ResponseInitChain{AppHash: s.AppHash}, nil
 }
 
-// CheckTx admits a transaction to the mempool if it is well formed,
-// signed, uses the account's next nonce (counting pending ones) and, for
-// spends, the account can cover it with what pending transactions leave.
+// CheckTx admits a transaction to the mempool if its signer is a member
+// (or claims or votes as State.standing allows), it is well formed and
+// signed, uses the account's next nonce (counting pending ones), the
+// account has fewer than MaxTxsPerBlock pending, and, for spends, the
+// account can cover it with what pending transactions leave.
 func (app *App) CheckTx(_ context.Context, req *abci.RequestCheckTx) (*abci.ResponseCheckTx, error) {
 	if err := app.checkTx(req.Tx, req.Type == abci.CheckTxType_Recheck); err != nil {
 		return &abci.ResponseCheckTx{Code: CodeOf(err), Log: err.Error(), Codespace: "deepmarket"}, nil
@@ -211,12 +158,22 @@ func (app *App) checkTx(b []byte, recheck bool) error {
 		return err
 	}
 	h := TxHash(b)
-	// The signature is checked outside the lock: it is most of the cost,
-	// and blocks may execute meanwhile. A recheck trusts the first check.
+	// Standing first: a stranger's transaction costs a map lookup, not a
+	// signature check. The signature is checked outside the lock: it is
+	// most of the cost, and blocks may execute meanwhile. A recheck
+	// trusts the first check.
 	app.mu.RLock()
 	_, known := app.verified[h]
 	chainID := app.state.ChainID
+	standing := app.state.standing(d)
+	full := app.pendingFull(string(d.signer))
 	app.mu.RUnlock()
+	if standing != nil {
+		return standing
+	}
+	if full != nil {
+		return full
+	}
 	if !known || !recheck {
 		if err := d.verifySig(chainID); err != nil {
 			return err
@@ -224,18 +181,24 @@ func (app *App) checkTx(b []byte, recheck bool) error {
 	}
 	app.mu.Lock()
 	defer app.mu.Unlock()
+	s := app.state
 	signer := string(d.signer)
+	var committed uint64
+	if a, found := s.Accounts[signer]; found {
+		committed = a.Nonce
+	}
 	next, ok := app.checkNonce[signer]
 	if !ok {
-		if a, found := app.state.Accounts[signer]; found {
-			next = a.Nonce
-		}
+		next = committed
 	}
 	if d.tx.Nonce != next {
 		return reject(CodeBadNonce, "nonce %d, account %s expects %d", d.tx.Nonce, signer, next)
 	}
+	if err := app.pendingFull(signer); err != nil {
+		return err
+	}
 	// Every check a block would make, against the committed state...
-	if err := app.state.check(d, app.state.Time, next); err != nil {
+	if err := s.check(d, s.Time, next); err != nil {
 		return err
 	}
 	// ...and spends must also fit beside those still pending.
@@ -247,7 +210,7 @@ func (app *App) checkTx(b []byte, recheck bool) error {
 		spend = m.Amount
 	}
 	if spend > 0 {
-		bal := app.state.balanceOf(signer)
+		bal := s.balanceOf(signer)
 		pending := app.checkSpend[signer]
 		if total, ok := add(pending, spend); !ok || total > bal {
 			return reject(CodeInsufficientFunds, "balance %d, pending spends %d, this spend %d", bal, pending, spend)
@@ -256,6 +219,23 @@ func (app *App) checkTx(b []byte, recheck bool) error {
 	}
 	app.checkNonce[signer] = next + 1
 	app.verified[h] = struct{}{}
+	app.pending[h] = struct{}{}
+	return nil
+}
+
+// pendingFull refuses a signer with MaxTxsPerBlock transactions pending.
+func (app *App) pendingFull(signer string) error {
+	next, ok := app.checkNonce[signer]
+	if !ok {
+		return nil
+	}
+	var committed uint64
+	if a, found := app.state.Accounts[signer]; found {
+		committed = a.Nonce
+	}
+	if next-committed >= app.state.Params.MaxTxsPerBlock {
+		return reject(CodeRateLimited, "%s has %d transactions pending, the most allowed: wait for a block", signer, next-committed)
+	}
 	return nil
 }
 
@@ -312,36 +292,59 @@ func orderByNonce(txs [][]byte) [][]byte {
 }
 
 // FinalizeBlock executes the block's transactions in order at the block's
-// time. Signatures not already verified by CheckTx are verified in
-// parallel first. A broken invariant afterwards halts the node: it panics
-// outside any per-transaction handling. Validator votes that carried
-// return their changes in ValidatorUpdates (CometBFT applies them at
-// height H+2).
+// time, at most MaxTxsPerBlock of each signer (those beyond are refused
+// with CodeRateLimited). Signatures not already verified by CheckTx are
+// verified in parallel first, for signers in good standing; a stranger's
+// transaction is refused without a signature check. The block's changes
+// then go into the store and their invariants are checked (O(changes));
+// a broken one halts the node: it panics outside any per-transaction
+// handling. Validator votes that carried return their changes in
+// ValidatorUpdates (CometBFT applies them at height H+2).
 func (app *App) FinalizeBlock(_ context.Context, req *abci.RequestFinalizeBlock) (*abci.ResponseFinalizeBlock, error) {
 	app.mu.Lock()
 	defer app.mu.Unlock()
 	s := app.state
+	if v := app.store.workingVersion(); req.Height != v {
+		return nil, fmt.Errorf("block %d, but the ledger's store is ready for height %d", req.Height, v)
+	}
 	now := req.Time.Unix()
 	decodedTxs := make([]*decoded, len(req.Txs))
 	errs := make([]error, len(req.Txs))
+	checked := make([]bool, len(req.Txs))
 	var toVerify []int
 	for i, b := range req.Txs {
 		decodedTxs[i], errs[i] = DecodeTx(b)
 		if errs[i] != nil {
 			continue
 		}
-		if _, ok := app.verified[TxHash(b)]; !ok {
+		if _, ok := app.verified[TxHash(b)]; ok {
+			checked[i] = true
+		} else if s.standing(decodedTxs[i]) == nil {
 			toVerify = append(toVerify, i)
 		}
 	}
 	parallel(len(toVerify), func(k int) {
 		i := toVerify[k]
 		errs[i] = decodedTxs[i].verifySig(s.ChainID)
+		checked[i] = true
 	})
 	results := make([]*abci.ExecTxResult, len(req.Txs))
 	before := s.powers()
+	perSigner := map[string]uint64{}
 	for i, d := range decodedTxs {
 		err := errs[i]
+		if err == nil && !checked[i] {
+			// Not in good standing when the block began: it may have been
+			// admitted since, earlier in this block.
+			if err = s.standing(d); err == nil {
+				err = d.verifySig(s.ChainID)
+			}
+		}
+		if err == nil {
+			if perSigner[string(d.signer)]++; perSigner[string(d.signer)] > s.Params.MaxTxsPerBlock {
+				err = reject(CodeRateLimited, "more than %d transactions of %s in one block", s.Params.MaxTxsPerBlock, d.signer)
+			}
+		}
 		var ev *event
 		if err == nil {
 			ev, err = s.execute(d, now)
@@ -352,12 +355,17 @@ func (app *App) FinalizeBlock(_ context.Context, req *abci.RequestFinalizeBlock)
 		}
 		results[i] = &abci.ExecTxResult{Code: CodeOK, Events: ev.abci()}
 	}
+	app.prevTime = s.Time
 	s.Height, s.Time = req.Height, now
-	if _, problems := s.CheckInvariants(); len(problems) > 0 {
+	problems, err := app.store.write(s)
+	if err != nil {
+		panic(fmt.Sprintf("write ledger state at height %d: %v", req.Height, err))
+	}
+	if len(problems) > 0 {
 		app.log.Error("ledger invariant broken: halting", "height", req.Height, "problems", problems)
 		panic(fmt.Sprintf("ledger invariant broken at height %d: %s", req.Height, strings.Join(problems, "; ")))
 	}
-	s.AppHash = s.Hash()
+	s.AppHash = app.store.workingHash()
 	return &abci.ResponseFinalizeBlock{TxResults: results, AppHash: s.AppHash, ValidatorUpdates: s.updatesSince(before)}, nil
 }
 
@@ -388,116 +396,42 @@ func parallel(n int, fn func(int)) {
 	wg.Wait()
 }
 
-// Commit persists the block's changes in one atomic write and resets the
+// Commit saves the block in the store (one atomic write) and resets the
 // mempool view (CometBFT rechecks pending transactions next).
 func (app *App) Commit(context.Context, *abci.RequestCommit) (*abci.ResponseCommit, error) {
 	app.mu.Lock()
 	defer app.mu.Unlock()
-	if app.db != nil {
-		if err := app.persist(); err != nil {
-			// The block is final; failing to store it must stop the node
-			// rather than let it run on with a state it cannot recover.
-			panic(fmt.Sprintf("persist ledger state at height %d: %v", app.state.Height, err))
-		}
+	s := app.state
+	if err := app.store.save(s.Height, s.Time, app.prevTime); err != nil {
+		// The block is final; failing to store it must stop the node
+		// rather than let it run on with a state it cannot recover.
+		panic(fmt.Sprintf("save ledger state at height %d: %v", s.Height, err))
 	}
-	if app.db != nil && app.state.Height%compactEvery == 0 {
-		if err := app.compact(); err != nil {
-			app.log.Warn("compact ledger state", "err", err)
-		}
-	}
-	clear(app.state.dirty)
+	// New maps, not cleared ones: a cleared map keeps its size, and every
+	// block would walk the buckets genesis (every key dirty) left.
+	s.dirty = map[string]bool{}
 	clear(app.checkNonce)
 	clear(app.checkSpend)
+	clear(app.pending)
 	if len(app.verified) > 100_000 {
 		clear(app.verified)
 	}
 	return &abci.ResponseCommit{}, nil
 }
 
-// memTableSize is badger's memtable size for the ledger state (a variable
-// so tests can fill level 0 quickly).
-var memTableSize int64 = 16 << 20
-
-// compactEvery is how many blocks pass between checks of level 0.
-const compactEvery = 64
-
-// compact folds level 0 into the tree once it holds four tables (each a
-// flushed 16 MiB memtable), far below the 32 at which writes would stall.
-func (app *App) compact() error {
-	if l := app.db.Levels(); len(l) > 0 && l[0].NumTables >= 4 {
-		return app.db.Flatten(1)
-	}
-	return nil
-}
-
-func (app *App) persist() error {
-	s := app.state
-	wb := app.db.NewWriteBatch()
-	defer wb.Cancel()
-	for key := range s.dirty {
-		prefix, name, _ := strings.Cut(key, "/")
-		var val []byte
-		var found bool
-		switch prefix + "/" {
-		case pAccount:
-			if a, ok := s.Accounts[name]; ok && (a.Balance != 0 || a.Nonce != 0) {
-				val, found = mustEncode(a), true
-			}
-		case pIssuer:
-			if v, ok := s.Issuers[name]; ok {
-				val, found = mustEncode(v), true
-			}
-		case pEscrow:
-			if v, ok := s.Escrows[name]; ok {
-				val, found = mustEncode(v), true
-			}
-		case pMachine:
-			if v, ok := s.Machines[name]; ok {
-				val, found = mustEncode(v), true
-			}
-		case pValidator:
-			if v, ok := s.Validators[name]; ok {
-				val, found = mustEncode(v), true
-			}
-		case pPending:
-			if v, ok := s.Pending[name]; ok {
-				val, found = mustEncode(v), true
-			}
-		case pLink:
-			if v, ok := s.Links[name]; ok {
-				val, found = []byte(v), true
-			}
-		}
-		var err error
-		if found {
-			err = wb.Set([]byte(key), val)
-		} else {
-			err = wb.Delete([]byte(key))
-		}
-		if err != nil {
-			return err
-		}
-	}
-	m := meta{ChainID: s.ChainID, Height: s.Height, Time: s.Time, AppHash: s.AppHash, Supply: s.Supply, Params: s.Params}
-	if err := wb.Set([]byte(metaKey), mustEncode(&m)); err != nil {
-		return err
-	}
-	return wb.Flush()
-}
-
-func mustEncode(v any) []byte {
-	b, err := wire.Marshal(v)
-	if err != nil {
-		panic(err)
-	}
-	return b
-}
-
 // Query answers reads of the state as of the last executed block (between
 // FinalizeBlock and Commit that block is decided but not yet stored).
-// Paths:
-// /account/ADDR, /issuer/ADDR, /escrow/JOB, /machine/ADDR, /link/ADDR,
-// /totals, /validators (a ValidatorSet). Values are JSON.
+// Paths (values are JSON):
+//
+//	/account/ADDR       AccountView
+//	/issuer/ADDR        Issuer
+//	/member/ADDR        Membership
+//	/registration/ADDR  Registration (a machine's owner and link nonce; /link/ADDR too)
+//	/escrow/JOB         Escrow
+//	/machine/ADDR       MachineRecord
+//	/pending/HASH       PendingTx: whether this node's mempool holds the transaction
+//	/totals             the books
+//	/validators         ValidatorSet
 func (app *App) Query(_ context.Context, req *abci.RequestQuery) (*abci.ResponseQuery, error) {
 	app.mu.RLock()
 	defer app.mu.RUnlock()
@@ -512,6 +446,37 @@ func (app *App) Query(_ context.Context, req *abci.RequestQuery) (*abci.Response
 // ErrNotFound is answered for queries of missing entries.
 var ErrNotFound = errors.New("not found")
 
+// AccountView is the answer to /account/ADDR: the account, and the next
+// nonce counting the transactions this node's mempool holds.
+type AccountView struct {
+	Account
+	PendingNonce uint64 `json:"pending_nonce"`
+}
+
+// Membership is the answer to /member/ADDR.
+type Membership struct {
+	Address    string `json:"address"`
+	Member     bool   `json:"member"`
+	AdmittedBy string `json:"admitted_by,omitempty"` // an issuer's account, or "genesis"
+	Issuer     bool   `json:"issuer"`
+}
+
+// Registration is the answer to /registration/ADDR: whom a machine earns
+// for, its link nonce (what a consent to change it must name), and
+// whether it is registered (it earns for a member).
+type Registration struct {
+	Machine    string `json:"machine"`
+	Owner      string `json:"owner"`
+	LinkNonce  uint64 `json:"link_nonce"`
+	Registered bool   `json:"registered"`
+}
+
+// PendingTx is the answer to /pending/HASH.
+type PendingTx struct {
+	Hash    string `json:"hash"`
+	Pending bool   `json:"pending"`
+}
+
 func (app *App) query(path string) (any, error) {
 	s := app.state
 	kind, arg, _ := strings.Cut(strings.TrimPrefix(path, "/"), "/")
@@ -520,15 +485,35 @@ func (app *App) query(path string) (any, error) {
 		if _, err := identity.ParseAddress(arg); err != nil {
 			return nil, reject(CodeInvalidAddress, "%v", err)
 		}
-		a := Account{}
+		a := AccountView{}
 		if v, ok := s.Accounts[arg]; ok {
-			a = *v
+			a.Account = *v
+		}
+		a.PendingNonce = a.Nonce
+		if n, ok := app.checkNonce[arg]; ok {
+			a.PendingNonce = n
 		}
 		return a, nil
 	case "issuer":
 		if v, ok := s.Issuers[arg]; ok {
 			return v, nil
 		}
+	case "member":
+		if _, err := identity.ParseAddress(arg); err != nil {
+			return nil, reject(CodeInvalidAddress, "%v", err)
+		}
+		m := Membership{Address: arg}
+		if v, ok := s.Members[arg]; ok {
+			m.Member, m.AdmittedBy = true, v.By
+		}
+		_, m.Issuer = s.Issuers[arg]
+		return m, nil
+	case "registration", "link":
+		if _, err := identity.ParseAddress(arg); err != nil {
+			return nil, reject(CodeInvalidAddress, "%v", err)
+		}
+		l := s.link(arg)
+		return Registration{Machine: arg, Owner: l.Owner, LinkNonce: l.Nonce, Registered: s.isMember(l.Owner)}, nil
 	case "escrow":
 		if v, ok := s.Escrows[arg]; ok {
 			return v, nil
@@ -538,65 +523,71 @@ func (app *App) query(path string) (any, error) {
 			return v, nil
 		}
 		return MachineRecord{}, nil
-	case "link":
-		return map[string]string{"machine": arg, "owner": s.ownerOf(arg)}, nil
+	case "pending":
+		raw, err := hex.DecodeString(arg)
+		if err != nil || len(raw) != 32 {
+			return nil, reject(CodeMalformed, "transaction hash %q: want 64 hex digits", arg)
+		}
+		_, ok := app.pending[[32]byte(raw)]
+		return PendingTx{Hash: strings.ToUpper(arg), Pending: ok}, nil
 	case "validators":
 		return s.validatorSet(), nil
 	case "totals":
-		t, problems := s.CheckInvariants()
-		return map[string]any{"totals": t, "problems": problems, "height": s.Height}, nil
+		return map[string]any{"totals": s.Totals(), "problems": []string{}, "height": s.Height,
+			"accounts": s.books.Accounts, "escrows": s.books.Escrows, "members": s.books.Members, "links": s.books.Links}, nil
 	default:
 		return nil, reject(CodeMalformed, "unknown query path %q", path)
 	}
 	return nil, reject(CodeUnknownEscrow, "%s %s: %v", kind, arg, ErrNotFound)
 }
 
+// MachineOwner is the account machine earns for (itself when it has no
+// link), and whether it is registered: that account is a member. It reads
+// the state as of the last executed block, in O(1), for the node's
+// gossip validation.
+func (app *App) MachineOwner(machine identity.Address) (owner identity.Address, registered bool) {
+	app.mu.RLock()
+	defer app.mu.RUnlock()
+	o, ok := app.state.registered(string(machine))
+	return identity.Address(o), ok
+}
+
+// IsMember reports whether an issuer admitted a (or genesis made it a
+// member).
+func (app *App) IsMember(a identity.Address) bool {
+	app.mu.RLock()
+	defer app.mu.RUnlock()
+	return app.state.isMember(string(a))
+}
+
+// BalanceOf is a's balance, micro-credits.
+func (app *App) BalanceOf(a identity.Address) uint64 {
+	app.mu.RLock()
+	defer app.mu.RUnlock()
+	return app.state.balanceOf(string(a))
+}
+
+// Height is the last block the app executed.
+func (app *App) Height() int64 {
+	app.mu.RLock()
+	defer app.mu.RUnlock()
+	return app.state.Height
+}
+
 // Snapshot returns a deep copy of the state as of the last executed block
-// (for tests, audit and the node's own reads).
+// (for tests and the audit; O(n)).
 func (app *App) Snapshot() *State {
 	app.mu.RLock()
 	defer app.mu.RUnlock()
 	return app.state.clone()
 }
 
-func (s *State) clone() *State {
-	c := NewState()
-	c.ChainID, c.Height, c.Time, c.Supply, c.Params = s.ChainID, s.Height, s.Time, s.Supply, s.Params
-	c.AppHash = append([]byte(nil), s.AppHash...)
-	for k, v := range s.Accounts {
-		a := *v
-		c.Accounts[k] = &a
-	}
-	for k, v := range s.Issuers {
-		a := *v
-		c.Issuers[k] = &a
-	}
-	for k, v := range s.Links {
-		c.Links[k] = v
-	}
-	for k, v := range s.Escrows {
-		e := *v
-		e.Payees = append([]string(nil), v.Payees...)
-		e.Claimed = append([]Claimed(nil), v.Claimed...)
-		c.Escrows[k] = &e
-	}
-	for k, v := range s.Machines {
-		m := *v
-		c.Machines[k] = &m
-	}
-	for k, v := range s.Validators {
-		a := *v
-		a.PubKey = append([]byte(nil), v.PubKey...)
-		c.Validators[k] = &a
-	}
-	for k, v := range s.Pending {
-		p := *v
-		p.PubKey = append([]byte(nil), v.PubKey...)
-		p.Votes = make([]PendingVote, len(v.Votes))
-		for i, vote := range v.Votes {
-			p.Votes[i] = PendingVote{Voter: append([]byte(nil), vote.Voter...), Power: vote.Power}
-		}
-		c.Pending[k] = &p
-	}
-	return c
+// Verify checks the whole state (O(n)): every invariant, the books kept
+// block by block against the entries, and every leaf of the store
+// against the entry it should hold. It returns the problems found.
+func (app *App) Verify() []string {
+	app.mu.RLock()
+	defer app.mu.RUnlock()
+	_, problems := app.state.CheckInvariants()
+	return append(problems, app.store.verify(app.state)...)
 }

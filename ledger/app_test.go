@@ -1,9 +1,9 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -21,10 +21,13 @@ func job(n int) string {
 	return hex.EncodeToString([]byte(strings.Repeat(string(rune('a'+n%26)), 32)))
 }
 
-func genesis(issuer *identity.Key, balances map[*identity.Key]uint64) GenesisState {
+func genesis(issuer *identity.Key, balances map[*identity.Key]uint64, members ...*identity.Key) GenesisState {
 	g := GenesisState{Issuers: []GenesisIssuer{{Address: string(issuer.Address()), Quota: 1_000_000 * credit}}}
 	for k, v := range balances {
 		g.Balances = append(g.Balances, GenesisBalance{Address: string(k.Address()), Amount: v})
+	}
+	for _, k := range members {
+		g.Members = append(g.Members, string(k.Address()))
 	}
 	return g
 }
@@ -129,15 +132,14 @@ func TestRejectionsChangeNothing(t *testing.T) {
 
 // sameExceptHeight: the state after the block hashes as before it.
 func sameExceptHeight(before []byte, h *harness) bool {
-	return string(h.app.Snapshot().Hash()) == string(before)
+	return string(h.hash()) == string(before)
 }
 
 func TestEscrowSettle(t *testing.T) {
 	issuer, payer, m1, m2, owner := key(t, 1), key(t, 2), key(t, 3), key(t, 4), key(t, 5)
-	h := newHarness(t, nil, genesis(issuer, map[*identity.Key]uint64{payer: 100 * credit}))
+	h := newHarness(t, nil, genesis(issuer, map[*identity.Key]uint64{payer: 100 * credit}, m1, owner))
 	// m2 earns into owner's account.
-	link := &LinkMachine{Machine: m2.Public(), MachineSig: SignLink(m2, testChain, owner.Address())}
-	h.must(h.tx(owner, TypeLinkMachine, link))
+	h.must(h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: h.consent(m2, owner.Address())}))
 	payees := []string{string(m1.Address()), string(m2.Address())}
 	exp := h.now.Unix() + 3600
 	h.must(h.tx(payer, TypeOpenEscrow, &OpenEscrow{Job: job(1), Amount: 40 * credit, Expiry: exp, Payees: payees}))
@@ -171,7 +173,7 @@ func TestEscrowSettle(t *testing.T) {
 
 func TestEscrowClaimAndExpire(t *testing.T) {
 	issuer, payer, m1, m2, mallory := key(t, 1), key(t, 2), key(t, 3), key(t, 4), key(t, 5)
-	h := newHarness(t, nil, genesis(issuer, map[*identity.Key]uint64{payer: 100 * credit}))
+	h := newHarness(t, nil, genesis(issuer, map[*identity.Key]uint64{payer: 100 * credit}, m1, m2))
 	payees := []string{string(m1.Address()), string(m2.Address())}
 	exp := h.now.Unix() + 60
 	h.must(h.tx(payer, TypeOpenEscrow, &OpenEscrow{Job: job(2), Amount: 30 * credit, Expiry: exp, Payees: payees}))
@@ -230,7 +232,7 @@ func TestEscrowClaimAndExpire(t *testing.T) {
 
 func TestEscrowExpireRefundsAll(t *testing.T) {
 	issuer, payer, m1 := key(t, 1), key(t, 2), key(t, 3)
-	h := newHarness(t, nil, genesis(issuer, map[*identity.Key]uint64{payer: 10 * credit}))
+	h := newHarness(t, nil, genesis(issuer, map[*identity.Key]uint64{payer: 10 * credit}, m1))
 	h.must(h.tx(payer, TypeOpenEscrow, &OpenEscrow{Job: job(3), Amount: 10 * credit, Expiry: h.now.Unix() + 30, Payees: []string{string(m1.Address())}}))
 	h.now = h.now.Add(2 * 3600e9)
 	h.must(h.tx(payer, TypeExpire, &Expire{Job: job(3)}))
@@ -310,7 +312,7 @@ func TestPersistentAppRestartsAtSameHash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := newHarness(t, app, genesis(issuer, map[*identity.Key]uint64{alice: 10 * credit}))
+	h := newHarness(t, app, genesis(issuer, map[*identity.Key]uint64{alice: 10 * credit}, bob))
 	h.must(h.tx(alice, TypeTransfer, &Transfer{To: string(bob.Address()), Amount: 3 * credit}))
 	h.must(h.tx(alice, TypeOpenEscrow, &OpenEscrow{Job: job(5), Amount: credit, Expiry: h.now.Unix() + 100, Payees: []string{string(bob.Address())}}))
 	want := h.hash()
@@ -337,6 +339,8 @@ func FuzzCheckTx(f *testing.F) {
 	f.Add(seed)
 	vote, _ := NewTx(alice, testChain, TypeValidatorVote, 0, &ValidatorVote{PubKey: issuer.Public(), Power: 10, Name: "u"})
 	f.Add(vote)
+	admit, _ := NewTx(issuer, testChain, TypeAdmit, 0, &Admit{Account: string(alice.Address())})
+	f.Add(admit)
 	f.Add([]byte{0xa0})
 	app := NewMemoryApp(nil)
 	raw, _ := jsonMarshal(genesis(issuer, map[*identity.Key]uint64{alice: 10}))
@@ -350,16 +354,44 @@ func FuzzCheckTx(f *testing.F) {
 		if resp.Code != CodeOK && resp.Log == "" {
 			t.Fatal("rejection without a reason")
 		}
-		if d, err := DecodeTx(b); err == nil && d.msg == nil {
+		d, err := DecodeTx(b)
+		if err == nil && d.msg == nil {
 			t.Fatal("decoded without a message")
+		}
+		if resp.Code == CodeOK {
+			if err != nil {
+				t.Fatalf("admitted bytes that do not decode: %v", err)
+			}
+			assertCanonical(t, b, d)
 		}
 	})
 }
 
+// assertCanonical: accepted bytes are the one encoding of what they
+// decode to, envelope and body, so they have one hash.
+func assertCanonical(t *testing.T, b []byte, d *decoded) {
+	t.Helper()
+	again, err := wire.Marshal(&d.tx)
+	if err != nil || !bytes.Equal(again, b) {
+		t.Fatalf("accepted %x, which encodes back to %x (%v)", b, again, err)
+	}
+	body, err := wire.Marshal(d.msg)
+	if err != nil || !bytes.Equal(body, d.tx.Body) {
+		t.Fatalf("accepted body %x, which encodes back to %x (%v)", d.tx.Body, body, err)
+	}
+}
+
 func FuzzDecodeTx(f *testing.F) {
 	k := key(f, 1)
-	for _, typ := range []string{TypeTransfer, TypeGrant, TypeOpenEscrow, TypeSettle, TypeClaim, TypeExpire, TypeLinkMachine, TypeValidatorVote} {
-		b, _ := NewTx(k, testChain, typ, 0, &Transfer{To: string(k.Address()), Amount: 1})
+	to := string(k.Address())
+	for typ, msg := range map[string]any{
+		TypeTransfer: &Transfer{To: to, Amount: 1, Memo: "m"}, TypeGrant: &Grant{To: to, Amount: 1},
+		TypeOpenEscrow: &OpenEscrow{Job: job(1), Amount: 5, Expiry: 9, Payees: []string{to}}, TypeSettle: &Settle{Job: job(1), Payments: []Payment{{Machine: to, Amount: 1}}},
+		TypeClaim: &Claim{Receipt: Receipt{Job: job(1), Payee: to, Amount: 1, Seq: 2, Sig: make([]byte, 64)}}, TypeExpire: &Expire{Job: job(1)},
+		TypeLinkMachine:   &LinkMachine{Consent: SignLinkConsent(k, testChain, k.Address(), Registration{Owner: to}, 100)},
+		TypeValidatorVote: &ValidatorVote{PubKey: k.Public(), Power: 3}, TypeAdmit: &Admit{Account: to, Revoke: true},
+	} {
+		b, _ := NewTx(k, testChain, typ, 0, msg)
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -373,44 +405,8 @@ func FuzzDecodeTx(f *testing.F) {
 		if d.msg == nil || d.signer == "" {
 			t.Fatal("decoded without a message or signer")
 		}
+		assertCanonical(t, b, d)
 	})
-}
-
-// TestCompactionWithoutBackgroundCompactors: the state store runs no
-// compactors, so Commit's own compaction must keep level 0 from filling.
-func TestCompactionWithoutBackgroundCompactors(t *testing.T) {
-	defer func(v int64) { memTableSize = v }(memTableSize)
-	memTableSize = 1 << 20
-	issuer, alice := key(t, 1), key(t, 2)
-	app, err := OpenApp(t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer app.Close()
-	h := newHarness(t, app, genesis(issuer, map[*identity.Key]uint64{alice: 10 * credit}))
-	val := make([]byte, 4<<10)
-	maxL0 := 0
-	for round := 0; round < 6; round++ {
-		wb := app.db.NewWriteBatch()
-		for i := 0; i < 600; i++ { // ~2.4 MiB: two memtables
-			wb.Set([]byte(fmt.Sprintf("x/%d/%d", round, i)), val)
-		}
-		if err := wb.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		if l := app.db.Levels(); l[0].NumTables > maxL0 {
-			maxL0 = l[0].NumTables
-		}
-		for i := 0; i < compactEvery; i++ {
-			h.block()
-		}
-	}
-	if maxL0 < 4 {
-		t.Fatalf("level 0 peaked at %d tables: the test did not fill it", maxL0)
-	}
-	if l := app.db.Levels(); l[0].NumTables >= 4 {
-		t.Fatalf("level 0 still holds %d tables", l[0].NumTables)
-	}
 }
 
 // TestPrepareProposalOrdersNonces: a mempool that holds an account's
@@ -419,7 +415,7 @@ func TestPrepareProposalOrdersNonces(t *testing.T) {
 	issuer, alice, bob := key(t, 1), key(t, 2), key(t, 3)
 	h := newHarness(t, nil, genesis(issuer, map[*identity.Key]uint64{alice: 10 * credit, bob: 10 * credit}))
 	mk := func(k *identity.Key, n uint64) []byte {
-		b, _ := NewTx(k, testChain, TypeTransfer, n, &Transfer{To: string(issuer.Address()), Amount: 1})
+		b, _ := NewTx(k, testChain, TypeTransfer, n, &Transfer{To: string(issuer.Address()), Amount: credit})
 		return b
 	}
 	mempool := [][]byte{mk(alice, 2), mk(bob, 1), mk(alice, 0), []byte("junk"), mk(bob, 0), mk(alice, 1)}

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	ctypes "github.com/cometbft/cometbft/rpc/core/types"
 	cmttypes "github.com/cometbft/cometbft/types"
+
+	"github.com/deepmarket/deepmarket/identity"
 )
 
 // TestClientAndAudit: the Go client moves credits through a real chain
@@ -46,6 +49,13 @@ func TestClientAndAudit(t *testing.T) {
 	if _, err := ca.Transfer(ctx, bob.Address(), 10*credit, "lunch"); err != nil {
 		t.Fatal(err)
 	}
+	// m1 lends: an issuer admits it, so it is a registered machine.
+	if _, err := ca.OpenEscrow(ctx, OpenEscrow{Job: job(8), Amount: credit, Expiry: time.Now().Unix() + 3600, Payees: []string{string(m1.Address())}}); CodeOf(err) != CodeNotRegistered {
+		t.Fatalf("escrow paying an unregistered machine: %v", err)
+	}
+	if _, err := ci.Admit(ctx, m1.Address()); err != nil {
+		t.Fatal(err)
+	}
 	_, err = ca.Transfer(ctx, bob.Address(), 1000*credit, "")
 	var lerr *Error
 	if !errors.As(err, &lerr) || lerr.Code != CodeInsufficientFunds {
@@ -79,11 +89,12 @@ func TestClientAndAudit(t *testing.T) {
 		t.Fatalf("history %v: %+v", types, hist)
 	}
 
-	rep, err := Audit(ctx, fmt.Sprintf("http://127.0.0.1:%d", rpcPort), nil)
+	rep, err := Audit(ctx, fmt.Sprintf("http://127.0.0.1:%d", rpcPort), AuditOptions{Genesis: doc, GenesisSource: "genesis.json"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !rep.OK || rep.Supply != 100*credit || rep.Balances != 100*credit || rep.Escrowed != 0 || rep.TxsOK != 4 {
+	if !rep.OK || rep.Supply != 100*credit || rep.Balances != 100*credit || rep.Escrowed != 0 || rep.TxsOK != 5 || rep.Genesis != "genesis.json" ||
+		rep.Commits != int(rep.Height) {
 		t.Fatalf("audit: %+v", rep)
 	}
 
@@ -92,12 +103,115 @@ func TestClientAndAudit(t *testing.T) {
 		tx, _ := NewTx(issuer, testChain, TypeGrant, 1, &Grant{To: string(bob.Address()), Amount: credit})
 		b.Txs = append(b.Txs, tx)
 	}}
-	rep, err = AuditWith(ctx, liar, nil)
+	rep, err = AuditWith(ctx, liar, AuditOptions{Genesis: doc})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.OK || len(rep.Problems) == 0 {
-		t.Fatalf("audit of a doctored chain passed: %+v", rep)
+	if rep.OK || !hasProblem(rep, "height 3: the block does not hold what its header commits to") {
+		t.Fatalf("audit of a doctored chain passed: %+v", rep.Problems)
+	}
+
+	// A node that serves a commit without the signatures is caught.
+	unsigned := &unsignedCommitRPC{AuditRPC: rpc}
+	rep, err = AuditWith(ctx, unsigned, AuditOptions{Genesis: doc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK || !hasProblem(rep, "not signed by more than 2/3 of the validator set") {
+		t.Fatalf("audit of a chain whose last commit lacks its signatures: %+v", rep.Problems)
+	}
+}
+
+func hasProblem(rep *AuditReport, s string) bool {
+	for _, p := range rep.Problems {
+		if strings.Contains(p, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// unsignedCommitRPC serves the last block's commit with every signature
+// marked absent.
+type unsignedCommitRPC struct{ AuditRPC }
+
+func (r *unsignedCommitRPC) Commit(ctx context.Context, h *int64) (*ctypes.ResultCommit, error) {
+	res, err := r.AuditRPC.Commit(ctx, h)
+	if err != nil {
+		return nil, err
+	}
+	c := *res.Commit
+	c.Signatures = make([]cmttypes.CommitSig, len(res.Commit.Signatures))
+	for i := range c.Signatures {
+		c.Signatures[i] = cmttypes.NewCommitSigAbsent()
+	}
+	out := *res
+	out.Commit = &c
+	return &out, nil
+}
+
+// TestAuditRefusesAFork runs a fork: a second chain with the same chain ID
+// whose genesis grants 500,000 credits more, with its own validator. The
+// audit pinned to the honest genesis refuses it (its commits are not
+// signed by the honest validators, and its app hashes are not the
+// honest genesis'); the same audit accepts the honest chain; an audit that
+// takes the genesis the fork serves accepts the fork, and says so: pinning
+// is what protects.
+func TestAuditRefusesAFork(t *testing.T) {
+	issuer, mallory := key(t, 1), key(t, 66)
+	g := genesis(issuer, map[*identity.Key]uint64{key(t, 2): 10 * credit})
+	start := func(val *identity.Key, g GenesisState) (*cmttypes.GenesisDoc, string) {
+		t.Helper()
+		doc, err := NewGenesis(testChain, []GenesisValidator{{Name: "v", PubKey: val.Public(), Power: 10}}, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		app, err := OpenApp(filepath.Join(dir, "app"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rpcPort := freePort(t)
+		chain, err := StartChain(ChainParams{Dir: dir, Key: val, Genesis: doc, App: app, P2PListen: fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t)),
+			RPCListen: fmt.Sprintf("tcp://127.0.0.1:%d", rpcPort), Configure: fastBlocks})
+		if err != nil {
+			app.Close()
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			chain.Stop()
+			app.Close()
+		})
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		defer cancel()
+		if err := chain.WaitHeight(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+		return doc, fmt.Sprintf("http://127.0.0.1:%d", rpcPort)
+	}
+	honest, honestURL := start(key(t, 99), g)
+	forked := g
+	forked.Balances = append(append([]GenesisBalance(nil), g.Balances...), GenesisBalance{Address: string(mallory.Address()), Amount: 500_000 * credit})
+	_, forkURL := start(key(t, 98), forked)
+
+	ctx := t.Context()
+	rep, err := Audit(ctx, honestURL, AuditOptions{Genesis: honest, GenesisSource: "honest.json"})
+	if err != nil || !rep.OK || rep.Supply != 10*credit {
+		t.Fatalf("audit of the honest chain: %v %+v", err, rep)
+	}
+	rep, err = Audit(ctx, forkURL, AuditOptions{Genesis: honest, GenesisSource: "honest.json"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK || !hasProblem(rep, "height 1: the commit is not signed by more than 2/3 of the validator set the audit tracks") {
+		t.Fatalf("audit of the fork pinned to the honest genesis: %+v", rep)
+	}
+	rep, err = Audit(ctx, forkURL, AuditOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK || rep.Supply != 500_010*credit || rep.Genesis != "as served by "+forkURL {
+		t.Fatalf("audit of the fork from the genesis it serves: %+v", rep)
 	}
 }
 

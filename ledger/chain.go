@@ -180,14 +180,25 @@ func StartChain(p ChainParams) (*Chain, error) {
 	return &Chain{node: node, cfg: c, dbs: dbs}, nil
 }
 
-// Stop stops the node and waits for it.
+// Stop stops the node and waits for it, and for its address book's last
+// save (CometBFT's node does not wait for that goroutine, which otherwise
+// writes into the directory after Stop returned).
 func (c *Chain) Stop() error {
 	defer c.dbs.closeAll()
 	if !c.node.IsRunning() {
 		return nil
 	}
+	began := time.Now()
 	err := c.node.Stop()
 	c.node.Wait()
+	if c.cfg.P2P.PexReactor {
+		book := c.cfg.P2P.AddrBookFile()
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if st, err := os.Stat(book); err == nil && !st.ModTime().Before(began) {
+				break
+			}
+		}
+	}
 	return err
 }
 

@@ -116,7 +116,9 @@ func TestChainCommitsSignedTransfers(t *testing.T) {
 			t.Fatalf("broadcast %d: %v %+v", i, err, res)
 		}
 	}
-	bad, _ := NewTx(alice, testChain, TypeTransfer, 0, &Transfer{To: string(issuer.Address()), Amount: 100 * credit})
+	// The issuer holds no credits (its grants are pending after its
+	// nonces 0-4): an overdraft is refused before the mempool.
+	bad, _ := NewTx(issuer, testChain, TypeTransfer, 5, &Transfer{To: string(alice.Address()), Amount: 100 * credit})
 	if res, err := cl.BroadcastTxSync(ctx, bad); err != nil || res.Code != CodeInsufficientFunds {
 		t.Fatalf("overdraft admitted to the mempool: %v %+v", err, res)
 	}

@@ -4,9 +4,92 @@
 // transactions, and the audit that replays a chain from genesis.
 //
 // State holds integers only (1 credit = 1,000,000 micro-credits): accounts
-// {balance, nonce}, issuers {quota left}, machine links, escrows, machine
-// records. The app hash after each block is the SHA-256 of the canonical
-// encoding of the whole state: no map order, no floats, no wall clock.
+// {balance, nonce}, issuers {quota left}, members, machine links {owner,
+// link nonce}, escrows, machine records, the validator set and the votes
+// on it.
+//
+// # No free writes: members and limits
+//
+// Every write costs its signer a standing an issuer gave it. Members are
+// the accounts an issuer admitted: genesis' balance holders, issuers,
+// listed members and validators' accounts; each Grant's recipient; each
+// account an Admit {Account} names (an issuer admitting without moving
+// credits; Admit {Account, Revoke} ends a membership the same issuer gave;
+// genesis members stay). Only members sign transactions, with two
+// exceptions that carry their own standing: a Claim by a payee of an open
+// escrow (the member who opened the escrow vouched for it) and a
+// validator's vote. Anyone else is refused with CodeNotMember: by CheckTx
+// before the mempool, before its signature is even checked, and by
+// FinalizeBlock if a proposer includes it anyway. A fresh key with no
+// credits writes nothing.
+//
+// Members' writes are bounded by the genesis Params (defaults in
+// DefaultParams): at most MaxMachinesPerOwner (256) machines linked to an
+// account, MaxOpenEscrows (1,024) escrows open per payer, a Transfer that
+// opens an account moves at least MinNewAccount (1 credit), an escrow pays
+// registered machines only, and one signer has at most MaxTxsPerBlock
+// (1,000) transactions in a block (those beyond are refused, in block
+// order) and pending in a node's mempool at once.
+//
+// # Machines
+//
+// A machine is registered when it is a member itself (by default a node's
+// key is its account) or it is linked to a member. A LinkMachine carries
+// the machine's LinkConsent, which signs the chain ID, the machine's key,
+// the new owner, the machine's current owner (itself when unlinked), its
+// link nonce (which every link change increments) and an expiry (block
+// time, at most an hour ahead): a consent serves for one change, before it
+// expires, so an old owner cannot replay it. The new owner signs the
+// LinkMachine; unlinking is a link back to the machine itself, signed by
+// the owner or the machine, with the machine's consent too. App reads
+// (MachineOwner, IsMember, BalanceOf, Height) are O(1) for the node's
+// gossip validation; the /registration/ADDR query gives what a consent
+// must name.
+//
+// # Store and app hash
+//
+// The state lives in an IAVL tree (github.com/cosmos/iavl, store.go): each
+// entry is a leaf, the root hash is the app hash. A block writes only the
+// leaves it changed, so its cost grows with its changes (and the log of
+// the state's size), not with the state; an empty block writes nothing and
+// leaves the hash as it was. Commit saves the tree as version = height in
+// one atomic write (goleveldb, in the node's ledger directory); the last
+// 100 versions are kept. The state is also kept in memory, for reads,
+// loaded from the tree's leaves when the app opens. A node killed at any
+// moment restarts at its last saved version and CometBFT's handshake
+// replays the rest. A ledger directory written by the earlier release
+// (badger, app version 1) is refused with ErrOldStateFormat and a message
+// saying what to do: the app hash changed, so an old chain cannot be
+// continued, and a network upgrades together onto a new genesis.
+//
+// Invariants are kept incrementally: after each block, each changed leaf's
+// old value is read from the tree and the books (balances and escrowed
+// summed as big integers, counts of accounts, escrows, members and links)
+// move by what it changed; supply = balances + escrowed, every changed
+// escrow and new address, and the validator set if it changed are checked
+// in O(changes). A broken invariant halts the node. CheckInvariants and
+// App.Verify check everything in O(n); the audit and the tests' block
+// harness run them after every block.
+//
+// # Transactions and their outcomes
+//
+// A transaction is accepted only in its canonical encoding (envelope and
+// body, wire.Unmarshal), so it has one form and one hash, TxHash of its
+// bytes. The Client signs a transaction once and every retry sends those
+// bytes. It reports *Error (rejected) only when the ledger refused the
+// transaction, in CheckTx or in its block; when it cannot tell, it returns
+// an error satisfying errors.Is(err, ErrUnknownOutcome) that names the
+// hash, and TxStatus tells later: committed, failed, refused, pending,
+// dropped (never committed, and its nonce is used: it never can be) or
+// unknown. With an Outbox the client keeps its unresolved transactions
+// across restarts and sends them again (Run).
+//
+// # Audit
+//
+// The audit is a light client: from a genesis it is given (or the one the
+// node serves, which proves less, and says so) it tracks the validator
+// set, verifies that more than 2/3 of it signed every block's commit,
+// replays every block and checks every app hash and invariant.
 //
 // # Validators
 //

@@ -1,7 +1,6 @@
 package ledger
 
 import (
-	"fmt"
 	"sort"
 	"strconv"
 
@@ -38,214 +37,337 @@ func (e *event) abci() []abci.Event {
 
 func u(v uint64) string { return strconv.FormatUint(v, 10) }
 
+// call is one transaction being checked against the state.
+type call struct {
+	d       *decoded
+	signer  string
+	balance uint64 // the signer's balance the checks count on
+	now     int64  // block time, unix seconds
+}
+
+// effect makes the changes of a transaction whose checks all passed; it
+// cannot fail.
+type effect func() *event
+
 // execute checks d against the state at block time now and, only if every
-// check passes, applies it. A rejected transaction changes nothing.
+// check passes, applies it and spends the signer's nonce. A rejected
+// transaction changes nothing.
 func (s *State) execute(d *decoded, now int64) (*event, error) {
 	signer := string(d.signer)
-	acct := &Account{}
+	var acct Account
 	if a, ok := s.Accounts[signer]; ok {
-		acct = a
+		acct = *a
 	}
 	if d.tx.Nonce != acct.Nonce {
 		return nil, reject(CodeBadNonce, "nonce %d, account %s expects %d", d.tx.Nonce, signer, acct.Nonce)
 	}
-	if _, err := s.apply(d, signer, acct, now, true); err != nil {
+	if err := s.standing(d); err != nil {
 		return nil, err
 	}
-	acct = s.account(signer)
-	ev, err := s.apply(d, signer, acct, now, false)
+	apply, err := s.handle(&call{d: d, signer: signer, balance: acct.Balance, now: now})
 	if err != nil {
-		panic(fmt.Sprintf("transaction passed its checks and then failed: %v", err))
+		return nil, err
 	}
-	acct.Nonce++
-	s.touch(pAccount, signer)
+	ev := apply()
+	s.account(signer).Nonce++
 	return ev, nil
 }
 
-// check runs every check of execute without changing anything (CheckTx).
+// check runs every check of execute without changing anything (CheckTx),
+// with nonce as the signer's next one.
 func (s *State) check(d *decoded, now int64, nonce uint64) error {
 	if d.tx.Nonce != nonce {
 		return reject(CodeBadNonce, "nonce %d, account %s expects %d", d.tx.Nonce, d.signer, nonce)
 	}
-	acct := Account{Balance: s.balanceOf(string(d.signer)), Nonce: nonce}
-	_, err := s.apply(d, string(d.signer), &acct, now, true)
+	if err := s.standing(d); err != nil {
+		return err
+	}
+	_, err := s.handle(&call{d: d, signer: string(d.signer), balance: s.balanceOf(string(d.signer)), now: now})
 	return err
 }
 
-func (s *State) credit(addr string, amount uint64) {
-	a := s.account(addr)
-	a.Balance += amount // callers check overflow first
-	s.touch(pAccount, addr)
-}
-
-func (s *State) canCredit(addr string, amount uint64) error {
-	if _, ok := add(s.balanceOf(addr), amount); !ok {
-		return reject(CodeOverflow, "crediting %d would overflow %s's balance", amount, addr)
+// standing checks that the signer may sign at all: it is a member, or it
+// claims as a payee of an open escrow (whose payer is the member that
+// vouched for it), or it votes as a validator.
+func (s *State) standing(d *decoded) error {
+	signer := string(d.signer)
+	if s.isMember(signer) {
+		return nil
 	}
-	return nil
+	switch m := d.msg.(type) {
+	case *Claim:
+		if e, ok := s.Escrows[m.Receipt.Job]; ok && e.hasPayee(signer) {
+			return nil
+		}
+	case *ValidatorVote:
+		if _, ok := s.Validators[keyOf(d.tx.Signer)]; ok {
+			return nil
+		}
+		return reject(CodeNotValidator, "%s is not a validator: only the current validators vote on the set", signer)
+	}
+	return reject(CodeNotMember, "%s is not a member: only accounts an issuer admitted (with a grant or an admit) sign transactions", signer)
 }
 
-// apply checks d and, unless dry, applies it. Every case runs all of its
-// checks before its first change, so a dry run that passes guarantees the
-// real one does.
-func (s *State) apply(d *decoded, signer string, acct *Account, now int64, dry bool) (*event, error) {
-	switch m := d.msg.(type) {
+// handle checks a transaction of any type and returns its effect.
+func (s *State) handle(c *call) (effect, error) {
+	switch m := c.d.msg.(type) {
 	case *Transfer:
-		if err := checkAddress("to", m.To); err != nil {
-			return nil, err
-		}
-		if m.Amount == 0 {
-			return nil, reject(CodeInvalidAmount, "transfer of zero")
-		}
-		if len(m.Memo) > 256 {
-			return nil, reject(CodeMalformed, "memo longer than 256 bytes")
-		}
-		if acct.Balance < m.Amount {
-			return nil, reject(CodeInsufficientFunds, "balance %d, transfer %d", acct.Balance, m.Amount)
-		}
-		if m.To != signer {
-			if err := s.canCredit(m.To, m.Amount); err != nil {
-				return nil, err
-			}
-		}
-		if dry {
-			return nil, nil
-		}
-		acct.Balance -= m.Amount
-		s.credit(m.To, m.Amount)
-		return &event{typ: TypeTransfer, accounts: []string{signer, m.To},
-			attrs: [][2]string{{"from", signer}, {"to", m.To}, {"amount", u(m.Amount)}, {"memo", m.Memo}}}, nil
-
+		return s.transfer(c, m)
 	case *Grant:
-		iss, ok := s.Issuers[signer]
-		if !ok {
-			return nil, reject(CodeNotIssuer, "%s is not an issuer", signer)
-		}
-		if err := checkAddress("to", m.To); err != nil {
-			return nil, err
-		}
-		if m.Amount == 0 {
-			return nil, reject(CodeInvalidAmount, "grant of zero")
-		}
-		if m.Amount > iss.Quota {
-			return nil, reject(CodeQuotaExceeded, "grant %d exceeds remaining quota %d", m.Amount, iss.Quota)
-		}
-		if _, ok := add(s.Supply, m.Amount); !ok {
-			return nil, reject(CodeOverflow, "supply would overflow")
-		}
+		return s.grant(c, m)
+	case *Admit:
+		return s.admitTx(c, m)
+	case *LinkMachine:
+		return s.linkMachine(c, m)
+	case *OpenEscrow:
+		return s.openEscrowTx(c, m)
+	case *Settle:
+		return s.settle(c, m)
+	case *Claim:
+		return s.claim(c, m)
+	case *Expire:
+		return s.expire(c, m)
+	case *ValidatorVote:
+		return s.vote(c, m)
+	}
+	return nil, reject(CodeUnknownType, "unknown transaction %T", c.d.msg)
+}
+
+func (s *State) transfer(c *call, m *Transfer) (effect, error) {
+	if err := checkAddress("to", m.To); err != nil {
+		return nil, err
+	}
+	if m.Amount == 0 {
+		return nil, reject(CodeInvalidAmount, "transfer of zero")
+	}
+	if len(m.Memo) > 256 {
+		return nil, reject(CodeMalformed, "memo longer than 256 bytes")
+	}
+	if c.balance < m.Amount {
+		return nil, reject(CodeInsufficientFunds, "balance %d, transfer %d", c.balance, m.Amount)
+	}
+	if m.To != c.signer {
 		if err := s.canCredit(m.To, m.Amount); err != nil {
 			return nil, err
 		}
-		if dry {
-			return nil, nil
+		if !s.exists(m.To) && m.Amount < s.Params.MinNewAccount {
+			return nil, reject(CodeInvalidAmount, "%s has no account yet: a transfer that opens one moves at least %d, not %d",
+				m.To, s.Params.MinNewAccount, m.Amount)
 		}
-		iss.Quota -= m.Amount
-		s.touch(pIssuer, signer)
-		s.Supply += m.Amount
+	}
+	return func() *event {
+		s.debit(c.signer, m.Amount)
 		s.credit(m.To, m.Amount)
-		return &event{typ: TypeGrant, accounts: []string{signer, m.To},
-			attrs: [][2]string{{"from", signer}, {"to", m.To}, {"amount", u(m.Amount)}}}, nil
+		return &event{typ: TypeTransfer, accounts: []string{c.signer, m.To},
+			attrs: [][2]string{{"from", c.signer}, {"to", m.To}, {"amount", u(m.Amount)}, {"memo", m.Memo}}}
+	}, nil
+}
 
-	case *LinkMachine:
-		if len(m.Machine) != 32 || len(m.MachineSig) != 64 {
-			return nil, reject(CodeMalformed, "machine key or signature missing")
-		}
-		if !verify(m.Machine, linkBytes(s.ChainID, identity.Address(signer)), m.MachineSig) {
-			return nil, reject(CodeBadSignature, "the machine's signature does not verify")
-		}
-		if dry {
-			return nil, nil
-		}
-		machine := string(identity.AddressOf(m.Machine))
-		s.Links[machine] = signer
-		s.touch(pLink, machine)
-		return &event{typ: TypeLinkMachine, accounts: []string{signer, machine},
-			attrs: [][2]string{{"owner", signer}, {"machine", machine}}}, nil
+func (s *State) grant(c *call, m *Grant) (effect, error) {
+	iss, ok := s.Issuers[c.signer]
+	if !ok {
+		return nil, reject(CodeNotIssuer, "%s is not an issuer", c.signer)
+	}
+	if err := checkAddress("to", m.To); err != nil {
+		return nil, err
+	}
+	if m.Amount == 0 {
+		return nil, reject(CodeInvalidAmount, "grant of zero")
+	}
+	if m.Amount > iss.Quota {
+		return nil, reject(CodeQuotaExceeded, "grant %d exceeds remaining quota %d", m.Amount, iss.Quota)
+	}
+	if _, ok := add(s.Supply, m.Amount); !ok {
+		return nil, reject(CodeOverflow, "supply would overflow")
+	}
+	if err := s.canCredit(m.To, m.Amount); err != nil {
+		return nil, err
+	}
+	return func() *event {
+		iss.Quota -= m.Amount
+		s.touch(pIssuer, c.signer)
+		s.Supply += m.Amount
+		s.dirty[keyMeta] = true
+		s.credit(m.To, m.Amount)
+		s.admit(m.To, c.signer)
+		return &event{typ: TypeGrant, accounts: []string{c.signer, m.To},
+			attrs: [][2]string{{"from", c.signer}, {"to", m.To}, {"amount", u(m.Amount)}}}
+	}, nil
+}
 
-	case *OpenEscrow:
-		if err := checkJob(m.Job); err != nil {
+// admitTx admits or revokes a member. An issuer revokes only the members
+// it admitted; genesis members stay.
+func (s *State) admitTx(c *call, m *Admit) (effect, error) {
+	if _, ok := s.Issuers[c.signer]; !ok {
+		return nil, reject(CodeNotIssuer, "%s is not an issuer: only issuers admit members", c.signer)
+	}
+	if err := checkAddress("account", m.Account); err != nil {
+		return nil, err
+	}
+	ev := &event{typ: TypeAdmit, accounts: []string{c.signer, m.Account},
+		attrs: [][2]string{{"issuer", c.signer}, {"member", m.Account}}}
+	mem, member := s.Members[m.Account]
+	if !m.Revoke {
+		if member {
+			return nil, reject(CodeAlreadyMember, "%s is a member already (admitted by %s)", m.Account, mem.By)
+		}
+		return func() *event {
+			s.admit(m.Account, c.signer)
+			return ev
+		}, nil
+	}
+	if !member {
+		return nil, reject(CodeNotMember, "%s is not a member: nothing to revoke", m.Account)
+	}
+	if mem.By != c.signer {
+		return nil, reject(CodeNotIssuer, "%s was admitted by %s: only the issuer that admitted a member revokes it", m.Account, mem.By)
+	}
+	return func() *event {
+		delete(s.Members, m.Account)
+		s.touch(pMember, m.Account)
+		ev.attrs = append(ev.attrs, [2]string{"revoked", "true"})
+		return ev
+	}, nil
+}
+
+// linkMachine moves a machine to the owner its consent names. The consent
+// must name the link as it is (owner and nonce), so a consent serves for
+// one change only.
+func (s *State) linkMachine(c *call, m *LinkMachine) (effect, error) {
+	con := m.Consent
+	if len(con.Machine) != 32 || len(con.Sig) != 64 {
+		return nil, reject(CodeMalformed, "machine key or consent signature missing")
+	}
+	if err := checkAddress("owner", con.Owner); err != nil {
+		return nil, err
+	}
+	machine := string(identity.AddressOf(con.Machine))
+	cur := s.link(machine)
+	if con.Current != cur.Owner || con.Nonce != cur.Nonce {
+		return nil, reject(CodeBadNonce, "the consent was given for owner %s at link nonce %d; machine %s is with %s at link nonce %d: "+
+			"ask the machine for a fresh consent", con.Current, con.Nonce, machine, cur.Owner, cur.Nonce)
+	}
+	if c.now > con.Expiry {
+		return nil, reject(CodeExpired, "the consent expired at %d, block time %d", con.Expiry, c.now)
+	}
+	if con.Expiry > c.now+MaxConsentTTL {
+		return nil, reject(CodeExpired, "the consent expires at %d, more than %ds after block time %d", con.Expiry, MaxConsentTTL, c.now)
+	}
+	if con.Owner == cur.Owner {
+		return nil, reject(CodeMalformed, "machine %s earns for %s already", machine, cur.Owner)
+	}
+	unlink := con.Owner == machine
+	switch {
+	case !unlink && c.signer != con.Owner:
+		return nil, reject(CodeBadSignature, "signed by %s: the new owner %s signs a link", c.signer, con.Owner)
+	case unlink && c.signer != cur.Owner && c.signer != machine:
+		return nil, reject(CodeBadSignature, "signed by %s: an unlink is signed by the owner %s or the machine", c.signer, cur.Owner)
+	}
+	if !unlink && s.linksOf[con.Owner] >= s.Params.MaxMachinesPerOwner {
+		return nil, reject(CodeLimitReached, "%s has %d machines linked, the most allowed", con.Owner, s.linksOf[con.Owner])
+	}
+	if !verify(con.Machine, con.signBytes(s.ChainID), con.Sig) {
+		return nil, reject(CodeBadSignature, "the machine's consent does not verify")
+	}
+	return func() *event {
+		s.setLink(machine, con.Owner)
+		return &event{typ: TypeLinkMachine, accounts: []string{c.signer, machine, cur.Owner, con.Owner},
+			attrs: [][2]string{{"owner", con.Owner}, {"machine", machine}, {"previous", cur.Owner}, {"link_nonce", u(cur.Nonce + 1)}}}
+	}, nil
+}
+
+func (s *State) openEscrowTx(c *call, m *OpenEscrow) (effect, error) {
+	if err := checkJob(m.Job); err != nil {
+		return nil, err
+	}
+	if _, ok := s.Escrows[m.Job]; ok {
+		return nil, reject(CodeEscrowExists, "escrow for job %s is already open", m.Job)
+	}
+	if m.Amount == 0 {
+		return nil, reject(CodeInvalidAmount, "escrow of zero")
+	}
+	if m.Expiry <= c.now || m.Expiry > c.now+s.Params.MaxEscrowTTL {
+		return nil, reject(CodeExpired, "expiry %d must be after block time %d and within %ds", m.Expiry, c.now, s.Params.MaxEscrowTTL)
+	}
+	if len(m.Payees) == 0 || len(m.Payees) > 1024 {
+		return nil, reject(CodeMalformed, "%d payees; want 1 to 1024", len(m.Payees))
+	}
+	seen := map[string]bool{}
+	for _, p := range m.Payees {
+		if err := checkAddress("payee", p); err != nil {
 			return nil, err
 		}
-		if _, ok := s.Escrows[m.Job]; ok {
-			return nil, reject(CodeEscrowExists, "escrow for job %s is already open", m.Job)
+		if seen[p] {
+			return nil, reject(CodeMalformed, "payee %s listed twice", p)
 		}
-		if m.Amount == 0 {
-			return nil, reject(CodeInvalidAmount, "escrow of zero")
+		seen[p] = true
+		if owner, ok := s.registered(p); !ok {
+			return nil, reject(CodeNotRegistered, "payee %s is not a registered machine (it earns for %s, which is not a member)", p, owner)
 		}
-		if m.Expiry <= now || m.Expiry > now+s.Params.MaxEscrowTTL {
-			return nil, reject(CodeExpired, "expiry %d must be after block time %d and within %ds", m.Expiry, now, s.Params.MaxEscrowTTL)
-		}
-		if len(m.Payees) == 0 || len(m.Payees) > 1024 {
-			return nil, reject(CodeMalformed, "%d payees; want 1 to 1024", len(m.Payees))
-		}
-		seen := map[string]bool{}
-		for _, p := range m.Payees {
-			if err := checkAddress("payee", p); err != nil {
-				return nil, err
-			}
-			if seen[p] {
-				return nil, reject(CodeMalformed, "payee %s listed twice", p)
-			}
-			seen[p] = true
-		}
-		if acct.Balance < m.Amount {
-			return nil, reject(CodeInsufficientFunds, "balance %d, escrow %d", acct.Balance, m.Amount)
-		}
-		if dry {
-			return nil, nil
-		}
-		acct.Balance -= m.Amount
+	}
+	if n := s.escrowsOf[c.signer]; n >= s.Params.MaxOpenEscrows {
+		return nil, reject(CodeLimitReached, "%s has %d escrows open, the most allowed", c.signer, n)
+	}
+	if c.balance < m.Amount {
+		return nil, reject(CodeInsufficientFunds, "balance %d, escrow %d", c.balance, m.Amount)
+	}
+	return func() *event {
+		s.debit(c.signer, m.Amount)
 		payees := append([]string(nil), m.Payees...)
 		sort.Strings(payees)
-		s.Escrows[m.Job] = &Escrow{Payer: signer, PayerKey: append([]byte(nil), d.tx.Signer...), Total: m.Amount, Amount: m.Amount, Expiry: m.Expiry, Payees: payees}
-		s.touch(pEscrow, m.Job)
-		return &event{typ: TypeOpenEscrow, accounts: []string{signer},
-			attrs: [][2]string{{"job", m.Job}, {"from", signer}, {"amount", u(m.Amount)}, {"expiry", strconv.FormatInt(m.Expiry, 10)}}}, nil
+		s.openEscrow(m.Job, &Escrow{Payer: c.signer, PayerKey: append([]byte(nil), c.d.tx.Signer...), Total: m.Amount,
+			Amount: m.Amount, Expiry: m.Expiry, Payees: payees})
+		return &event{typ: TypeOpenEscrow, accounts: []string{c.signer},
+			attrs: [][2]string{{"job", m.Job}, {"from", c.signer}, {"amount", u(m.Amount)}, {"expiry", strconv.FormatInt(m.Expiry, 10)}}}
+	}, nil
+}
 
-	case *Settle:
-		e, err := s.payerEscrow(m.Job, signer)
-		if err != nil {
+func (s *State) settle(c *call, m *Settle) (effect, error) {
+	e, err := s.payerEscrow(m.Job, c.signer)
+	if err != nil {
+		return nil, err
+	}
+	owed := map[string]uint64{}
+	var total uint64
+	seen := map[string]bool{}
+	for _, p := range m.Payments {
+		if !e.hasPayee(p.Machine) {
+			return nil, reject(CodeNotPayee, "%s is not a payee of job %s", p.Machine, m.Job)
+		}
+		if seen[p.Machine] {
+			return nil, reject(CodeMalformed, "machine %s paid twice", p.Machine)
+		}
+		seen[p.Machine] = true
+		var ok bool
+		if total, ok = add(total, p.Amount); !ok || total > e.Total {
+			return nil, reject(CodeInvalidAmount, "payments exceed the %d locked for job %s", e.Total, m.Job)
+		}
+		// What a machine already claimed counts toward what it is owed.
+		if claimed := e.claimed(p.Machine); p.Amount > claimed {
+			owed[p.Machine] = p.Amount - claimed
+		}
+	}
+	var pay uint64
+	for _, v := range owed {
+		pay += v // bounded by total
+	}
+	if pay > e.Amount {
+		return nil, reject(CodeInvalidAmount, "settlement pays %d but the escrow holds %d", pay, e.Amount)
+	}
+	// Owners paid twice (two machines, one owner) are credited in turn:
+	// check the sums each would reach.
+	credits := map[string]uint64{}
+	for _, p := range m.Payments {
+		credits[s.ownerOf(p.Machine)] += owed[p.Machine] // bounded by total
+	}
+	credits[c.signer] += e.Amount - pay
+	for owner, amount := range credits {
+		if err := s.canCredit(owner, amount); err != nil {
 			return nil, err
 		}
-		owed := map[string]uint64{}
-		var total uint64
-		seen := map[string]bool{}
-		for _, p := range m.Payments {
-			if !e.hasPayee(p.Machine) {
-				return nil, reject(CodeNotPayee, "%s is not a payee of job %s", p.Machine, m.Job)
-			}
-			if seen[p.Machine] {
-				return nil, reject(CodeMalformed, "machine %s paid twice", p.Machine)
-			}
-			seen[p.Machine] = true
-			var ok bool
-			if total, ok = add(total, p.Amount); !ok || total > e.Total {
-				return nil, reject(CodeInvalidAmount, "payments exceed the %d locked for job %s", e.Total, m.Job)
-			}
-			// What a machine already claimed counts toward what it is owed.
-			if c := e.claimed(p.Machine); p.Amount > c {
-				owed[p.Machine] = p.Amount - c
-			}
-		}
-		var pay uint64
-		for _, v := range owed {
-			pay += v // bounded by total
-		}
-		if pay > e.Amount {
-			return nil, reject(CodeInvalidAmount, "settlement pays %d but the escrow holds %d", pay, e.Amount)
-		}
-		for _, p := range m.Payments {
-			if err := s.canCredit(s.ownerOf(p.Machine), owed[p.Machine]); err != nil {
-				return nil, err
-			}
-		}
-		if err := s.canCredit(signer, e.Amount-pay); err != nil {
-			return nil, err
-		}
-		if dry {
-			return nil, nil
-		}
-		ev := &event{typ: TypeSettle, accounts: []string{signer}, attrs: [][2]string{{"job", m.Job}, {"from", signer}}}
+	}
+	return func() *event {
+		ev := &event{typ: TypeSettle, accounts: []string{c.signer}, attrs: [][2]string{{"job", m.Job}, {"from", c.signer}}}
 		for _, p := range m.Payments {
 			owner := s.ownerOf(p.Machine)
 			s.credit(owner, owed[p.Machine])
@@ -260,81 +382,76 @@ func (s *State) apply(d *decoded, signer string, acct *Account, now int64, dry b
 			ev.attrs = append(ev.attrs, [2]string{"paid", p.Machine + "=" + u(owed[p.Machine])})
 		}
 		refund := e.Amount - pay
-		s.credit(signer, refund)
-		delete(s.Escrows, m.Job)
-		s.touch(pEscrow, m.Job)
+		s.credit(c.signer, refund)
+		s.closeEscrow(m.Job)
 		ev.attrs = append(ev.attrs, [2]string{"refund", u(refund)})
-		return ev, nil
+		return ev
+	}, nil
+}
 
-	case *Claim:
-		r := m.Receipt
-		if err := checkJob(r.Job); err != nil {
-			return nil, err
-		}
-		e, ok := s.Escrows[r.Job]
-		if !ok {
-			return nil, reject(CodeUnknownEscrow, "no open escrow for job %s", r.Job)
-		}
-		if r.Payee != signer {
-			return nil, reject(CodeNotPayee, "receipt is for %s, claimed by %s", r.Payee, signer)
-		}
-		if !e.hasPayee(signer) {
-			return nil, reject(CodeNotPayee, "%s is not a payee of job %s", signer, r.Job)
-		}
-		if now < e.Expiry {
-			return nil, reject(CodeNotExpired, "escrow expires at %d, block time %d: claims open then", e.Expiry, now)
-		}
-		if len(r.Sig) != 64 || !verify(e.PayerKey, receiptBytes(s.ChainID, r), r.Sig) {
-			return nil, reject(CodeBadReceipt, "receipt is not signed by the payer %s", e.Payer)
-		}
-		already := e.claimed(signer)
-		if r.Amount <= already {
-			return nil, reject(CodeBadReceipt, "receipt covers %d, already claimed %d", r.Amount, already)
-		}
-		amount := min(r.Amount-already, e.Amount)
-		if amount == 0 {
-			return nil, reject(CodeInsufficientFunds, "escrow for job %s is empty", r.Job)
-		}
-		owner := s.ownerOf(signer)
-		if err := s.canCredit(owner, amount); err != nil {
-			return nil, err
-		}
-		if dry {
-			return nil, nil
-		}
+func (s *State) claim(c *call, m *Claim) (effect, error) {
+	r := m.Receipt
+	if err := checkJob(r.Job); err != nil {
+		return nil, err
+	}
+	e, ok := s.Escrows[r.Job]
+	if !ok {
+		return nil, reject(CodeUnknownEscrow, "no open escrow for job %s", r.Job)
+	}
+	if r.Payee != c.signer {
+		return nil, reject(CodeNotPayee, "receipt is for %s, claimed by %s", r.Payee, c.signer)
+	}
+	if !e.hasPayee(c.signer) {
+		return nil, reject(CodeNotPayee, "%s is not a payee of job %s", c.signer, r.Job)
+	}
+	if c.now < e.Expiry {
+		return nil, reject(CodeNotExpired, "escrow expires at %d, block time %d: claims open then", e.Expiry, c.now)
+	}
+	if len(r.Sig) != 64 || !verify(e.PayerKey, receiptBytes(s.ChainID, r), r.Sig) {
+		return nil, reject(CodeBadReceipt, "receipt is not signed by the payer %s", e.Payer)
+	}
+	already := e.claimed(c.signer)
+	if r.Amount <= already {
+		return nil, reject(CodeBadReceipt, "receipt covers %d, already claimed %d", r.Amount, already)
+	}
+	amount := min(r.Amount-already, e.Amount)
+	if amount == 0 {
+		return nil, reject(CodeInsufficientFunds, "escrow for job %s is empty", r.Job)
+	}
+	owner := s.ownerOf(c.signer)
+	if err := s.canCredit(owner, amount); err != nil {
+		return nil, err
+	}
+	return func() *event {
 		e.Amount -= amount
-		e.setClaimed(signer, already+amount, r.Seq)
+		e.setClaimed(c.signer, already+amount, r.Seq)
 		s.touch(pEscrow, r.Job)
 		s.credit(owner, amount)
-		s.machine(signer).Earned += amount
-		return &event{typ: TypeClaim, accounts: []string{signer, owner, e.Payer},
-			attrs: [][2]string{{"job", r.Job}, {"to", owner}, {"amount", u(amount)}}}, nil
+		s.machine(c.signer).Earned += amount
+		return &event{typ: TypeClaim, accounts: []string{c.signer, owner, e.Payer},
+			attrs: [][2]string{{"job", r.Job}, {"to", owner}, {"amount", u(amount)}}}
+	}, nil
+}
 
-	case *Expire:
-		e, err := s.payerEscrow(m.Job, signer)
-		if err != nil {
-			return nil, err
-		}
-		if now < e.Expiry+s.Params.ClaimGrace {
-			return nil, reject(CodeNotExpired, "escrow can be expired from %d (expiry + %ds for claims), block time %d",
-				e.Expiry+s.Params.ClaimGrace, s.Params.ClaimGrace, now)
-		}
-		if err := s.canCredit(signer, e.Amount); err != nil {
-			return nil, err
-		}
-		if dry {
-			return nil, nil
-		}
-		s.credit(signer, e.Amount)
-		delete(s.Escrows, m.Job)
-		s.touch(pEscrow, m.Job)
-		return &event{typ: TypeExpire, accounts: []string{signer},
-			attrs: [][2]string{{"job", m.Job}, {"refund", u(e.Amount)}}}, nil
-
-	case *ValidatorVote:
-		return s.vote(d, signer, m, dry)
+func (s *State) expire(c *call, m *Expire) (effect, error) {
+	e, err := s.payerEscrow(m.Job, c.signer)
+	if err != nil {
+		return nil, err
 	}
-	return nil, reject(CodeUnknownType, "unknown transaction %T", d.msg)
+	if c.now < e.Expiry+s.Params.ClaimGrace {
+		return nil, reject(CodeNotExpired, "escrow can be expired from %d (expiry + %ds for claims), block time %d",
+			e.Expiry+s.Params.ClaimGrace, s.Params.ClaimGrace, c.now)
+	}
+	if err := s.canCredit(c.signer, e.Amount); err != nil {
+		return nil, err
+	}
+	return func() *event {
+		refund := e.Amount
+		s.credit(c.signer, refund)
+		s.closeEscrow(m.Job)
+		return &event{typ: TypeExpire, accounts: []string{c.signer},
+			attrs: [][2]string{{"job", m.Job}, {"refund", u(refund)}}}
+	}, nil
 }
 
 func (s *State) payerEscrow(job, signer string) (*Escrow, error) {

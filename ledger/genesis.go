@@ -13,11 +13,16 @@ import (
 	"github.com/deepmarket/deepmarket/identity"
 )
 
-// GenesisState is the ledger's part of genesis.json (app_state).
+// GenesisState is the ledger's part of genesis.json (app_state). Its
+// balance holders and issuers, and the genesis validators' accounts, are
+// the first members.
 type GenesisState struct {
 	Issuers  []GenesisIssuer  `json:"issuers"`
 	Balances []GenesisBalance `json:"balances"`
-	Params   *Params          `json:"params,omitempty"`
+	// Members are accounts admitted at genesis without credits (a
+	// university's lab machines, say).
+	Members []string `json:"members,omitempty"`
+	Params  *Params  `json:"params,omitempty"`
 	// Validators names the genesis validators: CometBFT's genesis lists
 	// their keys and powers, and InitChain hands the app no names.
 	Validators []GenesisValidatorName `json:"validators,omitempty"`
@@ -50,8 +55,8 @@ func (g GenesisState) State(chainID string) (*State, error) {
 	if g.Params != nil {
 		s.Params = *g.Params
 	}
-	if s.Params.ClaimGrace < 0 || s.Params.MaxEscrowTTL <= 0 {
-		return nil, fmt.Errorf("genesis params: claim_grace_s must be >= 0 and max_escrow_ttl_s > 0")
+	if err := s.Params.validate(); err != nil {
+		return nil, fmt.Errorf("genesis params: %w", err)
 	}
 	for _, is := range g.Issuers {
 		if _, err := identity.ParseAddress(is.Address); err != nil {
@@ -61,6 +66,7 @@ func (g GenesisState) State(chainID string) (*State, error) {
 			return nil, fmt.Errorf("genesis issuer %s listed twice", is.Address)
 		}
 		s.Issuers[is.Address] = &Issuer{Quota: is.Quota}
+		s.admit(is.Address, GenesisAdmitter)
 	}
 	named := map[string]bool{}
 	for _, v := range g.Validators {
@@ -89,8 +95,15 @@ func (g GenesisState) State(chainID string) (*State, error) {
 		if carry != 0 {
 			return nil, fmt.Errorf("genesis supply overflows")
 		}
+		s.admit(b.Address, GenesisAdmitter)
 	}
-	return s, nil
+	for _, m := range g.Members {
+		if _, err := identity.ParseAddress(m); err != nil {
+			return nil, fmt.Errorf("genesis member: %w", err)
+		}
+		s.admit(m, GenesisAdmitter)
+	}
+	return s, nil // its books are kept from the first write to the store
 }
 
 // GenesisValidator is a validator of a new network.

@@ -78,13 +78,19 @@ func (h *harness) block(txs ...[]byte) []*abci.ExecTxResult {
 	if _, err := h.app.Commit(context.Background(), &abci.RequestCommit{}); err != nil {
 		h.t.Fatal(err)
 	}
-	st := h.app.Snapshot()
-	if _, problems := st.CheckInvariants(); len(problems) > 0 {
+	// The full check: every invariant, the books kept block by block,
+	// and every leaf of the store against the state.
+	if problems := h.app.Verify(); len(problems) > 0 {
 		h.t.Fatalf("invariants broken after block %d: %v", h.height, problems)
 	}
-	if !bytes.Equal(resp.AppHash, st.Hash()) {
-		h.t.Fatalf("block %d: returned app hash differs from the state's", h.height)
+	info, err := h.app.Info(context.Background(), &abci.RequestInfo{})
+	if err != nil {
+		h.t.Fatal(err)
 	}
+	if info.LastBlockHeight != h.height || !bytes.Equal(resp.AppHash, info.LastBlockAppHash) {
+		h.t.Fatalf("block %d: the app committed height %d with hash %X, FinalizeBlock returned %X", h.height, info.LastBlockHeight, info.LastBlockAppHash, resp.AppHash)
+	}
+	st := h.app.Snapshot()
 	// Next transactions use the committed nonces (rejected ones used none).
 	for a := range h.nonces {
 		h.nonces[a] = 0
@@ -112,4 +118,12 @@ func (h *harness) balance(a identity.Address) uint64 {
 	return 0
 }
 
-func (h *harness) hash() []byte { return h.app.Snapshot().Hash() }
+// hash is the app hash after the last block.
+func (h *harness) hash() []byte { return h.app.Snapshot().AppHash }
+
+// consent signs machine's consent to earn for owner, as its link is now.
+func (h *harness) consent(machine *identity.Key, owner identity.Address) LinkConsent {
+	h.t.Helper()
+	l := h.app.Snapshot().link(string(machine.Address()))
+	return SignLinkConsent(machine, testChain, owner, Registration{Owner: l.Owner, LinkNonce: l.Nonce}, h.now.Unix()+600)
+}

@@ -1,14 +1,13 @@
 package ledger
 
 import (
-	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"math/big"
 	"math/bits"
 	"sort"
 
 	"github.com/deepmarket/deepmarket/identity"
-	"github.com/deepmarket/deepmarket/wire"
 )
 
 // Account is a balance and the next nonce its key must sign with.
@@ -20,6 +19,22 @@ type Account struct {
 // Issuer may grant credits up to its remaining quota.
 type Issuer struct {
 	Quota uint64 `cbor:"quota" json:"quota"`
+}
+
+// Member is an account an issuer admitted: only members sign transactions.
+type Member struct {
+	By string `cbor:"by" json:"admitted_by"` // the issuer's account, or GenesisAdmitter
+}
+
+// GenesisAdmitter is Member.By for the members genesis made.
+const GenesisAdmitter = "genesis"
+
+// Link is whom a machine earns for, and how often that changed.
+type Link struct {
+	Owner string `cbor:"owner" json:"owner"`
+	// Nonce counts the machine's link changes; a consent names the nonce
+	// it was given at, so it serves once.
+	Nonce uint64 `cbor:"nonce" json:"nonce"`
 }
 
 // Claimed records what a payee has claimed from an escrow so far.
@@ -47,19 +62,66 @@ type MachineRecord struct {
 	Earned    uint64 `cbor:"earned" json:"earned"`
 }
 
-// Params are the chain's rules, fixed at genesis.
+// Params are the chain's rules, fixed at genesis. A genesis that leaves a
+// field out gets its default (DefaultParams).
 type Params struct {
 	// ClaimGrace is how long after an escrow's expiry its payees may still
-	// claim before the payer may Expire it (seconds).
+	// claim before the payer may Expire it (seconds). Default 3600.
 	ClaimGrace int64 `cbor:"claim_grace" json:"claim_grace_s"`
 	// MaxEscrowTTL bounds how far ahead an escrow may expire (seconds).
+	// Default 30 days.
 	MaxEscrowTTL int64 `cbor:"max_escrow_ttl" json:"max_escrow_ttl_s"`
+	// MaxMachinesPerOwner bounds the machines linked to one account.
+	// Default 256.
+	MaxMachinesPerOwner uint64 `cbor:"max_machines_per_owner" json:"max_machines_per_owner"`
+	// MaxOpenEscrows bounds the escrows one payer has open. Default 1,024.
+	MaxOpenEscrows uint64 `cbor:"max_open_escrows" json:"max_open_escrows"`
+	// MinNewAccount is the least a Transfer to an account that does not
+	// exist yet must move (micro-credits). Default 1 credit.
+	MinNewAccount uint64 `cbor:"min_new_account" json:"min_new_account"`
+	// MaxTxsPerBlock bounds one signer's transactions in a block, and in
+	// the mempool at once. Default 1,000.
+	MaxTxsPerBlock uint64 `cbor:"max_txs_per_block" json:"max_txs_per_block"`
 }
 
-// DefaultParams are used when genesis names none.
-func DefaultParams() Params { return Params{ClaimGrace: 3600, MaxEscrowTTL: 30 * 24 * 3600} }
+// DefaultParams are used when genesis names none, and for each field a
+// genesis leaves out.
+func DefaultParams() Params {
+	return Params{
+		ClaimGrace: 3600, MaxEscrowTTL: 30 * 24 * 3600,
+		MaxMachinesPerOwner: 256, MaxOpenEscrows: 1024, MinNewAccount: 1_000_000, MaxTxsPerBlock: 1000,
+	}
+}
 
-// State is the whole ledger.
+// UnmarshalJSON starts from DefaultParams, so a genesis written before a
+// field existed keeps its meaning.
+func (p *Params) UnmarshalJSON(b []byte) error {
+	type plain Params
+	v := plain(DefaultParams())
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*p = Params(v)
+	return nil
+}
+
+func (p Params) validate() error {
+	switch {
+	case p.ClaimGrace < 0:
+		return fmt.Errorf("claim_grace_s must be >= 0")
+	case p.MaxEscrowTTL <= 0:
+		return fmt.Errorf("max_escrow_ttl_s must be > 0")
+	case p.MaxOpenEscrows == 0:
+		return fmt.Errorf("max_open_escrows must be > 0")
+	case p.MaxTxsPerBlock == 0:
+		return fmt.Errorf("max_txs_per_block must be > 0")
+	}
+	return nil
+}
+
+// State is the whole ledger. The exported maps are its entries, each a
+// leaf of the authenticated store (store.go); the rest is derived from
+// them and rebuilt when the store is opened.
 type State struct {
 	ChainID  string
 	Height   int64
@@ -69,7 +131,8 @@ type State struct {
 	Params   Params
 	Accounts map[string]*Account
 	Issuers  map[string]*Issuer
-	Links    map[string]string // machine address -> owner address
+	Members  map[string]*Member
+	Links    map[string]*Link // by machine address
 	Escrows  map[string]*Escrow
 	Machines map[string]*MachineRecord
 	// Validators is the validator set by hex key, as CometBFT will have it
@@ -78,37 +141,49 @@ type State struct {
 	Validators map[string]*Validator
 	Pending    map[string]*PendingVotes
 
+	linksOf   map[string]uint64 // owner -> machines linked to it (an owner other than the machine)
+	escrowsOf map[string]uint64 // payer -> escrows open
+	books     Books             // kept from each block's changes (store.go)
+
 	dirty map[string]bool // keys changed since the last commit
 }
 
 // NewState returns an empty state.
 func NewState() *State {
 	return &State{
-		Accounts: map[string]*Account{}, Issuers: map[string]*Issuer{}, Links: map[string]string{},
-		Escrows: map[string]*Escrow{}, Machines: map[string]*MachineRecord{},
-		Validators: map[string]*Validator{}, Pending: map[string]*PendingVotes{}, dirty: map[string]bool{},
+		Accounts: map[string]*Account{}, Issuers: map[string]*Issuer{}, Members: map[string]*Member{},
+		Links: map[string]*Link{}, Escrows: map[string]*Escrow{}, Machines: map[string]*MachineRecord{},
+		Validators: map[string]*Validator{}, Pending: map[string]*PendingVotes{},
+		linksOf: map[string]uint64{}, escrowsOf: map[string]uint64{}, books: newBooks(), dirty: map[string]bool{},
 	}
 }
 
-// Key prefixes in the store and in the canonical encoding.
+// Key prefixes in the store. keyMeta holds the chain ID, supply and
+// params.
 const (
 	pAccount   = "a/"
 	pIssuer    = "i/"
+	pMember    = "n/"
 	pLink      = "l/"
 	pEscrow    = "e/"
 	pMachine   = "m/"
 	pValidator = "v/"
 	pPending   = "p/"
+	keyMeta    = "c"
 )
 
 func (s *State) touch(prefix, key string) { s.dirty[prefix+key] = true }
 
 func (s *State) markAllDirty() {
+	s.dirty[keyMeta] = true
 	for k := range s.Accounts {
 		s.touch(pAccount, k)
 	}
 	for k := range s.Issuers {
 		s.touch(pIssuer, k)
+	}
+	for k := range s.Members {
+		s.touch(pMember, k)
 	}
 	for k := range s.Links {
 		s.touch(pLink, k)
@@ -135,75 +210,156 @@ func (s *State) balanceOf(addr string) uint64 {
 	return 0
 }
 
-// account returns the account, creating an empty one (not yet dirty).
+// exists reports whether an account holds credits or has signed.
+func (s *State) exists(addr string) bool {
+	a, ok := s.Accounts[addr]
+	return ok && (a.Balance != 0 || a.Nonce != 0)
+}
+
+// account returns the account, creating an empty one, and marks it
+// changed.
 func (s *State) account(addr string) *Account {
 	a, ok := s.Accounts[addr]
 	if !ok {
 		a = &Account{}
 		s.Accounts[addr] = a
 	}
+	s.touch(pAccount, addr)
 	return a
 }
 
-// canonical is the state as sorted lists: the one encoding the app hash
-// covers.
-type canonical struct {
-	_          struct{} `cbor:",toarray"`
-	ChainID    string
-	Supply     uint64
-	Params     Params
-	Accounts   []kv[Account]
-	Issuers    []kv[Issuer]
-	Links      []kv[string]
-	Escrows    []kv[Escrow]
-	Machines   []kv[MachineRecord]
-	Validators []kv[Validator]
-	Pending    []kv[PendingVotes]
+func (s *State) credit(addr string, amount uint64) {
+	s.account(addr).Balance += amount // callers check overflow first
 }
 
-type kv[T any] struct {
-	_ struct{} `cbor:",toarray"`
-	K string
-	V T
+func (s *State) debit(addr string, amount uint64) {
+	s.account(addr).Balance -= amount // callers check the balance first
 }
 
-func sortedPtr[T any](m map[string]*T) []kv[T] {
-	out := make([]kv[T], 0, len(m))
-	for k, v := range m {
-		out = append(out, kv[T]{K: k, V: *v})
+func (s *State) canCredit(addr string, amount uint64) error {
+	if _, ok := add(s.balanceOf(addr), amount); !ok {
+		return reject(CodeOverflow, "crediting %d would overflow %s's balance", amount, addr)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].K < out[j].K })
-	return out
+	return nil
 }
 
-// Hash is the app hash: SHA-256 of the canonical encoding of the state.
-// Height and block time are left out (the block header has them), so an
-// empty block leaves the hash as it was and CometBFT needs no extra block
-// to prove it; only transactions change it. Empty accounts (created by a lookup, never funded or used)
-// are left out so a read can never change the hash.
-func (s *State) Hash() []byte {
-	accounts := make(map[string]*Account, len(s.Accounts))
-	for k, a := range s.Accounts {
-		if a.Balance != 0 || a.Nonce != 0 {
-			accounts[k] = a
+func (s *State) isMember(addr string) bool {
+	_, ok := s.Members[addr]
+	return ok
+}
+
+func (s *State) admit(addr, by string) {
+	if _, ok := s.Members[addr]; !ok {
+		s.Members[addr] = &Member{By: by}
+		s.touch(pMember, addr)
+	}
+}
+
+// link returns a machine's link: its own address and nonce 0 if it never
+// had one.
+func (s *State) link(machine string) Link {
+	if l, ok := s.Links[machine]; ok {
+		return *l
+	}
+	return Link{Owner: machine}
+}
+
+// ownerOf returns the account a machine earns into.
+func (s *State) ownerOf(machine string) string { return s.link(machine).Owner }
+
+// registered reports whether a machine is backed by a member: it is one,
+// or it is linked to one.
+func (s *State) registered(machine string) (owner string, ok bool) {
+	owner = s.ownerOf(machine)
+	return owner, s.isMember(owner)
+}
+
+// setLink points machine at owner, counting the change in its nonce and
+// keeping the per-owner counts.
+func (s *State) setLink(machine, owner string) {
+	l := s.link(machine)
+	if l.Owner != machine {
+		s.linksOf[l.Owner]--
+		if s.linksOf[l.Owner] == 0 {
+			delete(s.linksOf, l.Owner)
 		}
 	}
-	links := make([]kv[string], 0, len(s.Links))
-	for k, v := range s.Links {
-		links = append(links, kv[string]{K: k, V: v})
+	if owner != machine {
+		s.linksOf[owner]++
 	}
-	sort.Slice(links, func(i, j int) bool { return links[i].K < links[j].K })
-	b, err := wire.Marshal(canonical{
-		ChainID: s.ChainID, Supply: s.Supply, Params: s.Params,
-		Accounts: sortedPtr(accounts), Issuers: sortedPtr(s.Issuers), Links: links,
-		Escrows: sortedPtr(s.Escrows), Machines: sortedPtr(s.Machines),
-		Validators: sortedPtr(s.Validators), Pending: sortedPtr(s.Pending),
-	})
-	if err != nil {
-		panic(fmt.Sprintf("encode canonical state: %v", err))
+	s.Links[machine] = &Link{Owner: owner, Nonce: l.Nonce + 1}
+	s.touch(pLink, machine)
+}
+
+func (s *State) openEscrow(job string, e *Escrow) {
+	s.Escrows[job] = e
+	s.escrowsOf[e.Payer]++
+	s.touch(pEscrow, job)
+}
+
+func (s *State) closeEscrow(job string) {
+	e := s.Escrows[job]
+	delete(s.Escrows, job)
+	if s.escrowsOf[e.Payer]--; s.escrowsOf[e.Payer] == 0 {
+		delete(s.escrowsOf, e.Payer)
 	}
-	h := sha256.Sum256(b)
-	return h[:]
+	s.touch(pEscrow, job)
+}
+
+// derive rebuilds what the state keeps beside its entries: the per-owner
+// and per-payer counts and the books.
+func (s *State) derive() {
+	s.linksOf, s.escrowsOf = map[string]uint64{}, map[string]uint64{}
+	for m, l := range s.Links {
+		if l.Owner != m {
+			s.linksOf[l.Owner]++
+		}
+	}
+	for _, e := range s.Escrows {
+		s.escrowsOf[e.Payer]++
+	}
+	s.books = s.count()
+}
+
+// Books are the running totals the state keeps from every change: sums
+// (big integers, so a broken state cannot hide behind an overflow) and
+// counts.
+type Books struct {
+	Balances *big.Int
+	Escrowed *big.Int
+	Accounts int64
+	Escrows  int64
+	Members  int64
+	Links    int64
+}
+
+func newBooks() Books { return Books{Balances: new(big.Int), Escrowed: new(big.Int)} }
+
+func (b Books) clone() Books {
+	c := b
+	c.Balances, c.Escrowed = new(big.Int).Set(b.Balances), new(big.Int).Set(b.Escrowed)
+	return c
+}
+
+func (b Books) String() string {
+	return fmt.Sprintf("balances %s, escrowed %s, %d accounts, %d escrows, %d members, %d links",
+		b.Balances, b.Escrowed, b.Accounts, b.Escrows, b.Members, b.Links)
+}
+
+// count is the books computed from every entry.
+func (s *State) count() Books {
+	b := newBooks()
+	for _, a := range s.Accounts {
+		if a.Balance != 0 || a.Nonce != 0 {
+			b.Balances.Add(b.Balances, new(big.Int).SetUint64(a.Balance))
+			b.Accounts++
+		}
+	}
+	for _, e := range s.Escrows {
+		b.Escrowed.Add(b.Escrowed, new(big.Int).SetUint64(e.Amount))
+	}
+	b.Escrows, b.Members, b.Links = int64(len(s.Escrows)), int64(len(s.Members)), int64(len(s.Links))
+	return b
 }
 
 // Totals are the books: what the supply is made of.
@@ -213,53 +369,122 @@ type Totals struct {
 	Escrowed uint64 `json:"escrowed"`
 }
 
-// CheckInvariants verifies the books: supply = balances + open escrows
-// (summed without overflow), no escrow holds more than it locked or than
-// its payees' claims left, and every stored address is well formed; and
-// the validator set: keys and powers well formed, every pending vote cast
-// by a current validator. It returns every problem found.
+// Totals are the state's books as kept from block to block.
+func (s *State) Totals() Totals {
+	t := Totals{Supply: s.Supply}
+	if s.books.Balances.IsUint64() {
+		t.Balances = s.books.Balances.Uint64()
+	}
+	if s.books.Escrowed.IsUint64() {
+		t.Escrowed = s.books.Escrowed.Uint64()
+	}
+	return t
+}
+
+// CheckInvariants verifies the whole state, entry by entry (O(n); the
+// per-block check is incremental, see store.go): supply = balances + open
+// escrows (summed without overflow); no escrow holds more than it locked
+// or than its payees' claims left; every stored address well formed;
+// every link and escrow payer counted, every linked owner within its
+// limit; the validator set well formed; and the books kept from block to
+// block equal to the ones counted here. It returns every problem found.
 func (s *State) CheckInvariants() (Totals, []string) {
 	var problems []string
-	bal, esc := new(big.Int), new(big.Int)
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	for addr, a := range s.Accounts {
-		bal.Add(bal, new(big.Int).SetUint64(a.Balance))
 		if a.Balance != 0 || a.Nonce != 0 {
 			if _, err := identity.ParseAddress(addr); err != nil {
-				problems = append(problems, fmt.Sprintf("account %q: %v", addr, err))
+				bad("account %q: %v", addr, err)
 			}
 		}
 	}
+	for addr := range s.Members {
+		if _, err := identity.ParseAddress(addr); err != nil {
+			bad("member %q: %v", addr, err)
+		}
+	}
+	for addr := range s.Issuers {
+		if _, err := identity.ParseAddress(addr); err != nil {
+			bad("issuer %q: %v", addr, err)
+		}
+	}
+	links := map[string]uint64{}
+	for m, l := range s.Links {
+		if _, err := identity.ParseAddress(m); err != nil {
+			bad("link of %q: %v", m, err)
+		}
+		if l.Nonce == 0 {
+			bad("link of %s: nonce 0 (a link is made by a change)", m)
+		}
+		if l.Owner != m {
+			links[l.Owner]++
+		}
+	}
+	for owner, n := range links {
+		if n != s.linksOf[owner] {
+			bad("owner %s: %d machines linked, %d counted", owner, n, s.linksOf[owner])
+		}
+		if n > s.Params.MaxMachinesPerOwner {
+			bad("owner %s: %d machines linked, at most %d", owner, n, s.Params.MaxMachinesPerOwner)
+		}
+	}
+	if len(links) != len(s.linksOf) {
+		bad("%d owners have linked machines, %d counted", len(links), len(s.linksOf))
+	}
+	payers := map[string]uint64{}
 	for job, e := range s.Escrows {
-		esc.Add(esc, new(big.Int).SetUint64(e.Amount))
-		if e.Amount > e.Total {
-			problems = append(problems, fmt.Sprintf("escrow %s holds %d, more than the %d locked", job, e.Amount, e.Total))
+		payers[e.Payer]++
+		problems = append(problems, checkEscrow(job, e)...)
+	}
+	for payer, n := range payers {
+		if n != s.escrowsOf[payer] {
+			bad("payer %s: %d escrows open, %d counted", payer, n, s.escrowsOf[payer])
 		}
-		var claimed uint64
-		for _, c := range e.Claimed {
-			var carry uint64
-			claimed, carry = bits.Add64(claimed, c.Amount, 0)
-			if carry != 0 {
-				problems = append(problems, fmt.Sprintf("escrow %s: claims overflow", job))
-			}
-		}
-		if claimed > e.Total-e.Amount {
-			problems = append(problems, fmt.Sprintf("escrow %s: %d claimed but only %d paid out", job, claimed, e.Total-e.Amount))
-		}
+	}
+	if len(payers) != len(s.escrowsOf) {
+		bad("%d payers have escrows open, %d counted", len(payers), len(s.escrowsOf))
 	}
 	problems = append(problems, s.checkValidators()...)
-	total := new(big.Int).Add(bal, esc)
+	b := s.count()
+	total := new(big.Int).Add(b.Balances, b.Escrowed)
 	if !total.IsUint64() || total.Uint64() != s.Supply {
-		problems = append(problems, fmt.Sprintf("supply %d != balances %s + escrowed %s", s.Supply, bal, esc))
+		bad("supply %d != balances %s + escrowed %s", s.Supply, b.Balances, b.Escrowed)
+	}
+	if b.String() != s.books.String() {
+		bad("books kept block by block (%s) differ from the entries (%s)", s.books, b)
 	}
 	t := Totals{Supply: s.Supply}
-	if bal.IsUint64() {
-		t.Balances = bal.Uint64()
+	if b.Balances.IsUint64() {
+		t.Balances = b.Balances.Uint64()
 	}
-	if esc.IsUint64() {
-		t.Escrowed = esc.Uint64()
+	if b.Escrowed.IsUint64() {
+		t.Escrowed = b.Escrowed.Uint64()
 	}
 	sort.Strings(problems)
 	return t, problems
+}
+
+// checkEscrow is the invariants of one escrow.
+func checkEscrow(job string, e *Escrow) []string {
+	var problems []string
+	if e.Amount > e.Total {
+		problems = append(problems, fmt.Sprintf("escrow %s holds %d, more than the %d locked", job, e.Amount, e.Total))
+	}
+	var claimed uint64
+	for _, c := range e.Claimed {
+		var carry uint64
+		claimed, carry = bits.Add64(claimed, c.Amount, 0)
+		if carry != 0 {
+			problems = append(problems, fmt.Sprintf("escrow %s: claims overflow", job))
+		}
+	}
+	if e.Amount <= e.Total && claimed > e.Total-e.Amount {
+		problems = append(problems, fmt.Sprintf("escrow %s: %d claimed but only %d paid out", job, claimed, e.Total-e.Amount))
+	}
+	if _, err := identity.ParseAddress(e.Payer); err != nil {
+		problems = append(problems, fmt.Sprintf("escrow %s: payer: %v", job, err))
+	}
+	return problems
 }
 
 func add(a, b uint64) (uint64, bool) {
@@ -267,10 +492,58 @@ func add(a, b uint64) (uint64, bool) {
 	return s, carry == 0
 }
 
-// ownerOf returns the account a machine earns into.
-func (s *State) ownerOf(machine string) string {
-	if o, ok := s.Links[machine]; ok {
-		return o
+// clone is a deep copy, derived parts included.
+func (s *State) clone() *State {
+	c := NewState()
+	c.ChainID, c.Height, c.Time, c.Supply, c.Params = s.ChainID, s.Height, s.Time, s.Supply, s.Params
+	c.AppHash = append([]byte(nil), s.AppHash...)
+	for k, v := range s.Accounts {
+		a := *v
+		c.Accounts[k] = &a
 	}
-	return machine
+	for k, v := range s.Issuers {
+		a := *v
+		c.Issuers[k] = &a
+	}
+	for k, v := range s.Members {
+		m := *v
+		c.Members[k] = &m
+	}
+	for k, v := range s.Links {
+		l := *v
+		c.Links[k] = &l
+	}
+	for k, v := range s.Escrows {
+		e := *v
+		e.PayerKey = append([]byte(nil), v.PayerKey...)
+		e.Payees = append([]string(nil), v.Payees...)
+		e.Claimed = append([]Claimed(nil), v.Claimed...)
+		c.Escrows[k] = &e
+	}
+	for k, v := range s.Machines {
+		m := *v
+		c.Machines[k] = &m
+	}
+	for k, v := range s.Validators {
+		a := *v
+		a.PubKey = append([]byte(nil), v.PubKey...)
+		c.Validators[k] = &a
+	}
+	for k, v := range s.Pending {
+		p := *v
+		p.PubKey = append([]byte(nil), v.PubKey...)
+		p.Votes = make([]PendingVote, len(v.Votes))
+		for i, vote := range v.Votes {
+			p.Votes[i] = PendingVote{Voter: append([]byte(nil), vote.Voter...), Power: vote.Power}
+		}
+		c.Pending[k] = &p
+	}
+	for k, v := range s.linksOf {
+		c.linksOf[k] = v
+	}
+	for k, v := range s.escrowsOf {
+		c.escrowsOf[k] = v
+	}
+	c.books = s.books.clone()
+	return c
 }

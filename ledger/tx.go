@@ -27,6 +27,9 @@ const (
 	// TypeValidatorVote is a current validator's vote to add a validator,
 	// change its power or remove it (validators.go).
 	TypeValidatorVote = "validator_vote"
+	// TypeAdmit is an issuer admitting an account as a member (or
+	// revoking one it admitted).
+	TypeAdmit = "admit"
 )
 
 // MaxTxSize bounds a transaction's encoding.
@@ -58,6 +61,11 @@ const (
 	CodeNotValidator     // a validator vote signed by a key outside the set
 	CodeInvalidValidator // a validator vote for a key, power, name or change the rules refuse
 	CodeAlreadyVoted     // the signer's pending vote is already this one
+	CodeNotMember        // the signer is not a member (no issuer admitted it), or an Admit revokes a non-member
+	CodeAlreadyMember    // an Admit of an account that is a member already
+	CodeNotRegistered    // an escrow payee that is not a registered machine
+	CodeLimitReached     // a per-member limit: machines linked to an owner, escrows open
+	CodeRateLimited      // more transactions of one signer in a block (or pending at once) than allowed
 )
 
 // Error is a rejected transaction: a stable code and a readable reason.
@@ -107,11 +115,18 @@ type (
 		To     string `cbor:"to"`
 		Amount uint64 `cbor:"amount"`
 	}
-	// LinkMachine makes a machine earn into the signer's account; the
-	// machine's key co-signs.
+	// LinkMachine makes a machine earn into Consent.Owner's account (the
+	// signer's), or, with the machine itself as Owner, unlinks it (signed
+	// by its owner or by the machine). The machine's consent names the
+	// link it changes, so it serves once.
 	LinkMachine struct {
-		Machine    []byte `cbor:"machine"` // the machine's ed25519 public key
-		MachineSig []byte `cbor:"machine_sig"`
+		Consent LinkConsent `cbor:"consent"`
+	}
+	// Admit makes Account a member, or with Revoke ends the membership of
+	// a member the signing issuer admitted. It moves no credits.
+	Admit struct {
+		Account string `cbor:"account"`
+		Revoke  bool   `cbor:"revoke,omitempty"`
 	}
 	// OpenEscrow locks a job's maximum price until it settles or expires.
 	OpenEscrow struct {
@@ -164,7 +179,7 @@ var jobRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 // Signing domains keep each kind of signature from being reused as another.
 const (
 	txDomain      = "deepmarket/tx/1"
-	linkDomain    = "deepmarket/link/1"
+	linkDomain    = "deepmarket/link/2"
 	receiptDomain = "deepmarket/receipt/1"
 )
 
@@ -215,15 +230,35 @@ func receiptBytes(chainID string, r Receipt) []byte {
 	return b
 }
 
-// SignLink is the machine's half of a LinkMachine: it agrees to earn into
-// owner's account.
-func SignLink(machine Signer, chainID string, owner identity.Address) []byte {
-	return machine.Sign(linkBytes(chainID, owner))
+// LinkConsent is a machine's signed agreement to earn into Owner's
+// account. It names the link it changes (the machine's current owner and
+// link nonce, which every link change increments), so it serves once, and
+// it lapses at Expiry.
+type LinkConsent struct {
+	Machine []byte `cbor:"machine"` // the machine's ed25519 public key
+	Owner   string `cbor:"owner"`   // the new owner; the machine itself unlinks it
+	Current string `cbor:"current"` // the machine's owner now (itself when unlinked)
+	Nonce   uint64 `cbor:"nonce"`   // the machine's link nonce now
+	Expiry  int64  `cbor:"expiry"`  // block time, unix seconds
+	Sig     []byte `cbor:"sig"`
 }
 
-func linkBytes(chainID string, owner identity.Address) []byte {
-	b, _ := wire.Marshal([]any{linkDomain, chainID, string(owner)})
-	return b
+// MaxConsentTTL bounds how far ahead of the block time a consent may
+// expire.
+const MaxConsentTTL = 3600
+
+// SignLinkConsent is the machine's half of a LinkMachine: it agrees, while
+// its link is reg (as the registration query reports it), to earn into
+// owner's account until expiry (unix seconds, at most MaxConsentTTL ahead
+// of the block that carries it).
+func SignLinkConsent(machine Signer, chainID string, owner identity.Address, reg Registration, expiry int64) LinkConsent {
+	c := LinkConsent{Machine: machine.Public(), Owner: string(owner), Current: reg.Owner, Nonce: reg.LinkNonce, Expiry: expiry}
+	c.Sig = machine.Sign(c.signBytes(chainID))
+	return c
+}
+
+func (c *LinkConsent) signBytes(chainID string) []byte {
+	return mustEncode([]any{linkDomain, chainID, c.Machine, c.Owner, c.Current, c.Nonce, c.Expiry})
 }
 
 // TxHash is the hash CometBFT names a transaction by.
@@ -243,7 +278,9 @@ type decoded struct {
 }
 
 // DecodeTx parses tx bytes and checks their form; it does not check the
-// signature.
+// signature. It accepts only the canonical encoding of the envelope and
+// of the body (wire.Unmarshal), so a signed transaction has one form and
+// one hash: TxHash of the bytes accepted.
 func DecodeTx(b []byte) (*decoded, error) {
 	if len(b) > MaxTxSize {
 		return nil, reject(CodeTooLarge, "transaction is %d bytes, limit %d", len(b), MaxTxSize)
@@ -274,6 +311,8 @@ func DecodeTx(b []byte) (*decoded, error) {
 		d.msg, err = decodeBody[Expire](d.tx.Body)
 	case TypeValidatorVote:
 		d.msg, err = decodeBody[ValidatorVote](d.tx.Body)
+	case TypeAdmit:
+		d.msg, err = decodeBody[Admit](d.tx.Body)
 	default:
 		return nil, reject(CodeUnknownType, "unknown transaction type %q", d.tx.Type)
 	}

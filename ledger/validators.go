@@ -191,9 +191,9 @@ func (s *State) allowed(key string, power int64) error {
 	return nil
 }
 
-// vote checks and, unless dry, records a validator vote, then makes every
-// change that has the votes.
-func (s *State) vote(d *decoded, signer string, m *ValidatorVote, dry bool) (*event, error) {
+// vote checks a validator vote and returns its effect: it records the
+// vote (or withdraws one), then makes every change that has the votes.
+func (s *State) vote(c *call, m *ValidatorVote) (effect, error) {
 	if len(m.PubKey) != ed25519.PublicKeySize {
 		return nil, reject(CodeInvalidValidator, "validator key is %d bytes, want a 32-byte ed25519 public key", len(m.PubKey))
 	}
@@ -206,9 +206,10 @@ func (s *State) vote(d *decoded, signer string, m *ValidatorVote, dry bool) (*ev
 	if err := checkValidatorName(m.Name); err != nil {
 		return nil, err
 	}
-	voter := keyOf(d.tx.Signer)
+	voterKey := c.d.tx.Signer
+	voter := keyOf(voterKey)
 	if _, ok := s.Validators[voter]; !ok {
-		return nil, reject(CodeNotValidator, "%s (key %s) is not a validator: only the current validators vote on the set", signer, b64(d.tx.Signer))
+		return nil, reject(CodeNotValidator, "%s (key %s) is not a validator: only the current validators vote on the set", c.signer, b64(voterKey))
 	}
 	key, target := keyOf(m.PubKey), b64(m.PubKey)
 	cur, inSet := s.Validators[key]
@@ -222,7 +223,7 @@ func (s *State) vote(d *decoded, signer string, m *ValidatorVote, dry bool) (*ev
 		name = p.Name
 	}
 	mine := p.find(voter)
-	ev := &event{typ: TypeValidatorVote, accounts: []string{signer, string(identity.AddressOf(m.PubKey))},
+	ev := &event{typ: TypeValidatorVote, accounts: []string{c.signer, string(identity.AddressOf(m.PubKey))},
 		attrs: [][2]string{{"validator", target}, {"power", strconv.FormatInt(m.Power, 10)}}}
 
 	// A vote for the power the key has is a vote to leave it: it withdraws
@@ -234,16 +235,15 @@ func (s *State) vote(d *decoded, signer string, m *ValidatorVote, dry bool) (*ev
 		if mine < 0 {
 			return nil, reject(CodeInvalidValidator, "validator %s already has power %d: nothing to vote for", target, curPower)
 		}
-		if dry {
-			return nil, nil
-		}
-		p.Votes = append(p.Votes[:mine], p.Votes[mine+1:]...)
-		if len(p.Votes) == 0 {
-			delete(s.Pending, key)
-		}
-		s.touch(pPending, key)
-		ev.attrs = append(ev.attrs, [2]string{"withdrawn", "true"})
-		return ev, nil
+		return func() *event {
+			p.Votes = append(p.Votes[:mine], p.Votes[mine+1:]...)
+			if len(p.Votes) == 0 {
+				delete(s.Pending, key)
+			}
+			s.touch(pPending, key)
+			ev.attrs = append(ev.attrs, [2]string{"withdrawn", "true"})
+			return ev
+		}, nil
 	}
 	if mine >= 0 && p.Votes[mine].Power == m.Power {
 		total := s.totalPower()
@@ -259,33 +259,32 @@ func (s *State) vote(d *decoded, signer string, m *ValidatorVote, dry bool) (*ev
 	if err := s.allowed(key, m.Power); err != nil {
 		return nil, err
 	}
-	if dry {
-		return nil, nil
-	}
-	if p == nil {
-		p = &PendingVotes{PubKey: append([]byte(nil), m.PubKey...)}
-		s.Pending[key] = p
-	}
-	if !inSet && p.Name == "" {
-		p.Name = m.Name
-	}
-	if mine >= 0 {
-		p.Votes[mine].Power = m.Power // a new vote on a key replaces the voter's old one
-	} else {
-		p.Votes = append(p.Votes, PendingVote{Voter: append([]byte(nil), d.tx.Signer...), Power: m.Power})
-		sort.Slice(p.Votes, func(i, j int) bool { return keyOf(p.Votes[i].Voter) < keyOf(p.Votes[j].Voter) })
-	}
-	s.touch(pPending, key)
-	if name == "" {
-		name = p.Name
-	}
-	if name != "" {
-		ev.attrs = append(ev.attrs, [2]string{"name", name})
-	}
-	for _, c := range s.carry() {
-		ev.attrs = append(ev.attrs, [2]string{"carried", b64(c.pub) + "=" + strconv.FormatInt(c.power, 10)})
-	}
-	return ev, nil
+	return func() *event {
+		if p == nil {
+			p = &PendingVotes{PubKey: append([]byte(nil), m.PubKey...)}
+			s.Pending[key] = p
+		}
+		if !inSet && p.Name == "" {
+			p.Name = m.Name
+		}
+		if mine >= 0 {
+			p.Votes[mine].Power = m.Power // a new vote on a key replaces the voter's old one
+		} else {
+			p.Votes = append(p.Votes, PendingVote{Voter: append([]byte(nil), voterKey...), Power: m.Power})
+			sort.Slice(p.Votes, func(i, j int) bool { return keyOf(p.Votes[i].Voter) < keyOf(p.Votes[j].Voter) })
+		}
+		s.touch(pPending, key)
+		if name == "" {
+			name = p.Name
+		}
+		if name != "" {
+			ev.attrs = append(ev.attrs, [2]string{"name", name})
+		}
+		for _, c := range s.carry() {
+			ev.attrs = append(ev.attrs, [2]string{"carried", b64(c.pub) + "=" + strconv.FormatInt(c.power, 10)})
+		}
+		return ev
+	}, nil
 }
 
 type change struct {
@@ -412,6 +411,7 @@ func (s *State) initValidators(vals []abci.ValidatorUpdate, names []GenesisValid
 			return fmt.Errorf("genesis validator %s listed twice", b64(pub))
 		}
 		s.Validators[key] = &Validator{PubKey: append([]byte(nil), pub...), Power: v.Power}
+		s.admit(string(identity.AddressOf(pub)), GenesisAdmitter)
 	}
 	if len(s.Validators) > MaxValidators {
 		return fmt.Errorf("genesis has %d validators, at most %d", len(s.Validators), MaxValidators)
@@ -424,6 +424,21 @@ func (s *State) initValidators(vals []abci.ValidatorUpdate, names []GenesisValid
 		v.Name = n.Name
 	}
 	return nil
+}
+
+type kv[T any] struct {
+	K string
+	V T
+}
+
+// sortedPtr lists a map's entries by key.
+func sortedPtr[T any](m map[string]*T) []kv[T] {
+	out := make([]kv[T], 0, len(m))
+	for k, v := range m {
+		out = append(out, kv[T]{K: k, V: *v})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].K < out[j].K })
+	return out
 }
 
 // ValidatorInfo is a validator as the validators query shows it.

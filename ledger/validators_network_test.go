@@ -84,7 +84,7 @@ func TestNetworkValidatorVotedIn(t *testing.T) {
 	}
 	checkAgreement(ctx, t, []*testValidator{v0, uni}, min(a.Height, b.Height))
 
-	rep, err := AuditWith(ctx, v0.chain.Client(), nil)
+	rep, err := AuditWith(ctx, v0.chain.Client(), AuditOptions{Genesis: doc})
 	if err != nil {
 		t.Fatal(err)
 	}

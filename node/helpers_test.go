@@ -97,6 +97,15 @@ func startNode(t *testing.T, h Home, opts ...nodeOpt) *testNode {
 
 func (n *testNode) addr() string { return n.Status().Addrs[0] }
 
+// admit has issuer (a node whose local genesis made it the issuer) admit
+// member's account: escrows pay registered machines only.
+func admit(t *testing.T, issuer, member *testNode) {
+	t.Helper()
+	if _, err := issuer.ledger.Admit(t.Context(), member.key.Address()); err != nil {
+		t.Fatalf("admit %s: %v", member.home.Dir, err)
+	}
+}
+
 // testWriter sends logs through t.Log, so they show only on failure.
 type testWriter struct{ t *testing.T }
 
@@ -202,24 +211,3 @@ func initNetwork(t *testing.T, dir, chain string, names []string, members ...ide
 	return homes
 }
 
-// admit makes issuer grant each of the nodes' accounts credits (which
-// admits them to the network), and waits until every node's replica has
-// the last grant.
-func admit(t *testing.T, issuer *testNode, amount uint64, nodes ...*testNode) {
-	t.Helper()
-	for _, n := range nodes {
-		if _, err := issuer.client.Send(t.Context(), api.SendRequest{Kind: ledger.TypeGrant, To: string(n.key.Address()), Amount: amount}); err != nil {
-			t.Fatalf("grant to %s: %v", n.home.Dir, err)
-		}
-	}
-	for _, n := range nodes {
-		eventually(t, 30*time.Second, "every replica to have the grants", func() bool {
-			for _, m := range nodes {
-				if !n.reads.IsMember(m.key.Address()) {
-					return false
-				}
-			}
-			return true
-		})
-	}
-}

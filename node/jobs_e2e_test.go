@@ -98,6 +98,7 @@ func startJobClusterLending(t *testing.T, python string, lenders int, lend api.L
 			t.Fatal(err)
 		}
 		n := startNode(t, h, withBootstrap(a.addr()), withExec(name, i+1))
+		admit(t, a, n)
 		if _, err := n.client.SetLend(t.Context(), lend); err != nil {
 			t.Fatal(err)
 		}

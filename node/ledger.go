@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -47,9 +49,32 @@ func (n *Node) startLedger() error {
 		return fmt.Errorf("ledger: %w", err)
 	}
 	n.ledgerApp = app
-	n.reads = queryReads{app}
-	n.ledger = ledger.NewClient(n.chain.Client(), n.key, n.cfg.Node.ChainID)
+	n.reads = app
+	n.ledger = ledger.NewClient(n.chain.Client(), n.key, n.cfg.Node.ChainID, ledger.WithOutbox(storeOutbox{n.store}))
 	return nil
+}
+
+// storeOutbox keeps the ledger client's outbox in the node store: a node
+// killed mid-transfer sends it again when it restarts, and can still say
+// what became of it.
+type storeOutbox struct{ s *Store }
+
+const outboxKey = "ledger/outbox/"
+
+func (o storeOutbox) Put(e ledger.OutboxEntry) error { return o.s.Put(outboxKey+e.Hash, &e) }
+func (o storeOutbox) Delete(hash string) error       { return o.s.Delete(outboxKey + hash) }
+
+func (o storeOutbox) List() ([]ledger.OutboxEntry, error) {
+	var out []ledger.OutboxEntry
+	err := o.s.Each(outboxKey, func(key string, doc []byte) error {
+		var e ledger.OutboxEntry
+		if err := json.Unmarshal(doc, &e); err != nil {
+			return fmt.Errorf("%s: %w", key, err)
+		}
+		out = append(out, e)
+		return nil
+	})
+	return out, err
 }
 
 func (n *Node) stopLedger() {
@@ -59,11 +84,18 @@ func (n *Node) stopLedger() {
 	n.ledgerApp.Close()
 }
 
-// ledgerError turns a ledger rejection into an API error the CLI can show.
+// ledgerError turns a ledger rejection into an API error the CLI can show,
+// and an unknown outcome into one that says so and names the transaction.
 func ledgerError(err error) error {
 	var lerr *ledger.Error
-	if errors.As(err, &lerr) {
+	var unknown *ledger.UnknownOutcomeError
+	switch {
+	case errors.As(err, &unknown):
+		return &api.Error{Status: http.StatusGatewayTimeout, Message: err.Error(), Hash: unknown.Hash, Outcome: api.OutcomeUnknown}
+	case errors.As(err, &lerr):
 		return &api.Error{Status: http.StatusUnprocessableEntity, Code: lerr.Code, Message: lerr.Reason}
+	case errors.Is(err, ledger.ErrNotSent):
+		return &api.Error{Status: http.StatusServiceUnavailable, Message: err.Error()}
 	}
 	return err
 }
@@ -102,8 +134,10 @@ func (n *Node) History(ctx context.Context, addr string, limit int) ([]ledger.Hi
 	return h, ledgerError(err)
 }
 
-// Send implements api.Ledger: a transfer or grant signed by this node.
-func (n *Node) Send(ctx context.Context, req api.SendRequest) (api.SendResult, error) {
+// Send implements api.Ledger: a transfer or grant signed by this node. It
+// tells prepared the transaction's hash before sending it, then waits for
+// its commit.
+func (n *Node) Send(ctx context.Context, req api.SendRequest, prepared func(api.SendPrepared)) (api.SendResult, error) {
 	to, err := identity.ParseAddress(req.To)
 	if err != nil {
 		return api.SendResult{}, &api.Error{Status: http.StatusBadRequest, Field: "to", Message: err.Error()}
@@ -111,26 +145,51 @@ func (n *Node) Send(ctx context.Context, req api.SendRequest) (api.SendResult, e
 	if req.Amount == 0 {
 		return api.SendResult{}, &api.Error{Status: http.StatusBadRequest, Field: "amount", Message: "amount must be more than 0"}
 	}
+	var typ string
+	var msg any
 	switch req.Kind {
 	case "", ledger.TypeTransfer:
-		r, err := n.ledger.Transfer(ctx, to, req.Amount, req.Memo)
-		if err != nil {
-			return api.SendResult{}, ledgerError(err)
-		}
-		return api.SendResult{Hash: r.Hash.String(), Height: r.Height}, nil
+		typ, msg = ledger.TypeTransfer, &ledger.Transfer{To: string(to), Amount: req.Amount, Memo: req.Memo}
 	case ledger.TypeGrant:
-		r, err := n.ledger.Grant(ctx, to, req.Amount)
-		if err != nil {
-			return api.SendResult{}, ledgerError(err)
-		}
-		return api.SendResult{Hash: r.Hash.String(), Height: r.Height}, nil
+		typ, msg = ledger.TypeGrant, &ledger.Grant{To: string(to), Amount: req.Amount}
+	default:
+		return api.SendResult{}, &api.Error{Status: http.StatusBadRequest, Field: "kind", Message: fmt.Sprintf("kind %q: want transfer or grant", req.Kind)}
 	}
-	return api.SendResult{}, &api.Error{Status: http.StatusBadRequest, Field: "kind", Message: fmt.Sprintf("kind %q: want transfer or grant", req.Kind)}
+	p, err := n.ledger.Prepare(ctx, typ, msg)
+	if err != nil {
+		return api.SendResult{}, ledgerError(err)
+	}
+	if prepared != nil {
+		prepared(api.SendPrepared{Hash: p.Hash, Nonce: p.Nonce})
+	}
+	if err := n.ledger.Broadcast(ctx, p); err != nil {
+		return api.SendResult{}, ledgerError(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, ledger.DefaultCommitTimeout)
+	defer cancel()
+	r, err := n.ledger.Wait(wctx, p.Hash)
+	if err != nil {
+		return api.SendResult{}, ledgerError(err)
+	}
+	return api.SendResult{Hash: p.Hash, Height: r.Height}, nil
 }
 
-// Audit implements api.Ledger: replays this node's chain from genesis.
+// TxStatus implements api.Ledger: what became of a transaction.
+func (n *Node) TxStatus(ctx context.Context, hash string) (ledger.TxStatus, error) {
+	if raw, err := hex.DecodeString(hash); err != nil || len(raw) != 32 {
+		return ledger.TxStatus{}, &api.Error{Status: http.StatusBadRequest, Field: "hash", Message: fmt.Sprintf("transaction hash %q: want 64 hex digits", hash)}
+	}
+	return n.ledger.TxStatus(ctx, hash)
+}
+
+// Audit implements api.Ledger: replays this node's chain from the
+// genesis in its home, verifying every commit.
 func (n *Node) Audit(ctx context.Context) (*ledger.AuditReport, error) {
-	return ledger.AuditWith(ctx, n.chain.Client(), nil)
+	doc, err := cmttypes.GenesisDocFromFile(n.home.GenesisPath())
+	if err != nil {
+		return nil, fmt.Errorf("read genesis %s: %w", n.home.GenesisPath(), err)
+	}
+	return ledger.AuditWith(ctx, n.chain.Client(), ledger.AuditOptions{Genesis: doc, GenesisSource: n.home.GenesisPath()})
 }
 
 var _ api.Ledger = (*Node)(nil)

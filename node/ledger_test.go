@@ -1,11 +1,13 @@
 package node
 
 import (
+	"errors"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
 )
 
@@ -34,16 +36,22 @@ func TestJoinWithGenesisSyncsLedger(t *testing.T) {
 	}
 	k, _ := identity.GenerateKey()
 	to := string(k.Address())
-	if _, err := a.client.Send(t.Context(), api.SendRequest{To: to, Amount: 42}); err != nil {
+	// A transfer that opens an account moves at least a credit.
+	if _, err := a.client.Send(t.Context(), api.SendRequest{To: to, Amount: 42}); err == nil {
+		t.Fatal("a transfer of 42 micro-credits opened an account")
+	}
+	if _, err := a.client.Send(t.Context(), api.SendRequest{To: to, Amount: 42_000_000}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, "B to replicate A's transfer", func() bool {
 		bal, err := b.client.Balance(t.Context(), to)
-		return err == nil && bal.Balance == 42
+		return err == nil && bal.Balance == 42_000_000
 	})
-	// B holds no credits: its transfer is refused, not lost.
-	if _, err := b.client.Send(t.Context(), api.SendRequest{To: to, Amount: 1}); err == nil {
-		t.Fatal("B has no credits, yet its transfer went through")
+	// B holds no credits and no issuer admitted it: its transfer is
+	// refused, not lost.
+	var apiErr *api.Error
+	if _, err := b.client.Send(t.Context(), api.SendRequest{To: to, Amount: 1}); !errors.As(err, &apiErr) || apiErr.Code != ledger.CodeNotMember {
+		t.Fatalf("B is no member, yet its transfer: %v", err)
 	}
 	rep, err := b.client.Audit(t.Context())
 	if err != nil || !rep.OK || rep.Supply != LocalStarterCredit {

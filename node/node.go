@@ -250,6 +250,7 @@ func (n *Node) Run(ctx context.Context) (err error) {
 		g.Go(func() error { return n.priceBids(gctx) })
 	}
 	g.Go(func() error { return n.store.Run(gctx) })
+	g.Go(func() error { return n.ledger.Run(gctx) })
 	g.Go(func() error { return n.exec.Run(gctx) })
 	g.Go(func() error { return n.jobs.Run(gctx) })
 	g.Go(func() error { return n.refreshRecords(gctx) })

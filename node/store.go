@@ -48,7 +48,16 @@ func OpenStore(dir string, log *slog.Logger) (*Store, error) {
 		}
 		return nil, fmt.Errorf("open node store %s: %w", dir, err)
 	}
-	return &Store{db: db}, nil
+	// A process killed leaves its memtable, which the next open flushes
+	// into level 0; with no compactors, sixteen crashes without a
+	// maintenance in between would stall the seventeenth open. Fold level 0
+	// at every open.
+	s := &Store{db: db}
+	if err := s.Maintain(); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // Get decodes the document at key into v; found is false if there is none.

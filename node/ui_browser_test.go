@@ -433,6 +433,7 @@ func startUICluster(t *testing.T, python string) (sub, lender *testNode) {
 		t.Fatal(err)
 	}
 	lender = startNode(t, lh, withBootstrap(sub.addr()), withExec("lender", 1))
+	admit(t, sub, lender)
 	eventually(t, 30*time.Second, "the lender to join", func() bool { return len(sub.PeerIDs()) > 0 })
 	return sub, lender
 }

@@ -38,15 +38,27 @@ func size(n, full int) int {
 	return n
 }
 
-func newSink(t *testing.T) identity.Address {
+// sinkOpening is what opens a sink's account: a transfer to an account
+// that does not exist moves at least the ledger's MinNewAccount.
+var sinkOpening = ledger.DefaultParams().MinNewAccount
+
+// newSink is a fresh account, opened by node 0 with sinkOpening.
+func newSink(t *testing.T, n *Network) identity.Address {
 	t.Helper()
 	k, err := identity.GenerateKey()
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if _, err := n.ledgerClient(t, 0, 0).Transfer(ctx, k.Address(), sinkOpening, "open the sink"); err != nil {
+		t.Fatalf("open the sink: %v", err)
+	}
 	return k.Address()
 }
 
+// sinkBalances are what the sink received after its opening, as each node
+// sees it.
 func sinkBalances(t *testing.T, n *Network, nodes []int, sink identity.Address) []uint64 {
 	t.Helper()
 	out := make([]uint64, len(nodes))
@@ -59,7 +71,7 @@ func sinkBalances(t *testing.T, n *Network, nodes []int, sink identity.Address) 
 		if err != nil {
 			t.Fatalf("%s: balance: %v", n.Manifest.Nodes[i].Name, err)
 		}
-		out[k] = b.Balance
+		out[k] = b.Balance - sinkOpening
 	}
 	return out
 }
@@ -71,7 +83,7 @@ func TestFaultValidatorKilledDuringTransfers(t *testing.T) {
 	n := startNet(t, Params{Validators: 4, Sites: 2}, RunOptions{})
 	n.waitHeights(t, all(n), 2, time.Minute)
 	const total = 1000
-	sink := newSink(t)
+	sink := newSink(t, n)
 	l := &transferLoad{net: n, senders: []int{0, 1, 2}, sink: sink,
 		via: func(k int) []int { return []int{k, (k + 1) % 3} }} // never through the victim
 	done := make(chan struct{})
@@ -121,12 +133,12 @@ func TestFaultValidatorKilledDuringTransfers(t *testing.T) {
 func TestFaultTwoOfFourValidatorsDown(t *testing.T) {
 	n := startNet(t, Params{Validators: 4, Sites: 2}, RunOptions{})
 	n.waitHeights(t, all(n), 2, time.Minute)
+	sink := newSink(t, n)
 	n.Kill(2)
 	n.Kill(3)
 	time.Sleep(3 * time.Second) // a block in flight may still commit
 	before := n.Heights(t.Context(), []int{0, 1})
 	cl := n.ledgerClient(t, 0, 0)
-	sink := newSink(t)
 	hash, err := cl.Submit(t.Context(), ledger.TypeTransfer, &ledger.Transfer{To: string(sink), Amount: 7})
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +179,7 @@ func TestFaultTenThousandTransfers(t *testing.T) {
 	n := startNet(t, Params{Validators: 4, Sites: 2}, RunOptions{})
 	n.waitHeights(t, all(n), 2, time.Minute)
 	total := size(10000, 10000)
-	sink := newSink(t)
+	sink := newSink(t, n)
 	l := &transferLoad{net: n, senders: []int{0, 1, 2, 3}, sink: sink,
 		via: func(k int) []int { return []int{k, (k + 1) % 4} }}
 	start := time.Now()
@@ -682,11 +694,12 @@ func TestFaultPartitionHeals(t *testing.T) {
 	minority, majority := []int{2, 5}, []int{0, 1, 3, 4}
 	const lender, submitter = 5, 4
 	n.waitHeights(t, all(n), 2, time.Minute)
+	sink := newSink(t, n)
 	if err := n.Partition(cut); err != nil {
 		t.Fatal(err)
 	}
 	lend(t, n, lender, 1) // its offer cannot cross the cut
-	l := &transferLoad{net: n, senders: []int{0, 1}, sink: newSink(t), via: func(k int) []int { return []int{k} }}
+	l := &transferLoad{net: n, senders: []int{0, 1}, sink: sink, via: func(k int) []int { return []int{k} }}
 	l.run(t, t.Context(), 100)
 	if l.committed.Load() != 100 {
 		t.Fatalf("the majority committed %d of 100 transfers during the partition", l.committed.Load())

@@ -15,7 +15,7 @@ func audit(ctx context.Context, nw *network) map[string]any {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	start := time.Now()
-	rep, err := ledger.Audit(ctx, url, nil)
+	rep, err := ledger.Audit(ctx, url, ledger.AuditOptions{Genesis: nw.genesis, GenesisSource: "the bench genesis"})
 	el := time.Since(start)
 	if err != nil {
 		return map[string]any{"summary": "audit failed: " + err.Error(), "error": err.Error()}

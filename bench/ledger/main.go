@@ -85,6 +85,9 @@ type settings struct {
 	indexer, vals, apps, out, cpuprofile            string
 	keep                                            bool
 	child                                           string
+	stateSizes                                      string
+	stateChild                                      int
+	childDir, childOut                              string
 }
 
 // childSpec is what one case's process runs (see runChild).
@@ -128,9 +131,17 @@ func main() {
 	flag.BoolVar(&st.keep, "keep", false, "keep the chains' directories")
 	flag.BoolVar(&verbose, "v", false, "print every block the watcher sees")
 	flag.StringVar(&st.child, "child", "", "internal: run one case (JSON spec) in this process")
+	flag.StringVar(&st.stateSizes, "state-sizes", "10000,100000,1000000", "accounts in the state for the per-block cases (empty: none)")
+	flag.IntVar(&st.stateChild, "state-child", 0, "internal: run one state-size case in this process")
+	flag.StringVar(&st.childDir, "child-dir", "", "internal: the state-size case's directory")
+	flag.StringVar(&st.childOut, "child-out", "", "internal: where the state-size case writes its result")
 	flag.Parse()
 	if st.child != "" {
 		runChild(st)
+		return
+	}
+	if st.stateChild > 0 {
+		runStateChild(st.stateChild, st.childDir, st.childOut)
 		return
 	}
 
@@ -145,6 +156,7 @@ func main() {
 	var kinds []appKind
 	for _, a := range strings.Split(st.apps, ",") {
 		switch strings.TrimSpace(a) {
+		case "":
 		case "kv1k":
 			kinds = append(kinds, appKV1K)
 		case "kvsame":
@@ -227,7 +239,34 @@ func main() {
 		}
 	}
 
+	var states []stateResult
+	for _, f := range strings.Split(st.stateSizes, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= stateSenders {
+			log.Fatalf("-state-sizes: bad size %q (more than %d)", f, stateSenders)
+		}
+		fmt.Printf("state of %d accounts: genesis, then %d blocks of %d transfers of the same load, %d of cold ones:\n", n, stateBlocks, stateTxs, stateBlocks)
+		r := runStateCase(self, n, filepath.Join(root, fmt.Sprintf("state-%d", n)))
+		if r.Error != "" {
+			fmt.Println("  failed:", r.Error)
+		} else {
+			for _, l := range []struct {
+				name string
+				b    stateBlock
+			}{{"same load", r.Same}, {"cold", r.Cold}} {
+				fmt.Printf("  %-9s block %.1f ms median (p90 %.1f; FinalizeBlock %.1f + Commit %.1f), %.0f tx/s\n",
+					l.name+":", l.b.BlockMs, l.b.BlockP90Ms, l.b.FinalizeMs, l.b.CommitMs, l.b.TPS)
+			}
+			fmt.Printf("  genesis %.1fs; %d MiB on disk\n", r.GenesisS, r.Disk>>20)
+		}
+		states = append(states, r)
+	}
+
 	goals := printTable(results)
+	goals = append(goals, printStateTable(states)...)
 	fmt.Println()
 	if auditRes != nil {
 		fmt.Println("audit:", auditRes["summary"])
@@ -249,6 +288,14 @@ func main() {
 			"isolation":  "each case runs in a fresh process, on a fresh chain, one after the other",
 		},
 		"cases": results, "goals": goals, "audit": auditRes,
+		"state_size": map[string]any{
+			"method": fmt.Sprintf("ledger.OpenApp on disk; the accounts come from genesis (all funded, so members); per load %d blocks "+
+				"of %d pre-signed transfers from %d senders after %d warm-up blocks; same load: each sender pays the next (the same leaves "+
+				"whatever the state's size); cold: each pays an account drawn at random from the whole state; CheckTx admits each block's "+
+				"transactions first (signatures are checked there, as a validator's mempool does), then FinalizeBlock + Commit are timed; "+
+				"no consensus or network", stateBlocks, stateTxs, stateSenders, stateWarmup),
+			"cases": states,
+		},
 	}
 	if err := os.MkdirAll(filepath.Dir(st.out), 0o755); err == nil {
 		b, _ := json.MarshalIndent(res, "", "  ")
@@ -257,6 +304,68 @@ func main() {
 		} else {
 			fmt.Println("results:", st.out)
 		}
+	}
+}
+
+// runStateCase runs one state size in a child process (the same binary).
+func runStateCase(self string, n int, dir string) stateResult {
+	out := dir + ".json"
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return stateResult{Accounts: n, Error: err.Error()}
+	}
+	defer os.RemoveAll(dir)
+	cmd := exec.Command(self, "-state-child", strconv.Itoa(n), "-child-dir", dir, "-child-out", out)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	runErr := cmd.Run()
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		if runErr != nil {
+			err = runErr
+		}
+		return stateResult{Accounts: n, Error: err.Error()}
+	}
+	var r stateResult
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return stateResult{Accounts: n, Error: err.Error()}
+	}
+	return r
+}
+
+// printStateTable prints the state-size cases with their ratios to the
+// smallest, and returns the goal: the same load's block time flat within
+// 20 % (the cold load's ratio is information).
+func printStateTable(states []stateResult) []goal {
+	if len(states) == 0 {
+		return nil
+	}
+	fmt.Println()
+	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "accounts\tload\tblock ms\tp90 ms\tFinalizeBlock ms\tCommit ms\ttx/s\tblock ms / smallest state\ttx/s / smallest state\tgenesis s\tdisk MiB\t")
+	base := states[0]
+	for _, r := range states {
+		if r.Error != "" {
+			fmt.Fprintf(tw, "%d\tfailed: %s\t\t\t\t\t\t\t\t\t\t\n", r.Accounts, r.Error)
+			continue
+		}
+		for _, l := range []struct {
+			name    string
+			b, base stateBlock
+		}{{"same load", r.Same, base.Same}, {"cold", r.Cold, base.Cold}} {
+			fmt.Fprintf(tw, "%d\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%s\t%s\t%.1f\t%d\t\n", r.Accounts, l.name, l.b.BlockMs, l.b.BlockP90Ms,
+				l.b.FinalizeMs, l.b.CommitMs, l.b.TPS, f2(ratio(l.b.BlockMs, l.base.BlockMs)), f2(ratio(l.b.TPS, l.base.TPS)), r.GenesisS, r.Disk>>20)
+		}
+	}
+	tw.Flush()
+	last := states[len(states)-1]
+	if base.Error != "" || last.Error != "" || len(states) < 2 {
+		return nil
+	}
+	name := fmt.Sprintf("per-block time, %d accounts / %d accounts", last.Accounts, base.Accounts)
+	ref := fmt.Sprintf("%d accounts", base.Accounts)
+	v, c := ratio(last.Same.BlockMs, base.Same.BlockMs), ratio(last.Cold.BlockMs, base.Cold.BlockMs)
+	return []goal{
+		{Name: name + ", same load", Reference: ref, Value: v, Goal: "<= 1.2 (flat within 20 %)", Pass: v <= 1.2},
+		{Name: name + ", cold accounts", Reference: ref, Value: c, Goal: "(information)", Pass: true},
 	}
 }
 

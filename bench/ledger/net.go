@@ -105,6 +105,7 @@ type node struct {
 type network struct {
 	nodes   []*node
 	rpcPort int // validator 0's RPC port
+	genesis *cmttypes.GenesisDoc
 }
 
 func validatorKey(i int) *identity.Key { return seedKey(fmt.Sprintf("bench-validator-%d", i)) }
@@ -151,6 +152,7 @@ func startNetwork(ctx context.Context, root string, n int, kind appKind, g ledge
 	if err != nil {
 		return nil, err
 	}
+	nw.genesis = doc
 	for i, v := range nw.nodes {
 		var app abci.Application
 		appDir := filepath.Join(v.dir, "app")

@@ -370,6 +370,13 @@ func TestLedgerCLI(t *testing.T) {
 	if !strings.Contains(out, "Sent 12.5 credits") {
 		t.Fatalf("transfer: %s", out)
 	}
+	if hash := txHashRE.FindString(out); !strings.Contains(mustRun(t, "ledger", "tx", hash, "--home", home), "committed at height") {
+		t.Fatalf("ledger tx of the transfer %s", hash)
+	}
+	expectFail(t, 2, "not a transaction hash", "ledger", "tx", "abc", "--home", home)
+	if help := mustRun(t, "ledger", "transfer", "--help"); !strings.Contains(help, "3 outcome unknown") {
+		t.Fatalf("transfer --help does not document the exit status: %s", help)
+	}
 	if b := balanceOf(t, home, other); b != 12_500000 {
 		t.Fatalf("recipient has %d", b)
 	}
@@ -411,7 +418,7 @@ func TestLedgerCLI(t *testing.T) {
 	if !rep.OK || rep.Supply != 1100_000000 || rep.Balances != rep.Supply || rep.Escrowed != 0 || rep.Height < 2 || rep.Problems == nil {
 		t.Fatalf("audit %+v", rep)
 	}
-	if out := mustRun(t, "ledger", "audit", "--home", home); !strings.Contains(out, "audit OK") {
+	if out := mustRun(t, "ledger", "audit", "--home", home); !strings.Contains(out, "audit OK") || !strings.Contains(out, "genesis: "+filepath.Join(home, "genesis.json")) {
 		t.Fatalf("audit: %s", out)
 	}
 	expectFail(t, 1, "ledger RPC listening", "ledger", "audit", "--rpc", "http://127.0.0.1:"+freePort(t))

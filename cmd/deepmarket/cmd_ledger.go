@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	rpchttp "github.com/cometbft/cometbft/rpc/client/http"
+	cmttypes "github.com/cometbft/cometbft/types"
 	"github.com/spf13/cobra"
 
 	"github.com/deepmarket/deepmarket/identity"
@@ -25,7 +29,7 @@ func newLedgerCmd(c *cli) *cobra.Command {
 credits with up to six decimals (1 credit = 1,000,000 micro-credits); --json
 prints integers in micro-credits.`,
 	}
-	cmd.AddCommand(newBalanceCmd(c), newHistoryCmd(c), newSendCmd(c, ledger.TypeTransfer), newSendCmd(c, ledger.TypeGrant), newAuditCmd(c),
+	cmd.AddCommand(newBalanceCmd(c), newHistoryCmd(c), newSendCmd(c, ledger.TypeTransfer), newSendCmd(c, ledger.TypeGrant), newTxCmd(c), newAuditCmd(c),
 		newValidatorsCmd(c), newValidatorCmd(c))
 	return cmd
 }
@@ -119,15 +123,36 @@ func newHistoryCmd(c *cli) *cobra.Command {
 	})
 }
 
+// outcomeUnknown is a send whose outcome the CLI cannot know: the
+// transaction may have committed, or may still.
+type outcomeUnknown struct{ hash, why string }
+
+func (e outcomeUnknown) Error() string {
+	if e.hash == "" {
+		return fmt.Sprintf("outcome unknown: the node stopped before naming the transaction (%s); check with `deepmarket ledger history`", e.why)
+	}
+	return fmt.Sprintf("outcome unknown: transaction %s; check with `deepmarket ledger tx %s`", e.hash, e.hash)
+}
+
+func (e outcomeUnknown) Is(target error) bool { return target == ledger.ErrUnknownOutcome }
+
+const sendExitStatus = `
+Exit status: 0 committed; 1 rejected by the ledger (it never took effect) or
+not sent; 2 bad command line; 3 outcome unknown (the node stopped or did not
+see the commit in time): the transaction may still commit, and the message
+names it: check with ` + "`deepmarket ledger tx HASH`" + `.`
+
 func newSendCmd(c *cli, kind string) *cobra.Command {
 	var asJSON bool
 	var memo string
 	use, short := "transfer ADDR AMOUNT", "Send credits to another account"
+	long := "Signs a transfer with this node's account, sends it and waits for its block."
 	if kind == ledger.TypeGrant {
 		use, short = "grant ADDR AMOUNT", "Issue new credits to a member (issuers only, within quota)"
+		long = "Signs a grant with this node's account (an issuer), sends it and waits for its block. The recipient\nbecomes a member."
 	}
 	cmd := &cobra.Command{
-		Use: use, Short: short, Args: cobra.ExactArgs(2),
+		Use: use, Short: short, Args: cobra.ExactArgs(2), Long: long + "\n" + sendExitStatus,
 		Example: "  deepmarket ledger " + strings.Fields(use)[0] + " dm1qje8qcjtdsz9a3aq2e7kv3wgwrkapzlunwqgpu 12.5",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			to, err := identity.ParseAddress(args[0])
@@ -156,9 +181,30 @@ func newSendCmd(c *cli, kind string) *cobra.Command {
 					return fmt.Errorf("cannot send %s credits: your balance is %s", units.FormatCredits(amount), units.FormatCredits(b.Balance))
 				}
 			}
-			res, err := cl.Send(ctx, api.SendRequest{Kind: kind, To: string(to), Amount: amount, Memo: memo})
-			if err != nil {
+			hash := ""
+			res, err := cl.SendStream(ctx, api.SendRequest{Kind: kind, To: string(to), Amount: amount, Memo: memo}, func(p api.SendPrepared) {
+				hash = p.Hash
+			})
+			var unknown *ledger.UnknownOutcomeError
+			var apiErr *api.Error
+			switch {
+			case errors.As(err, &unknown):
+				if unknown.Hash != "" {
+					hash = unknown.Hash
+				}
+				if asJSON {
+					c.printJSON(map[string]string{"hash": hash, "outcome": api.OutcomeUnknown})
+				}
+				return outcomeUnknown{hash: hash, why: unknown.Reason}
+			case hash != "" && errors.Is(err, context.DeadlineExceeded):
+				return outcomeUnknown{hash: hash, why: "no answer in time"}
+			case errors.As(err, &apiErr) && apiErr.Code != 0:
+				if hash != "" {
+					return fmt.Errorf("%s rejected: %w (transaction %s; it never took effect)", kind, err, hash)
+				}
 				return fmt.Errorf("%s rejected: %w", kind, err)
+			case err != nil:
+				return fmt.Errorf("%s not made: %w", kind, err)
 			}
 			if asJSON {
 				return c.printJSON(res)
@@ -174,20 +220,106 @@ func newSendCmd(c *cli, kind string) *cobra.Command {
 	return cmd
 }
 
-func newAuditCmd(c *cli) *cobra.Command {
+func newTxCmd(c *cli) *cobra.Command {
 	var asJSON bool
 	var rpc string
 	cmd := &cobra.Command{
+		Use:   "tx HASH",
+		Short: "Tell what became of a transaction: committed, failed, refused, pending, dropped or unknown",
+		Long: `Asks this node what became of a transaction (the hash transfer and grant print).
+committed: in a block, it took effect. failed: in a block, the ledger refused it
+there. refused: the ledger refused it before any block. pending: in the node's
+mempool. dropped: never committed, and its signer's nonce moved past it, so it
+never can be. unknown: not seen; it may still arrive (ask again).
+Refused and dropped are known for this node's own transactions; with --rpc,
+any node tells committed, failed and pending.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError{fmt.Errorf("%s takes one transaction hash", cmd.CommandPath())}
+			}
+			if raw, err := hex.DecodeString(args[0]); err != nil || len(raw) != 32 {
+				return usageError{fmt.Errorf("%q is not a transaction hash (64 hex digits)", args[0])}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := timeout(cmd.Context())
+			defer cancel()
+			var st ledger.TxStatus
+			var err error
+			if rpc != "" {
+				cl, herr := rpchttp.New(rpc, "/websocket")
+				if herr != nil {
+					return usageError{fmt.Errorf("--rpc: %w", herr)}
+				}
+				st, err = ledger.ReadTxStatus(ctx, cl, args[0])
+			} else {
+				cl, cerr := c.client()
+				if cerr != nil {
+					return cerr
+				}
+				st, err = cl.TxStatus(ctx, strings.ToUpper(args[0]))
+			}
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return c.printJSON(st)
+			}
+			fmt.Fprintln(c.out, describeTx(st))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	cmd.Flags().StringVar(&rpc, "rpc", "", "ask this CometBFT RPC instead of this node, e.g. http://10.0.0.5:7703")
+	return cmd
+}
+
+func describeTx(st ledger.TxStatus) string {
+	switch st.State {
+	case ledger.TxCommitted:
+		return fmt.Sprintf("transaction %s: committed at height %d", st.Hash, st.Height)
+	case ledger.TxFailed:
+		return fmt.Sprintf("transaction %s: failed in block %d (ledger code %d: %s); it took no effect", st.Hash, st.Height, st.Code, st.Reason)
+	case ledger.TxRefused:
+		return fmt.Sprintf("transaction %s: refused by the ledger (code %d: %s); it took no effect", st.Hash, st.Code, st.Reason)
+	case ledger.TxPending:
+		return fmt.Sprintf("transaction %s: pending in the node's mempool", st.Hash)
+	case ledger.TxDropped:
+		return fmt.Sprintf("transaction %s: dropped (%s); it took no effect", st.Hash, st.Reason)
+	}
+	return fmt.Sprintf("transaction %s: unknown (%s); ask again", st.Hash, st.Reason)
+}
+
+func newAuditCmd(c *cli) *cobra.Command {
+	var asJSON bool
+	var rpc, genesis string
+	cmd := &cobra.Command{
 		Use:   "audit",
 		Short: "Replay the whole chain from genesis and prove the books balance",
-		Long: `Fetches every block from genesis over CometBFT RPC, re-executes each in a fresh
-ledger, compares the app hash after every block with the one the chain
-committed to, checks every invariant (supply = balances + escrowed, nothing
-negative), and prints supply, balances, escrowed and each account's flows.
-Exits non-zero on any mismatch. Works from any machine against any node's RPC
-(--rpc); without it, reads this node's ledger RPC ([ledger] rpc_listen).`,
+		Long: `A light client of the chain: starting from a genesis, it tracks the validator
+set and checks that more than 2/3 of it signed every block's commit, fetches
+every block over CometBFT RPC, re-executes each in a fresh ledger, compares the
+app hash after every block with the one the chain committed to, checks every
+invariant (supply = balances + escrowed, nothing negative), and prints supply,
+balances, escrowed and each account's flows. Exits non-zero on any mismatch.
+
+The genesis is --genesis FILE; without it, this node's genesis.json when
+auditing this node, else the genesis the node at --rpc serves: then the audit
+proves only that the node's chain agrees with a genesis the node chose (a fork
+with the same chain ID passes). Pin the genesis you trust with --genesis.
+Works from any machine against any node's RPC (--rpc); without it, reads this
+node's ledger RPC ([ledger] rpc_listen).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			opts := ledger.AuditOptions{}
+			if genesis != "" {
+				doc, err := cmttypes.GenesisDocFromFile(genesis)
+				if err != nil {
+					return usageError{fmt.Errorf("--genesis: %w", err)}
+				}
+				opts.Genesis, opts.GenesisSource = doc, genesis
+			}
 			if rpc == "" {
 				h := c.home()
 				if err := h.Check(); err != nil {
@@ -198,19 +330,25 @@ Exits non-zero on any mismatch. Works from any machine against any node's RPC
 					return err
 				}
 				rpc = "http://" + strings.TrimPrefix(cfg.Ledger.RPCListen, "tcp://")
+				if opts.Genesis == nil {
+					doc, err := cmttypes.GenesisDocFromFile(h.GenesisPath())
+					if err != nil {
+						return fmt.Errorf("read genesis: %w", err)
+					}
+					opts.Genesis, opts.GenesisSource = doc, h.GenesisPath()
+				}
 			}
-			var progress func(int64, int64)
 			if !asJSON {
 				last := time.Now()
-				progress = func(h, latest int64) {
+				opts.Progress = func(h, latest int64) {
 					if time.Since(last) > 500*time.Millisecond || h == latest {
 						fmt.Fprintf(os.Stderr, "\rreplayed %d/%d blocks", h, latest)
 						last = time.Now()
 					}
 				}
 			}
-			rep, err := ledger.Audit(cmd.Context(), rpc, progress)
-			if progress != nil {
+			rep, err := ledger.Audit(cmd.Context(), rpc, opts)
+			if opts.Progress != nil {
 				fmt.Fprintln(os.Stderr)
 			}
 			if err != nil {
@@ -225,7 +363,9 @@ Exits non-zero on any mismatch. Works from any machine against any node's RPC
 				if !rep.OK {
 					status = "FAILED"
 				}
-				fmt.Fprintf(c.out, "audit %s: chain %s, height %d, %d transactions replayed (%d accepted)\n", status, rep.ChainID, rep.Height, rep.Txs, rep.TxsOK)
+				fmt.Fprintf(c.out, "audit %s: chain %s, height %d, %d transactions replayed (%d accepted), %d commits verified\n",
+					status, rep.ChainID, rep.Height, rep.Txs, rep.TxsOK, rep.Commits)
+				fmt.Fprintf(c.out, "genesis: %s (sha256 %s)\n", rep.Genesis, rep.GenesisHash)
 				fmt.Fprintf(c.out, "supply %s = balances %s + escrowed %s credits\n", units.FormatCredits(rep.Supply), units.FormatCredits(rep.Balances), units.FormatCredits(rep.Escrowed))
 				var rows [][]string
 				for _, a := range rep.Accounts {
@@ -246,5 +386,6 @@ Exits non-zero on any mismatch. Works from any machine against any node's RPC
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	cmd.Flags().StringVar(&rpc, "rpc", "", "CometBFT RPC of any node, e.g. http://10.0.0.5:7703")
+	cmd.Flags().StringVar(&genesis, "genesis", "", "the genesis.json to start from (pins the chain; default: this node's, or with --rpc the one the node serves)")
 	return cmd
 }

@@ -10,12 +10,18 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/sandbox"
 )
 
-// exitUsage is the exit status for bad command lines.
-const exitUsage = 2
+// Exit statuses: 1 for errors, exitUsage for bad command lines,
+// exitUnknown when a transaction's outcome is unknown (it may still
+// commit; the message names it).
+const (
+	exitUsage   = 2
+	exitUnknown = 3
+)
 
 // usageError marks errors in how a command was called.
 type usageError struct{ error }
@@ -29,9 +35,13 @@ func main() {
 	if err == nil {
 		return
 	}
-	fmt.Fprintln(os.Stderr, "error:", err)
 	var ue usageError
 	var apiErr *api.Error
+	if errors.Is(err, ledger.ErrUnknownOutcome) {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(exitUnknown)
+	}
+	fmt.Fprintln(os.Stderr, "error:", err)
 	switch {
 	case errors.As(err, &ue):
 		os.Exit(exitUsage)

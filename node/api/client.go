@@ -150,7 +150,8 @@ func (c *Client) History(ctx context.Context, addr string, limit int) ([]ledger.
 	return h, c.do(ctx, http.MethodGet, q, nil, &h)
 }
 
-// Send transfers (or, for issuers, grants) credits and waits for commit.
+// Send transfers (or, for issuers, grants) credits and waits for commit,
+// as one JSON answer (see SendStream, which hears the hash first).
 func (c *Client) Send(ctx context.Context, req SendRequest) (SendResult, error) {
 	var r SendResult
 	return r, c.do(ctx, http.MethodPost, "/api/v1/ledger/send", req, &r)

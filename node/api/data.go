@@ -62,6 +62,7 @@ type Progress struct {
 // then one result or one error.
 type streamLine struct {
 	Progress *Progress       `json:"progress,omitempty"`
+	Prepared *SendPrepared   `json:"prepared,omitempty"`
 	Result   json.RawMessage `json:"result,omitempty"`
 	Error    *Error          `json:"error,omitempty"`
 	Status   int             `json:"status,omitempty"`

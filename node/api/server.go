@@ -72,7 +72,10 @@ type (
 	Ledger interface {
 		Balance(ctx context.Context, addr string) (Balance, error)
 		History(ctx context.Context, addr string, limit int) ([]ledger.HistoryEntry, error)
-		Send(ctx context.Context, req SendRequest) (SendResult, error)
+		// Send signs, sends and waits for a transfer or grant; it calls
+		// prepared with the transaction's hash before sending it.
+		Send(ctx context.Context, req SendRequest, prepared func(SendPrepared)) (SendResult, error)
+		TxStatus(ctx context.Context, hash string) (ledger.TxStatus, error)
 		Audit(ctx context.Context) (*ledger.AuditReport, error)
 	}
 )
@@ -177,12 +180,9 @@ func NewServer(p Params) (*Server, error) {
 		h, err := p.Ledger.History(r.Context(), r.URL.Query().Get("address"), limit)
 		return nonNil(h), err
 	})
-	s.handle("POST /api/v1/ledger/send", func(r *http.Request) (any, error) {
-		var req SendRequest
-		if err := decodeBody(r, &req); err != nil {
-			return nil, err
-		}
-		return p.Ledger.Send(r.Context(), req)
+	s.handleFunc("POST /api/v1/ledger/send", s.send)
+	s.handle("GET /api/v1/ledger/tx/{hash}", func(r *http.Request) (any, error) {
+		return p.Ledger.TxStatus(r.Context(), r.PathValue("hash"))
 	})
 	s.handle("GET /api/v1/ledger/audit", func(r *http.Request) (any, error) { return p.Ledger.Audit(r.Context()) })
 	s.stream("POST /api/v1/data/add", func(r *http.Request, progress func(Progress)) (any, error) {

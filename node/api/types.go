@@ -54,6 +54,18 @@ type SendResult struct {
 	Height int64  `json:"height"`
 }
 
+// SendPrepared names a transaction the node signed and is about to send:
+// the first line of a streamed send, so the caller knows the hash before
+// anything can go wrong.
+type SendPrepared struct {
+	Hash  string `json:"hash"`
+	Nonce uint64 `json:"nonce"`
+}
+
+// OutcomeUnknown is Error.Outcome when the node cannot tell whether a
+// transaction was, or will be, committed.
+const OutcomeUnknown = "unknown"
+
 // Inventory is the machine's inventory.
 type Inventory = inventory.Inventory
 
@@ -158,6 +170,10 @@ type Error struct {
 	Message string `json:"error"`
 	Field   string `json:"field,omitempty"` // the request field at fault
 	Code    uint32 `json:"code,omitempty"`  // the ledger's rejection code
+	// Outcome "unknown": the transaction Hash may still commit (ledger tx
+	// tells); absent for errors that changed nothing.
+	Outcome string `json:"outcome,omitempty"`
+	Hash    string `json:"hash,omitempty"`
 }
 
 func (e *Error) Error() string {
