@@ -1,6 +1,7 @@
 package node
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,12 +54,16 @@ func TestConfigErrorsNameSectionAndKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	orig, _ := os.ReadFile(h.ConfigPath())
+	cfg, err := LoadConfig(h.ConfigPath())
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct{ from, to, want string }{
 		{`announce_interval = "30s"`, `announce_interval = "80s"`, "[p2p] announce_interval"},
 		{`offer_ttl = "1m30s"`, `offer_ttl = "soon"`, "offer_ttl"},
 		{`level = "info"`, `level = "loud"`, "[log] level"},
 		{`core_hour = "0.1"`, `core_hour = "-1"`, "[prices] core_hour"},
-		{`python = "python3"`, `python = ""`, "[inventory] python"},
+		{fmt.Sprintf("python = %q", cfg.Inventory.Python), `python = ""`, "[inventory] python"},
 		{`conn_low = 64`, `conn_low = 500`, "conn_low"},
 	} {
 		mod := strings.Replace(string(orig), c.from, c.to, 1)

@@ -210,4 +210,3 @@ func initNetwork(t *testing.T, dir, chain string, names []string, members ...ide
 	}
 	return homes
 }
-

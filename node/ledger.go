@@ -1,13 +1,16 @@
 package node
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	cfg "github.com/cometbft/cometbft/config"
 	cmttypes "github.com/cometbft/cometbft/types"
@@ -134,26 +137,14 @@ func (n *Node) History(ctx context.Context, addr string, limit int) ([]ledger.Hi
 	return h, ledgerError(err)
 }
 
-// Send implements api.Ledger: a transfer or grant signed by this node. It
+// Send implements api.Ledger: a transfer, grant, admission or link signed
+// by this node. It
 // tells prepared the transaction's hash before sending it, then waits for
 // its commit.
 func (n *Node) Send(ctx context.Context, req api.SendRequest, prepared func(api.SendPrepared)) (api.SendResult, error) {
-	to, err := identity.ParseAddress(req.To)
+	typ, msg, err := sendMessage(req)
 	if err != nil {
-		return api.SendResult{}, &api.Error{Status: http.StatusBadRequest, Field: "to", Message: err.Error()}
-	}
-	if req.Amount == 0 {
-		return api.SendResult{}, &api.Error{Status: http.StatusBadRequest, Field: "amount", Message: "amount must be more than 0"}
-	}
-	var typ string
-	var msg any
-	switch req.Kind {
-	case "", ledger.TypeTransfer:
-		typ, msg = ledger.TypeTransfer, &ledger.Transfer{To: string(to), Amount: req.Amount, Memo: req.Memo}
-	case ledger.TypeGrant:
-		typ, msg = ledger.TypeGrant, &ledger.Grant{To: string(to), Amount: req.Amount}
-	default:
-		return api.SendResult{}, &api.Error{Status: http.StatusBadRequest, Field: "kind", Message: fmt.Sprintf("kind %q: want transfer or grant", req.Kind)}
+		return api.SendResult{}, err
 	}
 	p, err := n.ledger.Prepare(ctx, typ, msg)
 	if err != nil {
@@ -172,6 +163,96 @@ func (n *Node) Send(ctx context.Context, req api.SendRequest, prepared func(api.
 		return api.SendResult{}, ledgerError(err)
 	}
 	return api.SendResult{Hash: p.Hash, Height: r.Height}, nil
+}
+
+// sendMessage turns a send request into the transaction it asks for.
+func sendMessage(req api.SendRequest) (string, any, error) {
+	bad := func(field, format string, args ...any) (string, any, error) {
+		return "", nil, &api.Error{Status: http.StatusBadRequest, Field: field, Message: fmt.Sprintf(format, args...)}
+	}
+	if req.Kind == "link" || req.Kind == ledger.TypeLinkMachine {
+		consent, err := decodeConsent(req.Consent)
+		if err != nil {
+			return bad("consent", "%v", err)
+		}
+		return ledger.TypeLinkMachine, &ledger.LinkMachine{Consent: consent}, nil
+	}
+	to, err := identity.ParseAddress(req.To)
+	if err != nil {
+		return bad("to", "%v", err)
+	}
+	switch req.Kind {
+	case "", ledger.TypeTransfer, ledger.TypeGrant:
+		if req.Amount == 0 {
+			return bad("amount", "amount must be more than 0")
+		}
+	default:
+		if req.Amount != 0 {
+			return bad("amount", "a %s moves no credits", req.Kind)
+		}
+	}
+	switch req.Kind {
+	case "", ledger.TypeTransfer:
+		return ledger.TypeTransfer, &ledger.Transfer{To: string(to), Amount: req.Amount, Memo: req.Memo}, nil
+	case ledger.TypeGrant:
+		return ledger.TypeGrant, &ledger.Grant{To: string(to), Amount: req.Amount}, nil
+	case ledger.TypeAdmit:
+		return ledger.TypeAdmit, &ledger.Admit{Account: string(to)}, nil
+	case "revoke":
+		return ledger.TypeAdmit, &ledger.Admit{Account: string(to), Revoke: true}, nil
+	}
+	return bad("kind", "kind %q: want transfer, grant, admit, revoke or link", req.Kind)
+}
+
+// Consent implements api.Ledger: this machine's signed consent to earn
+// into req.Owner's account, for its link as the ledger has it now.
+func (n *Node) Consent(ctx context.Context, req api.ConsentRequest) (api.Consent, error) {
+	owner, err := identity.ParseAddress(req.Owner)
+	if err != nil {
+		return api.Consent{}, &api.Error{Status: http.StatusBadRequest, Field: "owner", Message: err.Error()}
+	}
+	ttl := req.TTLSeconds
+	if ttl == 0 {
+		ttl = DefaultConsentTTL
+	}
+	if ttl < 1 || ttl > MaxConsentTTL {
+		return api.Consent{}, &api.Error{Status: http.StatusBadRequest, Field: "ttl_s",
+			Message: fmt.Sprintf("a consent is good for 1 to %d seconds, not %d", MaxConsentTTL, ttl)}
+	}
+	c, err := n.ledger.ConsentTo(ctx, owner, time.Duration(ttl)*time.Second)
+	if err != nil {
+		return api.Consent{}, ledgerError(err)
+	}
+	b, err := json.Marshal(c)
+	if err != nil {
+		return api.Consent{}, err
+	}
+	return api.Consent{Machine: string(n.key.Address()), Owner: string(owner), Expires: c.Expiry,
+		Token: base64.RawURLEncoding.EncodeToString(b)}, nil
+}
+
+// A consent is good for DefaultConsentTTL seconds unless asked otherwise,
+// and at most MaxConsentTTL: the ledger refuses one expiring more than
+// ledger.MaxConsentTTL after the block that carries it, and block time
+// trails the clock.
+const (
+	DefaultConsentTTL = 1800
+	MaxConsentTTL     = ledger.MaxConsentTTL - 60
+)
+
+// decodeConsent reads a token Consent made.
+func decodeConsent(token string) (ledger.LinkConsent, error) {
+	var c ledger.LinkConsent
+	b, err := base64.RawURLEncoding.DecodeString(strings.TrimSpace(token))
+	if err != nil || len(b) == 0 {
+		return c, errors.New("not a consent token (run `deepmarket ledger consent OWNER` on the machine and pass what it prints)")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return c, fmt.Errorf("not a consent token: %v", err)
+	}
+	return c, nil
 }
 
 // TxStatus implements api.Ledger: what became of a transaction.

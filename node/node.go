@@ -295,8 +295,10 @@ func (n *Node) buildOffer(s LendSettings, now time.Time) p2p.Offer {
 	lent := p2p.Resources{Cores: uint32(s.Cores), MemBytes: s.MemBytes, GPUs: uint32(len(gpus))}
 	alloc := n.holds.Allocated(now)
 	alloc = p2p.Resources{Cores: min(alloc.Cores, lent.Cores), MemBytes: min(alloc.MemBytes, lent.MemBytes), GPUs: min(alloc.GPUs, lent.GPUs)}
+	// The account the ledger pays for this machine: its owner's once linked.
+	owner, _ := n.reads.MachineOwner(n.key.Address())
 	return p2p.Offer{
-		Machine: n.host.ID().String(), Owner: string(n.key.Address()),
+		Machine: n.host.ID().String(), Owner: string(owner),
 		Moniker: n.cfg.Node.Moniker, Site: n.cfg.Node.Site,
 		Lent:      lent,
 		Allocated: alloc,
@@ -347,7 +349,7 @@ func (n *Node) Lend() api.LendState {
 	if !ok && st.Lending {
 		st.Warnings = append(st.Warnings, fmt.Sprintf("this machine (%s) is not registered on the ledger, so peers ignore its offers: "+
 			"ask an issuer of your network to admit it (`deepmarket ledger admit %s` on their node), or link it to your member account "+
-			"(`deepmarket ledger link`)", n.key.Address(), n.key.Address()))
+			"(`deepmarket ledger consent YOUR_ADDRESS` here, then `deepmarket ledger link TOKEN` on your node)", n.key.Address(), n.key.Address()))
 	}
 	if inv := n.Inventory(); st.Lending && inv.Python != "" && inv.TensorFlow == "" {
 		st.Warnings = append(st.Warnings, fmt.Sprintf("the Python jobs run with here (%s, [inventory] python in %s) cannot import TensorFlow: "+
@@ -384,7 +386,8 @@ func (n *Node) SetLend(ctx context.Context, req api.LendRequest) (api.LendState,
 			" (run the node as root on a machine with cgroups; see README, Running a training job)"}
 	}
 	if _, err := n.lender.Set(ctx, req); err != nil {
-		if _, registered := n.reads.MachineOwner(n.key.Address()); registered {
+		var bad *LendError
+		if _, registered := n.reads.MachineOwner(n.key.Address()); registered || errors.As(err, &bad) {
 			return api.LendState{}, err
 		}
 		// Saved; gossip refuses the offer of a machine the ledger does

@@ -4,7 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -274,10 +277,16 @@ func TestFakeMachineFlood(t *testing.T) {
 	if n := rejected(relay, "not_admitted"); n != 0 {
 		t.Errorf("the victim relayed %v fake offers to the relay", n)
 	}
-	eventually(t, 30*time.Second, "the flooder graylisted by the victim", func() bool {
+	if n := rejected(victim, "not_admitted"); n > fakes/2 {
+		t.Errorf("the victim read %v of %d fake offers: it never graylisted the flooder", n, fakes)
+	}
+	// Once graylisted the flooder's count stops growing and decays (half-life
+	// 10 min), so its score climbs back from just past -2500; it stays far
+	// below the publish threshold for minutes.
+	eventually(t, 30*time.Second, "the flooder's score below the publish threshold at the victim", func() bool {
 		for _, p := range victim.Peers() {
 			if p.PeerID == evil.key.PeerID().String() {
-				return p.Score < -2500
+				return p.Score < -1000
 			}
 		}
 		return true // disconnected: as good
@@ -294,5 +303,63 @@ func TestFakeMachineFlood(t *testing.T) {
 	}
 	if n := victim.book.Len(); n != 1 {
 		t.Errorf("the victim's offer book holds %d offers, want the lender's 1", n)
+	}
+}
+
+// A machine the ledger does not back may still save what it lends (the
+// owner registers it next), is told why peers ignore it, and gets its bad
+// requests refused like any other.
+func TestUnregisteredLenderIsToldWhy(t *testing.T) {
+	chain := testNet(t)
+	dir := t.TempDir()
+	ah := initHome(t, filepath.Join(dir, "issuer"), chain)
+	issuer := startNode(t, ah)
+	st := issuer.Status()
+	h := Home{Dir: filepath.Join(dir, "outsider")}
+	if _, err := Init(h, InitOptions{
+		Moniker: "outsider", Site: "lab-a", Genesis: ah.GenesisPath(), Listen: []string{"/ip4/127.0.0.1/tcp/0"}, API: "127.0.0.1:0",
+		LedgerP2P: "tcp://127.0.0.1:" + freePort(t), LedgerRPC: "tcp://127.0.0.1:" + freePort(t),
+		LedgerPeers: []string{st.LedgerNodeID + "@127.0.0.1:" + issuer.cfg.Ledger.P2PListen[len("tcp://127.0.0.1:"):]},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	out := startNode(t, h, withBootstrap(issuer.addr()))
+	inv := out.Inventory()
+
+	_, err := out.client.SetLend(t.Context(), api.LendRequest{Cores: inv.Cores + 1, MemBytes: 1 << 30})
+	var apiErr *api.Error
+	if !errors.As(err, &apiErr) || apiErr.Field != "cores" {
+		t.Fatalf("an unregistered machine lending %d of %d cores: %v, want an error on field cores", inv.Cores+1, inv.Cores, err)
+	}
+	lend, err := out.client.SetLend(t.Context(), api.LendRequest{Cores: 1, MemBytes: 1 << 30})
+	if err != nil {
+		t.Fatalf("an unregistered machine cannot save what it lends: %v", err)
+	}
+	if !slices.ContainsFunc(lend.Warnings, func(w string) bool { return strings.Contains(w, "not registered") }) {
+		t.Fatalf("lend state without the registration warning: %+v", lend)
+	}
+	time.Sleep(2 * time.Second)
+	if hasOffer(issuer, out.Host().ID().String()) {
+		t.Fatal("the issuer holds the offer of a machine the ledger does not back")
+	}
+	// Its owner, a member, links it: the machine consents, the owner's node
+	// sends the link.
+	if _, err := issuer.client.Send(t.Context(), api.SendRequest{Kind: "link", Consent: "bm90IGEgY29uc2VudA"}); err == nil {
+		t.Fatal("a link with a garbage consent was sent")
+	}
+	c, err := out.client.Consent(t.Context(), api.ConsentRequest{Owner: string(issuer.key.Address())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := issuer.client.Send(t.Context(), api.SendRequest{Kind: "link", Consent: c.Token}); err != nil {
+		t.Fatalf("link: %v", err)
+	}
+	if _, err := issuer.client.Send(t.Context(), api.SendRequest{Kind: "link", Consent: c.Token}); err == nil {
+		t.Fatal("the same consent linked twice")
+	}
+	eventually(t, 60*time.Second, "the issuer to hold the linked machine's offer", func() bool { return hasOffer(issuer, out.Host().ID().String()) })
+	if l := out.Lend(); !l.Registered || l.Owner != string(issuer.key.Address()) ||
+		slices.ContainsFunc(l.Warnings, func(w string) bool { return strings.Contains(w, "not registered") }) {
+		t.Errorf("lend state after the link: %+v", l)
 	}
 }

@@ -24,12 +24,13 @@ import (
 func newLedgerCmd(c *cli) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ledger",
-		Short: "Credits: balances, history, transfers, grants, and the audit",
+		Short: "Credits: balances, history, transfers, grants, members, machine links, and the audit",
 		Long: `The credit ledger is replicated by every node (CometBFT). Amounts are in
 credits with up to six decimals (1 credit = 1,000,000 micro-credits); --json
 prints integers in micro-credits.`,
 	}
-	cmd.AddCommand(newBalanceCmd(c), newHistoryCmd(c), newSendCmd(c, ledger.TypeTransfer), newSendCmd(c, ledger.TypeGrant), newTxCmd(c), newAuditCmd(c),
+	cmd.AddCommand(newBalanceCmd(c), newHistoryCmd(c), newSendCmd(c, ledger.TypeTransfer), newSendCmd(c, ledger.TypeGrant),
+		newAdmitCmd(c), newConsentCmd(c), newLinkCmd(c), newTxCmd(c), newAuditCmd(c),
 		newValidatorsCmd(c), newValidatorCmd(c))
 	return cmd
 }
@@ -181,36 +182,9 @@ func newSendCmd(c *cli, kind string) *cobra.Command {
 					return fmt.Errorf("cannot send %s credits: your balance is %s", units.FormatCredits(amount), units.FormatCredits(b.Balance))
 				}
 			}
-			hash := ""
-			res, err := cl.SendStream(ctx, api.SendRequest{Kind: kind, To: string(to), Amount: amount, Memo: memo}, func(p api.SendPrepared) {
-				hash = p.Hash
+			return c.send(ctx, cl, api.SendRequest{Kind: kind, To: string(to), Amount: amount, Memo: memo}, kind, asJSON, func(res api.SendResult) {
+				fmt.Fprintf(c.out, "Sent %s credits to %s (tx %s, height %d)\n", units.FormatCredits(amount), to, res.Hash, res.Height)
 			})
-			var unknown *ledger.UnknownOutcomeError
-			var apiErr *api.Error
-			switch {
-			case errors.As(err, &unknown):
-				if unknown.Hash != "" {
-					hash = unknown.Hash
-				}
-				if asJSON {
-					c.printJSON(map[string]string{"hash": hash, "outcome": api.OutcomeUnknown})
-				}
-				return outcomeUnknown{hash: hash, why: unknown.Reason}
-			case hash != "" && errors.Is(err, context.DeadlineExceeded):
-				return outcomeUnknown{hash: hash, why: "no answer in time"}
-			case errors.As(err, &apiErr) && apiErr.Code != 0:
-				if hash != "" {
-					return fmt.Errorf("%s rejected: %w (transaction %s; it never took effect)", kind, err, hash)
-				}
-				return fmt.Errorf("%s rejected: %w", kind, err)
-			case err != nil:
-				return fmt.Errorf("%s not made: %w", kind, err)
-			}
-			if asJSON {
-				return c.printJSON(res)
-			}
-			fmt.Fprintf(c.out, "Sent %s credits to %s (tx %s, height %d)\n", units.FormatCredits(amount), to, res.Hash, res.Height)
-			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
@@ -387,5 +361,148 @@ node's ledger RPC ([ledger] rpc_listen).`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	cmd.Flags().StringVar(&rpc, "rpc", "", "CometBFT RPC of any node, e.g. http://10.0.0.5:7703")
 	cmd.Flags().StringVar(&genesis, "genesis", "", "the genesis.json to start from (pins the chain; default: this node's, or with --rpc the one the node serves)")
+	return cmd
+}
+
+// send sends req through the node and reports its outcome: done on a
+// commit, "rejected" only when the ledger refused it, "outcome unknown"
+// (exit 3, with the hash) when nobody can tell yet.
+func (c *cli) send(ctx context.Context, cl *api.Client, req api.SendRequest, what string, asJSON bool, done func(api.SendResult)) error {
+	hash := ""
+	res, err := cl.SendStream(ctx, req, func(p api.SendPrepared) { hash = p.Hash })
+	var unknown *ledger.UnknownOutcomeError
+	var apiErr *api.Error
+	switch {
+	case errors.As(err, &unknown):
+		if unknown.Hash != "" {
+			hash = unknown.Hash
+		}
+		if asJSON {
+			c.printJSON(map[string]string{"hash": hash, "outcome": api.OutcomeUnknown})
+		}
+		return outcomeUnknown{hash: hash, why: unknown.Reason}
+	case hash != "" && errors.Is(err, context.DeadlineExceeded):
+		return outcomeUnknown{hash: hash, why: "no answer in time"}
+	case errors.As(err, &apiErr) && apiErr.Code != 0:
+		if hash != "" {
+			return fmt.Errorf("%s rejected: %w (transaction %s; it never took effect)", what, err, hash)
+		}
+		return fmt.Errorf("%s rejected: %w", what, err)
+	case err != nil:
+		return fmt.Errorf("%s not made: %w", what, err)
+	}
+	if asJSON {
+		return c.printJSON(res)
+	}
+	done(res)
+	return nil
+}
+
+func newAdmitCmd(c *cli) *cobra.Command {
+	var asJSON, revoke bool
+	cmd := &cobra.Command{
+		Use:   "admit ADDR",
+		Short: "Admit an account as a member (issuers only): its machines' offers count, its bids are heard",
+		Long: `Signs an admission with this node's account, which must be an issuer of the
+network (a university), sends it and waits for its block. Members' machines
+are placed on and paid; offers of machines no member backs are ignored.
+A grant admits its recipient too. --revoke ends a membership this issuer
+granted.
+` + sendExitStatus,
+		Example: "  deepmarket ledger admit dm1qje8qcjtdsz9a3aq2e7kv3wgwrkapzlunwqgpu\n" +
+			"  deepmarket ledger admit --revoke dm1qje8qcjtdsz9a3aq2e7kv3wgwrkapzlunwqgpu",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			to, err := identity.ParseAddress(args[0])
+			if err != nil {
+				return usageError{fmt.Errorf("%v (addresses look like dm1...)", err)}
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 60*time.Second)
+			defer cancel()
+			kind, did := ledger.TypeAdmit, "Admitted"
+			if revoke {
+				kind, did = "revoke", "Revoked the membership of"
+			}
+			return c.send(ctx, cl, api.SendRequest{Kind: kind, To: string(to)}, kind, asJSON, func(res api.SendResult) {
+				fmt.Fprintf(c.out, "%s %s (tx %s, height %d)\n", did, to, res.Hash, res.Height)
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	cmd.Flags().BoolVar(&revoke, "revoke", false, "end the membership instead")
+	return cmd
+}
+
+func newConsentCmd(c *cli) *cobra.Command {
+	var asJSON bool
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "consent OWNER",
+		Short: "On a machine: sign its consent to earn into OWNER's account (step 1 of linking)",
+		Long: `Signs, with this machine's key, its consent to earn into OWNER's member
+account, and prints a token. Run ` + "`deepmarket ledger link TOKEN`" + ` on OWNER's node
+within --ttl to link the machine: then its offers count as OWNER's, and what
+it earns goes there. A consent names the machine's link as it is now, so it
+works once and cannot be replayed after the link changes.`,
+		Example: "  deepmarket ledger consent dm1qje8qcjtdsz9a3aq2e7kv3wgwrkapzlunwqgpu",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			owner, err := identity.ParseAddress(args[0])
+			if err != nil {
+				return usageError{fmt.Errorf("%v (addresses look like dm1...)", err)}
+			}
+			if ttl < time.Second || ttl > node.MaxConsentTTL*time.Second {
+				return usageError{fmt.Errorf("--ttl %s: want 1s to %s", ttl, node.MaxConsentTTL*time.Second)}
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
+			defer cancel()
+			res, err := cl.Consent(ctx, api.ConsentRequest{Owner: string(owner), TTLSeconds: int(ttl / time.Second)})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return c.printJSON(res)
+			}
+			fmt.Fprintf(c.out, "This machine (%s) consents to earn into %s until %s.\nOn the owner's node, run:\n\n  deepmarket ledger link %s\n",
+				res.Machine, res.Owner, time.Unix(res.Expires, 0).Format(time.DateTime), res.Token)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	cmd.Flags().DurationVar(&ttl, "ttl", node.DefaultConsentTTL*time.Second, "how long the consent is good for (at most 59m)")
+	return cmd
+}
+
+func newLinkCmd(c *cli) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "link TOKEN",
+		Short: "On the owner's node: link a machine that consented (step 2 of linking)",
+		Long: `Sends, signed by this node's member account, the link a machine consented to
+with ` + "`deepmarket ledger consent`" + `: the machine is then registered under this
+account, its offers count, and what it earns is paid here.
+` + sendExitStatus,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 60*time.Second)
+			defer cancel()
+			return c.send(ctx, cl, api.SendRequest{Kind: "link", Consent: args[0]}, "link", asJSON, func(res api.SendResult) {
+				fmt.Fprintf(c.out, "Linked the machine to this account (tx %s, height %d)\n", res.Hash, res.Height)
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
 	return cmd
 }

@@ -139,3 +139,10 @@ func (c *Client) TxStatus(ctx context.Context, hash string) (ledger.TxStatus, er
 	var st ledger.TxStatus
 	return st, c.do(ctx, http.MethodGet, "/api/v1/ledger/tx/"+hash, nil, &st)
 }
+
+// Consent has the node sign, as its machine, a consent to earn into
+// owner's account (`ledger consent`).
+func (c *Client) Consent(ctx context.Context, req ConsentRequest) (Consent, error) {
+	var r Consent
+	return r, c.do(ctx, http.MethodPost, "/api/v1/ledger/consent", req, &r)
+}

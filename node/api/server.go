@@ -77,6 +77,9 @@ type (
 		Send(ctx context.Context, req SendRequest, prepared func(SendPrepared)) (SendResult, error)
 		TxStatus(ctx context.Context, hash string) (ledger.TxStatus, error)
 		Audit(ctx context.Context) (*ledger.AuditReport, error)
+		// Consent signs, as this machine, a consent to earn into another
+		// account (which that account's node sends as a link).
+		Consent(ctx context.Context, req ConsentRequest) (Consent, error)
 	}
 )
 
@@ -183,6 +186,13 @@ func NewServer(p Params) (*Server, error) {
 	s.handleFunc("POST /api/v1/ledger/send", s.send)
 	s.handle("GET /api/v1/ledger/tx/{hash}", func(r *http.Request) (any, error) {
 		return p.Ledger.TxStatus(r.Context(), r.PathValue("hash"))
+	})
+	s.handle("POST /api/v1/ledger/consent", func(r *http.Request) (any, error) {
+		var req ConsentRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return p.Ledger.Consent(r.Context(), req)
 	})
 	s.handle("GET /api/v1/ledger/audit", func(r *http.Request) (any, error) { return p.Ledger.Audit(r.Context()) })
 	s.stream("POST /api/v1/data/add", func(r *http.Request, progress func(Progress)) (any, error) {

@@ -42,10 +42,31 @@ type Balance struct {
 
 // SendRequest moves credits: a transfer, or a grant by an issuer.
 type SendRequest struct {
-	Kind   string `json:"kind,omitempty"` // transfer (default) or grant
-	To     string `json:"to"`
-	Amount uint64 `json:"amount"`
+	// Kind is transfer (the default), grant, admit or revoke (an issuer's
+	// membership for To; no amount), or link (Consent; no To, no amount).
+	Kind   string `json:"kind,omitempty"`
+	To     string `json:"to,omitempty"`
+	Amount uint64 `json:"amount,omitempty"`
 	Memo   string `json:"memo,omitempty"`
+	// Consent is a machine's consent to earn into this node's account, as
+	// `ledger consent` prints it (kind link).
+	Consent string `json:"consent,omitempty"`
+}
+
+// ConsentRequest asks this node, as a machine, to consent to earning into
+// Owner's account (POST /api/v1/ledger/consent).
+type ConsentRequest struct {
+	Owner string `json:"owner"`
+	// TTLSeconds is how long the consent is good for: 1 to 3600 (default).
+	TTLSeconds int `json:"ttl_s,omitempty"`
+}
+
+// Consent is a signed link consent, to hand to the owner's node.
+type Consent struct {
+	Machine string `json:"machine"` // the machine's account
+	Owner   string `json:"owner"`
+	Expires int64  `json:"expires"` // unix seconds
+	Token   string `json:"token"`   // what ledger link takes
 }
 
 // SendResult names the committed transaction.
