@@ -28,6 +28,7 @@ import (
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/p2p/tunnel"
 	"github.com/deepmarket/deepmarket/storage"
+	"github.com/deepmarket/deepmarket/units"
 )
 
 // Executor timings.
@@ -456,7 +457,7 @@ func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) error
 		}
 	}
 	if l.Res.Cores*mine > held.Cores || l.Res.MemBytes*uint64(mine) > held.MemBytes || l.Res.GPUs*mine > held.GPUs {
-		return fmt.Errorf("the hold reserved %d cores, %d bytes, %d GPUs: less than %d workers of this size", held.Cores, held.MemBytes, held.GPUs, mine)
+		return fmt.Errorf("the hold reserved %s: less than %s of this size", units.FormatResources(int(held.Cores), held.MemBytes, int(held.GPUs)), units.Count(int(mine), "worker", "workers"))
 	}
 	pub, err := from.ExtractPublicKey()
 	if err != nil {
@@ -564,6 +565,14 @@ func (e *Executor) pickCPUs(key string, n int) ([]int, error) {
 // same ports serve every run.
 func workerPort(j int) int { return 20000 + j }
 
+// avgPort is worker j's second port, for traffic the job runs beside its
+// framework's (the deepmarket package's DiLoCo averaging; DM_AVG_PEERS
+// lists them): 1000 above workerPort(j). Its tunnel is told apart from
+// the first port's by the worker index avgIndex(j).
+func avgPort(j int) int { return workerPort(j) + 1000 }
+
+func avgIndex(j int) int { return p2p.MaxWorkers + j }
+
 // runNet is a run's network namespace on this machine, shared by its
 // workers here, with the forwarders to its workers elsewhere.
 type runNet struct {
@@ -606,6 +615,11 @@ func (e *Executor) acquireNet(ctx context.Context, l p2p.Launch) (*sandbox.NetNS
 			return rn.ns, fmt.Errorf("tunnel to worker %d: %w", j, err)
 		}
 		rn.fwd[j] = closer
+		_, closer, err = e.tunnels.ForwardIn(ctx, rn.ns, avgPort(j), l.JobID, avgIndex(j), id)
+		if err != nil {
+			return rn.ns, fmt.Errorf("tunnel to worker %d's second port: %w", j, err)
+		}
+		rn.fwd[avgIndex(j)] = closer
 	}
 	return rn.ns, nil
 }
@@ -704,9 +718,11 @@ func (e *Executor) run(ctx context.Context, w *worker) {
 	// exists; remote workers are forwarders through authenticated tunnels.
 	self := e.n.host.ID().String()
 	addrs := make([]string, len(l.World))
+	avg := make([]string, len(l.World))
 	var allowed []peer.ID
 	for j, m := range l.World {
 		addrs[j] = "127.0.0.1:" + strconv.Itoa(workerPort(j))
+		avg[j] = "127.0.0.1:" + strconv.Itoa(avgPort(j))
 		if id, err := peer.Decode(m); err == nil && m != self && !slices.Contains(allowed, id) {
 			allowed = append(allowed, id)
 		}
@@ -720,13 +736,15 @@ func (e *Executor) run(ctx context.Context, w *worker) {
 		return
 	}
 	unexpose := e.tunnels.ExposeIn(ns, l.JobID, l.Index, workerPort(l.Index), allowed)
-	w.set(func() { w.closers = append(w.closers, unexpose) })
+	unexposeAvg := e.tunnels.ExposeIn(ns, l.JobID, avgIndex(l.Index), avgPort(l.Index), allowed)
+	w.set(func() { w.closers = append(w.closers, unexpose, unexposeAvg) })
 
 	env := []string{
 		"DM_JOB_ID=" + l.JobID, "DM_RANK=" + strconv.Itoa(l.Index), "DM_WORLD_SIZE=" + strconv.Itoa(len(l.World)),
-		"DM_WORKERS=" + strings.Join(addrs, ","), "DM_CORES=" + strconv.Itoa(int(max(l.Res.Cores, 1))),
+		"DM_WORKERS=" + strings.Join(addrs, ","), "DM_AVG_PEERS=" + strings.Join(avg, ","), "DM_CORES=" + strconv.Itoa(int(max(l.Res.Cores, 1))),
 		"DM_DATA_DIR=" + filepath.Join(w.dir, "data"), "DM_OUTPUT_DIR=" + filepath.Join(w.dir, "out"),
 	}
+	env = append(env, l.Training.Env()...)
 	if host, port, err := net.SplitHostPort(addrs[0]); err == nil {
 		env = append(env, "MASTER_ADDR="+host, "MASTER_PORT="+port)
 	}
@@ -797,7 +815,7 @@ func (e *Executor) run(ctx context.Context, w *worker) {
 	case err != nil:
 		w.state, w.reason = p2p.WorkerFailed, err.Error()
 	case exit.OOMKilled:
-		w.state, w.reason = p2p.WorkerFailed, fmt.Sprintf("out of memory: the job's limit is %d bytes per worker", l.Res.MemBytes)
+		w.state, w.reason = p2p.WorkerFailed, fmt.Sprintf("out of memory: the job's limit is %s per worker", units.FormatSize(l.Res.MemBytes))
 	case exit.PidsLimited:
 		w.state, w.reason = p2p.WorkerFailed, "too many processes (the job's limit is 512)"
 	case exit.DiskExceeded:

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/units"
 )
 
 // A worker's output reaches its log through a pipe the node reads (the
@@ -120,8 +121,8 @@ func (l *workerLog) Read(off int64) p2p.Logs {
 	off = max(off, 0)
 	var note []byte
 	if off < l.prevStart {
-		note = fmt.Appendf(nil, "[deepmarket: %d bytes of older output dropped: a worker keeps its last %d MiB]\n",
-			l.prevStart-off, workerLogBytes>>20)
+		note = fmt.Appendf(nil, "[deepmarket: %s of older output dropped: a worker keeps its last %d MiB]\n",
+			units.FormatSize(uint64(l.prevStart-off)), workerLogBytes>>20)
 		off = l.prevStart
 	}
 	buf := make([]byte, p2p.MaxLogChunk-len(note))

@@ -117,7 +117,15 @@ func newHistoryCmd(c *cli) *cobra.Command {
 				v, _ := strconv.ParseUint(amount, 10, 64)
 				amount = units.FormatCredits(v)
 			}
-			rows = append(rows, []string{strconv.FormatInt(e.Height, 10), e.Type, amount, strings.Join(append(detail, e.Paid...), " ")})
+			for _, p := range e.Paid { // machine=micro-credits, shown in credits like the column
+				if a, v, ok := strings.Cut(p, "="); ok {
+					if n, err := strconv.ParseUint(v, 10, 64); err == nil {
+						p = "paid " + a + " " + units.FormatCredits(n)
+					}
+				}
+				detail = append(detail, p)
+			}
+			rows = append(rows, []string{strconv.FormatInt(e.Height, 10), e.Type, amount, strings.Join(detail, " ")})
 		}
 		c.table("HEIGHT\tTYPE\tCREDITS\tDETAILS", rows)
 		return nil
