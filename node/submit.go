@@ -488,7 +488,7 @@ func (m *JobManager) place(ctx context.Context, j *jobs.Job, k int) {
 			}
 		})
 		m.logf(j, "quote: %d workers on %s, %s credits an hour, at most %s credits", len(run.Workers),
-			machinesOf(run), credits(run.PerHour), credits(run.Quoted))
+			machinesOf(run), units.FormatCredits(run.PerHour), units.FormatCredits(run.Quoted))
 		// Confirmation, unless given.
 		m.mu.Lock()
 		ch := m.confirm[j.ID]
@@ -541,7 +541,7 @@ func (m *JobManager) place(ctx context.Context, j *jobs.Job, k int) {
 		return
 	}
 	m.save(j, func() { run.Escrow = budget })
-	m.logf(j, "escrow of %s credits opened (tx %s)", credits(budget), tx.Hash.String())
+	m.logf(j, "escrow of %s credits opened (tx %s)", units.FormatCredits(budget), tx.Hash.String())
 	m.move(j, jobs.Escrowed, "")
 	m.move(j, jobs.Launching, "")
 	if err := m.launch(ctx, j, k, resume); err != nil {
@@ -584,7 +584,6 @@ func machinesOf(r *jobs.Run) string {
 	return strings.Join(names, ", ")
 }
 
-func credits(micro uint64) string { return fmt.Sprintf("%d.%06d", micro/1_000_000, micro%1_000_000) }
 
 // quote publishes run's bid and picks the cheapest placement offered; the
 // other quotes' holds are released.
@@ -797,7 +796,7 @@ func (m *JobManager) launch(ctx context.Context, j *jobs.Job, k int, resume stri
 		l := p2p.Launch{JobID: run.ID, Index: i, World: world, Addrs: addrs, Hold: w.Hold, Framework: j.Spec.Framework,
 			Command: j.Spec.Command, Bundle: j.BundleCID, Dataset: j.DatasetCID,
 			Res:     p2p.Resources{Cores: uint32(j.Spec.Cores), MemBytes: j.Spec.MemBytes, GPUs: uint32(j.Spec.GPUs)},
-			MaxSecs: int64(j.Spec.MaxDuration / time.Second), PerHour: w.PerHour}
+			MaxSecs: int64(j.Spec.MaxDuration / time.Second), PerHour: w.PerHour, Training: j.Spec.Training}
 		if i == 0 {
 			l.Resume = resume
 		}
@@ -1207,6 +1206,6 @@ func (m *JobManager) settle(ctx context.Context, j *jobs.Job, k int, lost map[in
 		}
 	})
 	if tx != "" {
-		m.logf(j, "settled: paid %s credits to %d machine(s), refunded %s (tx %s)", credits(total), len(order), credits(run.Escrow-total), tx)
+		m.logf(j, "settled: paid %s credits to %d machine(s), refunded %s (tx %s)", units.FormatCredits(total), len(order), units.FormatCredits(run.Escrow-total), tx)
 	}
 }

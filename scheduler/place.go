@@ -4,8 +4,9 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 	"time"
+
+	"github.com/deepmarket/deepmarket/units"
 )
 
 // Placement is where a job's workers go and what that costs.
@@ -254,14 +255,14 @@ func admit(pl Placement, j Job, now time.Time) (Placement, error) {
 		}
 	}
 	why := fmt.Sprintf("the job costs %s credits at current prices, more than its benefit %s",
-		credits(pl.Total), credits(worth))
+		units.FormatCredits(pl.Total), units.FormatCredits(worth))
 	switch {
 	case worth == 0 && j.Benefit.Kind == ByDeadline:
 		why = fmt.Sprintf("the job would complete at %s, after its deadline %s",
 			pl.Done.UTC().Format(time.RFC3339), j.Benefit.Deadline.UTC().Format(time.RFC3339))
 	case pl.ByResource[dear] > 0:
 		why += fmt.Sprintf(" (%s is the dearest part: %s of %s credits an hour)",
-			resourceNames[dear], credits(pl.ByResource[dear]), credits(pl.PerHour))
+			resourceNames[dear], units.FormatCredits(pl.ByResource[dear]), units.FormatCredits(pl.PerHour))
 	}
 	return Placement{}, &Rejection{Resource: "price", Reason: why, Price: pl.Total}
 }
@@ -333,10 +334,4 @@ func amount(r int, n uint64) string {
 	default:
 		return fmt.Sprintf("%d cores", n)
 	}
-}
-
-// credits writes micro-credits as credits: 12.5, 0.000001, 3.
-func credits(micro uint64) string {
-	s := fmt.Sprintf("%d.%06d", micro/1_000_000, micro%1_000_000)
-	return strings.TrimSuffix(strings.TrimRight(s, "0"), ".")
 }

@@ -2,7 +2,6 @@ package storage
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/ipfs/boxo/bitswap"
@@ -102,14 +101,4 @@ func (s *Store) announce(c cid.Cid) {
 	case s.provideCh <- c:
 	default:
 	}
-}
-
-// BitswapStat reports bitswap's counters (blocks and bytes sent and
-// received, duplicates) while attached.
-func (s *Store) BitswapStat() (*bitswap.Stat, error) {
-	e := s.exch.Load()
-	if e == nil {
-		return nil, errors.New("bitswap is not attached")
-	}
-	return e.Interface.(*bitswap.Bitswap).Stat()
 }

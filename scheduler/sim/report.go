@@ -191,21 +191,6 @@ func (r *Report) Row(policy string, load float64) (Summary, bool) {
 	return Summary{}, false
 }
 
-// MeanOverLoads is a policy's mean slowdown averaged over all loads.
-func (r *Report) MeanOverLoads(policy string) float64 {
-	sum, n := 0.0, 0
-	for _, s := range r.Rows {
-		if s.Policy == policy {
-			sum += s.MeanSlowdown
-			n++
-		}
-	}
-	if n == 0 {
-		return math.NaN()
-	}
-	return sum / float64(n)
-}
-
 // Markdown writes a table per load: each policy's figures and its mean
 // slowdown over marginal cost's.
 func (r *Report) Markdown(w io.Writer) error {
