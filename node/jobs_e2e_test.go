@@ -18,6 +18,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/node/sandbox"
+	"github.com/deepmarket/deepmarket/p2p"
 )
 
 // jobPython is the interpreter with tensorflow-cpu that workers run
@@ -343,6 +344,51 @@ func listeningPorts(t *testing.T, pid, uid int) []int {
 // machine only what its receipts cover), re-places the job on the
 // remaining machines from the checkpoint, and it finishes. Credits match
 // the receipts and settlements; the audit passes.
+// TestFashionMNISTDiLoCoAcrossTwoLenders: a job whose spec says [training]
+// mode = "diloco" trains with the deepmarket package the environment has,
+// its workers averaging every few steps over their second ports, which
+// the nodes tunnel like the first.
+func TestFashionMNISTDiLoCoAcrossTwoLenders(t *testing.T) {
+	py := jobPython(t)
+	c := startJobCluster(t, py, 2)
+	a := c.sub
+	spec := fashionSpec(t, 2)
+	spec.Training = &p2p.Training{Mode: "diloco", SyncEvery: 20, Compress: "int8"}
+	j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: spec, Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j = waitJob(t, a, j.ID, 6*time.Minute)
+	log := jobLog(t, a, j.ID)
+	if j.State != jobs.Succeeded {
+		t.Fatalf("job %s: %s\n%s", j.State, j.Reason, log)
+	}
+	out := filepath.Join(t.TempDir(), "result")
+	if _, err := a.client.DataGet(t.Context(), j.ResultCID, out, nil); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "result.json"))
+	if err != nil {
+		t.Fatalf("result: %v\n%s", err, log)
+	}
+	var res struct {
+		Accuracy float64 `json:"test_accuracy"`
+		Workers  int     `json:"workers"`
+		Mode     string  `json:"mode"`
+		Rounds   int     `json:"rounds"`
+		Sent     int64   `json:"bytes_sent"`
+	}
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("result %s", b)
+	// 2 epochs of 60 steps, averaged every 20: 6 rounds, each sending the
+	// model's deltas (int8) over the tunnel.
+	if res.Mode != "diloco" || res.Workers != 2 || res.Rounds < 5 || res.Sent <= 0 || res.Accuracy < 0.7 {
+		t.Errorf("result %s: want diloco over 2 workers, 5+ rounds, bytes sent, test accuracy above 0.7\n%s", b, log)
+	}
+}
+
 func TestLenderLostMidTrainingReplaces(t *testing.T) {
 	py := jobPython(t)
 	c := startJobCluster(t, py, 3)

@@ -584,7 +584,6 @@ func machinesOf(r *jobs.Run) string {
 	return strings.Join(names, ", ")
 }
 
-
 // quote publishes run's bid and picks the cheapest placement offered; the
 // other quotes' holds are released.
 func (m *JobManager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.Run, string) {

@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -47,6 +48,57 @@ type Launch struct {
 	Res       Resources  `cbor:"res" json:"resources"`
 	MaxSecs   int64      `cbor:"max_s" json:"max_duration_s"`
 	PerHour   uint64     `cbor:"per_hour" json:"per_hour"` // what this worker's machine is paid an hour
+	// Training is how the job's workers synchronize, when its spec says
+	// (the worker sees it as DM_TRAINING_MODE, DM_SYNC_EVERY, DM_COMPRESS).
+	Training *Training `cbor:"training,omitempty" json:"training,omitempty"`
+}
+
+// Training is a job's synchronization mode: sync (every step, the
+// framework's own) or diloco (SyncEvery local steps between averaging
+// rounds, the exchange compressed as Compress says: int8, fp16 or none).
+type Training struct {
+	Mode      string `cbor:"mode" json:"mode" toml:"mode"`
+	SyncEvery int    `cbor:"sync_every,omitempty" json:"sync_every,omitempty" toml:"sync_every"`
+	Compress  string `cbor:"compress,omitempty" json:"compress,omitempty" toml:"compress"`
+}
+
+// Training modes and compressions a job may name.
+var (
+	TrainingModes = map[string]bool{"sync": true, "diloco": true}
+	Compressions  = map[string]bool{"int8": true, "fp16": true, "none": true}
+)
+
+// MaxSyncEvery bounds the local steps between averaging rounds.
+const MaxSyncEvery = 1_000_000
+
+// Validate checks a training block's values.
+func (t *Training) Validate() error {
+	switch {
+	case !TrainingModes[t.Mode]:
+		return rangeErr("training mode %q (want sync or diloco)", t.Mode)
+	case t.SyncEvery < 0 || t.SyncEvery > MaxSyncEvery:
+		return rangeErr("sync_every %d (want 1 to %d)", t.SyncEvery, MaxSyncEvery)
+	case t.Compress != "" && !Compressions[t.Compress]:
+		return rangeErr("compress %q (want int8, fp16 or none)", t.Compress)
+	case t.Mode == "sync" && (t.SyncEvery != 0 || t.Compress != ""):
+		return rangeErr("sync_every and compress apply to mode diloco only")
+	}
+	return nil
+}
+
+// Env is the training block as the worker's environment.
+func (t *Training) Env() []string {
+	if t == nil {
+		return nil
+	}
+	env := []string{"DM_TRAINING_MODE=" + t.Mode}
+	if t.SyncEvery > 0 {
+		env = append(env, fmt.Sprintf("DM_SYNC_EVERY=%d", t.SyncEvery))
+	}
+	if t.Compress != "" {
+		env = append(env, "DM_COMPRESS="+t.Compress)
+	}
+	return env
 }
 
 // Validate checks a launch request's shape.
@@ -72,6 +124,11 @@ func (l *Launch) Validate() error {
 		return rangeErr("resume CID %q", l.Resume)
 	case l.MaxSecs <= 0 || l.MaxSecs > int64(MaxJobDuration/time.Second):
 		return rangeErr("max duration %ds", l.MaxSecs)
+	}
+	if l.Training != nil {
+		if err := l.Training.Validate(); err != nil {
+			return err
+		}
 	}
 	for _, a := range l.Command {
 		if len(a) > 4096 {

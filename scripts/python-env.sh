@@ -3,7 +3,8 @@
 #  1. Debian packages: dataset-fashion-mnist (the real Fashion-MNIST IDX
 #     files, gzipped, under /usr/share/datasets/fashion-mnist) and
 #     python3-venv. (The job sandbox's bubblewrap: scripts/sandbox-env.sh.)
-#  2. A virtualenv at ${DM_VENV:-<repo>/.venv} with the pinned packages below.
+#  2. A virtualenv at ${DM_VENV:-<repo>/.venv} with the pinned packages below
+#     and the project's own python/ package (deepmarket.train.DiLoCo).
 # Idempotent: when everything is already there it only checks and exits
 # (well under 2 s). Env: DM_VENV (venv path), PYTHON (interpreter for the
 # venv; default /usr/bin/python3). Usage: scripts/python-env.sh
@@ -75,8 +76,29 @@ venv_complete() {
   return 0
 }
 
+# The project's own package (python/deepmarket: DiLoCo for Keras jobs),
+# reinstalled whenever its sources change (their hash is kept beside it).
+pkg_hash() { (cd "$REPO/python" && find pyproject.toml deepmarket -name '*.py' -o -name pyproject.toml | LC_ALL=C sort | xargs sha256sum) | sha256sum | cut -c1-64; }
+install_pkg() {
+  local want; want=$(pkg_hash)
+  local mark="$VENV/.deepmarket-python-hash"
+  if [ -f "$mark" ] && [ "$(cat "$mark")" = "$want" ] && "$VENV/bin/python" -c 'import deepmarket' >/dev/null 2>&1; then
+    say "deepmarket package ok"
+    return
+  fi
+  say "installing the deepmarket package (python/) into $VENV"
+  local tmp; tmp=$(mktemp -d)
+  cp -r "$REPO/python/pyproject.toml" "$REPO/python/README.md" "$REPO/python/deepmarket" "$tmp/"
+  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q --no-deps --no-build-isolation "$tmp" \
+    || { rm -rf "$tmp"; die "pip install ./python failed"; }
+  rm -rf "$tmp"
+  "$VENV/bin/python" -c 'import deepmarket.train' >/dev/null 2>&1 || die "the deepmarket package does not import"
+  echo "$want" > "$mark"
+}
+
 if venv_complete; then
   say "venv ok: $VENV (${PINS[*]} ${NODEPS_PINS[*]})"
+  install_pkg
   exit 0
 fi
 
@@ -98,4 +120,5 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q
 venv_complete || die "venv $VENV still lacks a pinned package after pip install"
 TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import numpy, tensorflow, tf_keras' >/dev/null \
   || die "installed packages do not import"
+install_pkg
 say "venv ready: $VENV"

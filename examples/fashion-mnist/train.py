@@ -76,12 +76,13 @@ def parse_args(argv=None):
                         "reaches 0.90 test accuracy")
     p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate")
     p.add_argument("--seed", type=int, default=42, help="random seed (same on every worker)")
-    p.add_argument("--mode", choices=["sync", "diloco"], default="sync",
+    env = os.environ
+    p.add_argument("--mode", choices=["sync", "diloco"], default=env.get("DM_TRAINING_MODE") or "sync",
                    help="sync: all-reduce gradients every step (MultiWorkerMirroredStrategy); "
                         "diloco: local steps, averaged every --sync-every steps (deepmarket.train.DiLoCo)")
-    p.add_argument("--sync-every", type=int, default=100,
+    p.add_argument("--sync-every", type=int, default=int(env.get("DM_SYNC_EVERY") or 100),
                    help="diloco: inner steps between averaging rounds")
-    p.add_argument("--compress", choices=["int8", "fp16", "none"], default="int8",
+    p.add_argument("--compress", choices=["int8", "fp16", "none"], default=env.get("DM_COMPRESS") or "int8",
                    help="diloco: compression of what workers exchange")
     p.add_argument("--outer-lr", type=float, default=0.7, help="diloco: outer SGD learning rate")
     p.add_argument("--outer-momentum", type=float, default=0.9, help="diloco: outer Nesterov momentum")

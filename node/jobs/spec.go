@@ -14,6 +14,7 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/ipfs/go-cid"
 
+	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
 )
 
@@ -59,6 +60,9 @@ type File struct {
 	Deadline string `toml:"deadline" json:"deadline,omitempty"`
 	// Site, when set, is preferred: quotes on other sites cost more.
 	Site string `toml:"site" json:"site,omitempty"`
+	// Training, when set, is how the workers synchronize ([training]
+	// mode = "sync" or "diloco", sync_every, compress).
+	Training *p2p.Training `toml:"training" json:"training,omitempty"`
 }
 
 // Spec is a validated job spec. Bundle and Dataset are either a local
@@ -78,6 +82,7 @@ type Spec struct {
 	MaxDuration time.Duration `json:"max_duration_ns"`
 	Deadline    time.Time     `json:"deadline,omitzero"`
 	Site        string        `json:"site,omitempty"`
+	Training    *p2p.Training `json:"training,omitempty"`
 }
 
 // SpecError is a spec that does not validate; Field names the key.
@@ -188,6 +193,15 @@ func (f *File) Validate(baseDir string) (*Spec, error) {
 	}
 	if f.Site != "" && !siteRE.MatchString(f.Site) {
 		return nil, bad("site", "%q is not a site label", f.Site)
+	}
+	if t := f.Training; t != nil {
+		if t.Mode == "" {
+			t.Mode = "sync"
+		}
+		if err := t.Validate(); err != nil {
+			return nil, bad("training", "%s", strings.TrimPrefix(err.Error(), p2p.ErrOutOfRange.Error()+": "))
+		}
+		s.Training = t
 	}
 	if s.Bundle, err = resolveInput("bundle", f.Bundle, baseDir, true); err != nil {
 		return nil, err

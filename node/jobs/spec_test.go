@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/deepmarket/deepmarket/p2p"
 )
 
 func bundleDir(t *testing.T) string {
@@ -35,6 +37,13 @@ func TestParseSpec(t *testing.T) {
 	}
 	if s.Bundle != dir || s.Workers != 2 || s.MemBytes != 2<<30 || s.MaxPrice != 5_000_000 || s.MaxDuration != 30*time.Minute {
 		t.Errorf("parsed %+v", s)
+	}
+	// [training] reaches the spec, and so every launch.
+	tr := good + "[training]\nmode = \"diloco\"\nsync_every = 50\ncompress = \"fp16\"\n"
+	if s, err := ParseSpec([]byte(tr), dir); err != nil || s.Training == nil || *s.Training != (p2p.Training{Mode: "diloco", SyncEvery: 50, Compress: "fp16"}) {
+		t.Errorf("a [training] block: %v %+v", err, s)
+	} else if env := strings.Join(s.Training.Env(), " "); env != "DM_TRAINING_MODE=diloco DM_SYNC_EVERY=50 DM_COMPRESS=fp16" {
+		t.Errorf("its environment: %s", env)
 	}
 	// A CID is taken as is.
 	cidSpec := strings.Replace(good, `bundle = "."`, `bundle = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"`, 1)
@@ -67,6 +76,11 @@ func TestSpecErrorsNameTheKey(t *testing.T) {
 		{`command = ["python3", "train.py", "--epochs", "2"]`, `command = ["bash", "train.py"]`, "command[0]"},
 		{`name = "fashion"`, `name = "bad name!"`, "name"},
 		{`name = "fashion"`, "name = \"fashion\"\ncolour = \"red\"", "colour"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"async\"", "training"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\nsync_every = -5", "training"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\ncompress = \"zip\"", "training"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nsync_every = 10", "training"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\nevery = 10", "training.every"},
 	} {
 		in := strings.Replace(good, tc.from, tc.to, 1)
 		_, err := ParseSpec([]byte(in), dir)
