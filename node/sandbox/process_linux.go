@@ -41,27 +41,9 @@ func Start(ctx context.Context, s Spec) (*Process, error) {
 	if !hooked.Load() {
 		return nil, ErrNoTrampoline
 	}
-	if len(s.Argv) == 0 {
-		return nil, errors.New("sandbox: empty Argv")
-	}
-	if !filepath.IsAbs(s.Dir) {
-		return nil, fmt.Errorf("sandbox: job dir %q is not absolute", s.Dir)
-	}
-	s.Dir = filepath.Clean(s.Dir)
-	cwd := s.Dir
-	if s.Cwd != "" {
-		cwd = filepath.Clean(s.Cwd)
-		if !under(cwd, s.Dir) {
-			return nil, fmt.Errorf("sandbox: cwd %s is not inside the job dir %s", cwd, s.Dir)
-		}
-	}
-	for _, ro := range s.ReadOnly {
-		if err := CheckReadOnly(ro); err != nil {
-			return nil, fmt.Errorf("sandbox: read-only path: %w", err)
-		}
-		if _, err := os.Stat(ro); err != nil {
-			return nil, fmt.Errorf("sandbox: read-only path: %w", err)
-		}
+	cwd, err := checkSpec(&s)
+	if err != nil {
+		return nil, err
 	}
 	name, err := sanitizeName(s.Name)
 	if err != nil {
@@ -80,33 +62,75 @@ func Start(ctx context.Context, s Spec) (*Process, error) {
 		return nil, fmt.Errorf("%w: %w", ErrUnsupported, err)
 	}
 	p := &Process{spec: s, uid: s.UID, done: make(chan struct{})}
-	switch {
-	case s.UID == 0:
-		if p.lease, err = DefaultIDs.Acquire(); err != nil {
-			return nil, err
-		}
-		p.uid = p.lease.ID
-	case s.UID < 0 || s.UID == os.Getuid():
-		return nil, fmt.Errorf("sandbox: uid %d is not one a job may run as", s.UID)
+	if err := p.leaseUID(); err != nil {
+		return nil, err
 	}
-	fail := func(err error) (*Process, error) {
+	if err := p.setUp(h, name, bw, cwd, progs); err != nil {
 		return nil, errors.Join(err, p.lease.Release())
 	}
-	if err := prepareDir(s.Dir, p.uid); err != nil {
-		return fail(err)
+	go p.reap()
+	p.watch(ctx)
+	return p, nil
+}
+
+// checkSpec checks what Start needs of s before it touches anything: a
+// command, an absolute job dir (which it cleans in s), a cwd inside that dir
+// and read-only paths that pass CheckReadOnly and exist. It returns the dir
+// the job starts in.
+func checkSpec(s *Spec) (cwd string, err error) {
+	if len(s.Argv) == 0 {
+		return "", errors.New("sandbox: empty Argv")
 	}
-	var scFDs []int
-	for i := range progs {
-		scFDs = append(scFDs, firstSeccompFD+i)
+	if !filepath.IsAbs(s.Dir) {
+		return "", fmt.Errorf("sandbox: job dir %q is not absolute", s.Dir)
 	}
-	view := bwrapView{Dir: s.Dir, Cwd: cwd, ReadOnly: s.ReadOnly, Hide: append(defaultHidden(), s.Hide...),
-		GPU: len(s.Limits.GPUs) > 0, OwnNet: s.NetNS == nil, SeccompFDs: scFDs}
-	cfg := trampolineConfig{
-		UID: p.uid, GID: p.uid, FSize: s.Limits.DiskBytes, Dir: cwd,
-		Path: bw, Argv: bwrapArgs(bw, view, s.Argv), Env: buildEnv(s),
+	s.Dir = filepath.Clean(s.Dir)
+	cwd = s.Dir
+	if s.Cwd != "" {
+		cwd = filepath.Clean(s.Cwd)
+		if !under(cwd, s.Dir) {
+			return "", fmt.Errorf("sandbox: cwd %s is not inside the job dir %s", cwd, s.Dir)
+		}
 	}
-	if p.cg, err = h.create(name, s.Limits); err != nil {
-		return fail(fmt.Errorf("create cgroup: %w", err))
+	for _, ro := range s.ReadOnly {
+		if err := CheckReadOnly(ro); err != nil {
+			return "", fmt.Errorf("sandbox: read-only path: %w", err)
+		}
+		if _, err := os.Stat(ro); err != nil {
+			return "", fmt.Errorf("sandbox: read-only path: %w", err)
+		}
+	}
+	return cwd, nil
+}
+
+// leaseUID leases the job a uid from DefaultIDs when its Spec names none,
+// and refuses a uid no job may run as: a negative one or the node's own.
+func (p *Process) leaseUID() error {
+	switch {
+	case p.spec.UID == 0:
+		var err error
+		if p.lease, err = DefaultIDs.Acquire(); err != nil {
+			return err
+		}
+		p.uid = p.lease.ID
+	case p.spec.UID < 0 || p.spec.UID == os.Getuid():
+		return fmt.Errorf("sandbox: uid %d is not one a job may run as", p.spec.UID)
+	}
+	return nil
+}
+
+// setUp hands the job dir to the job's uid, creates the job's cgroup, named
+// name in hierarchy h, and starts the trampoline, which runs bwrap (bw) with
+// the seccomp filters progs. When the trampoline fails to start it kills
+// what is in the cgroup and removes it; the caller releases the uid.
+func (p *Process) setUp(h hierarchy, name, bw, cwd string, progs [][]byte) error {
+	if err := prepareDir(p.spec.Dir, p.uid); err != nil {
+		return err
+	}
+	cfg := p.newTrampolineConfig(bw, cwd, len(progs))
+	var err error
+	if p.cg, err = h.create(name, p.spec.Limits); err != nil {
+		return fmt.Errorf("create cgroup: %w", err)
 	}
 	cfg.JoinFiles = p.cg.joinFiles()
 	cfg.CgroupSuffix = "/" + parentCgroup + "/" + name
@@ -115,10 +139,33 @@ func Start(ctx context.Context, s Spec) (*Process, error) {
 	}
 	if err := p.start(cfg, progs); err != nil {
 		kerr := p.cg.kill()
-		return fail(errors.Join(err, kerr, p.cg.remove()))
+		return errors.Join(err, kerr, p.cg.remove())
 	}
-	go p.reap()
-	if s.Limits.DiskBytes > 0 {
+	return nil
+}
+
+// newTrampolineConfig says how the trampoline runs the job: as its uid,
+// under its file size bound, from cwd, through bwrap (bw) with the job's
+// view of the filesystem, its environment and filters seccomp filters read
+// from firstSeccompFD on. The cgroup fields are the caller's to fill in.
+func (p *Process) newTrampolineConfig(bw, cwd string, filters int) trampolineConfig {
+	s := p.spec
+	var scFDs []int
+	for i := range filters {
+		scFDs = append(scFDs, firstSeccompFD+i)
+	}
+	view := bwrapView{Dir: s.Dir, Cwd: cwd, ReadOnly: s.ReadOnly, Hide: append(defaultHidden(), s.Hide...),
+		GPU: len(s.Limits.GPUs) > 0, OwnNet: s.NetNS == nil, SeccompFDs: scFDs}
+	return trampolineConfig{
+		UID: p.uid, GID: p.uid, FSize: s.Limits.DiskBytes, Dir: cwd,
+		Path: bw, Argv: bwrapArgs(bw, view, s.Argv), Env: buildEnv(s),
+	}
+}
+
+// watch starts, beside reap, the disk watchdog when the job's dir has a
+// bound, and a goroutine that stops the job when ctx ends.
+func (p *Process) watch(ctx context.Context) {
+	if p.spec.Limits.DiskBytes > 0 {
 		p.bg.Add(1)
 		go p.watchDisk()
 	}
@@ -133,7 +180,6 @@ func Start(ctx context.Context, s Spec) (*Process, error) {
 			}
 		}()
 	}
-	return p, nil
 }
 
 // Wait blocks until the job and everything it spawned are gone and the
