@@ -12,7 +12,6 @@ import (
 	"time"
 
 	cmtjson "github.com/cometbft/cometbft/libs/json"
-	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/deepmarket/deepmarket/identity"
 	"github.com/deepmarket/deepmarket/ledger"
@@ -299,11 +298,4 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
-}
-
-func checkMultiaddr(s string) error {
-	if _, err := ma.NewMultiaddr(s); err != nil {
-		return fmt.Errorf("%q is not a multiaddr: %v (e.g. /ip4/0.0.0.0/tcp/7701)", s, err)
-	}
-	return nil
 }
