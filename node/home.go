@@ -12,7 +12,6 @@ import (
 	"time"
 
 	cmtjson "github.com/cometbft/cometbft/libs/json"
-	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/deepmarket/deepmarket/identity"
 	"github.com/deepmarket/deepmarket/ledger"
@@ -156,6 +155,49 @@ type InitResult struct {
 // rather than deleting it.
 func Init(h Home, opts InitOptions) (*InitResult, error) {
 	res := &InitResult{Home: h.Dir}
+	cfg := initConfig(opts)
+	genesis, err := chooseChain(&cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	text, err := cfg.Render()
+	if err != nil {
+		return nil, fmt.Errorf("render config: %w", err)
+	}
+
+	if res.Backup, err = clearHome(h, opts.Force); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(h.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create home: %w", err)
+	}
+	key := opts.Key
+	if key == nil {
+		if key, err = identity.GenerateKey(); err != nil {
+			return nil, err
+		}
+	}
+	if genesis == nil {
+		if genesis, err = localGenesis(cfg, key); err != nil {
+			return nil, err
+		}
+	}
+	if err := writeHomeFiles(h, key, genesis, text); err != nil {
+		return nil, err
+	}
+	res.PeerID = key.PeerID().String()
+	res.Address = key.Address()
+	res.ChainID = cfg.Node.ChainID
+	res.Python = cfg.Inventory.Python
+	return res, nil
+}
+
+// initConfig is the default config with opts' settings applied, then
+// opts.Configure; the chain ID is chooseChain's.
+func initConfig(opts InitOptions) Config {
 	cfg := DefaultConfig()
 	if opts.Moniker != "" {
 		cfg.Node.Moniker = opts.Moniker
@@ -184,10 +226,15 @@ func Init(h Home, opts InitOptions) (*InitResult, error) {
 	if opts.Configure != nil {
 		opts.Configure(&cfg)
 	}
-	var genesis []byte
+	return cfg
+}
+
+// chooseChain sets cfg's chain ID: that of the genesis file opts.Genesis,
+// whose contents it returns, else opts.ChainID, else a new local network's.
+// It returns no genesis for those two: Init makes a local one.
+func chooseChain(cfg *Config, opts InitOptions) (genesis []byte, err error) {
 	switch {
 	case opts.Genesis != "":
-		var err error
 		genesis, err = os.ReadFile(opts.Genesis)
 		if err != nil {
 			return nil, fmt.Errorf("--genesis: %w", err)
@@ -211,68 +258,66 @@ func Init(h Home, opts InitOptions) (*InitResult, error) {
 		}
 		cfg.Node.ChainID = "deepmarket-local-" + hex.EncodeToString(b[:])
 	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	text, err := cfg.Render()
-	if err != nil {
-		return nil, fmt.Errorf("render config: %w", err)
-	}
+	return genesis, nil
+}
 
-	if entries, err := os.ReadDir(h.Dir); err == nil && len(entries) > 0 {
-		if !opts.Force {
-			return nil, fmt.Errorf("%w at %s: pass --force to move it aside and start over, or use another --home", ErrHomeExists, h.Dir)
-		}
-		res.Backup = fmt.Sprintf("%s.backup-%d", strings.TrimRight(h.Dir, "/"), time.Now().Unix())
-		if err := os.Rename(h.Dir, res.Backup); err != nil {
-			return nil, fmt.Errorf("move old home aside: %w", err)
-		}
+// clearHome makes way for a new home at h: an empty or missing dir is
+// fine; one with files in it is refused unless force, which renames it to
+// the backup path it returns.
+func clearHome(h Home, force bool) (backup string, err error) {
+	entries, err := os.ReadDir(h.Dir)
+	if err != nil || len(entries) == 0 {
+		return "", nil
 	}
-	if err := os.MkdirAll(h.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("create home: %w", err)
+	if !force {
+		return "", fmt.Errorf("%w at %s: pass --force to move it aside and start over, or use another --home", ErrHomeExists, h.Dir)
 	}
-	key := opts.Key
-	if key == nil {
-		if key, err = identity.GenerateKey(); err != nil {
-			return nil, err
-		}
+	backup = fmt.Sprintf("%s.backup-%d", strings.TrimRight(h.Dir, "/"), time.Now().Unix())
+	if err := os.Rename(h.Dir, backup); err != nil {
+		return "", fmt.Errorf("move old home aside: %w", err)
 	}
-	if genesis == nil {
-		// A network of one: this node validates, issues and holds credits.
-		doc, err := ledger.NewGenesis(cfg.Node.ChainID,
-			[]ledger.GenesisValidator{{Name: cfg.Node.Moniker, PubKey: key.Public(), Power: 10}},
-			ledger.GenesisState{
-				Issuers:  []ledger.GenesisIssuer{{Address: string(key.Address()), Name: cfg.Node.Site, Quota: LocalIssuerQuota}},
-				Balances: []ledger.GenesisBalance{{Address: string(key.Address()), Amount: LocalStarterCredit}},
-			})
-		if err != nil {
-			return nil, fmt.Errorf("make genesis: %w", err)
-		}
-		if genesis, err = cmtjson.MarshalIndent(doc, "", "  "); err != nil {
-			return nil, fmt.Errorf("make genesis: %w", err)
-		}
+	return backup, nil
+}
+
+// localGenesis makes the genesis of a network of one: this node, with key,
+// validates, issues and holds credits.
+func localGenesis(cfg Config, key *identity.Key) ([]byte, error) {
+	doc, err := ledger.NewGenesis(cfg.Node.ChainID,
+		[]ledger.GenesisValidator{{Name: cfg.Node.Moniker, PubKey: key.Public(), Power: 10}},
+		ledger.GenesisState{
+			Issuers:  []ledger.GenesisIssuer{{Address: string(key.Address()), Name: cfg.Node.Site, Quota: LocalIssuerQuota}},
+			Balances: []ledger.GenesisBalance{{Address: string(key.Address()), Amount: LocalStarterCredit}},
+		})
+	if err != nil {
+		return nil, fmt.Errorf("make genesis: %w", err)
 	}
+	genesis, err := cmtjson.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("make genesis: %w", err)
+	}
+	return genesis, nil
+}
+
+// writeHomeFiles writes the node key, a new API token, the genesis and the
+// config text into h, in that order.
+func writeHomeFiles(h Home, key *identity.Key, genesis []byte, configText string) error {
 	if err := identity.SaveKey(h.KeyPath(), key); err != nil {
-		return nil, err
+		return err
 	}
 	var tok [32]byte
 	if _, err := rand.Read(tok[:]); err != nil {
-		return nil, err
+		return err
 	}
 	if err := writeFileAtomic(h.TokenPath(), []byte(hex.EncodeToString(tok[:])+"\n"), 0o600); err != nil {
-		return nil, fmt.Errorf("write API token: %w", err)
+		return fmt.Errorf("write API token: %w", err)
 	}
 	if err := writeFileAtomic(h.GenesisPath(), genesis, 0o644); err != nil {
-		return nil, fmt.Errorf("write genesis: %w", err)
+		return fmt.Errorf("write genesis: %w", err)
 	}
-	if err := writeFileAtomic(h.ConfigPath(), []byte(text), 0o644); err != nil {
-		return nil, fmt.Errorf("write config: %w", err)
+	if err := writeFileAtomic(h.ConfigPath(), []byte(configText), 0o644); err != nil {
+		return fmt.Errorf("write config: %w", err)
 	}
-	res.PeerID = key.PeerID().String()
-	res.Address = key.Address()
-	res.ChainID = cfg.Node.ChainID
-	res.Python = cfg.Inventory.Python
-	return res, nil
+	return nil
 }
 
 // writeFileAtomic writes via a temporary file and rename, so a crash never
@@ -299,11 +344,4 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
-}
-
-func checkMultiaddr(s string) error {
-	if _, err := ma.NewMultiaddr(s); err != nil {
-		return fmt.Errorf("%q is not a multiaddr: %v (e.g. /ip4/0.0.0.0/tcp/7701)", s, err)
-	}
-	return nil
 }

@@ -123,6 +123,27 @@ type Server struct {
 // NewServer builds the API's routes.
 func NewServer(p Params) (*Server, error) {
 	s := &Server{p: p, mux: http.NewServeMux(), sessions: newSessions(nil)}
+	s.routeService()
+	s.routeLend()
+	s.routeMarket()
+	s.routeLedger()
+	s.routeData()
+	s.routeScheduling()
+	s.routeJobs()
+	s.routeDashboard()
+	if err := s.routeUI(); err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, &Error{Message: "no such endpoint: " + r.Method + " " + r.URL.Path + " (see /api/v1/openapi.json)"})
+	})
+	return s, nil
+}
+
+// routeService registers what is about the node itself: its health, its
+// metrics, the API's description, /status and /inventory.
+func (s *Server) routeService() {
+	p := s.p
 	s.handleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -145,6 +166,11 @@ func NewServer(p Params) (*Server, error) {
 	})
 	s.handle("GET /api/v1/status", func(r *http.Request) (any, error) { return p.Status.Status(), nil })
 	s.handle("GET /api/v1/inventory", func(r *http.Request) (any, error) { return p.Status.Inventory(), nil })
+}
+
+// routeLend registers /lend: lending this machine and the holds on it.
+func (s *Server) routeLend() {
+	p := s.p
 	s.handle("GET /api/v1/lend", func(r *http.Request) (any, error) { return p.Lending.Lend(), nil })
 	s.handle("PUT /api/v1/lend", func(r *http.Request) (any, error) {
 		var req LendRequest
@@ -165,6 +191,11 @@ func NewServer(p Params) (*Server, error) {
 		}
 		return p.Lending.Lend(), nil
 	})
+}
+
+// routeMarket registers /offers, /peers and /bids.
+func (s *Server) routeMarket() {
+	p := s.p
 	s.handle("GET /api/v1/offers", func(r *http.Request) (any, error) { return nonNil(p.Market.Offers()), nil })
 	s.handle("GET /api/v1/peers", func(r *http.Request) (any, error) { return nonNil(p.Market.Peers()), nil })
 	s.handle("GET /api/v1/bids", func(r *http.Request) (any, error) { return nonNil(p.Market.Bids()), nil })
@@ -175,6 +206,12 @@ func NewServer(p Params) (*Server, error) {
 		}
 		return p.Market.PublishBid(r.Context(), req)
 	})
+}
+
+// routeLedger registers /ledger/...: balances, history, transfers,
+// consents and the audit.
+func (s *Server) routeLedger() {
+	p := s.p
 	s.handle("GET /api/v1/ledger/balance", func(r *http.Request) (any, error) {
 		return p.Ledger.Balance(r.Context(), r.URL.Query().Get("address"))
 	})
@@ -195,6 +232,11 @@ func NewServer(p Params) (*Server, error) {
 		return p.Ledger.Consent(r.Context(), req)
 	})
 	s.handle("GET /api/v1/ledger/audit", func(r *http.Request) (any, error) { return p.Ledger.Audit(r.Context()) })
+}
+
+// routeData registers /data/...: datasets by content address.
+func (s *Server) routeData() {
+	p := s.p
 	s.stream("POST /api/v1/data/add", func(r *http.Request, progress func(Progress)) (any, error) {
 		var req DataAddRequest
 		if err := decodeBody(r, &req); err != nil {
@@ -216,6 +258,12 @@ func NewServer(p Params) (*Server, error) {
 	s.handle("DELETE /api/v1/data/{cid}", func(r *http.Request) (any, error) {
 		return map[string]string{"removed": r.PathValue("cid")}, p.Data.DataRemove(r.Context(), r.PathValue("cid"))
 	})
+	s.handle("POST /api/v1/data/gc", func(r *http.Request) (any, error) { return p.Data.DataGC(r.Context()) })
+}
+
+// routeScheduling registers /prices, /quote and /quotes.
+func (s *Server) routeScheduling() {
+	p := s.p
 	s.handle("GET /api/v1/prices", func(r *http.Request) (any, error) { return p.Sched.MarketPrices(r.Context()) })
 	s.handle("POST /api/v1/quote", func(r *http.Request) (any, error) {
 		var req QuoteRequest
@@ -228,6 +276,11 @@ func NewServer(p Params) (*Server, error) {
 		q, err := p.Sched.Quotes(r.Context(), r.URL.Query().Get("job"))
 		return nonNil(q), err
 	})
+}
+
+// routeJobs registers /jobs/...: jobs submitted from this node.
+func (s *Server) routeJobs() {
+	p := s.p
 	s.handle("POST /api/v1/jobs", func(r *http.Request) (any, error) {
 		var req SubmitRequest
 		if err := decodeBody(r, &req); err != nil {
@@ -246,17 +299,9 @@ func NewServer(p Params) (*Server, error) {
 		off, _ := strconv.ParseInt(r.URL.Query().Get("offset"), 10, 64)
 		return p.Jobs.Logs(r.Context(), r.PathValue("id"), off)
 	})
-	s.handle("POST /api/v1/data/gc", func(r *http.Request) (any, error) { return p.Data.DataGC(r.Context()) })
-	s.routeDashboard()
-	if err := s.routeUI(); err != nil {
-		return nil, fmt.Errorf("dashboard: %w", err)
-	}
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusNotFound, &Error{Message: "no such endpoint: " + r.Method + " " + r.URL.Path + " (see /api/v1/openapi.json)"})
-	})
-	return s, nil
 }
 
+// nonNil makes a nil list an empty one, which JSON writes as [] not null.
 func nonNil[T any](s []T) []T {
 	if s == nil {
 		return []T{}

@@ -64,12 +64,39 @@ type mountOp struct {
 	target string
 }
 
+// depth is how many levels below / the path p lies.
 func depth(p string) int { return strings.Count(filepath.Clean(p), "/") }
 
 // bwrapArgs builds the bwrap command line that runs argv in v. Paths keep
 // their host names so that paths the node hands the job stay valid.
 func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
-	args := []string{bwrap,
+	args := append([]string{bwrap}, namespaceArgs(v.OwnNet)...)
+	sysArgs, visible := systemDirArgs()
+	args = append(args, sysArgs...)
+	args = append(args, deviceArgs(v.GPU)...)
+	// /tmp and /var/tmp are the job's own, inside its dir so that the disk
+	// bound covers them and they go with it.
+	tmp := filepath.Join(v.Dir, "tmp")
+	args = append(args, "--bind", tmp, "/tmp", "--bind", tmp, "/var/tmp")
+	args = append(args, jobPathArgs(v, visible)...)
+	// The root tmpfs that holds the mount points is read-only: the job
+	// writes in its dir, its /tmp and /dev/shm, nowhere else.
+	args = append(args, "--remount-ro", "/")
+	for _, fd := range v.SeccompFDs {
+		args = append(args, "--add-seccomp-fd", strconv.Itoa(fd))
+	}
+	cwd := v.Cwd
+	if cwd == "" {
+		cwd = v.Dir
+	}
+	args = append(args, "--chdir", cwd, "--")
+	return append(args, argv...)
+}
+
+// namespaceArgs are the bwrap options that give the job namespaces of its
+// own: a network namespace too when ownNet.
+func namespaceArgs(ownNet bool) []string {
+	args := []string{
 		"--new-session", // no controlling tty to push input into (TIOCSTI)
 		// No --die-with-parent: its PR_SET_PDEATHSIG fires when the node's
 		// thread that started the job exits, which Go does to threads a
@@ -81,10 +108,15 @@ func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 		"--unshare-pid", // pid 1 of the job dies last and takes all with it
 		"--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 	}
-	if v.OwnNet {
+	if ownNet {
 		args = append(args, "--unshare-net")
 	}
-	var visible []string
+	return args
+}
+
+// systemDirArgs binds the systemDirs this host has read-only, keeping those
+// that are symlinks as symlinks. visible are the dirs it bound.
+func systemDirArgs() (args, visible []string) {
 	for _, d := range systemDirs {
 		fi, err := os.Lstat(d)
 		switch {
@@ -99,10 +131,15 @@ func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 			visible = append(visible, d)
 		}
 	}
-	// Its own /proc (of its pid namespace), /dev (null, zero, random, tty,
-	// pts) and /dev/shm: nothing of the host's.
-	args = append(args, "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm")
-	if v.GPU {
+	return args, visible
+}
+
+// deviceArgs give the job its own /proc (of its pid namespace), /dev (null,
+// zero, random, tty, pts) and /dev/shm, nothing of the host's, plus the GPU
+// device nodes when gpu.
+func deviceArgs(gpu bool) []string {
+	args := []string{"--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"}
+	if gpu {
 		for _, d := range gpuDevices {
 			args = append(args, "--dev-bind-try", d, d)
 		}
@@ -111,14 +148,15 @@ func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 			args = append(args, "--dev-bind", d, d)
 		}
 	}
-	// /tmp and /var/tmp are the job's own, inside its dir so that the disk
-	// bound covers them and they go with it.
-	tmp := filepath.Join(v.Dir, "tmp")
-	args = append(args, "--bind", tmp, "/tmp", "--bind", tmp, "/var/tmp")
+	return args
+}
 
-	// Apply the job's paths shallowest first, so that the more specific one
-	// wins where they nest: a venv inside a hidden home stays visible, a
-	// secret inside a read-only dataset stays hidden.
+// jobPathArgs binds v's read-only paths and its dir and hides v.Hide, where
+// visible (the system dirs bound) or those would show them. It applies the
+// paths shallowest first, so that the more specific one wins where they
+// nest: a venv inside a hidden home stays visible, a secret inside a
+// read-only dataset stays hidden.
+func jobPathArgs(v bwrapView, visible []string) []string {
 	var ops []mountOp
 	for _, p := range v.ReadOnly {
 		if p = filepath.Clean(p); filepath.IsAbs(p) {
@@ -127,7 +165,23 @@ func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 		}
 	}
 	visible = append(visible, v.Dir)
-	for _, p := range v.Hide {
+	ops = append(ops, hideOps(v.Hide, visible)...)
+	// Last among equals: a Hide naming the job dir itself must not hide it.
+	ops = append(ops, mountOp{[]string{"--bind", v.Dir, v.Dir}, v.Dir})
+	slices.SortStableFunc(ops, func(a, b mountOp) int { return depth(a.target) - depth(b.target) })
+	var args []string
+	for _, op := range ops {
+		args = append(args, op.args...)
+	}
+	return args
+}
+
+// hideOps cover each path of hide that lies under one of visible: a dir
+// with an empty read-only tmpfs, anything else with /dev/null. A path not
+// mounted into the sandbox is already absent.
+func hideOps(hide, visible []string) []mountOp {
+	var ops []mountOp
+	for _, p := range hide {
 		p = filepath.Clean(p)
 		if !filepath.IsAbs(p) || !slices.ContainsFunc(visible, func(b string) bool { return under(p, b) }) {
 			continue // not mounted into the sandbox: already absent
@@ -141,24 +195,7 @@ func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 			ops = append(ops, mountOp{[]string{"--ro-bind", "/dev/null", p}, p})
 		}
 	}
-	// Last among equals: a Hide naming the job dir itself must not hide it.
-	ops = append(ops, mountOp{[]string{"--bind", v.Dir, v.Dir}, v.Dir})
-	slices.SortStableFunc(ops, func(a, b mountOp) int { return depth(a.target) - depth(b.target) })
-	for _, op := range ops {
-		args = append(args, op.args...)
-	}
-	// The root tmpfs that holds the mount points is read-only: the job
-	// writes in its dir, its /tmp and /dev/shm, nowhere else.
-	args = append(args, "--remount-ro", "/")
-	for _, fd := range v.SeccompFDs {
-		args = append(args, "--add-seccomp-fd", strconv.Itoa(fd))
-	}
-	cwd := v.Cwd
-	if cwd == "" {
-		cwd = v.Dir
-	}
-	args = append(args, "--chdir", cwd, "--")
-	return append(args, argv...)
+	return ops
 }
 
 // findBwrap returns the path of a bubblewrap recent enough for the
