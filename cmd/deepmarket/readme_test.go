@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/deepmarket/deepmarket/internal/testutil"
-	"github.com/deepmarket/deepmarket/node/sandbox"
 )
 
 // TestReadmeQuickStart runs the README's quick start line by line, as a new
@@ -27,7 +26,9 @@ func TestReadmeQuickStart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains the example")
 	}
-	testutil.NeedRoot(t, func() error { return sandbox.Probe().Essential() })
+	// The node the quick start runs probes the whole sandbox itself, and
+	// lend says what is missing; here: root and bubblewrap.
+	testutil.NeedRoot(t, func() error { _, err := exec.LookPath("bwrap"); return err })
 	repo, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
