@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -477,7 +478,7 @@ sleep 1; echo up > ready; exec sleep 600`, "sh", name)
 	}
 	// The job's namespaces: those of its processes that the node does not
 	// share.
-	own := nsInodes(t, os.Getpid())
+	own := nsInodesOfThisThread(t)
 	jobNS := map[string]bool{}
 	for _, pid := range pids {
 		for ino := range nsInodes(t, pid) {
@@ -537,11 +538,26 @@ sleep 1; echo up > ready; exec sleep 600`, "sh", name)
 }
 
 // nsInodes lists the namespaces pid is in ("mnt:[4026531840]").
+// nsInodesOfThisThread is nsInodes of the calling thread: not of the
+// process's main thread, which a goroutine that entered a job's network
+// namespace and exited locked (as NewNetNS's do, to discard their thread)
+// may have left wedged in that namespace.
+func nsInodesOfThisThread(t *testing.T) map[string]bool {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return nsInodesAt(fmt.Sprintf("/proc/%d/task/%d/ns", os.Getpid(), unix.Gettid()))
+}
+
 func nsInodes(t *testing.T, pid int) map[string]bool {
 	t.Helper()
+	return nsInodesAt(fmt.Sprintf("/proc/%d/ns", pid))
+}
+
+func nsInodesAt(dir string) map[string]bool {
 	inos := map[string]bool{}
 	for _, ns := range []string{"mnt", "pid", "net", "ipc", "uts", "user", "cgroup"} {
-		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, ns)); err == nil {
+		if l, err := os.Readlink(dir + "/" + ns); err == nil {
 			inos[l] = true
 		}
 	}

@@ -24,36 +24,53 @@ type NetNS struct {
 // NewNetNS makes a fresh network namespace (root only). It lives while
 // the NetNS is open or a process is in it.
 func NewNetNS() (*NetNS, error) {
-	type result struct {
-		f   *os.File
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		// This thread's namespace changes for good: it stays locked, so the
-		// runtime discards it when the goroutine returns.
-		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("new network namespace: %w", err)}
-			return
-		}
-		f, err := os.Open("/proc/self/task/" + strconv.Itoa(unix.Gettid()) + "/ns/net")
-		if err != nil {
-			ch <- result{err: fmt.Errorf("new network namespace: %w", err)}
-			return
+	var f *os.File
+	err := onNetThread(func() error { return unix.Unshare(unix.CLONE_NEWNET) }, func() (err error) {
+		if f, err = os.Open("/proc/self/task/" + strconv.Itoa(unix.Gettid()) + "/ns/net"); err != nil {
+			return err
 		}
 		if err := loopbackUp(); err != nil {
 			f.Close()
-			ch <- result{err: fmt.Errorf("new network namespace: loopback: %w", err)}
+			return fmt.Errorf("loopback: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("new network namespace: %w", err)
+	}
+	return &NetNS{f: f}, nil
+}
+
+// onNetThread runs enter, then fn, on a thread of their own, and puts the
+// thread back in its network namespace after. A thread that cannot be put
+// back stays locked, so the runtime discards it when the goroutine ends:
+// no goroutine of the node ever runs in a job's network. (Discarding every
+// such thread instead would wedge the main thread, the one /proc/PID/ns
+// shows, in a job's namespace whenever the goroutine happened to run on
+// it, and keep that namespace alive.)
+func onNetThread(enter, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		home, err := os.Open("/proc/self/task/" + strconv.Itoa(unix.Gettid()) + "/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
 			return
 		}
-		ch <- result{f: f}
+		defer home.Close()
+		if err := enter(); err != nil {
+			runtime.UnlockOSThread() // enter failed: still home
+			errc <- err
+			return
+		}
+		err = fn()
+		if unix.Setns(int(home.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
 	}()
-	r := <-ch
-	if r.err != nil {
-		return nil, r.err
-	}
-	return &NetNS{f: r.f}, nil
+	return <-errc
 }
 
 func loopbackUp() error {
@@ -76,16 +93,12 @@ func loopbackUp() error {
 // in runs fn on a thread inside the namespace; sockets fn makes stay in
 // it.
 func (n *NetNS) in(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // discarded after: it is left in the namespace
+	return onNetThread(func() error {
 		if err := unix.Setns(int(n.f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("enter network namespace: %w", err)
-			return
+			return fmt.Errorf("enter network namespace: %w", err)
 		}
-		errc <- fn()
-	}()
-	return <-errc
+		return nil
+	}, fn)
 }
 
 // ListenTCP listens on 127.0.0.1:port inside the namespace.
