@@ -42,23 +42,23 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// configErr is the error about a config key, which key names as
-// "section] key": the message reads "[section] key]: " and then format.
-func configErr(key, format string, args ...any) error {
-	return fmt.Errorf("[%s]: %s", key, fmt.Sprintf(format, args...))
+// configErr is the error about key of [section]: "[section] key: " and
+// then format.
+func configErr(section, key, format string, args ...any) error {
+	return fmt.Errorf("[%s] %s: %s", section, key, fmt.Sprintf(format, args...))
 }
 
 // validate checks [node]: a chain ID (which init sets) and labels for the
 // moniker and site.
 func (c NodeConfig) validate() error {
 	if c.ChainID == "" {
-		return configErr("node] chain_id", "is empty; run `deepmarket init` to make a home")
+		return configErr("node", "chain_id", "is empty; run `deepmarket init` to make a home")
 	}
 	if err := checkConfigLabel(c.Moniker); err != nil {
-		return configErr("node] moniker", "%v", err)
+		return configErr("node", "moniker", "%v", err)
 	}
 	if err := checkConfigLabel(c.Site); err != nil {
-		return configErr("node] site", "%v", err)
+		return configErr("node", "site", "%v", err)
 	}
 	return nil
 }
@@ -67,33 +67,33 @@ func (c NodeConfig) validate() error {
 // the connection watermarks and the offer and discovery timing.
 func (c P2PConfig) validate() error {
 	if len(c.Listen) == 0 {
-		return configErr("p2p] listen", "no listen address; e.g. [\"/ip4/0.0.0.0/tcp/7701\"]")
+		return configErr("p2p", "listen", "no listen address; e.g. [\"/ip4/0.0.0.0/tcp/7701\"]")
 	}
 	for _, a := range c.Listen {
 		if err := checkMultiaddr(a); err != nil {
-			return configErr("p2p] listen", "%v", err)
+			return configErr("p2p", "listen", "%v", err)
 		}
 	}
 	if _, err := p2p.AddrInfos(c.Bootstrap); err != nil {
-		return configErr("p2p] bootstrap", "%v", err)
+		return configErr("p2p", "bootstrap", "%v", err)
 	}
 	switch c.DHT {
 	case p2p.DHTAuto, p2p.DHTServer, p2p.DHTClient, p2p.DHTOff:
 	default:
-		return configErr("p2p] dht", "%q: want auto, server, client or off", c.DHT)
+		return configErr("p2p", "dht", "%q: want auto, server, client or off", c.DHT)
 	}
 	if c.ConnLow <= 0 || c.ConnHigh < c.ConnLow {
-		return configErr("p2p] conn_low/conn_high", "want 0 < conn_low <= conn_high, have %d and %d", c.ConnLow, c.ConnHigh)
+		return configErr("p2p", "conn_low/conn_high", "want 0 < conn_low <= conn_high, have %d and %d", c.ConnLow, c.ConnHigh)
 	}
 	if c.OfferTTL.Duration < 10*time.Second || c.OfferTTL.Duration > time.Hour {
-		return configErr("p2p] offer_ttl", "%s: want between 10s and 1h", c.OfferTTL)
+		return configErr("p2p", "offer_ttl", "%s: want between 10s and 1h", c.OfferTTL)
 	}
 	if c.AnnounceInterval.Duration <= 0 || c.AnnounceInterval.Duration > c.OfferTTL.Duration/2 {
-		return configErr("p2p] announce_interval", "%s: want positive and at most half of offer_ttl (%s), so an offer never lapses between announcements",
+		return configErr("p2p", "announce_interval", "%s: want positive and at most half of offer_ttl (%s), so an offer never lapses between announcements",
 			c.AnnounceInterval, c.OfferTTL)
 	}
 	if d := c.DiscoverInterval.Duration; d < time.Second || d > time.Hour {
-		return configErr("p2p] discover_interval", "%s: want between 1s and 1h", c.DiscoverInterval)
+		return configErr("p2p", "discover_interval", "%s: want between 1s and 1h", c.DiscoverInterval)
 	}
 	return nil
 }
@@ -102,10 +102,10 @@ func (c P2PConfig) validate() error {
 func (c APIConfig) validate() error {
 	host, _, err := net.SplitHostPort(c.Listen)
 	if err != nil {
-		return configErr("api] listen", "%q: want HOST:PORT, e.g. 127.0.0.1:7700", c.Listen)
+		return configErr("api", "listen", "%q: want HOST:PORT, e.g. 127.0.0.1:7700", c.Listen)
 	}
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return configErr("api] listen", "%q: the API serves on loopback only (127.0.0.1 or [::1])", c.Listen)
+		return configErr("api", "listen", "%q: the API serves on loopback only (127.0.0.1 or [::1])", c.Listen)
 	}
 	return nil
 }
@@ -115,23 +115,23 @@ func (c APIConfig) validate() error {
 func (c LedgerConfig) validate() error {
 	for key, v := range map[string]string{"p2p_listen": c.P2PListen, "rpc_listen": c.RPCListen} {
 		if err := checkTCPListen(v); err != nil {
-			return configErr("ledger] "+key, "%v", err)
+			return configErr("ledger", key, "%v", err)
 		}
 	}
 	for _, p := range c.Peers {
 		id, addr, ok := strings.Cut(p, "@")
 		if !ok || len(id) != 40 {
-			return configErr("ledger] peers", "%q: want NODE_ID@HOST:PORT (the node ID is in `deepmarket status`)", p)
+			return configErr("ledger", "peers", "%q: want NODE_ID@HOST:PORT (the node ID is in `deepmarket status`)", p)
 		}
 		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return configErr("ledger] peers", "%q: %v", p, err)
+			return configErr("ledger", "peers", "%q: %v", p, err)
 		}
 	}
 	if d := c.BlockTime.Duration; d < 10*time.Millisecond || d > time.Minute {
-		return configErr("ledger] block_time", "%s: want between 10ms and 1m", c.BlockTime)
+		return configErr("ledger", "block_time", "%s: want between 10ms and 1m", c.BlockTime)
 	}
 	if d := c.EmptyBlockInterval.Duration; d < 0 || d > time.Hour {
-		return configErr("ledger] empty_block_interval", "%s: want between 0 and 1h", c.EmptyBlockInterval)
+		return configErr("ledger", "empty_block_interval", "%s: want between 0 and 1h", c.EmptyBlockInterval)
 	}
 	return nil
 }
@@ -140,7 +140,7 @@ func (c LedgerConfig) validate() error {
 func (c PricesConfig) validate() error {
 	for key, v := range map[string]string{"core_hour": c.CoreHour, "mem_gib_hour": c.MemGiBHour, "gpu_hour": c.GPUHour} {
 		if _, err := units.ParseCredits(v); err != nil {
-			return configErr("prices] "+key, "%v", err)
+			return configErr("prices", key, "%v", err)
 		}
 	}
 	return nil
@@ -153,10 +153,10 @@ func (c SchedulerConfig) validateSubset() error {
 	case SubsetAll, SubsetSite, SubsetNearest:
 	case SubsetList:
 		if len(c.Machines) == 0 {
-			return configErr("scheduler] machines", "is empty, but subset = \"list\" schedules only on the machines it names")
+			return configErr("scheduler", "machines", "is empty, but subset = \"list\" schedules only on the machines it names")
 		}
 	default:
-		return configErr("scheduler] subset", "%q: want all, site, nearest or list", c.Subset)
+		return configErr("scheduler", "subset", "%q: want all, site, nearest or list", c.Subset)
 	}
 	return nil
 }
@@ -165,11 +165,11 @@ func (c SchedulerConfig) validateSubset() error {
 // are peer IDs.
 func (c SchedulerConfig) validateNearestAndMachines() error {
 	if c.Nearest < 1 || c.Nearest > 100000 {
-		return configErr("scheduler] nearest", "%d: want 1 to 100000", c.Nearest)
+		return configErr("scheduler", "nearest", "%d: want 1 to 100000", c.Nearest)
 	}
 	for _, m := range c.Machines {
 		if _, err := peer.Decode(m); err != nil {
-			return configErr("scheduler] machines", "%q is not a peer ID: %v", m, err)
+			return configErr("scheduler", "machines", "%q is not a peer ID: %v", m, err)
 		}
 	}
 	return nil
@@ -178,7 +178,7 @@ func (c SchedulerConfig) validateNearestAndMachines() error {
 // validate checks [jobs] escrow_slack.
 func (c JobsConfig) validate() error {
 	if d := c.EscrowSlack.Duration; d < 10*time.Second || d > 7*24*time.Hour {
-		return configErr("jobs] escrow_slack", "%s: want 10s to 168h", d)
+		return configErr("jobs", "escrow_slack", "%s: want 10s to 168h", d)
 	}
 	return nil
 }
@@ -187,15 +187,15 @@ func (c JobsConfig) validate() error {
 func (m MarketConfig) validate() error {
 	switch {
 	case m.MaxOffers < 1 || m.MaxOffers > 1_000_000:
-		return configErr("market] max_offers", "%d: want 1 to 1000000", m.MaxOffers)
+		return configErr("market", "max_offers", "%d: want 1 to 1000000", m.MaxOffers)
 	case m.MaxOffersPerOwner < 1 || m.MaxOffersPerOwner > m.MaxOffers:
-		return configErr("market] max_offers_per_owner", "%d: want 1 to max_offers (%d)", m.MaxOffersPerOwner, m.MaxOffers)
+		return configErr("market", "max_offers_per_owner", "%d: want 1 to max_offers (%d)", m.MaxOffersPerOwner, m.MaxOffers)
 	case m.HoldsPerBidder < 1 || m.HoldsPerBidder > 10_000:
-		return configErr("market] holds_per_bidder", "%d: want 1 to 10000", m.HoldsPerBidder)
+		return configErr("market", "holds_per_bidder", "%d: want 1 to 10000", m.HoldsPerBidder)
 	case m.HoldsPerScheduler < 1 || m.HoldsPerScheduler > 10_000:
-		return configErr("market] holds_per_scheduler", "%d: want 1 to 10000", m.HoldsPerScheduler)
+		return configErr("market", "holds_per_scheduler", "%d: want 1 to 10000", m.HoldsPerScheduler)
 	case m.LaunchWithin.Duration < 10*time.Second || m.LaunchWithin.Duration > time.Hour:
-		return configErr("market] launch_within", "%s: want 10s to 1h", m.LaunchWithin.Duration)
+		return configErr("market", "launch_within", "%s: want 10s to 1h", m.LaunchWithin.Duration)
 	}
 	return nil
 }
@@ -205,17 +205,17 @@ func (c LogConfig) validate() error {
 	switch c.Level {
 	case "debug", "info", "warn", "error":
 	default:
-		return configErr("log] level", "%q: want debug, info, warn or error", c.Level)
+		return configErr("log", "level", "%q: want debug, info, warn or error", c.Level)
 	}
 	switch c.Libp2pLevel {
 	case "debug", "info", "warn", "error":
 	default:
-		return configErr("log] libp2p_level", "%q: want debug, info, warn or error", c.Libp2pLevel)
+		return configErr("log", "libp2p_level", "%q: want debug, info, warn or error", c.Libp2pLevel)
 	}
 	switch c.Format {
 	case "text", "json":
 	default:
-		return configErr("log] format", "%q: want text or json", c.Format)
+		return configErr("log", "format", "%q: want text or json", c.Format)
 	}
 	return nil
 }
