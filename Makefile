@@ -45,6 +45,7 @@ deps: ## Install what the tests need: Go modules, the job sandbox (bubblewrap), 
 .PHONY: test
 test: deps lint ## Install what the tests need and run every test
 	DM_PYTHON=$(VENV)/bin/python3 DM_REQUIRE_TF=1 DM_REQUIRE_BROWSER=1 DM_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout 25m ./...
+	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/python3 -m unittest discover -s python/tests -t python
 	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZTIME) ./p2p
 	$(GO) test -run '^$$' -fuzz FuzzCheckTx -fuzztime $(FUZZTIME) ./ledger
 	$(GO) test -run '^$$' -fuzz FuzzDecodeTx -fuzztime $(FUZZTIME) ./ledger
