@@ -91,7 +91,7 @@ func (n *Node) reserve(ctx context.Context, machine peer.ID, addrs []string, r p
 // it got and re-quote on what the machines said they have), and returns
 // the quote, or the reason there is none.
 func (n *Node) answerBid(ctx context.Context, w bidWork) p2p.Quote {
-	b, bidder := w.bid, w.bidder
+	b := w.bid
 	now := time.Now()
 	v, offers := n.schedulerViewFor(now, b.Framework)
 	if len(v.Machines) == 0 && b.Framework == "tensorflow" {
@@ -100,13 +100,7 @@ func (n *Node) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 				"none of the %d machines in view has TensorFlow (their owners can point [inventory] python at a virtualenv with tensorflow)", len(all.Machines))}
 		}
 	}
-	job := scheduler.Job{ID: b.JobID, Workers: int(b.Workers),
-		Per:      scheduler.Resources{Cores: b.PerWorker.Cores, MemBytes: b.PerWorker.MemBytes, GPUs: b.PerWorker.GPUs},
-		Duration: time.Duration(b.Duration) * time.Second,
-		Benefit:  scheduler.Benefit{Kind: scheduler.FixedPrice, Max: b.MaxPrice}}
-	if b.Deadline > 0 {
-		job.Benefit = scheduler.Benefit{Kind: scheduler.ByDeadline, Max: b.MaxPrice, Deadline: time.Unix(b.Deadline, 0)}
-	}
+	job := schedulerJob(b)
 	refused := ""
 	collided := false
 	for attempt := range quoteAttempts {
@@ -131,97 +125,130 @@ func (n *Node) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 		if err != nil {
 			return p2p.Quote{JobID: b.JobID, Resource: "job", Reason: truncate(err.Error(), 256)}
 		}
-		// One hold per machine, for all its workers.
-		perMachine := map[int]p2p.Resources{}
-		for _, i := range pl.Machines {
-			r := perMachine[i]
-			r.Cores += job.Per.Cores
-			r.MemBytes += job.Per.MemBytes
-			r.GPUs += job.Per.GPUs
-			perMachine[i] = r
-		}
-		// Ask the machines one at a time, in peer ID order, and stop at
-		// the first refusal: schedulers racing for the same machines then
-		// meet at the first one they share, and the winner takes all
-		// rather than each holding a part and every quote failing (lock
-		// ordering). A later machine is only held once the earlier ones
-		// are.
-		order := make([]int, 0, len(perMachine))
-		for i := range perMachine {
-			order = append(order, i)
-		}
-		slices.SortFunc(order, func(a, b int) int { return strings.Compare(offers[a].Machine, offers[b].Machine) })
-		holds := map[int]string{}
-		replies := map[int]p2p.ReserveReply{}
-		for _, i := range order {
-			id := holdID(b.JobID, n.host.ID(), offers[i].Machine, attempt)
-			holds[i] = id
-			machine, _ := peer.Decode(offers[i].Machine)
-			rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
-			reply, err := n.reserve(rctx, machine, offers[i].Addrs, p2p.Reserve{
-				Op: p2p.OpReserve, ID: id, JobID: b.JobID, Res: perMachine[i], TTL: int64(holdTTL / time.Second),
-				Bidder: bidder.String(), Bid: w.raw})
-			cancel()
-			if err != nil {
-				// Skip it now and for a while: a machine that cannot be
-				// reached must not fail every quote that would use it.
-				n.failures.mark(offers[i].Machine, time.Now())
-				reply = p2p.ReserveReply{Reason: "unreachable: " + err.Error()}
-			}
-			replies[i] = reply
-			if err == nil {
-				n.failures.forget(offers[i].Machine)
-			}
-			if !reply.OK {
-				break
-			}
-		}
-		var failed []int
-		heldUntil := int64(0)
-		for i, r := range replies {
-			if !r.OK {
-				failed = append(failed, i)
-			} else if heldUntil == 0 || r.Expires < heldUntil {
-				heldUntil = r.Expires
-			}
-		}
-		if len(failed) == 0 {
-			q := p2p.Quote{JobID: b.JobID, PerHour: pl.PerHour, Total: pl.Total, DoneAt: pl.Done.Unix(), HeldUntil: heldUntil}
+		h := n.holdPlacement(ctx, w, job, &pl, offers, attempt)
+		if len(h.failed) == 0 {
+			q := p2p.Quote{JobID: b.JobID, PerHour: pl.PerHour, Total: pl.Total, DoneAt: pl.Done.Unix(), HeldUntil: h.heldUntil}
 			for w, i := range pl.Machines {
-				q.Workers = append(q.Workers, p2p.QuotedWorker{Machine: offers[i].Machine, PerHour: pl.Worker[w], Hold: holds[i]})
+				q.Workers = append(q.Workers, p2p.QuotedWorker{Machine: offers[i].Machine, PerHour: pl.Worker[w], Hold: h.ids[i]})
 			}
 			return q
 		}
-		// Release what was granted; believe what the refusers said.
-		for i, r := range replies {
-			if r.OK {
-				machine, _ := peer.Decode(offers[i].Machine)
-				n.reserve(ctx, machine, offers[i].Addrs, p2p.Reserve{Op: p2p.OpRelease, ID: holds[i], JobID: b.JobID})
-			}
-		}
-		slices.Sort(failed)
-		collided = false
-		for _, i := range failed {
-			if replies[i].Free != (p2p.Resources{}) {
-				collided = true // capacity another scheduler took: back off
-			}
-			m := &v.Machines[i]
-			f := replies[i].Free
-			if replies[i].Reason != "" && len(refused) < 200 {
-				refused += offers[i].Moniker + ": " + replies[i].Reason + "; "
-			}
-			m.Allocated = scheduler.Resources{
-				Cores:    m.Lent.Cores - min(f.Cores, m.Lent.Cores),
-				MemBytes: m.Lent.MemBytes - min(f.MemBytes, m.Lent.MemBytes),
-				GPUs:     m.Lent.GPUs - min(f.GPUs, m.Lent.GPUs),
-			}
-			if f == (p2p.Resources{}) {
-				m.Allocated = m.Lent // unreachable or not lending: nothing there
-			}
-		}
+		n.releaseHeld(ctx, b.JobID, h, offers)
+		collided = believeRefusals(&v, offers, h, &refused)
 	}
 	return p2p.Quote{JobID: b.JobID, Resource: "cores", Reason: truncate(fmt.Sprintf(
 		"machines refused holds %d times (other schedulers took their capacity): %s", quoteAttempts, refused), 256)}
+}
+
+// schedulerJob is a bid as the scheduler prices it.
+func schedulerJob(b p2p.Bid) scheduler.Job {
+	job := scheduler.Job{ID: b.JobID, Workers: int(b.Workers),
+		Per:      scheduler.Resources{Cores: b.PerWorker.Cores, MemBytes: b.PerWorker.MemBytes, GPUs: b.PerWorker.GPUs},
+		Duration: time.Duration(b.Duration) * time.Second,
+		Benefit:  scheduler.Benefit{Kind: scheduler.FixedPrice, Max: b.MaxPrice}}
+	if b.Deadline > 0 {
+		job.Benefit = scheduler.Benefit{Kind: scheduler.ByDeadline, Max: b.MaxPrice, Deadline: time.Unix(b.Deadline, 0)}
+	}
+	return job
+}
+
+// heldPlacement is what the machines of a placement answered: the hold ID
+// asked of each (by index in the view), their replies, which refused, and
+// when the first granted hold lapses.
+type heldPlacement struct {
+	ids       map[int]string
+	replies   map[int]p2p.ReserveReply
+	failed    []int // sorted
+	heldUntil int64
+}
+
+// holdPlacement asks each machine of pl to hold its workers, one hold per
+// machine. It asks one at a time, in peer ID order, and stops at the first
+// refusal: schedulers racing for the same machines then meet at the first
+// one they share, and the winner takes all rather than each holding a part
+// and every quote failing (lock ordering).
+func (n *Node) holdPlacement(ctx context.Context, w bidWork, job scheduler.Job, pl *scheduler.Placement, offers []p2p.Offer, attempt int) heldPlacement {
+	perMachine := map[int]p2p.Resources{}
+	for _, i := range pl.Machines {
+		r := perMachine[i]
+		r.Cores += job.Per.Cores
+		r.MemBytes += job.Per.MemBytes
+		r.GPUs += job.Per.GPUs
+		perMachine[i] = r
+	}
+	order := make([]int, 0, len(perMachine))
+	for i := range perMachine {
+		order = append(order, i)
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(offers[a].Machine, offers[b].Machine) })
+	h := heldPlacement{ids: map[int]string{}, replies: map[int]p2p.ReserveReply{}}
+	for _, i := range order {
+		id := holdID(w.bid.JobID, n.host.ID(), offers[i].Machine, attempt)
+		h.ids[i] = id
+		machine, _ := peer.Decode(offers[i].Machine)
+		rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
+		reply, err := n.reserve(rctx, machine, offers[i].Addrs, p2p.Reserve{
+			Op: p2p.OpReserve, ID: id, JobID: w.bid.JobID, Res: perMachine[i], TTL: int64(holdTTL / time.Second),
+			Bidder: w.bidder.String(), Bid: w.raw})
+		cancel()
+		if err != nil {
+			// Skip it now and for a while: a machine that cannot be
+			// reached must not fail every quote that would use it.
+			n.failures.mark(offers[i].Machine, time.Now())
+			reply = p2p.ReserveReply{Reason: "unreachable: " + err.Error()}
+		} else {
+			n.failures.forget(offers[i].Machine)
+		}
+		h.replies[i] = reply
+		if !reply.OK {
+			break
+		}
+	}
+	for i, r := range h.replies {
+		if !r.OK {
+			h.failed = append(h.failed, i)
+		} else if h.heldUntil == 0 || r.Expires < h.heldUntil {
+			h.heldUntil = r.Expires
+		}
+	}
+	slices.Sort(h.failed)
+	return h
+}
+
+// releaseHeld gives back the holds of h that were granted.
+func (n *Node) releaseHeld(ctx context.Context, job string, h heldPlacement, offers []p2p.Offer) {
+	for i, r := range h.replies {
+		if r.OK {
+			machine, _ := peer.Decode(offers[i].Machine)
+			n.reserve(ctx, machine, offers[i].Addrs, p2p.Reserve{Op: p2p.OpRelease, ID: h.ids[i], JobID: job})
+		}
+	}
+}
+
+// believeRefusals updates the view with what the machines that refused
+// said they have free (nothing, when unreachable or not lending), adds
+// their reasons to refused, and reports whether another scheduler took
+// capacity (then the next attempt backs off first).
+func believeRefusals(v *scheduler.View, offers []p2p.Offer, h heldPlacement, refused *string) (collided bool) {
+	for _, i := range h.failed {
+		f := h.replies[i].Free
+		if f != (p2p.Resources{}) {
+			collided = true
+		}
+		if h.replies[i].Reason != "" && len(*refused) < 200 {
+			*refused += offers[i].Moniker + ": " + h.replies[i].Reason + "; "
+		}
+		m := &v.Machines[i]
+		m.Allocated = scheduler.Resources{
+			Cores:    m.Lent.Cores - min(f.Cores, m.Lent.Cores),
+			MemBytes: m.Lent.MemBytes - min(f.MemBytes, m.Lent.MemBytes),
+			GPUs:     m.Lent.GPUs - min(f.GPUs, m.Lent.GPUs),
+		}
+		if f == (p2p.Resources{}) {
+			m.Allocated = m.Lent // unreachable or not lending: nothing there
+		}
+	}
+	return collided
 }
 
 // holdID names a hold: one per job, scheduler, machine and attempt.
