@@ -124,20 +124,29 @@ func offeredFor(window string, now time.Time, d time.Duration) time.Duration {
 // Overview implements api.Dashboard.
 func (n *Node) Overview(ctx context.Context) (api.Overview, error) {
 	now := time.Now()
-	me := string(n.key.Address())
-	out := api.Overview{Account: me, Machines: []api.MyMachine{}, Problems: []api.Problem{}}
+	out := api.Overview{Account: string(n.key.Address()), Machines: []api.MyMachine{}, Problems: []api.Problem{}}
 	acct, err := n.ledger.Account(ctx, n.key.Address())
 	if err != nil {
 		return api.Overview{}, ledgerError(err)
 	}
 	out.Balance = acct.Balance
+	out.Machines = append(out.Machines, n.thisMachine(ctx, now, &out.Estimate))
+	n.otherMachines(ctx, now, &out)
+	list, err := n.jobs.Jobs(ctx)
+	if err != nil {
+		return api.Overview{}, err
+	}
+	jobProblems(list, now, &out)
+	return out, nil
+}
 
-	// This machine.
-	self := n.host.ID().String()
+// thisMachine is this machine's line of the overview, with what it earns.
+func (n *Node) thisMachine(ctx context.Context, now time.Time, est *api.Estimate) api.MyMachine {
 	lend := n.lender.State(now)
 	earn, running := n.exec.earnings(now, 24*time.Hour)
-	out.Estimate.Earnings = earn
-	mm := api.MyMachine{Machine: self, Moniker: n.cfg.Node.Moniker, Site: n.cfg.Node.Site, Self: true, State: api.MachineIdle, Workers: running}
+	est.Earnings = earn
+	mm := api.MyMachine{Machine: n.host.ID().String(), Moniker: n.cfg.Node.Moniker, Site: n.cfg.Node.Site, Self: true,
+		State: api.MachineIdle, Workers: running}
 	if lend.Settings != nil && lend.Lending {
 		s := lend.Settings
 		mm.Lent = p2p.Resources{Cores: uint32(s.Cores), MemBytes: s.MemBytes, GPUs: uint32(s.GPUs)}
@@ -150,14 +159,18 @@ func (n *Node) Overview(ctx context.Context) (api.Overview, error) {
 		if lend.Offering {
 			mm.State = api.MachineOffering
 		}
-		out.Estimate.EarningsIfBusy = perHourFor(mm.PerHour, offeredFor(s.Window, now, 24*time.Hour))
+		est.EarningsIfBusy = perHourFor(mm.PerHour, offeredFor(s.Window, now, 24*time.Hour))
 	}
 	alloc := n.holds.Allocated(now)
 	mm.Allocated = p2p.Resources{Cores: alloc.Cores, MemBytes: alloc.MemBytes, GPUs: alloc.GPUs}
 	n.fillRecord(ctx, &mm)
-	out.Machines = append(out.Machines, mm)
+	return mm
+}
 
-	// The account's other machines, as the market shows them.
+// otherMachines adds the account's other machines, as the market shows
+// them, and a problem for each that vanished without withdrawing.
+func (n *Node) otherMachines(ctx context.Context, now time.Time, out *api.Overview) {
+	self := n.host.ID().String()
 	held := map[string]HeldOffer{}
 	for _, h := range n.book.List(now) {
 		held[h.Offer.Machine] = h
@@ -185,12 +198,11 @@ func (n *Node) Overview(ctx context.Context) (api.Overview, error) {
 		n.fillRecord(ctx, &m)
 		out.Machines = append(out.Machines, m)
 	}
+}
 
-	// Jobs: what the live ones will cost, and what went wrong lately.
-	list, err := n.jobs.Jobs(ctx)
-	if err != nil {
-		return api.Overview{}, err
-	}
+// jobProblems adds what the live jobs will cost, and what went wrong
+// lately: failed jobs, workers not heard from.
+func jobProblems(list []jobs.Job, now time.Time, out *api.Overview) {
 	for _, j := range list {
 		switch {
 		case j.State == jobs.Failed && now.Sub(j.Updated) < 7*24*time.Hour:
@@ -207,7 +219,6 @@ func (n *Node) Overview(ctx context.Context) (api.Overview, error) {
 			}
 		}
 	}
-	return out, nil
 }
 
 // jobCost24h is what a live job should cost in the next 24 hours: its
