@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/BurntSushi/toml"
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
 
@@ -46,13 +45,9 @@ What the workers use is paid; the rest is refunded when the job ends.`,
 			if err != nil {
 				return err
 			}
-			var f jobs.File
-			md, err := toml.Decode(string(b), &f)
+			f, err := jobs.DecodeFile(b)
 			if err != nil {
-				return usageError{fmt.Errorf("%s: %v", path, err)}
-			}
-			if und := md.Undecoded(); len(und) > 0 {
-				return usageError{fmt.Errorf("%s: unknown key %q", path, und[0].String())}
+				return usageError{fmt.Errorf("%s: %w", path, err)}
 			}
 			base, err := filepath.Abs(filepath.Dir(path))
 			if err != nil {

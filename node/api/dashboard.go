@@ -2,7 +2,6 @@ package api
 
 import (
 	"archive/tar"
-	"bytes"
 	"compress/gzip"
 	"context"
 	"errors"
@@ -18,8 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/BurntSushi/toml"
 
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/jobs"
@@ -205,14 +202,9 @@ func (s *Server) routeDashboard() {
 // their values (Submit does), so that a form can show them; an unknown key
 // is an error naming it.
 func ReadSpecFields(b []byte) (jobs.File, error) {
-	var f jobs.File
-	md, err := toml.NewDecoder(bytes.NewReader(b)).Decode(&f)
+	f, err := jobs.DecodeFile(b)
 	if err != nil {
 		return jobs.File{}, &Error{Status: http.StatusUnprocessableEntity, Field: "toml", Message: "job spec: " + err.Error()}
-	}
-	if und := md.Undecoded(); len(und) > 0 {
-		return jobs.File{}, &Error{Status: http.StatusUnprocessableEntity, Field: "toml",
-			Message: fmt.Sprintf("job spec: unknown key %q (see examples/fashion-mnist/job.toml for the keys)", und[0].String())}
 	}
 	return f, nil
 }

@@ -119,16 +119,27 @@ func ReadSpec(path string) (*Spec, error) {
 
 // ParseSpec parses TOML and validates it (see File.Validate).
 func ParseSpec(b []byte, baseDir string) (*Spec, error) {
-	var f File
-	dec := toml.NewDecoder(bytes.NewReader(b))
-	md, err := dec.Decode(&f)
+	f, err := DecodeFile(b)
 	if err != nil {
-		return nil, fmt.Errorf("job spec: %w", err)
-	}
-	if und := md.Undecoded(); len(und) > 0 {
-		return nil, bad(und[0].String(), "unknown key (see examples/fashion-mnist/job.toml for the keys)")
+		return nil, err
 	}
 	return f.Validate(baseDir)
+}
+
+// DecodeFile reads a job spec's TOML into its fields without checking
+// their values (File.Validate does): the one decoder of specs, for the
+// CLI, the dashboard's form and ParseSpec. A TOML error is a *SpecError on
+// key "toml"; an unknown key is one naming that key.
+func DecodeFile(b []byte) (File, error) {
+	var f File
+	md, err := toml.NewDecoder(bytes.NewReader(b)).Decode(&f)
+	if err != nil {
+		return File{}, bad("toml", "%v", err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		return File{}, bad(und[0].String(), "unknown key %q (see examples/fashion-mnist/job.toml for the keys)", und[0].String())
+	}
+	return f, nil
 }
 
 var (
