@@ -140,18 +140,6 @@ func (n *Node) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 		"machines refused holds %d times (other schedulers took their capacity): %s", quoteAttempts, refused), 256)}
 }
 
-// schedulerJob is a bid as the scheduler prices it.
-func schedulerJob(b p2p.Bid) scheduler.Job {
-	job := scheduler.Job{ID: b.JobID, Workers: int(b.Workers),
-		Per:      scheduler.Resources{Cores: b.PerWorker.Cores, MemBytes: b.PerWorker.MemBytes, GPUs: b.PerWorker.GPUs},
-		Duration: time.Duration(b.Duration) * time.Second,
-		Benefit:  scheduler.Benefit{Kind: scheduler.FixedPrice, Max: b.MaxPrice}}
-	if b.Deadline > 0 {
-		job.Benefit = scheduler.Benefit{Kind: scheduler.ByDeadline, Max: b.MaxPrice, Deadline: time.Unix(b.Deadline, 0)}
-	}
-	return job
-}
-
 // heldPlacement is what the machines of a placement answered: the hold ID
 // asked of each (by index in the view), their replies, which refused, and
 // when the first granted hold lapses.
@@ -239,10 +227,11 @@ func believeRefusals(v *scheduler.View, offers []p2p.Offer, h heldPlacement, ref
 			*refused += offers[i].Moniker + ": " + h.replies[i].Reason + "; "
 		}
 		m := &v.Machines[i]
+		free := schedulerResources(f)
 		m.Allocated = scheduler.Resources{
-			Cores:    m.Lent.Cores - min(f.Cores, m.Lent.Cores),
-			MemBytes: m.Lent.MemBytes - min(f.MemBytes, m.Lent.MemBytes),
-			GPUs:     m.Lent.GPUs - min(f.GPUs, m.Lent.GPUs),
+			Cores:    m.Lent.Cores - min(free.Cores, m.Lent.Cores),
+			MemBytes: m.Lent.MemBytes - min(free.MemBytes, m.Lent.MemBytes),
+			GPUs:     m.Lent.GPUs - min(free.GPUs, m.Lent.GPUs),
 		}
 		if f == (p2p.Resources{}) {
 			m.Allocated = m.Lent // unreachable or not lending: nothing there

@@ -161,8 +161,7 @@ func (n *Node) thisMachine(ctx context.Context, now time.Time, est *api.Estimate
 		}
 		est.EarningsIfBusy = perHourFor(mm.PerHour, offeredFor(s.Window, now, 24*time.Hour))
 	}
-	alloc := n.holds.Allocated(now)
-	mm.Allocated = p2p.Resources{Cores: alloc.Cores, MemBytes: alloc.MemBytes, GPUs: alloc.GPUs}
+	mm.Allocated = n.holds.Allocated(now)
 	n.fillRecord(ctx, &mm)
 	return mm
 }

@@ -79,15 +79,7 @@ func (n *Node) schedulerViewFor(now time.Time, framework string) (scheduler.View
 	})
 	v := scheduler.View{Machines: make([]scheduler.Machine, len(offers))}
 	for i, o := range offers {
-		m := scheduler.Machine{
-			ID: o.Machine, Site: o.Site,
-			Lent:      scheduler.Resources{Cores: o.Lent.Cores, MemBytes: o.Lent.MemBytes, GPUs: o.Lent.GPUs},
-			Allocated: scheduler.Resources{Cores: o.Allocated.Cores, MemBytes: o.Allocated.MemBytes, GPUs: o.Allocated.GPUs},
-			Reserve:   scheduler.Prices{CoreHour: o.Price.CoreHour, MemGiBHour: o.Price.MemGiBHour, GPUHour: o.Price.GPUHour},
-		}
-		if o.AvailableUntil > 0 {
-			m.Until = time.Unix(o.AvailableUntil, 0)
-		}
+		m := schedulerMachine(o)
 		// The ledger's record of the machine's past jobs prices its risk.
 		if r, ok := n.records.get(o.Machine); ok {
 			m.Completed, m.Failed = r.Completed, r.Failed
