@@ -17,6 +17,9 @@ from . import env as envmod
 from .averager import Averager
 
 
+_FROM_ENV = object()  # a default taken from the environment the node gives
+
+
 class DiLoCo(_keras.callbacks.Callback):
     """DiLoCo makes model.fit on each worker a DiLoCo worker.
 
@@ -29,8 +32,10 @@ class DiLoCo(_keras.callbacks.Callback):
     keeps its own state on each worker. With one worker it changes nothing
     (no averaging, no outer step) but still checkpoints.
 
-    Arguments (defaults): sync_every (500) inner steps between averaging
-    rounds; compress ("int8"; "fp16" or None) for the pseudo-gradients;
+    Arguments (defaults): sync_every ($DM_SYNC_EVERY, which a job spec's
+    [training] sync_every sets, else 500) inner steps between averaging
+    rounds; compress ($DM_COMPRESS, else "int8"; "fp16", "none" or None)
+    for the pseudo-gradients;
     outer_lr (0.7) and outer_momentum (0.9) of the outer SGD with Nesterov
     momentum; overlap (False): keep training while a round's exchange is on
     the wire, and when the new global weights arrive continue from them plus
@@ -49,10 +54,16 @@ class DiLoCo(_keras.callbacks.Callback):
     this worker's rounds, seconds worked, bytes sent and received.
     """
 
-    def __init__(self, sync_every=500, compress="int8", outer_lr=0.7, outer_momentum=0.9, nesterov=True,
+    def __init__(self, sync_every=None, compress=_FROM_ENV, outer_lr=0.7, outer_momentum=0.9, nesterov=True,
                  overlap=False, rounds=None, rank=None, peers=None, checkpoint_dir=None, timeout=60.0,
                  join_timeout=120.0, connect_timeout=10.0, log=None):
         super().__init__()
+        if sync_every is None:  # the job spec's [training] sync_every, else 500
+            sync_every = int(os.environ.get("DM_SYNC_EVERY") or 500)
+        if compress is _FROM_ENV:  # the job spec's [training] compress, else int8
+            compress = os.environ.get("DM_COMPRESS") or "int8"
+        if compress == "none":
+            compress = None
         self.peers = envmod.from_env(rank=rank, addrs=peers)
         self.sync_every = int(sync_every)
         self.overlap = bool(overlap) and self.peers.world > 1
