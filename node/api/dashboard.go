@@ -248,8 +248,32 @@ func (s *Server) doUpload(r *http.Request) (DataPin, error) {
 		return DataPin{}, fmt.Errorf("uploads: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	root := filepath.Join(tmp, name)
 	mr := multipart.NewReader(http.MaxBytesReader(nil, r.Body, UploadLimit), params["boundary"])
+	paths, err := readUploadParts(mr, filepath.Join(tmp, "raw"))
+	if err != nil {
+		return DataPin{}, err
+	}
+	// A folder picked in the browser arrives as folder/...: its content,
+	// not the folder, becomes the upload's root.
+	raw := filepath.Join(tmp, "raw")
+	if top := commonTop(paths); top != "" {
+		raw = filepath.Join(raw, top)
+	}
+	root := filepath.Join(tmp, name)
+	if err := os.Rename(raw, root); err != nil {
+		return DataPin{}, fmt.Errorf("uploads: %w", err)
+	}
+	// The job user on a lender reads what the bundle holds; nothing here is
+	// secret beyond the upload itself, which only this node reads.
+	return s.p.Data.DataAdd(r.Context(), DataAddRequest{Path: root}, nil)
+}
+
+// readUploadParts saves each "file" part under dir, at the path the
+// "path" part before it gave (else its file name), and returns those
+// paths.
+func readUploadParts(mr *multipart.Reader, dir string) ([]string, error) {
+	tooLarge := &Error{Status: http.StatusRequestEntityTooLarge, Field: "file",
+		Message: fmt.Sprintf("upload larger than %d bytes: add it on the node's machine with `deepmarket data add`", UploadLimit)}
 	var paths []string
 	pending := ""
 	for {
@@ -257,12 +281,12 @@ func (s *Server) doUpload(r *http.Request) (DataPin, error) {
 		if errors.Is(err, io.EOF) {
 			break
 		}
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, tooLarge
+		}
 		if err != nil {
-			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
-				return DataPin{}, &Error{Status: http.StatusRequestEntityTooLarge, Field: "file", Message: fmt.Sprintf("upload larger than %d bytes: add it on the node's machine with `deepmarket data add`", UploadLimit)}
-			}
-			return DataPin{}, &Error{Status: http.StatusBadRequest, Message: "read upload: " + err.Error()}
+			return nil, &Error{Status: http.StatusBadRequest, Message: "read upload: " + err.Error()}
 		}
 		switch part.FormName() {
 		case "path":
@@ -275,38 +299,25 @@ func (s *Server) doUpload(r *http.Request) (DataPin, error) {
 			}
 			pending = ""
 			if len(paths) >= maxUploadFiles {
-				return DataPin{}, &Error{Status: http.StatusRequestEntityTooLarge, Field: "file", Message: fmt.Sprintf("more than %d files", maxUploadFiles)}
+				return nil, &Error{Status: http.StatusRequestEntityTooLarge, Field: "file", Message: fmt.Sprintf("more than %d files", maxUploadFiles)}
 			}
 			rel = filepath.ToSlash(filepath.Clean(filepath.FromSlash(rel)))
 			if rel == "" || rel == "." || !filepath.IsLocal(rel) {
-				return DataPin{}, &Error{Status: http.StatusBadRequest, Field: "file", Message: fmt.Sprintf("file path %q: want a relative path inside the upload", rel)}
+				return nil, &Error{Status: http.StatusBadRequest, Field: "file", Message: fmt.Sprintf("file path %q: want a relative path inside the upload", rel)}
 			}
-			if err := writeUploadPart(filepath.Join(tmp, "raw", rel), part); err != nil {
-				var mbe *http.MaxBytesError
-				if errors.As(err, &mbe) {
-					return DataPin{}, &Error{Status: http.StatusRequestEntityTooLarge, Field: "file", Message: fmt.Sprintf("upload larger than %d bytes: add it on the node's machine with `deepmarket data add`", UploadLimit)}
-				}
-				return DataPin{}, fmt.Errorf("save upload %s: %w", rel, err)
+			if err := writeUploadPart(filepath.Join(dir, rel), part); errors.As(err, &mbe) {
+				return nil, tooLarge
+			} else if err != nil {
+				return nil, fmt.Errorf("save upload %s: %w", rel, err)
 			}
 			paths = append(paths, rel)
 		}
 		part.Close()
 	}
 	if len(paths) == 0 {
-		return DataPin{}, &Error{Status: http.StatusBadRequest, Field: "file", Message: "no files in the upload"}
+		return nil, &Error{Status: http.StatusBadRequest, Field: "file", Message: "no files in the upload"}
 	}
-	// A folder picked in the browser arrives as folder/...: its content,
-	// not the folder, becomes the upload's root.
-	raw := filepath.Join(tmp, "raw")
-	if top := commonTop(paths); top != "" {
-		raw = filepath.Join(raw, top)
-	}
-	if err := os.Rename(raw, root); err != nil {
-		return DataPin{}, fmt.Errorf("uploads: %w", err)
-	}
-	// The job user on a lender reads what the bundle holds; nothing here is
-	// secret beyond the upload itself, which only this node reads.
-	return s.p.Data.DataAdd(r.Context(), DataAddRequest{Path: root}, nil)
+	return paths, nil
 }
 
 func writeUploadPart(path string, r io.Reader) error {

@@ -150,91 +150,128 @@ var (
 // Validate checks every key and resolves local paths against baseDir.
 func (f *File) Validate(baseDir string) (*Spec, error) {
 	s := &Spec{Name: f.Name, Framework: f.Framework, Workers: f.Workers, Cores: f.Cores, GPUs: f.GPUs, Site: f.Site}
+	for _, step := range []func(*Spec) error{f.validateWork, f.validateWorkers, f.validateTerms, f.validateTraining} {
+		if err := step(s); err != nil {
+			return nil, err
+		}
+	}
+	if err := f.validateInputs(s, baseDir); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// validateWork checks what runs: the name, framework and command.
+func (f *File) validateWork(s *Spec) error {
 	switch {
 	case !nameRE.MatchString(f.Name):
-		return nil, bad("name", "%q: want 1-64 letters, digits, '.', '_' or '-'", f.Name)
+		return bad("name", "%q: want 1-64 letters, digits, '.', '_' or '-'", f.Name)
 	case f.Framework == "":
 		s.Framework = "tensorflow"
 	case !Frameworks[f.Framework]:
-		return nil, bad("framework", "%q: want tensorflow or generic", f.Framework)
+		return bad("framework", "%q: want tensorflow or generic", f.Framework)
 	}
 	if err := checkCommand(f.Command); err != nil {
-		return nil, err
+		return err
 	}
 	s.Command = f.Command
+	return nil
+}
+
+// validateWorkers checks how many workers, and what each needs.
+func (f *File) validateWorkers(s *Spec) error {
 	if f.Workers < 1 || f.Workers > MaxWorkers {
-		return nil, bad("workers", "%d: want 1 to %d", f.Workers, MaxWorkers)
+		return bad("workers", "%d: want 1 to %d", f.Workers, MaxWorkers)
 	}
 	if f.Cores < 1 || f.Cores > MaxCores {
-		return nil, bad("cores", "%d: want 1 to %d per worker", f.Cores, MaxCores)
+		return bad("cores", "%d: want 1 to %d per worker", f.Cores, MaxCores)
 	}
 	if f.GPUs < 0 || f.GPUs > MaxGPUs {
-		return nil, bad("gpus", "%d: want 0 to %d per worker", f.GPUs, MaxGPUs)
+		return bad("gpus", "%d: want 0 to %d per worker", f.GPUs, MaxGPUs)
 	}
 	mem, err := units.ParseSize(f.Memory)
 	if err != nil {
-		return nil, bad("memory", "%v (such as \"2GiB\")", err)
+		return bad("memory", "%v (such as \"2GiB\")", err)
 	}
 	if mem < MinMemory || mem > MaxMemory {
-		return nil, bad("memory", "%s per worker: want 64MiB to 1TiB", f.Memory)
+		return bad("memory", "%s per worker: want 64MiB to 1TiB", f.Memory)
 	}
 	s.MemBytes = mem
+	return nil
+}
+
+// validateTerms checks what the job may cost and how long it may take,
+// and where it would rather run.
+func (f *File) validateTerms(s *Spec) (err error) {
 	if f.MaxPrice == "" {
-		return nil, bad("max_price", "missing: the most the whole job may cost, in credits (such as \"5\")")
+		return bad("max_price", "missing: the most the whole job may cost, in credits (such as \"5\")")
 	}
 	if s.MaxPrice, err = units.ParseCredits(f.MaxPrice); err != nil {
-		return nil, bad("max_price", "%v", err)
+		return bad("max_price", "%v", err)
 	}
 	if s.MaxPrice == 0 || s.MaxPrice > MaxPrice {
-		return nil, bad("max_price", "%s: want more than 0 and at most %s credits", f.MaxPrice, units.FormatCredits(MaxPrice))
+		return bad("max_price", "%s: want more than 0 and at most %s credits", f.MaxPrice, units.FormatCredits(MaxPrice))
 	}
 	if f.MaxDuration == "" {
-		return nil, bad("max_duration", "missing: how long the job may run at most (such as \"30m\")")
+		return bad("max_duration", "missing: how long the job may run at most (such as \"30m\")")
 	}
 	if s.MaxDuration, err = time.ParseDuration(f.MaxDuration); err != nil {
-		return nil, bad("max_duration", "%v", err)
+		return bad("max_duration", "%v", err)
 	}
 	if s.MaxDuration < MinDuration || s.MaxDuration > MaxDuration {
-		return nil, bad("max_duration", "%s: want 1m to 168h", f.MaxDuration)
+		return bad("max_duration", "%s: want 1m to 168h", f.MaxDuration)
 	}
 	if f.Deadline != "" {
 		if s.Deadline, err = time.Parse(time.RFC3339, f.Deadline); err != nil {
-			return nil, bad("deadline", "%v (want RFC 3339, such as 2026-12-01T18:00:00Z)", err)
+			return bad("deadline", "%v (want RFC 3339, such as 2026-12-01T18:00:00Z)", err)
 		}
 	}
 	if f.Site != "" && !siteRE.MatchString(f.Site) {
-		return nil, bad("site", "%q is not a site label", f.Site)
+		return bad("site", "%q is not a site label", f.Site)
 	}
-	if t := f.Training; t != nil {
-		if t.Mode == "" {
-			t.Mode = "sync"
-		}
-		if err := t.Validate(); err != nil {
-			return nil, bad("training", "%s", strings.TrimPrefix(err.Error(), p2p.ErrOutOfRange.Error()+": "))
-		}
-		s.Training = t
+	return nil
+}
+
+// validateTraining checks [training]; its mode defaults to sync.
+func (f *File) validateTraining(s *Spec) error {
+	if f.Training == nil {
+		return nil
 	}
+	t := *f.Training
+	if t.Mode == "" {
+		t.Mode = "sync"
+	}
+	if err := t.Validate(); err != nil {
+		return bad("training", "%s", strings.TrimPrefix(err.Error(), p2p.ErrOutOfRange.Error()+": "))
+	}
+	s.Training = &t
+	return nil
+}
+
+// validateInputs resolves the bundle and dataset against baseDir and
+// checks the command's program and script are there.
+func (f *File) validateInputs(s *Spec, baseDir string) (err error) {
 	if s.Bundle, err = resolveInput("bundle", f.Bundle, baseDir, true); err != nil {
-		return nil, err
+		return err
 	}
 	if s.Dataset, err = resolveInput("dataset", f.Dataset, baseDir, false); err != nil {
-		return nil, err
+		return err
 	}
 	if err := checkProgram(s.Command[0], s.Bundle); err != nil {
-		return nil, err
+		return err
 	}
 	// A script the command names in the bundle must be there.
 	if !IsCID(s.Bundle) {
 		for _, a := range s.Command[1:] {
 			if looksLikeScript(a) {
 				if _, err := os.Stat(filepath.Join(s.Bundle, a)); err != nil {
-					return nil, bad("command", "%q is not in the bundle %s", a, s.Bundle)
+					return bad("command", "%q is not in the bundle %s", a, s.Bundle)
 				}
 				break
 			}
 		}
 	}
-	return s, nil
+	return nil
 }
 
 // checkCommand refuses paths that reach outside the bundle: the command
