@@ -146,14 +146,25 @@ func (n *Node) Send(ctx context.Context, req api.SendRequest, prepared func(api.
 	if err != nil {
 		return api.SendResult{}, err
 	}
-	p, err := n.ledger.Prepare(ctx, typ, msg)
-	if err != nil {
-		return api.SendResult{}, ledgerError(err)
-	}
-	if prepared != nil {
-		prepared(api.SendPrepared{Hash: p.Hash, Nonce: p.Nonce})
-	}
-	if err := n.ledger.Broadcast(ctx, p); err != nil {
+	var p *ledger.Prepared
+	for attempt := 0; ; attempt++ {
+		if p, err = n.ledger.Prepare(ctx, typ, msg); err != nil {
+			return api.SendResult{}, ledgerError(err)
+		}
+		if prepared != nil {
+			prepared(api.SendPrepared{Hash: p.Hash, Nonce: p.Nonce})
+		}
+		err = n.ledger.Broadcast(ctx, p)
+		if err == nil {
+			break
+		}
+		// Another client of this key (`deepmarket validator vote`, say)
+		// took the nonce: the transaction can never commit, so sign again
+		// with the next one, once; the caller hears the new hash.
+		var lerr *ledger.Error
+		if attempt == 0 && (errors.As(err, &lerr) && lerr.Code == ledger.CodeBadNonce || errors.Is(err, ledger.ErrDuplicateTx)) {
+			continue
+		}
 		return api.SendResult{}, ledgerError(err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, ledger.DefaultCommitTimeout)
