@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -90,4 +92,49 @@ func (e *Executor) releaseNet(run string) {
 	}
 	rn.ns.Close()
 	delete(e.nets, run)
+}
+
+// wireNet puts the worker in its run's network namespace and exposes its
+// two ports there, through authenticated tunnels, to the run's other
+// machines; the worker's closers undo both.
+func (e *Executor) wireNet(ctx context.Context, w *worker) (*sandbox.NetNS, error) {
+	l := w.l
+	allowed := remotePeers(l.World, e.n.host.ID().String())
+	ns, err := e.acquireNet(ctx, l)
+	if ns != nil {
+		w.set(func() { w.closers = append(w.closers, func() { e.releaseNet(l.JobID) }) })
+	}
+	if err != nil {
+		return nil, err
+	}
+	unexpose := e.tunnels.ExposeIn(ns, l.JobID, l.Index, workerPort(l.Index), allowed)
+	unexposeAvg := e.tunnels.ExposeIn(ns, l.JobID, avgIndex(l.Index), avgPort(l.Index), allowed)
+	w.set(func() { w.closers = append(w.closers, unexpose, unexposeAvg) })
+	return ns, nil
+}
+
+// clusterAddrs is the cluster of a run of n workers as every worker sees
+// it: worker j at 127.0.0.1 on workerPort(j) (addrs) and avgPort(j) (avg)
+// of the run's network namespace, where only loopback exists; remote
+// workers are forwarders through authenticated tunnels.
+func clusterAddrs(n int) (addrs, avg []string) {
+	addrs = make([]string, n)
+	avg = make([]string, n)
+	for j := range n {
+		addrs[j] = "127.0.0.1:" + strconv.Itoa(workerPort(j))
+		avg[j] = "127.0.0.1:" + strconv.Itoa(avgPort(j))
+	}
+	return addrs, avg
+}
+
+// remotePeers lists the machines of a run's world other than self: the
+// only peers whose tunnels may reach its workers here.
+func remotePeers(world []string, self string) []peer.ID {
+	var allowed []peer.ID
+	for _, m := range world {
+		if id, err := peer.Decode(m); err == nil && m != self && !slices.Contains(allowed, id) {
+			allowed = append(allowed, id)
+		}
+	}
+	return allowed
 }
