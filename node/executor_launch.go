@@ -23,6 +23,21 @@ import (
 // launch checks a launch request against this machine's hold and the
 // ledger's escrow, then starts the worker in the background.
 func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) error {
+	if err := e.checkHold(from, l); err != nil {
+		return err
+	}
+	if err := e.checkEscrow(ctx, from, l); err != nil {
+		return err
+	}
+	if err := e.checkInputs(l); err != nil {
+		return err
+	}
+	return e.admit(from, l)
+}
+
+// checkHold checks that the worker is placed on this machine and that from
+// committed a hold here for the run, big enough for all its workers here.
+func (e *Executor) checkHold(from peer.ID, l p2p.Launch) error {
 	self := e.n.host.ID().String()
 	if l.World[l.Index] != self {
 		return fmt.Errorf("worker %d is placed on %s, not on this machine", l.Index, l.World[l.Index])
@@ -41,27 +56,20 @@ func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) error
 	if l.Res.Cores*mine > held.Cores || l.Res.MemBytes*uint64(mine) > held.MemBytes || l.Res.GPUs*mine > held.GPUs {
 		return fmt.Errorf("the hold reserved %s: less than %s of this size", units.FormatResources(int(held.Cores), held.MemBytes, int(held.GPUs)), units.Count(int(mine), "worker", "workers"))
 	}
-	pub, err := from.ExtractPublicKey()
-	if err != nil {
-		return fmt.Errorf("submitter key: %w", err)
-	}
-	raw, err := pub.Raw()
+	return nil
+}
+
+// checkEscrow checks the run's escrow on the ledger: paid by the
+// submitter, with this machine among its payees, lasting past the job's
+// max duration, and not empty.
+func (e *Executor) checkEscrow(ctx context.Context, from peer.ID, l p2p.Launch) error {
+	payer, err := submitterAddress(from)
 	if err != nil {
 		return err
 	}
-	payer := identity.AddressOf(raw)
-	// The escrow was just committed: this machine's replica of the
-	// ledger may be a block behind.
-	var esc *ledger.Escrow
-	for {
-		if esc, err = e.n.ledger.Escrow(ctx, l.JobID); err == nil {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("no escrow for this job on the ledger: %w", err)
-		case <-time.After(200 * time.Millisecond):
-		}
+	esc, err := e.awaitEscrow(ctx, l.JobID)
+	if err != nil {
+		return err
 	}
 	me := string(e.n.key.Address())
 	switch {
@@ -74,6 +82,42 @@ func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) error
 	case esc.Amount == 0:
 		return errors.New("the escrow is empty")
 	}
+	return nil
+}
+
+// submitterAddress is the ledger address of the peer from.
+func submitterAddress(from peer.ID) (identity.Address, error) {
+	pub, err := from.ExtractPublicKey()
+	if err != nil {
+		return "", fmt.Errorf("submitter key: %w", err)
+	}
+	raw, err := pub.Raw()
+	if err != nil {
+		return "", err
+	}
+	return identity.AddressOf(raw), nil
+}
+
+// awaitEscrow reads run's escrow from the ledger. The escrow was just
+// committed: this machine's replica of the ledger may be a block behind,
+// so it asks again until ctx ends.
+func (e *Executor) awaitEscrow(ctx context.Context, run string) (*ledger.Escrow, error) {
+	for {
+		esc, err := e.n.ledger.Escrow(ctx, run)
+		if err == nil {
+			return esc, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("no escrow for this job on the ledger: %w", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// checkInputs checks that the launch's inputs are CIDs and that its
+// command is one this machine runs.
+func (e *Executor) checkInputs(l p2p.Launch) error {
 	for _, c := range []string{l.Bundle, l.Dataset, l.Resume} {
 		if c != "" {
 			if _, err := cid.Decode(c); err != nil {
@@ -81,9 +125,15 @@ func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) error
 			}
 		}
 	}
-	if _, _, err := e.program(l.Command); err != nil {
-		return err
-	}
+	_, _, err := e.program(l.Command)
+	return err
+}
+
+// admit makes a checked worker one of this machine's, if the node runs
+// jobs now: it picks the worker's CPUs, lists it among the workers here,
+// runs it in the background and schedules the claim on the run's escrow.
+// A retried launch of a worker already here succeeds at once.
+func (e *Executor) admit(from peer.ID, l p2p.Launch) error {
 	key := workerKey(l.JobID, l.Index)
 	e.mu.Lock()
 	defer e.mu.Unlock()
