@@ -128,39 +128,56 @@ func newExecutor(n *Node, dir, python string) (*Executor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("[executor] uid_range: %w", err)
 	}
-	if err := os.MkdirAll(dir, 0o711); err != nil {
-		return nil, fmt.Errorf("executor work dir: %w", err)
-	}
-	// A job's uid must be able to reach its own dir through this one, and
-	// nothing more.
-	if err := os.Chmod(dir, 0o711); err != nil {
-		return nil, fmt.Errorf("executor work dir: %w", err)
-	}
-	if os.Geteuid() == 0 {
-		if err := sandbox.CheckRootOnly(dir); err != nil {
-			return nil, fmt.Errorf("[executor] work_dir %s: %w; pick a dir only root can change", dir, err)
-		}
-	}
-	root, err := os.OpenRoot(dir)
+	root, logs, err := openWorkArea(dir)
 	if err != nil {
-		return nil, fmt.Errorf("executor work dir: %w", err)
-	}
-	if err := root.Mkdir("logs", 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("executor log dir: %w", err)
-	}
-	if err := root.Chmod("logs", 0o700); err != nil {
-		return nil, fmt.Errorf("executor log dir: %w", err)
-	}
-	logs, err := root.OpenRoot("logs")
-	if err != nil {
-		return nil, fmt.Errorf("executor log dir: %w", err)
+		return nil, err
 	}
 	id := n.host.ID().String()
 	e := &Executor{n: n, dir: dir, root: root, logs: logs, ids: ids, keep: n.cfg.Executor.KeepLogs.Duration,
 		python: python, tunnels: tunnel.New(n.host, n.cfg.Node.ChainID, n.log.With("module", "tunnel")),
 		tag: id[len(id)-8:], workers: map[string]*worker{}, nets: map[string]*runNet{}, cpus: map[int]string{}}
+	e.registerMetrics()
+	return e, nil
+}
+
+// openWorkArea makes the work dir, which a job's uid may only pass
+// through to its own dir, and its logs/ dir, root's alone; it opens both.
+func openWorkArea(dir string) (root, logs *os.Root, err error) {
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return nil, nil, fmt.Errorf("executor work dir: %w", err)
+	}
+	// A job's uid must be able to reach its own dir through this one, and
+	// nothing more.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return nil, nil, fmt.Errorf("executor work dir: %w", err)
+	}
+	if os.Geteuid() == 0 {
+		if err := sandbox.CheckRootOnly(dir); err != nil {
+			return nil, nil, fmt.Errorf("[executor] work_dir %s: %w; pick a dir only root can change", dir, err)
+		}
+	}
+	root, err = os.OpenRoot(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("executor work dir: %w", err)
+	}
+	if err := root.Mkdir("logs", 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, nil, fmt.Errorf("executor log dir: %w", err)
+	}
+	if err := root.Chmod("logs", 0o700); err != nil {
+		return nil, nil, fmt.Errorf("executor log dir: %w", err)
+	}
+	logs, err = root.OpenRoot("logs")
+	if err != nil {
+		return nil, nil, fmt.Errorf("executor log dir: %w", err)
+	}
+	return root, logs, nil
+}
+
+// registerMetrics exports the executor's gauges: its workers, the cores
+// they hold, and the most cores and memory they have held at once.
+func (e *Executor) registerMetrics() {
 	gauge := func(name, help string, f func() float64) {
-		n.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "deepmarket", Subsystem: "exec", Name: name, Help: help}, f))
+		e.n.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "deepmarket", Subsystem: "exec", Name: name, Help: help}, f))
 	}
 	gauge("workers", "Workers of lent jobs on this machine now.", func() float64 {
 		e.mu.Lock()
@@ -178,7 +195,6 @@ func newExecutor(n *Node, dir, python string) (*Executor, error) {
 		defer e.mu.Unlock()
 		return float64(e.peakMem)
 	})
-	return e, nil
 }
 
 // snapshot lists the workers here now.
@@ -232,16 +248,7 @@ func (e *Executor) Run(ctx context.Context) error {
 	e.mu.Lock()
 	e.ctx = ctx
 	e.mu.Unlock()
-	// Receipts kept before a restart still get claimed if their escrows
-	// expire unsettled.
-	var runs []string
-	e.n.store.Each("receipts/", func(key string, _ []byte) error {
-		runs = append(runs, strings.TrimPrefix(key, "receipts/"))
-		return nil
-	})
-	for _, run := range runs {
-		go e.claimLater(run)
-	}
+	e.claimKept()
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
 	e.sweep(time.Now())
@@ -260,19 +267,26 @@ func (e *Executor) Run(ctx context.Context) error {
 				e.sweep(now)
 				lastSweep = now
 			}
-			for _, w := range e.snapshot() {
-				w.mu.Lock()
-				live := w.state == p2p.WorkerRunning || w.state == p2p.WorkerFetching
-				silent := now.Sub(w.beat) > submitterSilence
-				over := !w.started.IsZero() && now.Sub(w.started) > time.Duration(w.l.MaxSecs)*time.Second
-				w.mu.Unlock()
-				switch {
-				case live && silent:
-					e.stop(w, "the submitter stopped answering", false)
-				case live && over:
-					e.stop(w, "max duration reached", false)
-				}
-			}
+			e.watch(now)
+		}
+	}
+}
+
+// watch stops the live workers whose submitter stopped asking after them
+// (work past its last receipt would not be paid) or that ran past the
+// job's max duration.
+func (e *Executor) watch(now time.Time) {
+	for _, w := range e.snapshot() {
+		w.mu.Lock()
+		live := w.state == p2p.WorkerRunning || w.state == p2p.WorkerFetching
+		silent := now.Sub(w.beat) > submitterSilence
+		over := !w.started.IsZero() && now.Sub(w.started) > time.Duration(w.l.MaxSecs)*time.Second
+		w.mu.Unlock()
+		switch {
+		case live && silent:
+			e.stop(w, "the submitter stopped answering", false)
+		case live && over:
+			e.stop(w, "max duration reached", false)
 		}
 	}
 }

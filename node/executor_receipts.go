@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/deepmarket/deepmarket/ledger"
@@ -67,4 +68,17 @@ func (e *Executor) claim(ctx context.Context, run string) {
 		}
 	}
 	e.n.log.Info("claimed from an unsettled escrow", "job", run, "amount", r.Amount)
+}
+
+// claimKept schedules the claims of the receipts kept before a restart:
+// they still get claimed if their escrows expire unsettled.
+func (e *Executor) claimKept() {
+	var runs []string
+	e.n.store.Each("receipts/", func(key string, _ []byte) error {
+		runs = append(runs, strings.TrimPrefix(key, "receipts/"))
+		return nil
+	})
+	for _, run := range runs {
+		go e.claimLater(run)
+	}
 }
