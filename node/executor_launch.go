@@ -1,0 +1,224 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ipfs/go-cid"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/units"
+)
+
+// launch checks a launch request against this machine's hold and the
+// ledger's escrow, then starts the worker in the background.
+func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) error {
+	if err := e.checkHold(from, l); err != nil {
+		return err
+	}
+	if err := e.checkEscrow(ctx, from, l); err != nil {
+		return err
+	}
+	if err := e.checkInputs(l); err != nil {
+		return err
+	}
+	return e.admit(from, l)
+}
+
+// checkHold checks that the worker is placed on this machine and that from
+// committed a hold here for the run, big enough for all its workers here.
+func (e *Executor) checkHold(from peer.ID, l p2p.Launch) error {
+	self := e.n.host.ID().String()
+	if l.World[l.Index] != self {
+		return fmt.Errorf("worker %d is placed on %s, not on this machine", l.Index, l.World[l.Index])
+	}
+	held, ok := e.n.holds.Launch(l.Hold, l.JobID, from, time.Now())
+	if !ok {
+		return errors.New("no committed hold for this job here from you: reserve and commit first")
+	}
+	// The hold covers every worker of the run on this machine.
+	var mine uint32
+	for _, m := range l.World {
+		if m == self {
+			mine++
+		}
+	}
+	if l.Res.Cores*mine > held.Cores || l.Res.MemBytes*uint64(mine) > held.MemBytes || l.Res.GPUs*mine > held.GPUs {
+		return fmt.Errorf("the hold reserved %s: less than %s of this size", units.FormatResources(int(held.Cores), held.MemBytes, int(held.GPUs)), units.Count(int(mine), "worker", "workers"))
+	}
+	return nil
+}
+
+// checkEscrow checks the run's escrow on the ledger: paid by the
+// submitter, with this machine among its payees, lasting past the job's
+// max duration, and not empty.
+func (e *Executor) checkEscrow(ctx context.Context, from peer.ID, l p2p.Launch) error {
+	payer, err := submitterAddress(from)
+	if err != nil {
+		return err
+	}
+	esc, err := e.awaitEscrow(ctx, l.JobID)
+	if err != nil {
+		return err
+	}
+	me := string(e.n.key.Address())
+	switch {
+	case esc.Payer != string(payer):
+		return fmt.Errorf("the escrow is paid by %s, not by the submitter %s", esc.Payer, payer)
+	case !slices.Contains(esc.Payees, me):
+		return fmt.Errorf("this machine (%s) is not a payee of the escrow", me)
+	case time.Unix(esc.Expiry, 0).Before(time.Now().Add(time.Duration(l.MaxSecs) * time.Second)):
+		return errors.New("the escrow expires before the job's max duration ends")
+	case esc.Amount == 0:
+		return errors.New("the escrow is empty")
+	}
+	return nil
+}
+
+// submitterAddress is the ledger address of the peer from.
+func submitterAddress(from peer.ID) (identity.Address, error) {
+	pub, err := from.ExtractPublicKey()
+	if err != nil {
+		return "", fmt.Errorf("submitter key: %w", err)
+	}
+	raw, err := pub.Raw()
+	if err != nil {
+		return "", err
+	}
+	return identity.AddressOf(raw), nil
+}
+
+// awaitEscrow reads run's escrow from the ledger. The escrow was just
+// committed: this machine's replica of the ledger may be a block behind,
+// so it asks again until ctx ends.
+func (e *Executor) awaitEscrow(ctx context.Context, run string) (*ledger.Escrow, error) {
+	for {
+		esc, err := e.n.ledger.Escrow(ctx, run)
+		if err == nil {
+			return esc, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("no escrow for this job on the ledger: %w", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// checkInputs checks that the launch's inputs are CIDs and that its
+// command is one this machine runs.
+func (e *Executor) checkInputs(l p2p.Launch) error {
+	for _, c := range []string{l.Bundle, l.Dataset, l.Resume} {
+		if c != "" {
+			if _, err := cid.Decode(c); err != nil {
+				return fmt.Errorf("CID %q: %w", c, err)
+			}
+		}
+	}
+	_, _, err := e.program(l.Command)
+	return err
+}
+
+// admit makes a checked worker one of this machine's, if the node runs
+// jobs now: it picks the worker's CPUs, lists it among the workers here,
+// runs it in the background and schedules the claim on the run's escrow.
+// A retried launch of a worker already here succeeds at once.
+func (e *Executor) admit(from peer.ID, l p2p.Launch) error {
+	key := workerKey(l.JobID, l.Index)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ctx == nil || e.ctx.Err() != nil {
+		return errors.New("the node is not running jobs now")
+	}
+	if _, ok := e.workers[key]; ok {
+		return nil // a retried launch
+	}
+	cpus, err := e.pickCPUs(key, int(l.Res.Cores))
+	if err != nil {
+		return err
+	}
+	name := workerName(l.JobID, l.Index)
+	w := &worker{l: l, bidder: from, key: key, name: name, dir: filepath.Join(e.dir, name),
+		cpus: cpus, box: name + "-" + e.tag, state: p2p.WorkerFetching, beat: time.Now(), done: make(chan struct{})}
+	wctx, cancel := context.WithCancel(e.ctx)
+	w.cancel = cancel
+	e.workers[key] = w
+	if c, m := e.inUseLocked(); c > e.peakCores || m > e.peakMem {
+		e.peakCores, e.peakMem = max(c, e.peakCores), max(m, e.peakMem)
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer close(w.done)
+		e.run(wctx, w)
+	}()
+	go e.claimLater(l.JobID)
+	return nil
+}
+
+// pickCPUs gives a worker n CPUs no other worker here uses, from the
+// highest-numbered down (the owner's own work tends to land low).
+func (e *Executor) pickCPUs(key string, n int) ([]int, error) {
+	pool := slices.Clone(e.n.cfg.Executor.CPUs)
+	if len(pool) == 0 {
+		for c := range runtime.NumCPU() {
+			pool = append(pool, c)
+		}
+	}
+	var got []int
+	for k := len(pool) - 1; k >= 0 && len(got) < n; k-- {
+		if _, used := e.cpus[pool[k]]; !used {
+			got = append(got, pool[k])
+		}
+	}
+	if len(got) < n {
+		// More cores lent than CPUs free to pin: share, bounded by quota.
+		return nil, nil
+	}
+	for _, c := range got {
+		e.cpus[c] = key
+	}
+	slices.Sort(got)
+	return got, nil
+}
+
+// program is what runs a job's command here: an interpreter name lenders
+// offer (python3) becomes this machine's interpreter; anything else must
+// be a file of the bundle, named relative to it (inBundle).
+func (e *Executor) program(cmd []string) (argv []string, inBundle bool, err error) {
+	if len(cmd) == 0 {
+		return nil, false, errors.New("empty command")
+	}
+	argv = slices.Clone(cmd)
+	if jobs.IsInterpreter(cmd[0]) {
+		argv[0] = e.python
+		return argv, false, nil
+	}
+	if !filepath.IsLocal(cmd[0]) {
+		return nil, false, fmt.Errorf("command[0] %q: not in the bundle and not an interpreter this machine offers (%s)",
+			cmd[0], strings.Join(jobs.Interpreters, ", "))
+	}
+	argv[0] = "./" + filepath.Clean(cmd[0])
+	return argv, true, nil
+}
+
+// makeRunnable marks the bundle's program executable (a bundle fetched by
+// CID carries no modes), while the dir is still root's alone.
+func (e *Executor) makeRunnable(worker, prog string) error {
+	name := filepath.Join(worker, "bundle", prog)
+	fi, err := e.root.Lstat(name)
+	if err != nil || !fi.Mode().IsRegular() {
+		return fmt.Errorf("command[0] %q is not a file of the bundle", prog)
+	}
+	return e.root.Chmod(name, 0o755)
+}

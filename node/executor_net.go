@@ -1,0 +1,140 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/deepmarket/deepmarket/node/sandbox"
+	"github.com/deepmarket/deepmarket/p2p"
+)
+
+// workerPort is where worker j of a run listens, inside the run's
+// network namespace on every machine: the namespace is fresh, so the
+// same ports serve every run.
+func workerPort(j int) int { return 20000 + j }
+
+// avgPort is worker j's second port, for traffic the job runs beside its
+// framework's (the deepmarket package's DiLoCo averaging; DM_AVG_PEERS
+// lists them): 1000 above workerPort(j). Its tunnel is told apart from
+// the first port's by the worker index avgIndex(j).
+func avgPort(j int) int { return workerPort(j) + 1000 }
+
+func avgIndex(j int) int { return p2p.MaxWorkers + j }
+
+// runNet is a run's network namespace on this machine, shared by its
+// workers here, with the forwarders to its workers elsewhere.
+type runNet struct {
+	ns   *sandbox.NetNS
+	refs int
+	fwd  map[int]io.Closer
+}
+
+// acquireNet gives worker w its run's namespace, made on first use, with a
+// forwarder to each remote worker.
+func (e *Executor) acquireNet(ctx context.Context, l p2p.Launch) (*sandbox.NetNS, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	rn := e.nets[l.JobID]
+	if rn == nil {
+		ns, err := sandbox.NewNetNS()
+		if err != nil {
+			return nil, fmt.Errorf("cannot isolate the job's network (%v): not running it", err)
+		}
+		rn = &runNet{ns: ns, fwd: map[int]io.Closer{}}
+		e.nets[l.JobID] = rn
+	}
+	rn.refs++
+	self := e.n.host.ID().String()
+	for j, m := range l.World {
+		if m == self || rn.fwd[j] != nil {
+			continue
+		}
+		id, err := peer.Decode(m)
+		if err != nil {
+			return rn.ns, err
+		}
+		var known []string
+		if j < len(l.Addrs) {
+			known = l.Addrs[j]
+		}
+		e.n.learnAddrs(id, append(known, e.n.machineAddrs(m)...))
+		_, closer, err := e.tunnels.ForwardIn(ctx, rn.ns, workerPort(j), l.JobID, j, id)
+		if err != nil {
+			return rn.ns, fmt.Errorf("tunnel to worker %d: %w", j, err)
+		}
+		rn.fwd[j] = closer
+		_, closer, err = e.tunnels.ForwardIn(ctx, rn.ns, avgPort(j), l.JobID, avgIndex(j), id)
+		if err != nil {
+			return rn.ns, fmt.Errorf("tunnel to worker %d's second port: %w", j, err)
+		}
+		rn.fwd[avgIndex(j)] = closer
+	}
+	return rn.ns, nil
+}
+
+func (e *Executor) releaseNet(run string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	rn := e.nets[run]
+	if rn == nil {
+		return
+	}
+	if rn.refs--; rn.refs > 0 {
+		return
+	}
+	for _, c := range rn.fwd {
+		c.Close()
+	}
+	rn.ns.Close()
+	delete(e.nets, run)
+}
+
+// wireNet puts the worker in its run's network namespace and exposes its
+// two ports there, through authenticated tunnels, to the run's other
+// machines; the worker's closers undo both.
+func (e *Executor) wireNet(ctx context.Context, w *worker) (*sandbox.NetNS, error) {
+	l := w.l
+	allowed := remotePeers(l.World, e.n.host.ID().String())
+	ns, err := e.acquireNet(ctx, l)
+	if ns != nil {
+		w.set(func() { w.closers = append(w.closers, func() { e.releaseNet(l.JobID) }) })
+	}
+	if err != nil {
+		return nil, err
+	}
+	unexpose := e.tunnels.ExposeIn(ns, l.JobID, l.Index, workerPort(l.Index), allowed)
+	unexposeAvg := e.tunnels.ExposeIn(ns, l.JobID, avgIndex(l.Index), avgPort(l.Index), allowed)
+	w.set(func() { w.closers = append(w.closers, unexpose, unexposeAvg) })
+	return ns, nil
+}
+
+// clusterAddrs is the cluster of a run of n workers as every worker sees
+// it: worker j at 127.0.0.1 on workerPort(j) (addrs) and avgPort(j) (avg)
+// of the run's network namespace, where only loopback exists; remote
+// workers are forwarders through authenticated tunnels.
+func clusterAddrs(n int) (addrs, avg []string) {
+	addrs = make([]string, n)
+	avg = make([]string, n)
+	for j := range n {
+		addrs[j] = "127.0.0.1:" + strconv.Itoa(workerPort(j))
+		avg[j] = "127.0.0.1:" + strconv.Itoa(avgPort(j))
+	}
+	return addrs, avg
+}
+
+// remotePeers lists the machines of a run's world other than self: the
+// only peers whose tunnels may reach its workers here.
+func remotePeers(world []string, self string) []peer.ID {
+	var allowed []peer.ID
+	for _, m := range world {
+		if id, err := peer.Decode(m); err == nil && m != self && !slices.Contains(allowed, id) {
+			allowed = append(allowed, id)
+		}
+	}
+	return allowed
+}

@@ -1,0 +1,111 @@
+package node
+
+import (
+	"context"
+	"time"
+
+	"github.com/deepmarket/deepmarket/p2p"
+)
+
+// stop ends a worker (its checkpoint kept when asked); it returns at once.
+func (e *Executor) stop(w *worker, reason string, checkpoint bool) {
+	w.mu.Lock()
+	if w.stopping || w.state == p2p.WorkerExited || w.state == p2p.WorkerFailed {
+		w.mu.Unlock()
+		return
+	}
+	w.stopping, w.wantCkpt = true, checkpoint
+	proc := w.proc
+	if proc == nil {
+		w.state, w.reason, w.ended = p2p.WorkerStopped, reason, time.Now()
+		w.cancel()
+	} else {
+		w.reason = reason
+	}
+	w.mu.Unlock()
+	if proc != nil {
+		go proc.Stop(stopGrace)
+	}
+}
+
+// reclaim stops every worker after grace: the owner took the machine
+// back. Workers launched meanwhile are not taken (the offer is gone).
+func (e *Executor) reclaim(grace time.Duration) {
+	e.mu.Lock()
+	ws := make([]*worker, 0, len(e.workers))
+	for _, w := range e.workers {
+		ws = append(ws, w)
+	}
+	ctx := e.ctx
+	e.mu.Unlock()
+	if len(ws) == 0 || ctx == nil {
+		return
+	}
+	e.n.log.Info("the owner took the machine back: stopping its jobs after the grace period", "workers", len(ws), "grace", grace)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-time.After(grace):
+		}
+		for _, w := range ws {
+			e.stop(w, "the owner took the machine back", w.l.Index == 0)
+			if w.l.Index == 0 {
+				go e.keepCheckpoint(w)
+			}
+		}
+	}()
+}
+
+// keepCheckpoint adds a chief's output dir to storage as the run's
+// checkpoint once it has ended, if it left none (it may have exited on
+// its own when a peer vanished, before being asked to stop).
+func (e *Executor) keepCheckpoint(w *worker) {
+	<-w.done
+	w.mu.Lock()
+	need := w.result == "" && w.ckpt == ""
+	w.mu.Unlock()
+	if !need {
+		return
+	}
+	pin, err := e.addOutput(context.Background(), w)
+	w.mu.Lock()
+	if err == nil {
+		w.ckpt = pin.CID.String()
+	}
+	w.mu.Unlock()
+}
+
+// finish forgets a worker whose submitter has what it needs: its hold is
+// released, its tunnels closed, its dir and CPUs freed.
+func (e *Executor) finish(w *worker) {
+	<-w.done
+	w.mu.Lock()
+	closers := w.closers
+	w.closers = nil
+	w.mu.Unlock()
+	for _, c := range closers {
+		c()
+	}
+	e.n.holds.Release(w.l.Hold)
+	w.mu.Lock()
+	left, lease, jl := w.boxLeft, w.lease, w.log
+	w.mu.Unlock()
+	if err := e.root.RemoveAll(w.name); err == nil && !left {
+		if err := e.n.store.Delete(sandboxesKey + w.box); err != nil {
+			e.n.log.Warn("cannot forget a finished worker", "module", "executor", "err", err)
+		}
+		// Its files are gone with its dir: the uid owns nothing.
+		lease.Release()
+	}
+	if jl != nil {
+		jl.Close() // its files stay until the sweep
+	}
+	e.mu.Lock()
+	delete(e.workers, w.key)
+	for c, k := range e.cpus {
+		if k == w.key {
+			delete(e.cpus, c)
+		}
+	}
+	e.mu.Unlock()
+}

@@ -1,0 +1,346 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ipfs/go-cid"
+
+	"github.com/deepmarket/deepmarket/node/sandbox"
+	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/storage"
+	"github.com/deepmarket/deepmarket/units"
+)
+
+// set runs f with the worker's lock held.
+func (w *worker) set(f func()) {
+	w.mu.Lock()
+	f()
+	w.mu.Unlock()
+}
+
+// fail ends the worker failed for reason, unless it was stopped (then
+// its reason stays the stop's).
+func (w *worker) fail(reason string) {
+	w.set(func() {
+		if w.state != p2p.WorkerStopped {
+			w.state, w.reason = p2p.WorkerFailed, reason
+		}
+		if w.ended.IsZero() {
+			w.ended = time.Now()
+		}
+	})
+}
+
+// run is one worker's life here: prepared (recorded, a fresh dir, its
+// inputs, its program, its cluster, its environment), started in its
+// sandbox and waited for; the chief's output is then kept. A step that
+// fails ends the worker failed, with that step's reason.
+func (e *Executor) run(ctx context.Context, w *worker) {
+	log := e.n.log.With("module", "executor", "job", w.l.JobID[:12], "worker", w.l.Index)
+	spec, lease, err := e.prepare(ctx, w)
+	if err != nil {
+		w.fail(err.Error())
+		return
+	}
+	proc, err := e.startWorker(ctx, w, spec)
+	if err != nil {
+		w.fail(err.Error())
+		return
+	}
+	if proc == nil {
+		return // stopped before it started
+	}
+	log.Info("worker started", "command", w.l.Command, "cpus", w.cpus, "uid", lease.ID)
+	exit, err := awaitWorker(proc, lease)
+	stopped, wantCkpt, state := w.recordEnd(exit, err)
+	log.Info("worker ended", "exit", exit.Code, "signal", exit.Signal, "state", state, "cpu", exit.CPU)
+	if w.l.Index == 0 && ((!stopped && exit.Code == 0 && err == nil) || wantCkpt) {
+		// The chief's output dir is the job's result (or its checkpoint).
+		e.collectOutput(ctx, w, stopped)
+	}
+}
+
+// prepare readies all the worker's sandbox needs, in order: its record,
+// a fresh dir, its inputs, its program, its run's network, its
+// environment, its log and uid. It returns the sandbox's spec and the
+// lease of the uid it runs as.
+func (e *Executor) prepare(ctx context.Context, w *worker) (sandbox.Spec, *sandbox.Lease, error) {
+	if err := e.recordWorker(w); err != nil {
+		return sandbox.Spec{}, nil, err
+	}
+	if err := e.prepareDir(w); err != nil {
+		return sandbox.Spec{}, nil, err
+	}
+	if err := e.fetchInputs(ctx, w); err != nil {
+		return sandbox.Spec{}, nil, err
+	}
+	argv, err := e.prepareProgram(w)
+	if err != nil {
+		return sandbox.Spec{}, nil, err
+	}
+	ns, err := e.wireNet(ctx, w)
+	if err != nil {
+		return sandbox.Spec{}, nil, err
+	}
+	env := e.buildEnv(w)
+	jl, lease, err := e.takeLogAndUID(w)
+	if err != nil {
+		return sandbox.Spec{}, nil, err
+	}
+	return e.sandboxSpec(w, argv, env, jl, ns, lease.ID), lease, nil
+}
+
+// recordWorker stores the worker's sandbox record before anything of it
+// exists to clean up, so that the next start of a node that dies
+// meanwhile reaps it; finish forgets it.
+func (e *Executor) recordWorker(w *worker) error {
+	if err := e.n.store.Put(sandboxesKey+w.box, sandboxRecord{Job: w.l.JobID, Index: w.l.Index, Dir: w.dir}); err != nil {
+		return fmt.Errorf("record the worker: %w", err)
+	}
+	return nil
+}
+
+// prepareDir gives the worker a fresh dir with bundle/, data/, out/ and
+// tmp/, root's until the sandbox hands it to the worker's uid: no job can
+// reach it while the node lays the inputs out.
+func (e *Executor) prepareDir(w *worker) error {
+	if err := e.root.RemoveAll(w.name); err != nil {
+		return fmt.Errorf("work dir: %w", err)
+	}
+	if err := e.root.Mkdir(w.name, 0o700); err != nil {
+		return fmt.Errorf("work dir: %w", err)
+	}
+	for _, d := range []string{"bundle", "data", "out", "tmp"} {
+		if err := e.root.Mkdir(filepath.Join(w.name, d), 0o755); err != nil {
+			return fmt.Errorf("work dir: %w", err)
+		}
+	}
+	return nil
+}
+
+// fetchInputs fetches the worker's inputs by CID into its dir: the bundle,
+// the dataset and, for the chief, the checkpoint the run resumes from.
+func (e *Executor) fetchInputs(ctx context.Context, w *worker) error {
+	l := w.l
+	fetch := func(c, into string) error {
+		if c == "" {
+			return nil
+		}
+		id, _ := cid.Decode(c)
+		_, err := e.n.blocks.FetchInto(ctx, id, into, nil)
+		return err
+	}
+	if err := fetch(l.Bundle, filepath.Join(w.dir, "bundle")); err != nil {
+		return fmt.Errorf("fetch bundle: %w", err)
+	}
+	if err := fetch(l.Dataset, filepath.Join(w.dir, "data")); err != nil {
+		return fmt.Errorf("fetch dataset: %w", err)
+	}
+	if l.Index == 0 {
+		if err := fetch(l.Resume, filepath.Join(w.dir, "out")); err != nil {
+			return fmt.Errorf("fetch checkpoint: %w", err)
+		}
+	}
+	return nil
+}
+
+// prepareProgram is the worker's argv, its program made executable when
+// it is a file of the bundle.
+func (e *Executor) prepareProgram(w *worker) ([]string, error) {
+	argv, inBundle, err := e.program(w.l.Command)
+	if err == nil && inBundle {
+		err = e.makeRunnable(w.name, argv[0])
+	}
+	return argv, err
+}
+
+// buildEnv is the worker's environment: the DM_* variables that place it
+// in its run (its rank, the cluster, its dirs), the run's training
+// settings, its framework's view of the cluster, and a PATH that finds
+// this machine's Python first.
+func (e *Executor) buildEnv(w *worker) []string {
+	l := w.l
+	addrs, avg := clusterAddrs(len(l.World))
+	env := []string{
+		"DM_JOB_ID=" + l.JobID, "DM_RANK=" + strconv.Itoa(l.Index), "DM_WORLD_SIZE=" + strconv.Itoa(len(l.World)),
+		"DM_WORKERS=" + strings.Join(addrs, ","), "DM_AVG_PEERS=" + strings.Join(avg, ","), "DM_CORES=" + strconv.Itoa(int(max(l.Res.Cores, 1))),
+		"DM_DATA_DIR=" + filepath.Join(w.dir, "data"), "DM_OUTPUT_DIR=" + filepath.Join(w.dir, "out"),
+	}
+	env = append(env, l.Training.Env()...)
+	env = append(env, frameworkEnv(l.Framework, l.Index, addrs)...)
+	path := "/usr/local/bin:/usr/bin:/bin"
+	if e.python != "" && strings.Contains(e.python, "/") {
+		// python3 in the command is the configured environment's.
+		path = filepath.Dir(e.python) + ":" + path
+	}
+	return append(env, "PATH="+path)
+}
+
+// frameworkEnv tells a worker's framework its cluster: MASTER_ADDR and
+// MASTER_PORT (the chief's address, as torch.distributed reads it) and,
+// for TensorFlow, TF_CONFIG with the worker's index.
+func frameworkEnv(framework string, index int, addrs []string) []string {
+	var env []string
+	if host, port, err := net.SplitHostPort(addrs[0]); err == nil {
+		env = append(env, "MASTER_ADDR="+host, "MASTER_PORT="+port)
+	}
+	if framework == "tensorflow" {
+		tf, _ := json.Marshal(map[string]any{
+			"cluster": map[string][]string{"worker": addrs},
+			"task":    map[string]any{"type": "worker", "index": index},
+		})
+		env = append(env, "TF_CONFIG="+string(tf))
+	}
+	return env
+}
+
+// takeLogAndUID opens the worker's log and leases it a uid of its own; the
+// worker holds both from then on (finish closes the log and releases the
+// uid once nothing of the job is left).
+func (e *Executor) takeLogAndUID(w *worker) (*workerLog, *sandbox.Lease, error) {
+	jl, err := openWorkerLog(e.logs, w.name)
+	if err != nil {
+		return nil, nil, err
+	}
+	lease, err := e.ids.Acquire()
+	w.set(func() { w.log, w.lease = jl, lease })
+	if err != nil {
+		return nil, nil, fmt.Errorf("a uid for the worker: %w", err)
+	}
+	return jl, lease, nil
+}
+
+// sandboxSpec is the worker's sandbox: its dir, entered at bundle/, its
+// output to its log, its run's network namespace, its own uid and the
+// limits its hold reserved. It may read this machine's Python
+// environment, and never sees the node's home.
+func (e *Executor) sandboxSpec(w *worker, argv, env []string, jl *workerLog, ns *sandbox.NetNS, uid int) sandbox.Spec {
+	l := w.l
+	return sandbox.Spec{
+		Name: w.box, Dir: w.dir, Cwd: filepath.Join(w.dir, "bundle"),
+		Argv: argv, Env: env, Stdout: jl, Stderr: jl, NetNS: ns, UID: uid,
+		Limits: sandbox.Limits{
+			CPUs: w.cpus, Cores: float64(max(l.Res.Cores, 1)), MemBytes: l.Res.MemBytes,
+			// The logs count against the worker's disk bound.
+			Pids: 512, DiskBytes: max(10<<30, 2*l.Res.MemBytes) - workerLogBytes, GPUs: gpuIDs(int(l.Res.GPUs)),
+		},
+		ReadOnly: readOnlyFor(e.python),
+		Hide:     []string{e.n.home.Dir},
+	}
+}
+
+// startWorker starts the worker's sandbox and marks it running. A worker
+// stopped while it was being prepared is not started: startWorker then
+// returns neither a process nor an error.
+func (e *Executor) startWorker(ctx context.Context, w *worker, spec sandbox.Spec) (*sandbox.Process, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopping {
+		return nil, nil
+	}
+	proc, err := sandbox.Start(ctx, spec)
+	if err != nil {
+		w.boxLeft = true // Start may have failed to remove its cgroup
+		return nil, fmt.Errorf("start: %w", err)
+	}
+	w.proc, w.state, w.started = proc, p2p.WorkerRunning, time.Now()
+	return proc, nil
+}
+
+// awaitWorker waits for the worker's sandbox to end. When it ended
+// cleanly, nothing of the job is left and its dir is root's again: the
+// uid owns nothing and is released to serve another job.
+func awaitWorker(proc *sandbox.Process, lease *sandbox.Lease) (sandbox.Exit, error) {
+	exit, err := proc.Wait()
+	if err == nil {
+		lease.Release()
+	}
+	return exit, err
+}
+
+// recordEnd records how the worker's sandbox ended (err: it could not be
+// waited for or emptied, so it may be left for the next start to reap).
+// It returns whether the worker had been stopped, whether its checkpoint
+// was asked for, and the state it ended in.
+func (w *worker) recordEnd(exit sandbox.Exit, err error) (stopped, wantCkpt bool, state string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.ended = time.Now()
+	w.exit = exit.Code
+	w.boxLeft = err != nil
+	stopped = w.stopping
+	switch {
+	case stopped:
+		w.state = p2p.WorkerStopped
+	case err != nil:
+		w.state, w.reason = p2p.WorkerFailed, err.Error()
+	case exit.OOMKilled:
+		w.state, w.reason = p2p.WorkerFailed, fmt.Sprintf("out of memory: the job's limit is %s per worker", units.FormatSize(w.l.Res.MemBytes))
+	case exit.PidsLimited:
+		w.state, w.reason = p2p.WorkerFailed, "too many processes (the job's limit is 512)"
+	case exit.DiskExceeded:
+		w.state, w.reason = p2p.WorkerFailed, "the job's work dir outgrew its disk bound"
+	case exit.Code != 0 || exit.Signal != "":
+		w.state, w.reason = p2p.WorkerExited, fmt.Sprintf("exited with code %d %s", exit.Code, exit.Signal)
+	default:
+		w.state = p2p.WorkerExited
+	}
+	return stopped, w.wantCkpt, w.state
+}
+
+// collectOutput adds the chief's output dir to storage: the job's result,
+// or its checkpoint when it was stopped. A worker that cannot keep its
+// result fails.
+func (e *Executor) collectOutput(ctx context.Context, w *worker, stopped bool) {
+	pin, err := e.addOutput(context.WithoutCancel(ctx), w)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case err != nil:
+		w.reason = "could not keep the output: " + err.Error()
+		if !stopped {
+			w.state = p2p.WorkerFailed
+		}
+	case stopped:
+		w.ckpt = pin.CID.String()
+	default:
+		w.result = pin.CID.String()
+	}
+}
+
+func gpuIDs(n int) []int {
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = i
+	}
+	return ids
+}
+
+// addOutput adds the chief's output dir to storage. The job chose what is
+// in it, links included: the import resolves every name beneath the
+// worker's dir and reads nothing outside it.
+func (e *Executor) addOutput(ctx context.Context, w *worker) (storage.Pin, error) {
+	dir, err := e.root.OpenRoot(w.name)
+	if err != nil {
+		return storage.Pin{}, err
+	}
+	defer dir.Close()
+	return e.n.blocks.AddFrom(ctx, dir, "out", nil)
+}
+
+// readOnlyFor lists what a job may read beyond its dir: the Python
+// environment that runs it.
+func readOnlyFor(python string) []string {
+	if !strings.Contains(python, "/") {
+		return nil
+	}
+	// .../venv/bin/python3 -> .../venv
+	return []string{filepath.Dir(filepath.Dir(python))}
+}
