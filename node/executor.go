@@ -65,6 +65,7 @@ type Executor struct {
 	workers map[string]*worker // run/index
 	nets    map[string]*runNet // run -> its network namespace here
 	cpus    map[int]string     // CPU id -> worker using it
+	gpus    map[int]string     // GPU index (as nvidia-smi numbers them) -> worker using it
 	ctx     context.Context
 	wg      sync.WaitGroup
 
@@ -84,6 +85,7 @@ type worker struct {
 	name   string // its dir under the work area and its log dir
 	dir    string
 	cpus   []int
+	gpus   []int  // the GPUs it sees, its own
 	box    string // the sandbox's name
 
 	mu       sync.Mutex
@@ -135,7 +137,7 @@ func newExecutor(n *Node, dir, python string) (*Executor, error) {
 	id := n.host.ID().String()
 	e := &Executor{n: n, dir: dir, root: root, logs: logs, ids: ids, keep: n.cfg.Executor.KeepLogs.Duration,
 		python: python, tunnels: tunnel.New(n.host, n.cfg.Node.ChainID, n.log.With("module", "tunnel")),
-		tag: id[len(id)-8:], workers: map[string]*worker{}, nets: map[string]*runNet{}, cpus: map[int]string{}}
+		tag: id[len(id)-8:], workers: map[string]*worker{}, nets: map[string]*runNet{}, cpus: map[int]string{}, gpus: map[int]string{}}
 	e.registerMetrics()
 	return e, nil
 }

@@ -143,13 +143,20 @@ func (e *Executor) admit(from peer.ID, l p2p.Launch) error {
 	if _, ok := e.workers[key]; ok {
 		return nil // a retried launch
 	}
+	gpus, err := e.pickGPUs(key, int(l.Res.GPUs))
+	if err != nil {
+		return err
+	}
 	cpus, err := e.pickCPUs(key, int(l.Res.Cores))
 	if err != nil {
+		for _, g := range gpus {
+			delete(e.gpus, g)
+		}
 		return err
 	}
 	name := workerName(l.JobID, l.Index)
 	w := &worker{l: l, bidder: from, key: key, name: name, dir: filepath.Join(e.dir, name),
-		cpus: cpus, box: name + "-" + e.tag, state: p2p.WorkerFetching, beat: time.Now(), done: make(chan struct{})}
+		cpus: cpus, gpus: gpus, box: name + "-" + e.tag, state: p2p.WorkerFetching, beat: time.Now(), done: make(chan struct{})}
 	wctx, cancel := context.WithCancel(e.ctx)
 	w.cancel = cancel
 	e.workers[key] = w
@@ -164,6 +171,33 @@ func (e *Executor) admit(from peer.ID, l p2p.Launch) error {
 	}()
 	go e.claimLater(l.JobID)
 	return nil
+}
+
+// pickGPUs gives a worker n of the GPUs this machine lends (the first
+// ones nvidia-smi lists, as the offer says) that no other worker here
+// uses. Unlike CPUs, a GPU is never shared: too few free is an error.
+func (e *Executor) pickGPUs(key string, n int) ([]int, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	lent := 0
+	if st := e.n.lender.State(time.Now()); st.Settings != nil {
+		lent = min(st.Settings.GPUs, len(e.n.Inventory().GPUs))
+	}
+	var got []int
+	for g := 0; g < lent && len(got) < n; g++ {
+		if _, used := e.gpus[g]; !used {
+			got = append(got, g)
+		}
+	}
+	if len(got) < n {
+		return nil, fmt.Errorf("%s: this machine lends %s and %d in use", units.Count(n, "GPU wanted", "GPUs wanted"),
+			units.Count(lent, "GPU", "GPUs"), len(e.gpus))
+	}
+	for _, g := range got {
+		e.gpus[g] = key
+	}
+	return got, nil
 }
 
 // pickCPUs gives a worker n CPUs no other worker here uses, from the

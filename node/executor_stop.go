@@ -107,5 +107,10 @@ func (e *Executor) finish(w *worker) {
 			delete(e.cpus, c)
 		}
 	}
+	for g, k := range e.gpus {
+		if k == w.key {
+			delete(e.gpus, g)
+		}
+	}
 	e.mu.Unlock()
 }

@@ -229,7 +229,7 @@ func (e *Executor) sandboxSpec(w *worker, argv, env []string, jl *workerLog, ns 
 		Limits: sandbox.Limits{
 			CPUs: w.cpus, Cores: float64(max(l.Res.Cores, 1)), MemBytes: l.Res.MemBytes,
 			// The logs count against the worker's disk bound.
-			Pids: 512, DiskBytes: max(10<<30, 2*l.Res.MemBytes) - workerLogBytes, GPUs: gpuIDs(int(l.Res.GPUs)),
+			Pids: 512, DiskBytes: max(10<<30, 2*l.Res.MemBytes) - workerLogBytes, GPUs: w.gpus,
 		},
 		ReadOnly: readOnlyFor(e.python),
 		Hide:     []string{e.n.home.Dir},
@@ -313,14 +313,6 @@ func (e *Executor) collectOutput(ctx context.Context, w *worker, stopped bool) {
 	default:
 		w.result = pin.CID.String()
 	}
-}
-
-func gpuIDs(n int) []int {
-	ids := make([]int, n)
-	for i := range ids {
-		ids[i] = i
-	}
-	return ids
 }
 
 // addOutput adds the chief's output dir to storage. The job chose what is

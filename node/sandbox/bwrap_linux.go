@@ -53,7 +53,7 @@ type bwrapView struct {
 	Cwd        string // where the job starts; Dir when empty
 	ReadOnly   []string
 	Hide       []string
-	GPU        bool
+	GPUs       []int // the GPUs whose device nodes the job gets
 	OwnNet     bool  // a network namespace of its own (else the one the trampoline joined)
 	SeccompFDs []int // the fds bwrap reads seccomp filters from
 }
@@ -73,7 +73,7 @@ func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 	args := append([]string{bwrap}, namespaceArgs(v.OwnNet)...)
 	sysArgs, visible := systemDirArgs()
 	args = append(args, sysArgs...)
-	args = append(args, deviceArgs(v.GPU)...)
+	args = append(args, deviceArgs(v.GPUs)...)
 	// /tmp and /var/tmp are the job's own, inside its dir so that the disk
 	// bound covers them and they go with it.
 	tmp := filepath.Join(v.Dir, "tmp")
@@ -135,17 +135,19 @@ func systemDirArgs() (args, visible []string) {
 }
 
 // deviceArgs give the job its own /proc (of its pid namespace), /dev (null,
-// zero, random, tty, pts) and /dev/shm, nothing of the host's, plus the GPU
-// device nodes when gpu.
-func deviceArgs(gpu bool) []string {
+// zero, random, tty, pts) and /dev/shm, nothing of the host's, plus, when
+// it has GPUs, the driver's control nodes and the device node of each of
+// its GPUs (/dev/nvidiaN, N its index), not the others': the one GPU
+// restriction the kernel enforces.
+func deviceArgs(gpus []int) []string {
 	args := []string{"--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"}
-	if gpu {
+	if len(gpus) > 0 {
 		for _, d := range gpuDevices {
 			args = append(args, "--dev-bind-try", d, d)
 		}
-		nodes, _ := filepath.Glob("/dev/nvidia[0-9]*")
-		for _, d := range nodes {
-			args = append(args, "--dev-bind", d, d)
+		for _, g := range gpus {
+			d := fmt.Sprintf("/dev/nvidia%d", g)
+			args = append(args, "--dev-bind-try", d, d)
 		}
 	}
 	return args

@@ -155,7 +155,7 @@ func (p *Process) newTrampolineConfig(bw, cwd string, filters int) trampolineCon
 		scFDs = append(scFDs, firstSeccompFD+i)
 	}
 	view := bwrapView{Dir: s.Dir, Cwd: cwd, ReadOnly: s.ReadOnly, Hide: append(defaultHidden(), s.Hide...),
-		GPU: len(s.Limits.GPUs) > 0, OwnNet: s.NetNS == nil, SeccompFDs: scFDs}
+		GPUs: s.Limits.GPUs, OwnNet: s.NetNS == nil, SeccompFDs: scFDs}
 	return trampolineConfig{
 		UID: p.uid, GID: p.uid, FSize: s.Limits.DiskBytes, Dir: cwd,
 		Path: bw, Argv: bwrapArgs(bw, view, s.Argv), Env: buildEnv(s),

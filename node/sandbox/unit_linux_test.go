@@ -405,3 +405,14 @@ func TestCheckCgroup(t *testing.T) {
 		t.Error("v2 job outside its cgroup was accepted")
 	}
 }
+
+// A job's /dev has the device nodes of its own GPUs only.
+func TestDeviceArgsBindTheJobsGPUsOnly(t *testing.T) {
+	args := strings.Join(deviceArgs([]int{1}), " ")
+	if !strings.Contains(args, "/dev/nvidia1 /dev/nvidia1") || strings.Contains(args, "/dev/nvidia0") || !strings.Contains(args, "/dev/nvidiactl") {
+		t.Fatalf("one GPU: %s", args)
+	}
+	if args := strings.Join(deviceArgs(nil), " "); strings.Contains(args, "nvidia") {
+		t.Fatalf("no GPUs: %s", args)
+	}
+}
