@@ -1,0 +1,308 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/p2p"
+)
+
+// outcome is how a run ended.
+type outcome int
+
+const (
+	succeeded outcome = iota
+	programFailed
+	workerLost
+	wasCancelled
+	timedOut
+)
+
+// supervise polls run k's workers (status, heartbeat, receipts, logs)
+// until the run ends, then stops the rest, settles, and either finishes
+// the job or re-places it.
+func (m *JobManager) supervise(ctx context.Context, j *jobs.Job, k int) {
+	run := &j.Runs[k]
+	// Resuming after a restart: the workers ran on meanwhile; they are lost
+	// only if they stay silent from now.
+	m.save(j, func() {
+		now := time.Now().UTC()
+		for i := range run.Workers {
+			if run.Workers[i].Ended.IsZero() {
+				run.Workers[i].LastSeen = now
+			}
+		}
+	})
+	lastReceipt := time.Time{}
+	var out outcome
+	lost := map[int]bool{}
+	for {
+		select {
+		case <-ctx.Done():
+			return // the node stops; the job resumes when it restarts
+		case <-time.After(m.pollInterval(j)):
+		}
+		now := time.Now()
+		sendReceipts := now.Sub(lastReceipt) >= receiptEvery
+		receipts := map[string]*p2p.Receipt{}
+		if sendReceipts {
+			receipts = m.receipts(j, k, now)
+			lastReceipt = now
+		}
+		sts := m.poll(ctx, j, k, receipts)
+		if j.State == jobs.Launching {
+			for _, st := range sts {
+				if st != nil && st.State == p2p.WorkerRunning {
+					m.move(j, jobs.Running, "")
+					break
+				}
+			}
+		}
+		done, success, why := true, false, ""
+		for i, st := range sts {
+			w := &run.Workers[i]
+			switch {
+			case st == nil:
+				if now.Sub(w.LastSeen) > lostAfter {
+					lost[i] = true
+				}
+				done = false
+			case st.State == p2p.WorkerStopped:
+				lost[i] = true // its machine stopped it: withdrawn or shutting down
+			case st.State == p2p.WorkerFailed:
+				why = fmt.Sprintf("worker %d on %s failed: %s", i, w.Moniker, st.Reason)
+			case st.State == p2p.WorkerExited && st.ExitCode != 0:
+				why = fmt.Sprintf("worker %d on %s %s", i, w.Moniker, st.Reason)
+			case st.State == p2p.WorkerExited && i == 0 && st.Result != "":
+				success = true
+				m.save(j, func() { j.ResultCID = st.Result })
+			case st.State != p2p.WorkerExited:
+				done = false
+			}
+		}
+		unreachable := false
+		for _, st := range sts {
+			unreachable = unreachable || st == nil
+		}
+		ended := true
+		switch {
+		case why != "" && unreachable && len(lost) == 0:
+			// A worker failing while another is unreachable is most
+			// likely the consequence (its collective ops broke): wait to
+			// see whether the unreachable one is lost.
+			ended = false
+		case len(lost) > 0:
+			out, why = workerLost, fmt.Sprintf("lost %d worker(s): no answer for %s, or stopped by their machine", len(lost), lostAfter)
+		case why != "":
+			out = programFailed
+		case success:
+			out = succeeded
+		case m.cancelled(j.ID):
+			out, why = wasCancelled, "cancelled"
+		case !run.Started.IsZero() && now.Sub(run.Started) > j.Spec.MaxDuration+time.Minute:
+			out, why = timedOut, "max duration "+j.Spec.MaxDuration.String()+" reached"
+		case done:
+			out, why = programFailed, "every worker exited but the chief left no result"
+		default:
+			ended = false
+		}
+		if !ended {
+			continue
+		}
+		bg := context.WithoutCancel(ctx)
+		m.logf(j, "run ends: %s", map[bool]string{true: why, false: "the chief finished"}[why != ""])
+		// Stop the others; on a lost worker the chief keeps a checkpoint.
+		ckpt := out == workerLost && sts[0] != nil // the chief's machine answers
+		m.stopAll(bg, j, k, why, ckpt)
+		if ckpt {
+			m.awaitCheckpoint(bg, j, k)
+		}
+		m.settle(bg, j, k, lost)
+		// The machines may forget the run (its holds freed for a re-placed
+		// run); the chief's output or checkpoint is already in storage.
+		m.finalStop(bg, j, k)
+		if j.State == jobs.Launching && out == succeeded {
+			m.move(j, jobs.Running, "") // it ran, between two polls
+		}
+		switch {
+		case out == succeeded:
+			m.move(j, jobs.Succeeded, "")
+		case out == wasCancelled:
+			m.move(j, jobs.Cancelled, "cancelled by the submitter")
+		case out == workerLost && k+1 < maxRuns:
+			m.logf(j, "re-placing the job once on other machines%s", map[bool]string{true: " from the chief's checkpoint", false: ""}[j.Checkpoint != ""])
+			m.move(j, jobs.Quoting, why+": re-placing")
+			m.place(ctx, j, k+1)
+		default:
+			m.move(j, jobs.Failed, why)
+		}
+		return
+	}
+}
+
+// pollInterval is pollEvery, but quicker while the workers start, so a
+// job shows running as soon as it does.
+func (m *JobManager) pollInterval(j *jobs.Job) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r := j.Current(); r != nil && time.Since(r.Started) < time.Minute {
+		for _, w := range r.Workers {
+			if w.State != p2p.WorkerRunning {
+				return 300 * time.Millisecond
+			}
+		}
+	}
+	return pollEvery
+}
+
+// poll asks each worker of run k how it is, carrying receipts, and pulls
+// new log output into the job's log. A nil status is a worker that did
+// not answer.
+func (m *JobManager) poll(ctx context.Context, j *jobs.Job, k int, receipts map[string]*p2p.Receipt) []*p2p.JobStatus {
+	run := &j.Runs[k]
+	sts := make([]*p2p.JobStatus, len(run.Workers))
+	var wg sync.WaitGroup
+	for i := range run.Workers {
+		w := run.Workers[i]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var st p2p.JobStatus
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			if err := m.n.jobCall(cctx, w.Machine, p2p.TypeStatusReq, &p2p.StatusReq{JobID: run.ID, Index: i, Receipt: receipts[w.Payee]},
+				p2p.TypeJobStatus, &st); err != nil {
+				return
+			}
+			sts[i] = &st
+			if st.LogBytes > w.LogOffset {
+				var lg p2p.Logs
+				if err := m.n.jobCall(cctx, w.Machine, p2p.TypeLogsReq, &p2p.LogsReq{JobID: run.ID, Index: i, Offset: w.LogOffset},
+					p2p.TypeLogs, &lg); err == nil && len(lg.Data) > 0 {
+					m.appendLog(j.ID, tagLines(fmt.Sprintf("[w%d] ", i), lg.Data))
+					w.LogOffset = lg.Next
+				}
+			}
+			m.mu.Lock()
+			run.Workers[i].LogOffset = w.LogOffset
+			m.mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	now := time.Now().UTC()
+	m.save(j, func() {
+		for i, st := range sts {
+			if st == nil {
+				continue
+			}
+			w := &run.Workers[i]
+			w.State, w.ExitCode, w.Reason, w.LastSeen = st.State, st.ExitCode, st.Reason, now
+			if st.Started > 0 {
+				w.Started = clampTime(time.UnixMilli(st.Started), run.Started, now)
+			}
+			if st.Ended > 0 {
+				w.Ended = clampTime(time.UnixMilli(st.Ended), run.Started, now)
+			}
+			if i == 0 && st.Checkpoint != "" {
+				j.Checkpoint = st.Checkpoint
+			}
+		}
+	})
+	return sts
+}
+
+func clampTime(t, lo, hi time.Time) time.Time {
+	if t.Before(lo) {
+		return lo
+	}
+	if t.After(hi) {
+		return hi
+	}
+	return t
+}
+
+func tagLines(tag string, b []byte) string {
+	s := string(b)
+	trail := strings.HasSuffix(s, "\n")
+	s = strings.TrimSuffix(s, "\n")
+	s = tag + strings.ReplaceAll(s, "\n", "\n"+tag)
+	if trail {
+		s += "\n"
+	}
+	return s
+}
+
+// receipts signs, for each machine of run k, what its workers have earned
+// so far.
+func (m *JobManager) receipts(j *jobs.Job, k int, now time.Time) map[string]*p2p.Receipt {
+	run := &j.Runs[k]
+	owed := map[string]uint64{}
+	m.mu.Lock()
+	for i := range run.Workers {
+		owed[run.Workers[i].Payee] += used(run, &run.Workers[i], now)
+	}
+	m.mu.Unlock()
+	out := map[string]*p2p.Receipt{}
+	m.save(j, func() {
+		for payee, amount := range owed {
+			amount = min(amount, run.Escrow)
+			seq := uint64(0)
+			for i := range run.Workers {
+				if run.Workers[i].Payee == payee {
+					run.Workers[i].ReceiptSeq++
+					run.Workers[i].Receipt = amount
+					seq = max(seq, run.Workers[i].ReceiptSeq)
+				}
+			}
+			r := m.n.ledger.SignReceipt(ledger.Receipt{Job: run.ID, Payee: payee, Amount: amount, Seq: seq})
+			out[payee] = &p2p.Receipt{Payee: payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig}
+		}
+	})
+	return out
+}
+
+// stopAll stops every worker of run k (keeping the chief's checkpoint
+// when asked).
+func (m *JobManager) stopAll(ctx context.Context, j *jobs.Job, k int, reason string, checkpoint bool) {
+	run := &j.Runs[k]
+	var wg sync.WaitGroup
+	for i, w := range run.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var st p2p.JobStatus
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			m.n.jobCall(cctx, w.Machine, p2p.TypeStop, &p2p.Stop{JobID: run.ID, Index: i, Reason: reason, Checkpoint: checkpoint && i == 0},
+				p2p.TypeJobStatus, &st)
+		}()
+	}
+	wg.Wait()
+	// One more look, to record when each ended.
+	m.poll(ctx, j, k, nil)
+}
+
+// awaitCheckpoint waits for the stopped chief's checkpoint CID.
+func (m *JobManager) awaitCheckpoint(ctx context.Context, j *jobs.Job, k int) {
+	deadline := time.Now().Add(stopGrace + 20*time.Second)
+	for time.Now().Before(deadline) && j.Checkpoint == "" {
+		time.Sleep(time.Second)
+		m.poll(ctx, j, k, nil)
+	}
+}
+
+// finalStop tells every machine of run k it may forget the worker.
+func (m *JobManager) finalStop(ctx context.Context, j *jobs.Job, k int) {
+	run := &j.Runs[k]
+	for i, w := range run.Workers {
+		var st p2p.JobStatus
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		m.n.jobCall(cctx, w.Machine, p2p.TypeStop, &p2p.Stop{JobID: run.ID, Index: i, Final: true}, p2p.TypeJobStatus, &st)
+		cancel()
+	}
+}
