@@ -41,7 +41,7 @@ func (m *JobManager) place(ctx context.Context, j *jobs.Job, k int) {
 			return
 		}
 		run, why := m.quote(ctx, j, runID)
-		if run == nil && bids < rebids && !strings.HasPrefix(why, "no scheduler answered") {
+		if run == nil && bidAgain(why, bids) {
 			// Capacity frees as other jobs end (or, re-placing, as the
 			// previous run's workers stop): bid again a few times.
 			bids++
@@ -183,28 +183,11 @@ func (m *JobManager) quote(ctx context.Context, j *jobs.Job, runID string) (*job
 		if len(qs) > count {
 			count, lastNew = len(qs), now
 		}
-		waited := now.Sub(start)
-		// Enough: a placement after the usual wait; or only refusals, and
-		// no scheduler has said anything more for a second; or the limit.
-		if (waited >= quoteWait && hasPlacement(qs)) || (waited >= quoteWait && count > 0 && now.Sub(lastNew) >= time.Second) ||
-			waited >= quoteWaitMax {
+		if enoughQuotes(now.Sub(start), now.Sub(lastNew), count, hasPlacement(qs)) {
 			break
 		}
 	}
-	var best *api.ReceivedQuote
-	var reasons []string
-	for i := range qs {
-		q := &qs[i]
-		if len(q.Workers) == 0 {
-			if len(reasons) < 5 {
-				reasons = append(reasons, q.Reason)
-			}
-			continue
-		}
-		if best == nil || q.Total < best.Total {
-			best = q
-		}
-	}
+	best, reasons := choose(qs)
 	for i := range qs {
 		if q := &qs[i]; q != best && len(q.Workers) > 0 {
 			r := runOf(q, m.n)
@@ -212,23 +195,9 @@ func (m *JobManager) quote(ctx context.Context, j *jobs.Job, runID string) (*job
 		}
 	}
 	if best == nil {
-		if len(reasons) == 0 {
-			return nil, "no scheduler answered the bid: are any machines lending on this network?"
-		}
-		// Schedulers that see the same machines give the same reason.
-		slices.Sort(reasons)
-		return nil, "no machine can take the job now: " + strings.Join(slices.Compact(reasons), "; ")
+		return nil, noPlacement(reasons)
 	}
 	return runOf(best, m.n), ""
-}
-
-func hasPlacement(qs []api.ReceivedQuote) bool {
-	for _, q := range qs {
-		if len(q.Workers) > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // runOf turns a quote into a run's plan.

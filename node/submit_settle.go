@@ -3,12 +3,10 @@ package node
 import (
 	"context"
 	"errors"
-	"slices"
 	"time"
 
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/jobs"
-	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
 )
 
@@ -20,24 +18,6 @@ func ledgerReason(err error) string {
 	return err.Error()
 }
 
-// used is what worker w of run k has earned by now: its hourly price for
-// the time it ran.
-func used(run *jobs.Run, w *jobs.Worker, now time.Time) uint64 {
-	if w.Started.IsZero() {
-		return 0
-	}
-	end := now
-	if !w.Ended.IsZero() {
-		end = w.Ended
-	} else if !w.LastSeen.IsZero() && w.LastSeen.Before(now) {
-		end = w.LastSeen
-	}
-	if end.Before(w.Started) {
-		return 0
-	}
-	return uint64(float64(w.PerHour) * end.Sub(w.Started).Hours())
-}
-
 // settle pays each machine of run k its hourly price for the time its
 // workers ran (a lost machine what its receipts cover) and refunds the
 // rest; the ledger records each machine's job as completed or failed.
@@ -47,44 +27,9 @@ func (m *JobManager) settle(ctx context.Context, j *jobs.Job, k int, lost map[in
 		return
 	}
 	now := time.Now()
-	owed := map[string]uint64{}
-	failed := map[string]bool{}
-	var order []string
 	m.mu.Lock()
-	for i := range run.Workers {
-		w := &run.Workers[i]
-		if !slices.Contains(order, w.Payee) {
-			order = append(order, w.Payee)
-		}
-		if lost[i] {
-			failed[w.Payee] = true
-			owed[w.Payee] = max(owed[w.Payee], w.Receipt)
-			continue
-		}
-		if w.State == p2p.WorkerFailed {
-			failed[w.Payee] = true
-		}
-		owed[w.Payee] += used(run, w, now)
-	}
+	pays, total := payPlan(run, lost, now)
 	m.mu.Unlock()
-	var total uint64
-	for _, p := range order {
-		total += owed[p]
-	}
-	// Never more than the escrow holds: scale down if rounding went over.
-	if total > run.Escrow {
-		for _, p := range order {
-			owed[p] = owed[p] * run.Escrow / total
-		}
-		total = 0
-		for _, p := range order {
-			total += owed[p]
-		}
-	}
-	pays := make([]ledger.Payment, 0, len(order))
-	for _, p := range order {
-		pays = append(pays, ledger.Payment{Machine: p, Amount: owed[p], Failed: failed[p]})
-	}
 	var tx string
 	for attempt := 0; attempt < 5; attempt++ {
 		res, err := m.n.ledger.Settle(ctx, ledger.Settle{Job: run.ID, Payments: pays})
@@ -107,6 +52,6 @@ func (m *JobManager) settle(ctx context.Context, j *jobs.Job, k int, lost map[in
 		}
 	})
 	if tx != "" {
-		m.logf(j, "settled: paid %s credits to %d machine(s), refunded %s (tx %s)", units.FormatCredits(total), len(order), units.FormatCredits(run.Escrow-total), tx)
+		m.logf(j, "settled: paid %s credits to %d machine(s), refunded %s (tx %s)", units.FormatCredits(total), len(pays), units.FormatCredits(run.Escrow-total), tx)
 	}
 }

@@ -12,17 +12,6 @@ import (
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
-// outcome is how a run ended.
-type outcome int
-
-const (
-	succeeded outcome = iota
-	programFailed
-	workerLost
-	wasCancelled
-	timedOut
-)
-
 // supervise polls run k's workers (status, heartbeat, receipts, logs)
 // until the run ends, then stops the rest, settles, and either finishes
 // the job or re-places it.
@@ -39,7 +28,6 @@ func (m *JobManager) supervise(ctx context.Context, j *jobs.Job, k int) {
 		}
 	})
 	lastReceipt := time.Time{}
-	var out outcome
 	lost := map[int]bool{}
 	for {
 		select {
@@ -55,69 +43,23 @@ func (m *JobManager) supervise(ctx context.Context, j *jobs.Job, k int) {
 			lastReceipt = now
 		}
 		sts := m.poll(ctx, j, k, receipts)
-		if j.State == jobs.Launching {
-			for _, st := range sts {
-				if st != nil && st.State == p2p.WorkerRunning {
-					m.move(j, jobs.Running, "")
-					break
-				}
-			}
+		if j.State == jobs.Launching && anyRunning(sts) {
+			m.move(j, jobs.Running, "")
 		}
-		done, success, why := true, false, ""
-		for i, st := range sts {
-			w := &run.Workers[i]
-			switch {
-			case st == nil:
-				if now.Sub(w.LastSeen) > lostAfter {
-					lost[i] = true
-				}
-				done = false
-			case st.State == p2p.WorkerStopped:
-				lost[i] = true // its machine stopped it: withdrawn or shutting down
-			case st.State == p2p.WorkerFailed:
-				why = fmt.Sprintf("worker %d on %s failed: %s", i, w.Moniker, st.Reason)
-			case st.State == p2p.WorkerExited && st.ExitCode != 0:
-				why = fmt.Sprintf("worker %d on %s %s", i, w.Moniker, st.Reason)
-			case st.State == p2p.WorkerExited && i == 0 && st.Result != "":
-				success = true
-				m.save(j, func() { j.ResultCID = st.Result })
-			case st.State != p2p.WorkerExited:
-				done = false
-			}
+		f := survey(sts, run.Workers, lost, now)
+		lost = f.lost
+		if f.result != "" {
+			m.save(j, func() { j.ResultCID = f.result })
 		}
-		unreachable := false
-		for _, st := range sts {
-			unreachable = unreachable || st == nil
-		}
-		ended := true
-		switch {
-		case why != "" && unreachable && len(lost) == 0:
-			// A worker failing while another is unreachable is most
-			// likely the consequence (its collective ops broke): wait to
-			// see whether the unreachable one is lost.
-			ended = false
-		case len(lost) > 0:
-			out, why = workerLost, fmt.Sprintf("lost %d worker(s): no answer for %s, or stopped by their machine", len(lost), lostAfter)
-		case why != "":
-			out = programFailed
-		case success:
-			out = succeeded
-		case m.cancelled(j.ID):
-			out, why = wasCancelled, "cancelled"
-		case !run.Started.IsZero() && now.Sub(run.Started) > j.Spec.MaxDuration+time.Minute:
-			out, why = timedOut, "max duration "+j.Spec.MaxDuration.String()+" reached"
-		case done:
-			out, why = programFailed, "every worker exited but the chief left no result"
-		default:
-			ended = false
-		}
+		end, ended := judge(f, m.cancelled(j.ID), run.Started, j.Spec.MaxDuration, now)
 		if !ended {
 			continue
 		}
+		out, why := end.out, end.why
 		bg := context.WithoutCancel(ctx)
 		m.logf(j, "run ends: %s", map[bool]string{true: why, false: "the chief finished"}[why != ""])
 		// Stop the others; on a lost worker the chief keeps a checkpoint.
-		ckpt := out == workerLost && sts[0] != nil // the chief's machine answers
+		ckpt := end.checkpoint
 		m.stopAll(bg, j, k, why, ckpt)
 		if ckpt {
 			m.awaitCheckpoint(bg, j, k)
@@ -241,16 +183,12 @@ func tagLines(tag string, b []byte) string {
 // so far.
 func (m *JobManager) receipts(j *jobs.Job, k int, now time.Time) map[string]*p2p.Receipt {
 	run := &j.Runs[k]
-	owed := map[string]uint64{}
 	m.mu.Lock()
-	for i := range run.Workers {
-		owed[run.Workers[i].Payee] += used(run, &run.Workers[i], now)
-	}
+	owed := owedSoFar(run, now)
 	m.mu.Unlock()
 	out := map[string]*p2p.Receipt{}
 	m.save(j, func() {
 		for payee, amount := range owed {
-			amount = min(amount, run.Escrow)
 			seq := uint64(0)
 			for i := range run.Workers {
 				if run.Workers[i].Payee == payee {
