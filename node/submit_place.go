@@ -12,87 +12,52 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/deepmarket/deepmarket/identity"
-	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
 )
 
-// place bids run k of j, chooses a quote, waits for confirmation,
-// commits the holds, opens the escrow and launches; then supervises.
-func (m *JobManager) place(ctx context.Context, j *jobs.Job, k int) {
+// hold gets run k of j its machines: it bids, chooses a quote, waits for
+// the job's confirmation and commits the quote's holds, bidding again
+// while nothing fits and re-quoting when holds lapse or a commitment is
+// refused. It reports false when the job ended instead (cancelled,
+// unconfirmed, or failed), or the node stops.
+func (m *JobManager) hold(ctx context.Context, j *jobs.Job, k int) bool {
 	runID := jobs.RunID(j.ID, k)
-	var resume string
-	m.mu.Lock()
-	resume = j.Checkpoint
-	m.mu.Unlock()
 	bids := 0
 	for attempt := 0; ; attempt++ {
 		if m.cancelled(j.ID) {
 			m.move(j, jobs.Cancelled, "cancelled before launch")
-			return
+			return false
 		}
 		if attempt >= commitAttempts {
 			m.move(j, jobs.Failed, fmt.Sprintf("machines kept refusing to commit their holds (%d tries)", attempt))
-			return
+			return false
 		}
 		if j.State != jobs.Quoting && !m.move(j, jobs.Quoting, "") {
-			return
+			return false
 		}
 		run, why := m.quote(ctx, j, runID)
 		if run == nil && bidAgain(why, bids) {
-			// Capacity frees as other jobs end (or, re-placing, as the
-			// previous run's workers stop): bid again a few times.
 			bids++
-			m.logf(j, "no placement yet (%s): bidding again in %s", why, rebidEvery)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(rebidEvery + time.Duration(rand.IntN(1000))*time.Millisecond):
+			if !m.bidPause(ctx, j, why) {
+				return false
 			}
 			attempt--
 			continue
 		}
 		if run == nil {
 			m.move(j, jobs.Failed, why)
-			return
+			return false
 		}
-		m.save(j, func() {
-			if len(j.Runs) > k {
-				j.Runs[k] = *run
-			} else {
-				j.Runs = append(j.Runs, *run)
-			}
-		})
-		m.logf(j, "quote: %d workers on %s, %s credits an hour, at most %s credits", len(run.Workers),
-			machinesOf(run), units.FormatCredits(run.PerHour), units.FormatCredits(run.Quoted))
-		// Confirmation, unless given.
-		m.mu.Lock()
-		ch := m.confirm[j.ID]
-		confirmed := j.Confirmed
-		m.mu.Unlock()
-		if !confirmed {
-			select {
-			case <-ctx.Done():
-				return
-			case <-ch:
-			case <-time.After(confirmWait):
-				m.releaseHolds(ctx, run)
-				m.move(j, jobs.Cancelled, "not confirmed within "+confirmWait.String())
-				return
-			}
-			if m.cancelled(j.ID) {
-				m.releaseHolds(ctx, run)
-				m.move(j, jobs.Cancelled, "cancelled before launch")
-				return
-			}
-			if time.Now().After(run.HeldUntil) {
-				m.releaseHolds(ctx, run)
-				m.logf(j, "the holds lapsed while waiting for confirmation: re-quoting")
-				attempt--
-				continue
-			}
+		m.quoted(j, k, run)
+		switch m.awaitConfirm(ctx, j, run) {
+		case confirmStop:
+			return false
+		case confirmRequote:
+			attempt--
+			continue
 		}
 		m.move(j, jobs.Reserving, "")
 		if err := m.commit(ctx, run); err != nil {
@@ -100,43 +65,73 @@ func (m *JobManager) place(ctx context.Context, j *jobs.Job, k int) {
 			m.releaseHolds(ctx, run)
 			continue
 		}
-		break
+		return true
 	}
-	// Escrow: the job's max price (what earlier runs spent is gone).
-	run := &j.Runs[k]
-	budget := j.Spec.MaxPrice - min(j.Cost, j.Spec.MaxPrice)
-	payees := []string{}
-	for _, w := range run.Workers {
-		if !slices.Contains(payees, w.Payee) {
-			payees = append(payees, w.Payee)
+}
+
+// bidPause waits before a bid again, as capacity frees (other jobs end,
+// or, re-placing, the previous run's workers stop); false when the node
+// stops.
+func (m *JobManager) bidPause(ctx context.Context, j *jobs.Job, why string) bool {
+	m.logf(j, "no placement yet (%s): bidding again in %s", why, rebidEvery)
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(rebidEvery + time.Duration(rand.IntN(1000))*time.Millisecond):
+		return true
+	}
+}
+
+// quoted records run as run k of j, the quote the job is to confirm.
+func (m *JobManager) quoted(j *jobs.Job, k int, run *jobs.Run) {
+	m.save(j, func() {
+		if len(j.Runs) > k {
+			j.Runs[k] = *run
+		} else {
+			j.Runs = append(j.Runs, *run)
 		}
+	})
+	m.logf(j, "quote: %d workers on %s, %s credits an hour, at most %s credits", len(run.Workers),
+		machinesOf(run), units.FormatCredits(run.PerHour), units.FormatCredits(run.Quoted))
+}
+
+// What awaitConfirm found.
+const (
+	confirmGo      = iota // confirmed: commit the holds
+	confirmRequote        // the holds lapsed meanwhile (released): quote again
+	confirmStop           // the job ended (its holds released), or the node stops
+)
+
+// awaitConfirm waits, unless the job is confirmed already, for its
+// confirmation of run's quote, at most confirmWait.
+func (m *JobManager) awaitConfirm(ctx context.Context, j *jobs.Job, run *jobs.Run) int {
+	m.mu.Lock()
+	ch := m.confirm[j.ID]
+	confirmed := j.Confirmed
+	m.mu.Unlock()
+	if confirmed {
+		return confirmGo
 	}
-	expiry := time.Now().Add(j.Spec.MaxDuration + m.n.cfg.Jobs.EscrowSlack.Duration).Unix()
-	tx, err := m.n.ledger.OpenEscrow(ctx, ledger.OpenEscrow{Job: runID, Amount: budget, Expiry: expiry, Payees: payees})
-	if err != nil {
-		m.releaseHolds(context.WithoutCancel(ctx), run)
-		m.move(j, jobs.Failed, "open escrow: "+ledgerReason(err))
-		return
+	select {
+	case <-ctx.Done():
+		return confirmStop
+	case <-ch:
+	case <-time.After(confirmWait):
+		m.releaseHolds(ctx, run)
+		m.move(j, jobs.Cancelled, "not confirmed within "+confirmWait.String())
+		return confirmStop
 	}
-	m.save(j, func() { run.Escrow = budget })
-	m.logf(j, "escrow of %s credits opened (tx %s)", units.FormatCredits(budget), tx.Hash.String())
-	m.move(j, jobs.Escrowed, "")
-	m.move(j, jobs.Launching, "")
-	if err := m.launch(ctx, j, k, resume); err != nil {
-		m.logf(j, "launch: %v", err)
-		bg := context.WithoutCancel(ctx)
-		m.stopAll(bg, j, k, "launch failed", false)
-		m.settle(bg, j, k, nil)
-		m.finalStop(bg, j, k)
-		m.releaseHolds(bg, run)
-		if k+1 < maxRuns {
-			m.place(ctx, j, k+1)
-			return
-		}
-		m.move(j, jobs.Failed, "launch failed: "+err.Error())
-		return
+	if m.cancelled(j.ID) {
+		m.releaseHolds(ctx, run)
+		m.move(j, jobs.Cancelled, "cancelled before launch")
+		return confirmStop
 	}
-	m.supervise(ctx, j, k)
+	if time.Now().After(run.HeldUntil) {
+		m.releaseHolds(ctx, run)
+		m.logf(j, "the holds lapsed while waiting for confirmation: re-quoting")
+		return confirmRequote
+	}
+	return confirmGo
 }
 
 func machinesOf(r *jobs.Run) string {

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/deepmarket/deepmarket/ledger"
@@ -16,6 +17,31 @@ func ledgerReason(err error) string {
 		return lerr.Reason
 	}
 	return err.Error()
+}
+
+// escrow locks run k's budget on the ledger, payable to its machines:
+// the job's max price less what earlier runs spent. It reports false when
+// the ledger refused, the holds released and the job failed.
+func (m *JobManager) escrow(ctx context.Context, j *jobs.Job, k int) bool {
+	run := &j.Runs[k]
+	budget := j.Spec.MaxPrice - min(j.Cost, j.Spec.MaxPrice)
+	payees := []string{}
+	for _, w := range run.Workers {
+		if !slices.Contains(payees, w.Payee) {
+			payees = append(payees, w.Payee)
+		}
+	}
+	expiry := time.Now().Add(j.Spec.MaxDuration + m.n.cfg.Jobs.EscrowSlack.Duration).Unix()
+	tx, err := m.n.ledger.OpenEscrow(ctx, ledger.OpenEscrow{Job: jobs.RunID(j.ID, k), Amount: budget, Expiry: expiry, Payees: payees})
+	if err != nil {
+		m.releaseHolds(context.WithoutCancel(ctx), run)
+		m.move(j, jobs.Failed, "open escrow: "+ledgerReason(err))
+		return false
+	}
+	m.save(j, func() { run.Escrow = budget })
+	m.logf(j, "escrow of %s credits opened (tx %s)", units.FormatCredits(budget), tx.Hash.String())
+	m.move(j, jobs.Escrowed, "")
+	return true
 }
 
 // settle pays each machine of run k its hourly price for the time its

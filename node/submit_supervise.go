@@ -13,34 +13,23 @@ import (
 )
 
 // supervise polls run k's workers (status, heartbeat, receipts, logs)
-// until the run ends, then stops the rest, settles, and either finishes
-// the job or re-places it.
-func (m *JobManager) supervise(ctx context.Context, j *jobs.Job, k int) {
+// until the run ends, and says how; false when the node stops first (the
+// job resumes when it restarts).
+func (m *JobManager) supervise(ctx context.Context, j *jobs.Job, k int) (runEnd, bool) {
 	run := &j.Runs[k]
-	// Resuming after a restart: the workers ran on meanwhile; they are lost
-	// only if they stay silent from now.
-	m.save(j, func() {
-		now := time.Now().UTC()
-		for i := range run.Workers {
-			if run.Workers[i].Ended.IsZero() {
-				run.Workers[i].LastSeen = now
-			}
-		}
-	})
+	m.heardNow(j, run)
 	lastReceipt := time.Time{}
 	lost := map[int]bool{}
 	for {
 		select {
 		case <-ctx.Done():
-			return // the node stops; the job resumes when it restarts
+			return runEnd{}, false
 		case <-time.After(m.pollInterval(j)):
 		}
 		now := time.Now()
-		sendReceipts := now.Sub(lastReceipt) >= receiptEvery
 		receipts := map[string]*p2p.Receipt{}
-		if sendReceipts {
-			receipts = m.receipts(j, k, now)
-			lastReceipt = now
+		if now.Sub(lastReceipt) >= receiptEvery {
+			receipts, lastReceipt = m.receipts(j, k, now), now
 		}
 		sts := m.poll(ctx, j, k, receipts)
 		if j.State == jobs.Launching && anyRunning(sts) {
@@ -51,40 +40,25 @@ func (m *JobManager) supervise(ctx context.Context, j *jobs.Job, k int) {
 		if f.result != "" {
 			m.save(j, func() { j.ResultCID = f.result })
 		}
-		end, ended := judge(f, m.cancelled(j.ID), run.Started, j.Spec.MaxDuration, now)
-		if !ended {
-			continue
+		if end, ended := judge(f, m.cancelled(j.ID), run.Started, j.Spec.MaxDuration, now); ended {
+			m.logf(j, "run ends: %s", map[bool]string{true: end.why, false: "the chief finished"}[end.why != ""])
+			return end, true
 		}
-		out, why := end.out, end.why
-		bg := context.WithoutCancel(ctx)
-		m.logf(j, "run ends: %s", map[bool]string{true: why, false: "the chief finished"}[why != ""])
-		// Stop the others; on a lost worker the chief keeps a checkpoint.
-		ckpt := end.checkpoint
-		m.stopAll(bg, j, k, why, ckpt)
-		if ckpt {
-			m.awaitCheckpoint(bg, j, k)
-		}
-		m.settle(bg, j, k, lost)
-		// The machines may forget the run (its holds freed for a re-placed
-		// run); the chief's output or checkpoint is already in storage.
-		m.finalStop(bg, j, k)
-		if j.State == jobs.Launching && out == succeeded {
-			m.move(j, jobs.Running, "") // it ran, between two polls
-		}
-		switch {
-		case out == succeeded:
-			m.move(j, jobs.Succeeded, "")
-		case out == wasCancelled:
-			m.move(j, jobs.Cancelled, "cancelled by the submitter")
-		case out == workerLost && k+1 < maxRuns:
-			m.logf(j, "re-placing the job once on other machines%s", map[bool]string{true: " from the chief's checkpoint", false: ""}[j.Checkpoint != ""])
-			m.move(j, jobs.Quoting, why+": re-placing")
-			m.place(ctx, j, k+1)
-		default:
-			m.move(j, jobs.Failed, why)
-		}
-		return
 	}
+}
+
+// heardNow counts run's live workers as heard from now. Supervising
+// starts so: after a restart the workers ran on meanwhile, and are lost
+// only if they stay silent from now.
+func (m *JobManager) heardNow(j *jobs.Job, run *jobs.Run) {
+	m.save(j, func() {
+		now := time.Now().UTC()
+		for i := range run.Workers {
+			if run.Workers[i].Ended.IsZero() {
+				run.Workers[i].LastSeen = now
+			}
+		}
+	})
 }
 
 // pollInterval is pollEvery, but quicker while the workers start, so a
@@ -114,48 +88,59 @@ func (m *JobManager) poll(ctx context.Context, j *jobs.Job, k int, receipts map[
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var st p2p.JobStatus
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			defer cancel()
-			if err := m.n.jobCall(cctx, w.Machine, p2p.TypeStatusReq, &p2p.StatusReq{JobID: run.ID, Index: i, Receipt: receipts[w.Payee]},
-				p2p.TypeJobStatus, &st); err != nil {
-				return
-			}
-			sts[i] = &st
-			if st.LogBytes > w.LogOffset {
-				var lg p2p.Logs
-				if err := m.n.jobCall(cctx, w.Machine, p2p.TypeLogsReq, &p2p.LogsReq{JobID: run.ID, Index: i, Offset: w.LogOffset},
-					p2p.TypeLogs, &lg); err == nil && len(lg.Data) > 0 {
-					m.appendLog(j.ID, tagLines(fmt.Sprintf("[w%d] ", i), lg.Data))
-					w.LogOffset = lg.Next
-				}
-			}
-			m.mu.Lock()
-			run.Workers[i].LogOffset = w.LogOffset
-			m.mu.Unlock()
+			sts[i] = m.pollWorker(ctx, j, run, i, w, receipts[w.Payee])
 		}()
 	}
 	wg.Wait()
 	now := time.Now().UTC()
-	m.save(j, func() {
-		for i, st := range sts {
-			if st == nil {
-				continue
-			}
-			w := &run.Workers[i]
-			w.State, w.ExitCode, w.Reason, w.LastSeen = st.State, st.ExitCode, st.Reason, now
-			if st.Started > 0 {
-				w.Started = clampTime(time.UnixMilli(st.Started), run.Started, now)
-			}
-			if st.Ended > 0 {
-				w.Ended = clampTime(time.UnixMilli(st.Ended), run.Started, now)
-			}
-			if i == 0 && st.Checkpoint != "" {
-				j.Checkpoint = st.Checkpoint
-			}
-		}
-	})
+	m.save(j, func() { recordStatuses(j, run, sts, now) })
 	return sts
+}
+
+// pollWorker asks worker i of run (w is a copy) how it is, carrying its
+// machine's receipt, and pulls its new log output into the job's log;
+// nil when it did not answer.
+func (m *JobManager) pollWorker(ctx context.Context, j *jobs.Job, run *jobs.Run, i int, w jobs.Worker, receipt *p2p.Receipt) *p2p.JobStatus {
+	var st p2p.JobStatus
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := m.n.jobCall(cctx, w.Machine, p2p.TypeStatusReq, &p2p.StatusReq{JobID: run.ID, Index: i, Receipt: receipt},
+		p2p.TypeJobStatus, &st); err != nil {
+		return nil
+	}
+	if st.LogBytes > w.LogOffset {
+		var lg p2p.Logs
+		if err := m.n.jobCall(cctx, w.Machine, p2p.TypeLogsReq, &p2p.LogsReq{JobID: run.ID, Index: i, Offset: w.LogOffset},
+			p2p.TypeLogs, &lg); err == nil && len(lg.Data) > 0 {
+			m.appendLog(j.ID, tagLines(fmt.Sprintf("[w%d] ", i), lg.Data))
+			w.LogOffset = lg.Next
+		}
+	}
+	m.mu.Lock()
+	run.Workers[i].LogOffset = w.LogOffset
+	m.mu.Unlock()
+	return &st
+}
+
+// recordStatuses records in run's workers what a poll at now found (the
+// chief's checkpoint in j), with the manager's lock held.
+func recordStatuses(j *jobs.Job, run *jobs.Run, sts []*p2p.JobStatus, now time.Time) {
+	for i, st := range sts {
+		if st == nil {
+			continue
+		}
+		w := &run.Workers[i]
+		w.State, w.ExitCode, w.Reason, w.LastSeen = st.State, st.ExitCode, st.Reason, now
+		if st.Started > 0 {
+			w.Started = clampTime(time.UnixMilli(st.Started), run.Started, now)
+		}
+		if st.Ended > 0 {
+			w.Ended = clampTime(time.UnixMilli(st.Ended), run.Started, now)
+		}
+		if i == 0 && st.Checkpoint != "" {
+			j.Checkpoint = st.Checkpoint
+		}
+	}
 }
 
 func clampTime(t, lo, hi time.Time) time.Time {
