@@ -1,0 +1,284 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/units"
+)
+
+// hold gets run k of j its machines: it bids, chooses a quote, waits for
+// the job's confirmation and commits the quote's holds, bidding again
+// while nothing fits and re-quoting when holds lapse or a commitment is
+// refused. It reports false when the job ended instead (cancelled,
+// unconfirmed, or failed), or the node stops.
+func (m *JobManager) hold(ctx context.Context, j *jobs.Job, k int) bool {
+	runID := jobs.RunID(j.ID, k)
+	bids := 0
+	for attempt := 0; ; attempt++ {
+		if m.cancelled(j.ID) {
+			m.move(j, jobs.Cancelled, "cancelled before launch")
+			return false
+		}
+		if attempt >= commitAttempts {
+			m.move(j, jobs.Failed, fmt.Sprintf("machines kept refusing to commit their holds (%d tries)", attempt))
+			return false
+		}
+		if j.State != jobs.Quoting && !m.move(j, jobs.Quoting, "") {
+			return false
+		}
+		run, why := m.quote(ctx, j, runID)
+		if run == nil && bidAgain(why, bids) {
+			bids++
+			if !m.bidPause(ctx, j, why) {
+				return false
+			}
+			attempt--
+			continue
+		}
+		if run == nil {
+			m.move(j, jobs.Failed, why)
+			return false
+		}
+		m.quoted(j, k, run)
+		switch m.awaitConfirm(ctx, j, run) {
+		case confirmStop:
+			return false
+		case confirmRequote:
+			attempt--
+			continue
+		}
+		m.move(j, jobs.Reserving, "")
+		if err := m.commit(ctx, run); err != nil {
+			m.logf(j, "commit: %v; re-quoting", err)
+			m.releaseHolds(ctx, run)
+			continue
+		}
+		return true
+	}
+}
+
+// bidPause waits before a bid again, as capacity frees (other jobs end,
+// or, re-placing, the previous run's workers stop); false when the node
+// stops.
+func (m *JobManager) bidPause(ctx context.Context, j *jobs.Job, why string) bool {
+	m.logf(j, "no placement yet (%s): bidding again in %s", why, rebidEvery)
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(rebidEvery + time.Duration(rand.IntN(1000))*time.Millisecond):
+		return true
+	}
+}
+
+// quoted records run as run k of j, the quote the job is to confirm.
+func (m *JobManager) quoted(j *jobs.Job, k int, run *jobs.Run) {
+	m.save(j, func() {
+		if len(j.Runs) > k {
+			j.Runs[k] = *run
+		} else {
+			j.Runs = append(j.Runs, *run)
+		}
+	})
+	m.logf(j, "quote: %d workers on %s, %s credits an hour, at most %s credits", len(run.Workers),
+		machinesOf(run), units.FormatCredits(run.PerHour), units.FormatCredits(run.Quoted))
+}
+
+// What awaitConfirm found.
+const (
+	confirmGo      = iota // confirmed: commit the holds
+	confirmRequote        // the holds lapsed meanwhile (released): quote again
+	confirmStop           // the job ended (its holds released), or the node stops
+)
+
+// awaitConfirm waits, unless the job is confirmed already, for its
+// confirmation of run's quote, at most confirmWait.
+func (m *JobManager) awaitConfirm(ctx context.Context, j *jobs.Job, run *jobs.Run) int {
+	m.mu.Lock()
+	ch := m.confirm[j.ID]
+	confirmed := j.Confirmed
+	m.mu.Unlock()
+	if confirmed {
+		return confirmGo
+	}
+	select {
+	case <-ctx.Done():
+		return confirmStop
+	case <-ch:
+	case <-time.After(confirmWait):
+		m.releaseHolds(ctx, run)
+		m.move(j, jobs.Cancelled, "not confirmed within "+confirmWait.String())
+		return confirmStop
+	}
+	if m.cancelled(j.ID) {
+		m.releaseHolds(ctx, run)
+		m.move(j, jobs.Cancelled, "cancelled before launch")
+		return confirmStop
+	}
+	if time.Now().After(run.HeldUntil) {
+		m.releaseHolds(ctx, run)
+		m.logf(j, "the holds lapsed while waiting for confirmation: re-quoting")
+		return confirmRequote
+	}
+	return confirmGo
+}
+
+func machinesOf(r *jobs.Run) string {
+	var names []string
+	for _, w := range r.Workers {
+		name := w.Moniker
+		if name == "" {
+			name = w.Machine[len(w.Machine)-8:]
+		}
+		if w.Site != "" {
+			name += " (" + w.Site + ")"
+		}
+		names = append(names, name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// quote publishes run's bid and picks the cheapest placement offered; the
+// other quotes' holds are released.
+func (m *JobManager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.Run, string) {
+	s := &j.Spec
+	bid := p2p.Bid{JobID: runID, Workers: uint32(s.Workers),
+		PerWorker: p2p.Resources{Cores: uint32(s.Cores), MemBytes: s.MemBytes, GPUs: uint32(s.GPUs)},
+		MaxPrice:  s.MaxPrice - min(j.Cost, s.MaxPrice), Duration: int64(s.MaxDuration / time.Second),
+		BundleCID: j.BundleCID, DatasetCID: j.DatasetCID, Framework: s.Framework, Site: s.Site}
+	if !s.Deadline.IsZero() {
+		bid.Deadline = s.Deadline.Unix()
+	}
+	m.n.quotes.forget(runID) // a bid again: only new quotes count
+	if _, err := m.n.PublishBid(ctx, api.PublishBidRequest{Bid: bid, TTL: "2m"}); err != nil {
+		return nil, "publish bid: " + err.Error()
+	}
+	start := time.Now()
+	var qs []api.ReceivedQuote
+	lastNew, count := start, 0
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, "stopped"
+		case <-time.After(200 * time.Millisecond):
+		}
+		qs = m.n.quotes.list(runID)
+		now := time.Now()
+		if len(qs) > count {
+			count, lastNew = len(qs), now
+		}
+		if enoughQuotes(now.Sub(start), now.Sub(lastNew), count, hasPlacement(qs)) {
+			break
+		}
+	}
+	best, reasons := choose(qs)
+	for i := range qs {
+		if q := &qs[i]; q != best && len(q.Workers) > 0 {
+			r := runOf(q, m.n)
+			m.releaseHolds(ctx, r)
+		}
+	}
+	if best == nil {
+		return nil, noPlacement(reasons)
+	}
+	return runOf(best, m.n), ""
+}
+
+// runOf turns a quote into a run's plan.
+func runOf(q *api.ReceivedQuote, n *Node) *jobs.Run {
+	r := &jobs.Run{ID: q.JobID, PerHour: q.PerHour, Quoted: q.Total, Scheduler: q.Scheduler,
+		HeldUntil: time.UnixMilli(q.HeldUntil)}
+	offers := map[string]p2p.Offer{}
+	for _, h := range n.book.List(time.Now()) {
+		offers[h.Offer.Machine] = h.Offer
+	}
+	for _, w := range q.Workers {
+		o := offers[w.Machine]
+		r.Workers = append(r.Workers, jobs.Worker{Machine: w.Machine, Moniker: o.Moniker, Site: o.Site,
+			Payee: payeeOf(w.Machine), Hold: w.Hold, PerHour: w.PerHour, State: "placed"})
+	}
+	return r
+}
+
+// payeeOf is the ledger address a machine is paid at: its key's.
+func payeeOf(machine string) string {
+	id, err := peer.Decode(machine)
+	if err != nil {
+		return ""
+	}
+	pub, err := id.ExtractPublicKey()
+	if err != nil {
+		return ""
+	}
+	raw, err := pub.Raw()
+	if err != nil {
+		return ""
+	}
+	return string(identity.AddressOf(raw))
+}
+
+// machineAddrs is where a machine's offer says it listens.
+func (n *Node) machineAddrs(machine string) []string {
+	for _, h := range n.book.List(time.Now()) {
+		if h.Offer.Machine == machine {
+			return h.Offer.Addrs
+		}
+	}
+	return nil
+}
+
+// holdsOf lists a run's distinct (machine, hold) pairs.
+func holdsOf(r *jobs.Run) [][2]string {
+	var out [][2]string
+	for _, w := range r.Workers {
+		p := [2]string{w.Machine, w.Hold}
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (m *JobManager) releaseHolds(ctx context.Context, r *jobs.Run) {
+	for _, h := range holdsOf(r) {
+		id, err := peer.Decode(h[0])
+		if err != nil {
+			continue
+		}
+		m.n.reserve(ctx, id, m.n.machineAddrs(h[0]), p2p.Reserve{Op: p2p.OpRelease, ID: h[1], JobID: r.ID})
+	}
+}
+
+// commit turns every hold of the run into a commitment; one refusal
+// fails the whole (the caller releases and re-quotes).
+func (m *JobManager) commit(ctx context.Context, r *jobs.Run) error {
+	g, gctx := errgroup.WithContext(ctx)
+	for _, h := range holdsOf(r) {
+		g.Go(func() error {
+			id, err := peer.Decode(h[0])
+			if err != nil {
+				return err
+			}
+			reply, err := m.n.reserve(gctx, id, m.n.machineAddrs(h[0]), p2p.Reserve{Op: p2p.OpCommit, ID: h[1], JobID: r.ID})
+			if err != nil {
+				return err
+			}
+			if !reply.OK {
+				return fmt.Errorf("%s: %s", h[0], reply.Reason)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}

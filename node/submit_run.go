@@ -1,0 +1,227 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/p2p"
+)
+
+// drive takes a job through its runs until it ends. Each run is quoted,
+// its holds committed, its escrow opened, its workers launched and
+// supervised, and it is settled; then the job has ended, or is re-placed
+// (once) as the next run.
+func (m *JobManager) drive(ctx context.Context, j *jobs.Job) {
+	k, launched, ok := m.resumeAt(ctx, j)
+	for ; ok; k, launched = k+1, false {
+		var end runEnd
+		if !launched {
+			resume := m.checkpoint(j)
+			if !m.hold(ctx, j, k) || !m.escrow(ctx, j, k) {
+				return // the job ended before its launch, or the node stops
+			}
+			if err := m.launch(ctx, j, k, resume); err != nil {
+				m.logf(j, "launch: %v", err)
+				end = runEnd{out: launchFailed, why: "launch failed: " + err.Error()}
+			} else {
+				launched = true
+			}
+		}
+		if launched {
+			if end, ok = m.supervise(ctx, j, k); !ok {
+				return // the node stops; the job resumes when it restarts
+			}
+		}
+		m.windDown(ctx, j, k, end) // stop the workers, settle
+		ok = m.conclude(j, k, end) // the job ended, or is re-placed as run k+1
+	}
+}
+
+// resumeAt is where drive takes a job up: run k, already launched (the
+// node restarted while it ran) or to be placed; ok is false when the job
+// failed instead. A new job's inputs go to storage first; a job the node
+// restarted with before it was paid for is placed anew if it still may
+// be confirmed, else failed.
+func (m *JobManager) resumeAt(ctx context.Context, j *jobs.Job) (k int, launched, ok bool) {
+	if j.State == jobs.Submitted {
+		if err := m.addInputs(ctx, j); err != nil {
+			m.move(j, jobs.Failed, err.Error())
+			return 0, false, false
+		}
+	}
+	switch j.State {
+	case jobs.Quoting, jobs.Reserving:
+		if r := j.Current(); r != nil {
+			m.releaseHolds(context.WithoutCancel(ctx), r)
+		}
+		if j.Updated.Before(time.Now().Add(-confirmWait)) || j.State == jobs.Reserving {
+			m.move(j, jobs.Failed, "the submitting node restarted before the job was paid for: submit it again")
+			return 0, false, false
+		}
+	case jobs.Escrowed, jobs.Launching, jobs.Running:
+		return len(j.Runs) - 1, true, true
+	}
+	return len(j.Runs), false, true
+}
+
+// checkpoint is the chief's latest checkpoint, the next run's start.
+func (m *JobManager) checkpoint(j *jobs.Job) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return j.Checkpoint
+}
+
+// windDown ends run k: it stops its workers (on a lost worker the chief
+// keeps a checkpoint first), settles, and tells the machines they may
+// forget the run (its holds freed for a re-placed run; the chief's
+// output or checkpoint is already in storage). A run whose launch failed
+// also has its holds released.
+func (m *JobManager) windDown(ctx context.Context, j *jobs.Job, k int, end runEnd) {
+	bg := context.WithoutCancel(ctx)
+	stopReason := end.why
+	if end.out == launchFailed {
+		stopReason = "launch failed"
+	}
+	m.stopAll(bg, j, k, stopReason, end.checkpoint)
+	if end.checkpoint {
+		m.awaitCheckpoint(bg, j, k)
+	}
+	m.settle(bg, j, k, end.lost)
+	m.finalStop(bg, j, k)
+	if end.out == launchFailed {
+		m.releaseHolds(bg, &j.Runs[k])
+	}
+}
+
+// conclude moves the job on once run k ended: to its end, or back to
+// quoting for the next run, when it reports true.
+func (m *JobManager) conclude(j *jobs.Job, k int, end runEnd) bool {
+	if j.State == jobs.Launching && end.out == succeeded {
+		m.move(j, jobs.Running, "") // it ran, between two polls
+	}
+	switch afterRun(end.out, k) {
+	case jobs.Quoting:
+		if end.out == workerLost { // a failed launch re-places quietly
+			m.logf(j, "re-placing the job once on other machines%s", map[bool]string{true: " from the chief's checkpoint", false: ""}[j.Checkpoint != ""])
+			m.move(j, jobs.Quoting, end.why+": re-placing")
+		}
+		return true
+	case jobs.Succeeded:
+		m.move(j, jobs.Succeeded, "")
+	case jobs.Cancelled:
+		m.move(j, jobs.Cancelled, "cancelled by the submitter")
+	default:
+		m.move(j, jobs.Failed, end.why)
+	}
+	return false
+}
+
+// addInputs adds the bundle and dataset directories to storage.
+func (m *JobManager) addInputs(ctx context.Context, j *jobs.Job) error {
+	add := func(what, v string) (string, error) {
+		if v == "" || jobs.IsCID(v) {
+			return v, nil
+		}
+		m.logf(j, "adding the %s %s to storage", what, v)
+		pin, err := m.n.blocks.Add(ctx, v, nil)
+		if err != nil {
+			return "", fmt.Errorf("add %s %s: %w", what, v, err)
+		}
+		return pin.CID.String(), nil
+	}
+	b, err := add("bundle", j.Spec.Bundle)
+	if err != nil {
+		return err
+	}
+	d, err := add("dataset", j.Spec.Dataset)
+	if err != nil {
+		return err
+	}
+	m.save(j, func() { j.BundleCID, j.DatasetCID = b, d })
+	if !m.move(j, jobs.Quoting, "") {
+		return errors.New("internal: cannot quote")
+	}
+	return nil
+}
+
+// jobCall sends a job request to machine, or hands it to this node's own
+// executor when the machine is this one.
+func (n *Node) jobCall(ctx context.Context, machine string, typ string, req any, replyType string, reply any) error {
+	id, err := peer.Decode(machine)
+	if err != nil {
+		return err
+	}
+	if id == n.host.ID() {
+		b, err := p2p.Marshal(req)
+		if err != nil {
+			return err
+		}
+		rt, r, err := n.exec.handle(ctx, id, &p2p.Envelope{Type: typ, Payload: b})
+		if err != nil {
+			return err
+		}
+		if rt != replyType {
+			return fmt.Errorf("%w %q", p2p.ErrUnknownType, rt)
+		}
+		rb, err := p2p.Marshal(r)
+		if err != nil {
+			return err
+		}
+		return p2p.Unmarshal(rb, reply)
+	}
+	return n.rpc.Call(ctx, id, p2p.JobProtocol(n.cfg.Node.ChainID), typ, req, replyType, reply)
+}
+
+// launch starts every worker of run k (the job launching), the chief
+// from resume when that is a checkpoint.
+func (m *JobManager) launch(ctx context.Context, j *jobs.Job, k int, resume string) error {
+	m.move(j, jobs.Launching, "")
+	run := &j.Runs[k]
+	world := make([]string, len(run.Workers))
+	addrs := make([][]string, len(run.Workers))
+	for i, w := range run.Workers {
+		world[i] = w.Machine
+		addrs[i] = m.n.machineAddrs(w.Machine)
+		if len(addrs[i]) > 32 {
+			addrs[i] = addrs[i][:32]
+		}
+	}
+	m.save(j, func() { run.Started = time.Now().UTC() })
+	g, gctx := errgroup.WithContext(ctx)
+	for i, w := range run.Workers {
+		l := p2p.Launch{JobID: run.ID, Index: i, World: world, Addrs: addrs, Hold: w.Hold, Framework: j.Spec.Framework,
+			Command: j.Spec.Command, Bundle: j.BundleCID, Dataset: j.DatasetCID,
+			Res:     p2p.Resources{Cores: uint32(j.Spec.Cores), MemBytes: j.Spec.MemBytes, GPUs: uint32(j.Spec.GPUs)},
+			MaxSecs: int64(j.Spec.MaxDuration / time.Second), PerHour: w.PerHour, Training: j.Spec.Training}
+		if i == 0 {
+			l.Resume = resume
+		}
+		g.Go(func() error {
+			var reply p2p.LaunchReply
+			if err := m.n.jobCall(gctx, w.Machine, p2p.TypeLaunch, &l, p2p.TypeLaunchReply, &reply); err != nil {
+				return fmt.Errorf("worker %d on %s: %w", i, w.Machine, err)
+			}
+			if !reply.OK {
+				return fmt.Errorf("worker %d on %s refused: %s", i, w.Machine, reply.Reason)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	m.save(j, func() {
+		now := time.Now().UTC()
+		for i := range run.Workers {
+			run.Workers[i].State, run.Workers[i].LastSeen = p2p.WorkerFetching, now
+		}
+	})
+	m.logf(j, "launched %d workers", len(run.Workers))
+	return nil
+}

@@ -1,0 +1,83 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/units"
+)
+
+func ledgerReason(err error) string {
+	var lerr *ledger.Error
+	if errors.As(err, &lerr) {
+		return lerr.Reason
+	}
+	return err.Error()
+}
+
+// escrow locks run k's budget on the ledger, payable to its machines:
+// the job's max price less what earlier runs spent. It reports false when
+// the ledger refused, the holds released and the job failed.
+func (m *JobManager) escrow(ctx context.Context, j *jobs.Job, k int) bool {
+	run := &j.Runs[k]
+	budget := j.Spec.MaxPrice - min(j.Cost, j.Spec.MaxPrice)
+	payees := []string{}
+	for _, w := range run.Workers {
+		if !slices.Contains(payees, w.Payee) {
+			payees = append(payees, w.Payee)
+		}
+	}
+	expiry := time.Now().Add(j.Spec.MaxDuration + m.n.cfg.Jobs.EscrowSlack.Duration).Unix()
+	tx, err := m.n.ledger.OpenEscrow(ctx, ledger.OpenEscrow{Job: jobs.RunID(j.ID, k), Amount: budget, Expiry: expiry, Payees: payees})
+	if err != nil {
+		m.releaseHolds(context.WithoutCancel(ctx), run)
+		m.move(j, jobs.Failed, "open escrow: "+ledgerReason(err))
+		return false
+	}
+	m.save(j, func() { run.Escrow = budget })
+	m.logf(j, "escrow of %s credits opened (tx %s)", units.FormatCredits(budget), tx.Hash.String())
+	m.move(j, jobs.Escrowed, "")
+	return true
+}
+
+// settle pays each machine of run k its hourly price for the time its
+// workers ran (a lost machine what its receipts cover) and refunds the
+// rest; the ledger records each machine's job as completed or failed.
+func (m *JobManager) settle(ctx context.Context, j *jobs.Job, k int, lost map[int]bool) {
+	run := &j.Runs[k]
+	if run.Settled || run.Escrow == 0 {
+		return
+	}
+	now := time.Now()
+	m.mu.Lock()
+	pays, total := payPlan(run, lost, now)
+	m.mu.Unlock()
+	var tx string
+	for attempt := 0; attempt < 5; attempt++ {
+		res, err := m.n.ledger.Settle(ctx, ledger.Settle{Job: run.ID, Payments: pays})
+		if err == nil {
+			tx = res.Hash.String()
+			break
+		}
+		var lerr *ledger.Error
+		if errors.As(err, &lerr) && lerr.Code == ledger.CodeUnknownEscrow {
+			m.logf(j, "settle: the escrow is gone (claimed or expired): %s", lerr.Reason)
+			break
+		}
+		m.logf(j, "settle: %v (retrying)", err)
+		time.Sleep(2 * time.Second)
+	}
+	m.save(j, func() {
+		run.Settled, run.SettleTx, run.Paid, run.Ended = tx != "", tx, total, now.UTC()
+		if tx != "" {
+			j.Cost += total
+		}
+	})
+	if tx != "" {
+		m.logf(j, "settled: paid %s credits to %d machine(s), refunded %s (tx %s)", units.FormatCredits(total), len(pays), units.FormatCredits(run.Escrow-total), tx)
+	}
+}

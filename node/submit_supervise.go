@@ -1,0 +1,231 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/p2p"
+)
+
+// supervise polls run k's workers (status, heartbeat, receipts, logs)
+// until the run ends, and says how; false when the node stops first (the
+// job resumes when it restarts).
+func (m *JobManager) supervise(ctx context.Context, j *jobs.Job, k int) (runEnd, bool) {
+	run := &j.Runs[k]
+	m.heardNow(j, run)
+	lastReceipt := time.Time{}
+	lost := map[int]bool{}
+	for {
+		select {
+		case <-ctx.Done():
+			return runEnd{}, false
+		case <-time.After(m.pollInterval(j)):
+		}
+		now := time.Now()
+		receipts := map[string]*p2p.Receipt{}
+		if now.Sub(lastReceipt) >= receiptEvery {
+			receipts, lastReceipt = m.receipts(j, k, now), now
+		}
+		sts := m.poll(ctx, j, k, receipts)
+		if j.State == jobs.Launching && anyRunning(sts) {
+			m.move(j, jobs.Running, "")
+		}
+		f := survey(sts, run.Workers, lost, now)
+		lost = f.lost
+		if f.result != "" {
+			m.save(j, func() { j.ResultCID = f.result })
+		}
+		if end, ended := judge(f, m.cancelled(j.ID), run.Started, j.Spec.MaxDuration, now); ended {
+			m.logf(j, "run ends: %s", map[bool]string{true: end.why, false: "the chief finished"}[end.why != ""])
+			return end, true
+		}
+	}
+}
+
+// heardNow counts run's live workers as heard from now. Supervising
+// starts so: after a restart the workers ran on meanwhile, and are lost
+// only if they stay silent from now.
+func (m *JobManager) heardNow(j *jobs.Job, run *jobs.Run) {
+	m.save(j, func() {
+		now := time.Now().UTC()
+		for i := range run.Workers {
+			if run.Workers[i].Ended.IsZero() {
+				run.Workers[i].LastSeen = now
+			}
+		}
+	})
+}
+
+// pollInterval is pollEvery, but quicker while the workers start, so a
+// job shows running as soon as it does.
+func (m *JobManager) pollInterval(j *jobs.Job) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r := j.Current(); r != nil && time.Since(r.Started) < time.Minute {
+		for _, w := range r.Workers {
+			if w.State != p2p.WorkerRunning {
+				return 300 * time.Millisecond
+			}
+		}
+	}
+	return pollEvery
+}
+
+// poll asks each worker of run k how it is, carrying receipts, and pulls
+// new log output into the job's log. A nil status is a worker that did
+// not answer.
+func (m *JobManager) poll(ctx context.Context, j *jobs.Job, k int, receipts map[string]*p2p.Receipt) []*p2p.JobStatus {
+	run := &j.Runs[k]
+	sts := make([]*p2p.JobStatus, len(run.Workers))
+	var wg sync.WaitGroup
+	for i := range run.Workers {
+		w := run.Workers[i]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sts[i] = m.pollWorker(ctx, j, run, i, w, receipts[w.Payee])
+		}()
+	}
+	wg.Wait()
+	now := time.Now().UTC()
+	m.save(j, func() { recordStatuses(j, run, sts, now) })
+	return sts
+}
+
+// pollWorker asks worker i of run (w is a copy) how it is, carrying its
+// machine's receipt, and pulls its new log output into the job's log;
+// nil when it did not answer.
+func (m *JobManager) pollWorker(ctx context.Context, j *jobs.Job, run *jobs.Run, i int, w jobs.Worker, receipt *p2p.Receipt) *p2p.JobStatus {
+	var st p2p.JobStatus
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := m.n.jobCall(cctx, w.Machine, p2p.TypeStatusReq, &p2p.StatusReq{JobID: run.ID, Index: i, Receipt: receipt},
+		p2p.TypeJobStatus, &st); err != nil {
+		return nil
+	}
+	if st.LogBytes > w.LogOffset {
+		var lg p2p.Logs
+		if err := m.n.jobCall(cctx, w.Machine, p2p.TypeLogsReq, &p2p.LogsReq{JobID: run.ID, Index: i, Offset: w.LogOffset},
+			p2p.TypeLogs, &lg); err == nil && len(lg.Data) > 0 {
+			m.appendLog(j.ID, tagLines(fmt.Sprintf("[w%d] ", i), lg.Data))
+			w.LogOffset = lg.Next
+		}
+	}
+	m.mu.Lock()
+	run.Workers[i].LogOffset = w.LogOffset
+	m.mu.Unlock()
+	return &st
+}
+
+// recordStatuses records in run's workers what a poll at now found (the
+// chief's checkpoint in j), with the manager's lock held.
+func recordStatuses(j *jobs.Job, run *jobs.Run, sts []*p2p.JobStatus, now time.Time) {
+	for i, st := range sts {
+		if st == nil {
+			continue
+		}
+		w := &run.Workers[i]
+		w.State, w.ExitCode, w.Reason, w.LastSeen = st.State, st.ExitCode, st.Reason, now
+		if st.Started > 0 {
+			w.Started = clampTime(time.UnixMilli(st.Started), run.Started, now)
+		}
+		if st.Ended > 0 {
+			w.Ended = clampTime(time.UnixMilli(st.Ended), run.Started, now)
+		}
+		if i == 0 && st.Checkpoint != "" {
+			j.Checkpoint = st.Checkpoint
+		}
+	}
+}
+
+func clampTime(t, lo, hi time.Time) time.Time {
+	if t.Before(lo) {
+		return lo
+	}
+	if t.After(hi) {
+		return hi
+	}
+	return t
+}
+
+func tagLines(tag string, b []byte) string {
+	s := string(b)
+	trail := strings.HasSuffix(s, "\n")
+	s = strings.TrimSuffix(s, "\n")
+	s = tag + strings.ReplaceAll(s, "\n", "\n"+tag)
+	if trail {
+		s += "\n"
+	}
+	return s
+}
+
+// receipts signs, for each machine of run k, what its workers have earned
+// so far.
+func (m *JobManager) receipts(j *jobs.Job, k int, now time.Time) map[string]*p2p.Receipt {
+	run := &j.Runs[k]
+	m.mu.Lock()
+	owed := owedSoFar(run, now)
+	m.mu.Unlock()
+	out := map[string]*p2p.Receipt{}
+	m.save(j, func() {
+		for payee, amount := range owed {
+			seq := uint64(0)
+			for i := range run.Workers {
+				if run.Workers[i].Payee == payee {
+					run.Workers[i].ReceiptSeq++
+					run.Workers[i].Receipt = amount
+					seq = max(seq, run.Workers[i].ReceiptSeq)
+				}
+			}
+			r := m.n.ledger.SignReceipt(ledger.Receipt{Job: run.ID, Payee: payee, Amount: amount, Seq: seq})
+			out[payee] = &p2p.Receipt{Payee: payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig}
+		}
+	})
+	return out
+}
+
+// stopAll stops every worker of run k (keeping the chief's checkpoint
+// when asked).
+func (m *JobManager) stopAll(ctx context.Context, j *jobs.Job, k int, reason string, checkpoint bool) {
+	run := &j.Runs[k]
+	var wg sync.WaitGroup
+	for i, w := range run.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var st p2p.JobStatus
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			m.n.jobCall(cctx, w.Machine, p2p.TypeStop, &p2p.Stop{JobID: run.ID, Index: i, Reason: reason, Checkpoint: checkpoint && i == 0},
+				p2p.TypeJobStatus, &st)
+		}()
+	}
+	wg.Wait()
+	// One more look, to record when each ended.
+	m.poll(ctx, j, k, nil)
+}
+
+// awaitCheckpoint waits for the stopped chief's checkpoint CID.
+func (m *JobManager) awaitCheckpoint(ctx context.Context, j *jobs.Job, k int) {
+	deadline := time.Now().Add(stopGrace + 20*time.Second)
+	for time.Now().Before(deadline) && j.Checkpoint == "" {
+		time.Sleep(time.Second)
+		m.poll(ctx, j, k, nil)
+	}
+}
+
+// finalStop tells every machine of run k it may forget the worker.
+func (m *JobManager) finalStop(ctx context.Context, j *jobs.Job, k int) {
+	run := &j.Runs[k]
+	for i, w := range run.Workers {
+		var st p2p.JobStatus
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		m.n.jobCall(cctx, w.Machine, p2p.TypeStop, &p2p.Stop{JobID: run.ID, Index: i, Final: true}, p2p.TypeJobStatus, &st)
+		cancel()
+	}
+}
