@@ -54,6 +54,9 @@ func walkFD(fd int, fn func(fd int, st *unix.Stat_t) error, depth int) error {
 	}
 	// Reopen the very directory checked above to list it.
 	dfd, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return nil // removed since it was opened (a temporary dir): nothing left in it
+	}
 	if err != nil {
 		return err
 	}
@@ -75,7 +78,7 @@ func walkFD(fd int, fn func(fd int, st *unix.Stat_t) error, depth int) error {
 				return err
 			}
 		}
-		if errors.Is(rerr, io.EOF) {
+		if errors.Is(rerr, io.EOF) || errors.Is(rerr, unix.ENOENT) {
 			return nil
 		}
 		if rerr != nil {
@@ -108,6 +111,20 @@ func chownTree(dir string, uid, gid int) error {
 // counted once. A tree it cannot measure (too deep, say) counts as
 // unbounded: a job must not be able to hide data from the watchdog.
 func dirUsage(dir string) uint64 {
+	// A walk that fails counts as over the bound (a job must not hide its
+	// files from it), but only if it fails twice: the job's own files come
+	// and go while it runs.
+	total, err := dirUsageOnce(dir)
+	if err != nil {
+		total, err = dirUsageOnce(dir)
+	}
+	if err != nil {
+		return math.MaxUint64
+	}
+	return total
+}
+
+func dirUsageOnce(dir string) (uint64, error) {
 	var total uint64
 	seen := map[[2]uint64]bool{}
 	err := walkTree(dir, func(_ int, st *unix.Stat_t) error {
@@ -121,10 +138,7 @@ func dirUsage(dir string) uint64 {
 		total += uint64(st.Blocks) * 512
 		return nil
 	})
-	if err != nil {
-		return math.MaxUint64
-	}
-	return total
+	return total, err
 }
 
 // prepareDir creates the job dir and its tmp (the job's /tmp), mode 0700,
