@@ -6,6 +6,9 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -X github.com/deepmarket/deepmarket/node.Version=$(VERSION)
 HOME_DIR  ?= $(or $(DEEPMARKET_HOME),$(HOME)/.deepmarket)
 FUZZTIME  ?= 8s
+# Extra flags for `make bench-training`, e.g. TRAINING_FLAGS="-profiles lan -target 0.8"
+# (go run ./bench/training -h lists them).
+TRAINING_FLAGS ?=
 # The Python environment jobs run with (tensorflow-cpu). As root it lives
 # outside the checkout, where the unprivileged job user can reach it.
 VENV      ?= $(if $(filter 0,$(shell id -u)),/opt/deepmarket/venv,$(CURDIR)/.venv)
@@ -57,6 +60,8 @@ lint: ## gofmt and go vet
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
+# bench-training and testnet-report are left out: they need root and take
+# about 25 and 20 minutes.
 .PHONY: bench
 bench: bench-p2p bench-ledger bench-storage bench-scheduler bench-jobs bench-tunnel ## Run every benchmark
 
@@ -100,6 +105,10 @@ test-faults: deps ## The testnet fault and load suite at full size (1,000 bids, 
 .PHONY: testnet-report
 testnet-report: deps build ## Root: one training job with 1, 2, 3 workers under lan, wifi and multi-dc; table and chart in bench/results/testnet
 	$(GO) run ./bench/testnet -bin $(BIN) -python $(VENV)/bin/python3 -out bench/results/testnet
+
+.PHONY: bench-training
+bench-training: deps build ## Root: time to a target accuracy, 1 and 2 workers, sync vs DiLoCo, under lan, wifi and multi-dc (~25 min); table and chart in bench/results/training
+	$(GO) run ./bench/training -bin $(BIN) -python $(VENV)/bin/python3 -out bench/results/training $(TRAINING_FLAGS)
 
 .PHONY: clean
 clean: ## Remove build outputs

@@ -28,9 +28,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/deepmarket/deepmarket/bench/internal/testbed"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
-	"github.com/deepmarket/deepmarket/testnet"
 	"github.com/deepmarket/deepmarket/testnet/netlab"
 )
 
@@ -121,62 +121,27 @@ func main() {
 	fmt.Printf("\nwrote %s/report.{md,json,png}\n", *out)
 }
 
-// runProfile runs the jobs on a fresh 3-site testnet under one profile.
+// runProfile runs the jobs on a fresh 3-site testnet under one profile:
+// val0..2 one per site; node0..2 (lenders, a core each) one per site;
+// node3 submits.
 func runProfile(ctx context.Context, bin, python, profile, bundle string, command []string, counts []int) ([]Result, string, error) {
-	dir, err := os.MkdirTemp("", "dm-report-")
+	bed, err := testbed.Start(ctx, testbed.Config{Bin: bin, Python: python, Profile: profile,
+		Sites: 3, Lenders: 3, Cores: 1, MemBytes: 2 << 30, BasePort: 26100})
 	if err != nil {
 		return nil, "", err
 	}
-	defer os.RemoveAll(dir)
-	tn := filepath.Join(dir, "tn")
-	// val0..2 one per site; node0..2 (lenders) one per site; node3 submits.
-	m, err := testnet.Init(testnet.Params{Validators: 3, Nodes: 4, Sites: 3, Out: tn, Python: python, BasePort: 26100})
-	if err != nil {
-		return nil, "", err
-	}
-	log.Printf("== %s: starting %d nodes", profile, len(m.Nodes))
-	net, err := testnet.Start(ctx, tn, testnet.RunOptions{Binary: bin, Profile: profile, StartTimeout: 2 * time.Minute})
-	if err != nil {
-		return nil, "", err
-	}
-	defer net.Close()
-	shaper := net.Lab.Shaper().String()
-	lenders, submitter := []int{3, 4, 5}, 6
-	for _, i := range lenders {
-		c, err := net.Client(i)
-		if err != nil {
-			return nil, "", err
-		}
-		if _, err := c.SetLend(ctx, api.LendRequest{Cores: 1, MemBytes: 2 << 30}); err != nil {
-			return nil, "", fmt.Errorf("lend on %s: %w", m.Nodes[i].Name, err)
-		}
-	}
-	sub, err := net.Client(submitter)
-	if err != nil {
-		return nil, "", err
-	}
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		offers, _ := sub.Offers(ctx)
-		if len(offers) >= len(lenders) {
-			break
-		}
-		if time.Now().After(deadline) {
-			return nil, "", fmt.Errorf("the submitter holds %d offers, want %d", len(offers), len(lenders))
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+	defer bed.Close()
 	var out []Result
 	for _, w := range counts {
 		var r Result
 		for attempt := 1; attempt <= 3; attempt++ {
-			waitIdle(ctx, net, lenders)
-			r = runJob(ctx, sub, net, profile, bundle, command, w)
+			bed.WaitIdle(ctx)
+			r = runJob(ctx, bed, profile, bundle, command, w)
 			r.Attempts = attempt
 			// A bid that found no machines (the schedulers raced, or a
 			// lender had not yet let go of the last job) is not a
 			// measurement: bid again.
-			if r.State == string(jobs.Succeeded) || !strings.Contains(r.Reason, "no machine can take") {
+			if r.State == string(jobs.Succeeded) || !testbed.NoMachines(r.Reason) {
 				break
 			}
 			log.Printf("   %s, %d workers: no machines (%s); again", profile, w, r.Reason)
@@ -184,35 +149,15 @@ func runProfile(ctx context.Context, bin, python, profile, bundle string, comman
 		log.Printf("   %s, %d workers: %s in %.1f s (run %.1f s) on %v %s", profile, w, r.State, r.TotalS, r.RunS, r.Sites, r.Reason)
 		out = append(out, r)
 		if ctx.Err() != nil {
-			return out, shaper, ctx.Err()
+			return out, bed.Shaper, ctx.Err()
 		}
 	}
-	return out, shaper, nil
+	return out, bed.Shaper, nil
 }
 
-// waitIdle waits until no lender runs a worker of an earlier job.
-func waitIdle(ctx context.Context, net *testnet.Network, lenders []int) {
-	start := time.Now()
-	for _, i := range lenders {
-		c, err := net.Client(i)
-		if err != nil {
-			continue
-		}
-		for time.Since(start) < 3*time.Minute && ctx.Err() == nil {
-			text, err := c.Metrics(ctx)
-			if err == nil && strings.Contains(text, "\ndeepmarket_exec_workers 0\n") {
-				break
-			}
-			time.Sleep(time.Second)
-		}
-	}
-	if d := time.Since(start); d > 2*time.Second {
-		log.Printf("   (waited %s for the lenders to finish the last job)", d.Round(time.Second))
-	}
-}
-
-func runJob(ctx context.Context, sub *api.Client, net *testnet.Network, profile, bundle string, command []string, workers int) Result {
+func runJob(ctx context.Context, bed *testbed.Bed, profile, bundle string, command []string, workers int) Result {
 	r := Result{Profile: profile, Workers: workers}
+	sub := bed.Sub
 	spec := jobs.File{Name: fmt.Sprintf("report-%s-%d", profile, workers), Framework: "tensorflow", Command: command,
 		Bundle: bundle, Dataset: "/usr/share/datasets/fashion-mnist", Workers: workers, Cores: 1, Memory: "2GiB",
 		// Workers on different sites pay for the link between them
@@ -235,13 +180,7 @@ func runJob(ctx context.Context, sub *api.Client, net *testnet.Network, profile,
 		if !run.Started.IsZero() && !run.Ended.IsZero() {
 			r.RunS = run.Ended.Sub(run.Started).Seconds()
 		}
-		for _, w := range run.Workers {
-			for _, n := range net.Manifest.Nodes {
-				if n.PeerID == w.Machine {
-					r.Sites = append(r.Sites, n.Site)
-				}
-			}
-		}
+		r.Sites = bed.Sites(run)
 	}
 	return r
 }

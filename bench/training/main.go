@@ -1,0 +1,516 @@
+// Command training is `make bench-training`: distributed training judged
+// as a user would, by the time it takes to reach a test accuracy. The
+// Fashion-MNIST example (examples/fashion-mnist/train.py, --model
+// cnn-wide by default) runs through the real market on a 2-site testnet
+// on this machine under each network profile (lan, wifi, multi-dc), with
+// 1 and 2 workers, and with 2 workers in both training modes side by
+// side: [training] mode = "sync" (TensorFlow's MultiWorkerMirroredStrategy,
+// gradients all-reduced every step) and mode = "diloco" (local steps,
+// averaged every sync_every steps by the deepmarket Python package over
+// the job's tunnels, compressed). One worker runs once per profile, in
+// sync mode: it has nothing to synchronize, and it is the baseline of
+// both modes' speed-ups.
+//
+// Every job stops at the target accuracy (train.py --target-accuracy,
+// checked every --eval-every steps) or after -max-steps steps a worker;
+// one still running -job-timeout after it was submitted is cancelled and
+// reported as not reaching the target, with the last accuracy its log
+// shows. The report gives, per job: time to the target (train.py's, from
+// the worker's process start), final test accuracy, examples/s, bytes sent
+// per worker, the speed-up over 1 worker, and the job's completion time
+// (submit to done); as report.md, report.json and report.png in -out.
+//
+// All nodes (two validators, two lenders, the submitter) and the workers
+// share this one machine, so the 2-worker speed-ups are bounded by its
+// cores. Needs root (network namespaces, the sandbox) and a Python with
+// tensorflow-cpu, tf_keras and the deepmarket package (-python).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"math"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/deepmarket/deepmarket/bench/internal/testbed"
+	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/testnet/netlab"
+)
+
+// Config is what the run was asked for (the flags).
+type Config struct {
+	Profiles    []string `json:"profiles"`
+	Workers     []int    `json:"workers"`
+	Modes       []string `json:"modes"`
+	Target      float64  `json:"target_accuracy"`
+	Model       string   `json:"model"`
+	EvalEvery   int      `json:"eval_every"`
+	SyncEvery   int      `json:"sync_every"`
+	Compress    string   `json:"compress"`
+	MaxSteps    int      `json:"max_steps"`
+	JobTimeoutS float64  `json:"job_timeout_s"`
+	Lenders     int      `json:"lenders"` // a core each, cycling the two sites
+}
+
+// Result is one job's figures.
+type Result struct {
+	Profile string   `json:"profile"`
+	Workers int      `json:"workers"`
+	Mode    string   `json:"mode"` // sync or diloco; 1 worker runs sync
+	State   string   `json:"state"`
+	Reason  string   `json:"reason,omitempty"`
+	Sites   []string `json:"sites"` // of the workers' machines
+	// TimedOut: cancelled -job-timeout after it was submitted.
+	TimedOut      bool `json:"timed_out,omitempty"`
+	TargetReached bool `json:"target_reached"`
+	// TimeToTargetS is train.py's time_to_target_s: from worker 0's
+	// process start (TensorFlow import, data load, training, evaluations)
+	// to the evaluation that reached the target.
+	TimeToTargetS float64 `json:"time_to_target_s,omitempty"`
+	// StepsToTarget: steps a worker had taken at that evaluation.
+	StepsToTarget int `json:"steps_to_target,omitempty"`
+	// SpeedUp is the 1-worker time to the target over this one's (same
+	// profile); 0 when either did not reach it.
+	SpeedUp float64 `json:"speed_up,omitempty"`
+	// TestAccuracy is the final test accuracy (result.json), or, for a job
+	// that did not finish, the last one its log shows.
+	TestAccuracy float64 `json:"test_accuracy"`
+	Steps        int     `json:"steps"` // a worker's, at the last evaluation
+	ExamplesPerS float64 `json:"examples_per_s"`
+	// BytesSent is what a worker sent to the others: in sync mode
+	// train.py's estimate (a ring all-reduce of the float32 gradients
+	// every step), in diloco mode what worker 0 sent, counted by the
+	// averager.
+	BytesSent      int64   `json:"bytes_sent_per_worker"`
+	BytesEstimated bool    `json:"bytes_sent_estimated,omitempty"`
+	Rounds         int     `json:"rounds,omitempty"`
+	CompletionS    float64 `json:"completion_s"` // submitted to done
+	RunS           float64 `json:"run_s"`        // launched to done
+	Attempts       int     `json:"attempts"`
+	// Evals are worker 0's evaluations: [seconds since its start, steps,
+	// test accuracy].
+	Evals [][3]float64 `json:"evals,omitempty"`
+	Log   string       `json:"log,omitempty"` // where the job's log was saved
+}
+
+// Report is the JSON output.
+type Report struct {
+	Date     string           `json:"date"`
+	CPUs     int              `json:"cpus"`
+	Shaper   string           `json:"shaper"`
+	Command  []string         `json:"command"`
+	Config   Config           `json:"config"`
+	Results  []Result         `json:"results"`
+	Profiles []netlab.Profile `json:"profiles"`
+	TookS    float64          `json:"took_s"`
+}
+
+func main() {
+	bin := flag.String("bin", "bin/deepmarket", "deepmarket binary the nodes run")
+	python := flag.String("python", "python3", "Python with tensorflow-cpu, tf_keras and the deepmarket package")
+	out := flag.String("out", "bench/results/training", "directory for report.md, report.json and report.png")
+	logs := flag.String("logs", "", "directory for the jobs' logs (default: a new one under the temp dir)")
+	profiles := flag.String("profiles", "lan,wifi,multi-dc", "network profiles")
+	workers := flag.String("workers", "1,2", "worker counts (1 to 4)")
+	modes := flag.String("modes", "sync,diloco", "training modes of the jobs with 2+ workers")
+	target := flag.Float64("target", 0.85, "target test accuracy")
+	model := flag.String("model", "cnn-wide", "train.py --model: mlp, cnn or cnn-wide")
+	evalEvery := flag.Int("eval-every", 100, "evaluate the test set every this many steps a worker")
+	syncEvery := flag.Int("sync-every", 100, "diloco: local steps between averaging rounds ([training] sync_every)")
+	compress := flag.String("compress", "int8", "diloco: int8, fp16 or none ([training] compress)")
+	maxSteps := flag.Int("max-steps", 1500, "steps a worker takes at most (a job that has not reached the target by then stops)")
+	jobTimeout := flag.Duration("job-timeout", 6*time.Minute, "cancel a job still running this long after it was submitted")
+	from := flag.String("from", "", "run nothing: write report.md and report.png in -out again from this report.json")
+	flag.Parse()
+	log.SetFlags(0)
+	if *from != "" {
+		if err := rewrite(*from, *out); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
+	start := time.Now()
+
+	cfg := Config{Target: *target, Model: *model, EvalEvery: *evalEvery, SyncEvery: *syncEvery, Compress: *compress,
+		MaxSteps: *maxSteps, JobTimeoutS: jobTimeout.Seconds()}
+	for _, w := range splitList(*workers) {
+		n, err := strconv.Atoi(w)
+		if err != nil || n < 1 || n > 4 {
+			log.Fatalf("-workers: %q: want 1 to 4", w)
+		}
+		cfg.Workers = append(cfg.Workers, n)
+	}
+	for _, m := range splitList(*modes) {
+		if !p2p.TrainingModes[m] {
+			log.Fatalf("-modes: %q: want sync or diloco", m)
+		}
+		cfg.Modes = append(cfg.Modes, m)
+	}
+	tr := p2p.Training{Mode: "diloco", SyncEvery: *syncEvery, Compress: *compress}
+	switch {
+	case len(cfg.Workers) == 0 || len(cfg.Modes) == 0:
+		log.Fatal("-workers and -modes name at least one each")
+	case !(*target > 0 && *target <= 1):
+		log.Fatalf("-target %g: want (0, 1]", *target)
+	case !slices.Contains([]string{"mlp", "cnn", "cnn-wide"}, *model):
+		log.Fatalf("-model %q: want mlp, cnn or cnn-wide", *model)
+	case *evalEvery < 1 || *maxSteps < 1 || *syncEvery < 1:
+		log.Fatal("-eval-every, -max-steps and -sync-every must be at least 1")
+	case *jobTimeout < time.Minute:
+		log.Fatal("-job-timeout: at least 1m")
+	}
+	cfg.Lenders = max(2, slices.Max(cfg.Workers))
+	if err := tr.Validate(); err != nil {
+		log.Fatalf("-sync-every, -compress: %v", err)
+	}
+	var plist []netlab.Profile
+	for _, name := range splitList(*profiles) {
+		p, err := netlab.ProfileByName(name)
+		if err != nil {
+			log.Fatal(err)
+		}
+		plist = append(plist, p)
+		cfg.Profiles = append(cfg.Profiles, p.Name)
+	}
+	if err := netlab.Available(); err != nil {
+		log.Fatalf("bench-training needs network namespaces: %v", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	binPath, err := filepath.Abs(*bin)
+	if err != nil {
+		log.Fatal(err)
+	}
+	bundle, err := filepath.Abs("examples/fashion-mnist")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if *logs == "" {
+		if *logs, err = os.MkdirTemp("", "dm-bench-training-logs-"); err != nil {
+			log.Fatal(err)
+		}
+	} else if err := os.MkdirAll(*logs, 0o755); err != nil {
+		log.Fatal(err)
+	}
+	// --epochs 1 --steps-per-epoch N: one epoch of at most N steps a
+	// worker, so the cap is the same in both modes.
+	command := []string{"python3", "train.py", "--model", *model,
+		"--target-accuracy", strconv.FormatFloat(*target, 'f', -1, 64), "--eval-every", strconv.Itoa(*evalEvery),
+		"--epochs", "1", "--steps-per-epoch", strconv.Itoa(*maxSteps)}
+	rep := Report{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), Command: command, Config: cfg, Profiles: plist}
+	b := bench{bin: binPath, python: *python, bundle: bundle, command: command, cfg: cfg, logs: *logs,
+		timeout: *jobTimeout}
+	for _, p := range plist {
+		res, shaper, err := b.runProfile(ctx, p.Name)
+		rep.Results = append(rep.Results, res...)
+		if shaper != "" {
+			rep.Shaper = shaper
+		}
+		if err != nil {
+			// Write what was measured, then fail.
+			log.Printf("%s: %v", p.Name, err)
+			rep.TookS = time.Since(start).Seconds()
+			if werr := write(*out, &rep); werr != nil {
+				log.Print(werr)
+			}
+			os.Exit(1)
+		}
+	}
+	rep.TookS = time.Since(start).Seconds()
+	if err := write(*out, &rep); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Print(markdown(rep))
+	fmt.Printf("\nwrote %s/report.{md,json,png} in %s; job logs in %s\n", *out, time.Since(start).Round(time.Second), *logs)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// rewrite writes the report in dir again from an earlier report.json.
+func rewrite(from, dir string) error {
+	raw, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	var rep Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return fmt.Errorf("%s: %w", from, err)
+	}
+	if err := write(dir, &rep); err != nil {
+		return err
+	}
+	fmt.Printf("wrote %s/report.{md,json,png} from %s\n", dir, from)
+	return nil
+}
+
+func write(dir string, rep *Report) error {
+	speedUps(rep.Results)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(rep, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "report.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "report.md"), []byte(markdown(*rep)), 0o644); err != nil {
+		return err
+	}
+	return writeChart(filepath.Join(dir, "report.png"), *rep)
+}
+
+// speedUps fills each result's speed-up over the 1-worker job of its
+// profile.
+func speedUps(rs []Result) {
+	base := map[string]float64{}
+	for _, r := range rs {
+		if r.Workers == 1 && r.TargetReached && r.TimeToTargetS > 0 {
+			base[r.Profile] = r.TimeToTargetS
+		}
+	}
+	for i := range rs {
+		r := &rs[i]
+		r.SpeedUp = 0
+		if b := base[r.Profile]; b > 0 && r.TargetReached && r.TimeToTargetS > 0 {
+			r.SpeedUp = b / r.TimeToTargetS
+		}
+	}
+}
+
+// bench runs the jobs.
+type bench struct {
+	bin, python, bundle string
+	command             []string
+	cfg                 Config
+	logs                string
+	timeout             time.Duration
+}
+
+// runProfile runs every job on a fresh 2-site testnet under one profile:
+// val0, val1 one per site; node0, node1 (lenders, a core each) on sites
+// univ-a and univ-b, so two workers always span the two sites (more
+// lenders cycle the sites); the last node submits.
+func (b *bench) runProfile(ctx context.Context, profile string) ([]Result, string, error) {
+	bed, err := testbed.Start(ctx, testbed.Config{Bin: b.bin, Python: b.python, Profile: profile,
+		Sites: 2, Lenders: b.cfg.Lenders, Cores: 1, MemBytes: 2 << 30, BasePort: 26300})
+	if err != nil {
+		return nil, "", err
+	}
+	defer bed.Close()
+	var out []Result
+	for _, w := range b.cfg.Workers {
+		modes := b.cfg.Modes
+		if w == 1 {
+			modes = []string{"sync"} // nothing to synchronize: the baseline of both modes
+		}
+		for _, mode := range modes {
+			var r Result
+			for attempt := 1; attempt <= 3; attempt++ {
+				bed.WaitIdle(ctx)
+				r = b.runJob(ctx, bed, profile, mode, w)
+				r.Attempts = attempt
+				// A bid that found no machines is not a measurement: bid again.
+				if r.State == string(jobs.Succeeded) || !testbed.NoMachines(r.Reason) || ctx.Err() != nil {
+					break
+				}
+				log.Printf("   %s, %d workers, %s: no machines (%s); again", profile, w, mode, r.Reason)
+			}
+			target := "target not reached"
+			if r.TargetReached {
+				target = fmt.Sprintf("target in %.1f s (%d steps)", r.TimeToTargetS, r.StepsToTarget)
+			}
+			log.Printf("   %s, %d workers, %s: %s, %s, accuracy %.4f, %.0f examples/s, %.2f MB sent/worker; "+
+				"completion %.1f s on %v %s", profile, w, mode, r.State, target, r.TestAccuracy, r.ExamplesPerS,
+				float64(r.BytesSent)/1e6, r.CompletionS, r.Sites, firstN(r.Reason, 200))
+			out = append(out, r)
+			if ctx.Err() != nil {
+				return out, bed.Shaper, ctx.Err()
+			}
+		}
+	}
+	return out, bed.Shaper, nil
+}
+
+// resultFile is what train.py writes to result.json (the fields read here).
+type resultFile struct {
+	TestAccuracy   float64      `json:"test_accuracy"`
+	Workers        int          `json:"workers"`
+	Mode           string       `json:"mode"`
+	TargetReached  bool         `json:"target_reached"`
+	TimeToTargetS  *float64     `json:"time_to_target_s"`
+	ExamplesPerS   float64      `json:"examples_per_s"`
+	BytesSent      int64        `json:"bytes_sent"`
+	BytesEstimated bool         `json:"bytes_sent_estimated"`
+	Rounds         int          `json:"rounds"`
+	Evals          [][3]float64 `json:"evals"`
+}
+
+var (
+	evalRE    = regexp.MustCompile(`\[worker 0\] eval after (\d+) steps, ([\d.]+)s: test accuracy ([\d.]+)`)
+	reachedRE = regexp.MustCompile(`\[worker 0\] reached the target accuracy [\d.]+ after ([\d.]+)s`)
+)
+
+func (b *bench) runJob(ctx context.Context, bed *testbed.Bed, profile, mode string, workers int) Result {
+	r := Result{Profile: profile, Workers: workers, Mode: mode}
+	tr := &p2p.Training{Mode: mode}
+	if mode == "diloco" {
+		tr.SyncEvery, tr.Compress = b.cfg.SyncEvery, b.cfg.Compress
+	}
+	name := fmt.Sprintf("training-%s-%s-%d", profile, mode, workers)
+	spec := jobs.File{Name: name, Framework: "tensorflow", Command: b.command,
+		Bundle: b.bundle, Dataset: "/usr/share/datasets/fashion-mnist", Workers: workers, Cores: 1, Memory: "2GiB",
+		// Workers on different sites pay for the link between them
+		// (scheduler network prices): the budget must allow it.
+		MaxPrice: "100", MaxDuration: fmt.Sprintf("%dm", max(30, int(math.Ceil(b.timeout.Minutes()))+10)),
+		Training: tr}
+	sub := bed.Sub
+	j, err := sub.Submit(ctx, api.SubmitRequest{Spec: spec, Yes: true})
+	if err != nil {
+		r.State, r.Reason = "error", err.Error()
+		return r
+	}
+	deadline, extended, cancelled := time.Now().Add(b.timeout), false, time.Time{}
+	for !j.State.Terminal() && ctx.Err() == nil {
+		time.Sleep(time.Second)
+		if cur, err := sub.Job(ctx, j.ID); err == nil {
+			j = cur
+		}
+		switch {
+		case j.State.Terminal() || time.Now().Before(deadline):
+		case !extended && reachedRE.MatchString(jobLog(ctx, sub, j.ID)):
+			// It reached the target and is finishing (the final
+			// evaluation, saving the model, storing the output).
+			extended, deadline = true, deadline.Add(3*time.Minute)
+			log.Printf("   %s: reached the target at the time limit; waiting up to 3 more minutes for it to finish", name)
+		case cancelled.IsZero():
+			log.Printf("   %s: still running after %s: cancelling it", name, b.timeout)
+			r.TimedOut, cancelled = true, time.Now()
+			if cur, err := sub.CancelJob(ctx, j.ID); err == nil && cur != nil {
+				j = cur
+			}
+		case time.Since(cancelled) > 2*time.Minute:
+			r.State, r.Reason = string(j.State), "did not end within 2 minutes of being cancelled"
+			return r
+		}
+	}
+	r.State, r.Reason = string(j.State), j.Reason
+	r.CompletionS = j.Updated.Sub(j.Created).Seconds()
+	if run := j.Current(); run != nil {
+		if !run.Started.IsZero() && !run.Ended.IsZero() {
+			r.RunS = run.Ended.Sub(run.Started).Seconds()
+		}
+		r.Sites = bed.Sites(run)
+	}
+	text := jobLog(context.WithoutCancel(ctx), sub, j.ID)
+	r.Log = filepath.Join(b.logs, name+".log")
+	if err := os.WriteFile(r.Log, []byte(text), 0o644); err != nil {
+		log.Printf("   %s: save the log: %v", name, err)
+		r.Log = ""
+	}
+	// What the log shows, for a job that did not finish too.
+	for _, m := range evalRE.FindAllStringSubmatch(text, -1) {
+		steps, _ := strconv.Atoi(m[1])
+		at, _ := strconv.ParseFloat(m[2], 64)
+		acc, _ := strconv.ParseFloat(m[3], 64)
+		r.Evals = append(r.Evals, [3]float64{at, float64(steps), acc})
+	}
+	if m := reachedRE.FindStringSubmatch(text); m != nil {
+		r.TargetReached = true
+		r.TimeToTargetS, _ = strconv.ParseFloat(m[1], 64)
+	}
+	if j.State == jobs.Succeeded && j.ResultCID != "" {
+		if err := b.readResult(ctx, sub, j.ResultCID, &r); err != nil {
+			r.Reason = "result: " + err.Error()
+		}
+	}
+	if n := len(r.Evals); n > 0 {
+		r.Steps = int(r.Evals[n-1][1])
+		if r.TestAccuracy == 0 {
+			r.TestAccuracy = r.Evals[n-1][2]
+		}
+	}
+	for _, e := range r.Evals {
+		if e[2] >= b.cfg.Target {
+			r.StepsToTarget = int(e[1])
+			break
+		}
+	}
+	return r
+}
+
+// readResult fetches the job's output (worker 0's output dir) and reads
+// its result.json into r.
+func (b *bench) readResult(ctx context.Context, sub *api.Client, cid string, r *Result) error {
+	dir, err := os.MkdirTemp("", "dm-bench-training-result-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	out := filepath.Join(dir, "result")
+	if _, err := sub.DataGet(ctx, cid, out, nil); err != nil {
+		return err
+	}
+	raw, err := os.ReadFile(filepath.Join(out, "result.json"))
+	if err != nil {
+		return err
+	}
+	var res resultFile
+	if err := json.Unmarshal(raw, &res); err != nil {
+		return err
+	}
+	if res.Workers != r.Workers || res.Mode != r.Mode {
+		return fmt.Errorf("result.json says %d workers in mode %s, want %d in %s", res.Workers, res.Mode, r.Workers, r.Mode)
+	}
+	r.TestAccuracy, r.TargetReached = res.TestAccuracy, res.TargetReached
+	if res.TimeToTargetS != nil {
+		r.TimeToTargetS = *res.TimeToTargetS
+	}
+	r.ExamplesPerS, r.BytesSent, r.BytesEstimated, r.Rounds = res.ExamplesPerS, res.BytesSent, res.BytesEstimated, res.Rounds
+	if len(res.Evals) > 0 {
+		r.Evals = res.Evals
+	}
+	return nil
+}
+
+// jobLog is the job's whole log: the submitter's lines and every worker's
+// output, each line tagged with its worker.
+func jobLog(ctx context.Context, sub *api.Client, id string) string {
+	var b strings.Builder
+	var off int64
+	for {
+		lg, err := sub.JobLogs(ctx, id, off)
+		if err != nil || lg.Data == "" {
+			return b.String()
+		}
+		b.WriteString(lg.Data)
+		off = lg.Next
+	}
+}
+
+func firstN(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
