@@ -228,16 +228,6 @@ func payeeOf(machine string) string {
 	return string(identity.AddressOf(raw))
 }
 
-// machineAddrs is where a machine's offer says it listens.
-func (n *Node) machineAddrs(machine string) []string {
-	for _, h := range n.book.List(time.Now()) {
-		if h.Offer.Machine == machine {
-			return h.Offer.Addrs
-		}
-	}
-	return nil
-}
-
 // holdsOf lists a run's distinct (machine, hold) pairs.
 func holdsOf(r *jobs.Run) [][2]string {
 	var out [][2]string

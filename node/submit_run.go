@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/deepmarket/deepmarket/node/jobs"
@@ -148,34 +147,6 @@ func (m *JobManager) addInputs(ctx context.Context, j *jobs.Job) error {
 		return errors.New("internal: cannot quote")
 	}
 	return nil
-}
-
-// jobCall sends a job request to machine, or hands it to this node's own
-// executor when the machine is this one.
-func (n *Node) jobCall(ctx context.Context, machine string, typ string, req any, replyType string, reply any) error {
-	id, err := peer.Decode(machine)
-	if err != nil {
-		return err
-	}
-	if id == n.host.ID() {
-		b, err := p2p.Marshal(req)
-		if err != nil {
-			return err
-		}
-		rt, r, err := n.exec.handle(ctx, id, &p2p.Envelope{Type: typ, Payload: b})
-		if err != nil {
-			return err
-		}
-		if rt != replyType {
-			return fmt.Errorf("%w %q", p2p.ErrUnknownType, rt)
-		}
-		rb, err := p2p.Marshal(r)
-		if err != nil {
-			return err
-		}
-		return p2p.Unmarshal(rb, reply)
-	}
-	return n.rpc.Call(ctx, id, p2p.JobProtocol(n.cfg.Node.ChainID), typ, req, replyType, reply)
 }
 
 // launch starts every worker of run k (the job launching), the chief
