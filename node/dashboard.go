@@ -9,8 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
-
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
@@ -55,38 +53,6 @@ func (m *myMachines) list() []HeldOffer {
 		out = append(out, h)
 	}
 	return out
-}
-
-// wasWithdrawn reports whether the machine's last word was a withdrawal.
-func (b *OfferBook) wasWithdrawn(id string) bool {
-	pid, err := peer.Decode(id)
-	if err != nil {
-		return false
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	_, ok := b.withdrawn[pid]
-	return ok
-}
-
-// earnings is what the workers running here now will be paid in the next
-// d, each at its hourly price until its maximum duration.
-func (e *Executor) earnings(now time.Time, d time.Duration) (total uint64, running int) {
-	for _, w := range e.snapshot() {
-		w.mu.Lock()
-		state, started := w.state, w.started
-		w.mu.Unlock()
-		if state != p2p.WorkerRunning && state != p2p.WorkerFetching {
-			continue
-		}
-		running++
-		left := d
-		if !started.IsZero() && w.l.MaxSecs > 0 {
-			left = min(d, started.Add(time.Duration(w.l.MaxSecs)*time.Second).Sub(now))
-		}
-		total += perHourFor(w.l.PerHour, left)
-	}
-	return total, running
 }
 
 // perHourFor is an hourly price for d, rounded down to micro-credits.

@@ -82,3 +82,23 @@ func (e *Executor) claimKept() {
 		go e.claimLater(run)
 	}
 }
+
+// earnings is what the workers running here now will be paid in the next
+// d, each at its hourly price until its maximum duration.
+func (e *Executor) earnings(now time.Time, d time.Duration) (total uint64, running int) {
+	for _, w := range e.snapshot() {
+		w.mu.Lock()
+		state, started := w.state, w.started
+		w.mu.Unlock()
+		if state != p2p.WorkerRunning && state != p2p.WorkerFetching {
+			continue
+		}
+		running++
+		left := d
+		if !started.IsZero() && w.l.MaxSecs > 0 {
+			left = min(d, started.Add(time.Duration(w.l.MaxSecs)*time.Second).Sub(now))
+		}
+		total += perHourFor(w.l.PerHour, left)
+	}
+	return total, running
+}

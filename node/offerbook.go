@@ -175,3 +175,15 @@ func (l *BidLog) List(now time.Time) []SeenBid {
 	}
 	return out
 }
+
+// wasWithdrawn reports whether the machine's last word was a withdrawal.
+func (b *OfferBook) wasWithdrawn(id string) bool {
+	pid, err := peer.Decode(id)
+	if err != nil {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.withdrawn[pid]
+	return ok
+}
