@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -74,4 +75,29 @@ func (n *Node) checkBid(r *p2p.Reserve, now time.Time) (HoldRequest, error) {
 		GPUs:     bid.Workers * bid.PerWorker.GPUs,
 	}
 	return req, nil
+}
+
+// handleReserve answers a scheduler's hold request on this machine.
+func (n *Node) handleReserve(_ context.Context, from peer.ID, env *p2p.Envelope) (string, any, error) {
+	if env.Type != p2p.TypeReserve {
+		return "", nil, fmt.Errorf("%w %q", p2p.ErrUnknownType, env.Type)
+	}
+	var r p2p.Reserve
+	if err := p2p.Unmarshal(env.Payload, &r); err != nil {
+		return "", nil, err
+	}
+	if err := r.Validate(); err != nil {
+		return "", nil, err
+	}
+	return p2p.TypeReserveReply, n.applyHold(from, &r, time.Now()), nil
+}
+
+// applyHold checks a hold request's bid and applies it to this machine's
+// holds; a request whose bid does not hold up is refused with the reason.
+func (n *Node) applyHold(from peer.ID, r *p2p.Reserve, now time.Time) p2p.ReserveReply {
+	req, err := n.checkBid(r, now)
+	if err != nil {
+		return p2p.ReserveReply{Reason: truncate(err.Error(), 256)}
+	}
+	return n.holds.Apply(from, req, now)
 }
