@@ -1,0 +1,76 @@
+package scheduler
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+func TestPredict(t *testing.T) {
+	lan := func(a, b int) (Link, bool) { return Link{RTT: time.Millisecond, BytesPerSec: 100e6}, true }
+	wan := func(a, b int) (Link, bool) { return Link{RTT: 100 * time.Millisecond, BytesPerSec: 1.25e6}, true }
+	unknown := func(a, b int) (Link, bool) { return Link{}, false }
+	sync := Training{Steps: 1000, ModelBytes: 400_000, Sync: true}
+	local := Training{Steps: 1000, ModelBytes: 400_000, SyncEvery: 50, Wire: 0.25}
+	const dur = 100 * time.Second // 0.1 s a step on a speed-1 machine
+	for _, c := range []struct {
+		name                 string
+		t                    Training
+		speeds               []float64
+		link                 func(a, b int) (Link, bool)
+		total, comm, speedUp float64 // seconds, seconds, ratio
+		best                 int
+	}{
+		{"one worker is its compute", sync, []float64{1}, wan, 100, 0, 1, 1},
+		{"a faster machine", sync, []float64{2}, nil, 50, 0, 1, 1},
+		// 500 steps of 0.1 s; a ring hop: 0.5 ms + 200 kB at 100 MB/s, twice a step.
+		{"sync on a LAN", sync, []float64{1, 1}, lan, 52.5, 2.5, 100 / 52.5, 2},
+		{"unmeasured links are a LAN", sync, []float64{1, 1}, unknown, 52.5, 2.5, 100 / 52.5, 2},
+		// a hop: 50 ms + 200 kB at 1.25 MB/s = 0.21 s, 0.42 s a step.
+		{"sync across sites is slower than one", sync, []float64{1, 1}, wan, 260, 210, 100.0 / 260, 1},
+		// 10 rounds of 2 x (100 kB at 1.25 MB/s + 100 ms).
+		{"local steps across sites", local, []float64{1, 1}, wan, 53.6, 3.6, 100 / 53.6, 2},
+		// the slow machine sets the pace: 500 steps of 0.2 s.
+		{"a slow machine", sync, []float64{1, 0.5}, lan, 102.5, 2.5, 100 / 102.5, 1},
+		// three workers: 334 steps; ring hop 0.5 ms + 133 kB at 100 MB/s, four a step.
+		{"three on a LAN", sync, []float64{1, 1, 1}, lan, 33.4 + 334*4*(0.0005+400_000.0/3/100e6), 334 * 4 * (0.0005 + 400_000.0/3/100e6), 100 / (33.4 + 334*4*(0.0005+400_000.0/3/100e6)), 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p, err := Predict(c.t, dur, c.speeds, c.link)
+			if err != nil {
+				t.Fatal(err)
+			}
+			near := func(what string, got, want float64) {
+				if math.Abs(got-want) > 1e-6*math.Max(1, want) {
+					t.Errorf("%s = %v, want %v", what, got, want)
+				}
+			}
+			near("total", p.Total.Seconds(), c.total)
+			near("comm", p.Comm.Seconds(), c.comm)
+			near("compute+comm", (p.Compute + p.Comm).Seconds(), p.Total.Seconds())
+			near("speed-up", p.SpeedUp, c.speedUp)
+			all, best, err := Fewest(c.t, dur, c.speeds, c.link)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if best != c.best || len(all) != len(c.speeds) || all[len(all)-1] != p {
+				t.Errorf("Fewest: best %d of %d, want %d; last %+v, want %+v", best, len(all), c.best, all[len(all)-1], p)
+			}
+		})
+	}
+}
+
+func TestPredictRefusesBadWorkloads(t *testing.T) {
+	for _, tr := range []Training{
+		{Steps: 0, Sync: true},
+		{Steps: 10, SyncEvery: 0},
+		{Steps: 10, Sync: true, Wire: 2},
+	} {
+		if _, err := Predict(tr, time.Minute, []float64{1}, nil); err == nil {
+			t.Errorf("%+v: no error", tr)
+		}
+	}
+	if _, err := Predict(Training{Steps: 1, Sync: true}, time.Minute, nil, nil); err == nil {
+		t.Error("no workers: no error")
+	}
+}
