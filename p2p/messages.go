@@ -89,6 +89,9 @@ type Offer struct {
 	AvailableUntil int64     `cbor:"until,omitempty" json:"available_until,omitempty"` // unix seconds; 0: no end
 	Addrs          []string  `cbor:"addrs" json:"addrs"`
 	Software       Software  `cbor:"sw" json:"software"`
+	// Links are the machine's own measurements of its paths to other
+	// machines (see LinkMeter), for schedulers predicting a job's time.
+	Links []LinkSample `cbor:"links,omitempty" json:"links,omitempty"`
 }
 
 // Withdrawal takes a machine's offer off the market at once.
@@ -195,6 +198,9 @@ func (o *Offer) Validate(signer peer.ID) error {
 		if _, err := ParseWindow(o.Window); err != nil {
 			return rangeErr("window: %v", err)
 		}
+	}
+	if err := checkLinks(o.Machine, o.Links); err != nil {
+		return err
 	}
 	if o.AvailableUntil < 0 {
 		return rangeErr("available_until is negative")

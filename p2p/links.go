@@ -1,0 +1,254 @@
+package p2p
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+)
+
+// LinkSample is one measured path from the offering machine to another
+// machine: what a scheduler needs to predict how fast a job's workers on
+// the two can exchange weights.
+type LinkSample struct {
+	Machine   string `cbor:"m" json:"machine"`
+	RTTMicros uint32 `cbor:"rtt" json:"rtt_us"`
+	// KBps is what one stream carried in the probe, in 1000 bytes/s.
+	KBps uint32 `cbor:"kbps" json:"kbytes_per_s"`
+}
+
+// Bounds of the link samples an offer carries.
+const (
+	MaxLinks     = 32
+	maxRTTMicros = 60_000_000 // a minute
+	maxKBps      = 100_000_000
+)
+
+// ProbeBytes is what one throughput probe sends: large enough to leave
+// the first round trips behind on a campus link, small enough that
+// probing 32 machines every quarter hour costs a lab machine ~10 kB/s.
+const ProbeBytes = 256 << 10
+
+// probeTimeout bounds one probe, on either side.
+const probeTimeout = 10 * time.Second
+
+// ProbeProtocol measures a link: a one-byte echo for the round trip, then
+// ProbeBytes acknowledged at their end for the throughput.
+func ProbeProtocol(chainID string) protocol.ID {
+	return protocol.ID("/deepmarket/" + chainID + "/probe/1")
+}
+
+func checkLinks(self string, links []LinkSample) error {
+	if len(links) > MaxLinks {
+		return rangeErr("%d link samples, at most %d", len(links), MaxLinks)
+	}
+	seen := make(map[string]bool, len(links))
+	for _, l := range links {
+		if _, err := peer.Decode(l.Machine); err != nil || l.Machine == self || seen[l.Machine] {
+			return rangeErr("link sample for machine %q", l.Machine)
+		}
+		seen[l.Machine] = true
+		if l.RTTMicros > maxRTTMicros || l.KBps > maxKBps {
+			return rangeErr("link to %s: rtt %d us, %d kB/s", l.Machine, l.RTTMicros, l.KBps)
+		}
+	}
+	return nil
+}
+
+// ProbeServer answers other machines' probes, a few at a time and at most
+// one per peer every probeEvery: a stranger cannot make a machine a
+// bandwidth sink.
+type ProbeServer struct {
+	slots chan struct{}
+	every time.Duration
+	mu    sync.Mutex
+	last  map[peer.ID]time.Time
+}
+
+// ServeProbes registers the probe protocol on h; stop removes it.
+func ServeProbes(h host.Host, chainID string, every time.Duration) (s *ProbeServer, stop func()) {
+	s = &ProbeServer{slots: make(chan struct{}, 2), every: every, last: map[peer.ID]time.Time{}}
+	pid := ProbeProtocol(chainID)
+	h.SetStreamHandler(pid, s.handle)
+	return s, func() { h.RemoveStreamHandler(pid) }
+}
+
+func (s *ProbeServer) allow(p peer.ID, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t, ok := s.last[p]; ok && now.Sub(t) < s.every {
+		return false
+	}
+	if len(s.last) >= 4096 {
+		for q, t := range s.last {
+			if now.Sub(t) >= s.every {
+				delete(s.last, q)
+			}
+		}
+	}
+	if len(s.last) >= 4096 {
+		return false
+	}
+	s.last[p] = now
+	return true
+}
+
+func (s *ProbeServer) handle(st network.Stream) {
+	defer st.Close()
+	if !s.allow(st.Conn().RemotePeer(), time.Now()) {
+		st.Reset()
+		return
+	}
+	select {
+	case s.slots <- struct{}{}:
+		defer func() { <-s.slots }()
+	default:
+		st.Reset()
+		return
+	}
+	st.SetDeadline(time.Now().Add(probeTimeout))
+	var b [1]byte
+	// Echo the round-trip bytes until the bulk starts (a zero byte).
+	for {
+		if _, err := io.ReadFull(st, b[:]); err != nil {
+			st.Reset()
+			return
+		}
+		if b[0] == 0 {
+			break
+		}
+		if _, err := st.Write(b[:]); err != nil {
+			return
+		}
+	}
+	n, err := io.Copy(io.Discard, io.LimitReader(st, ProbeBytes+1))
+	if err != nil || n != ProbeBytes-1 {
+		st.Reset()
+		return
+	}
+	st.Write([]byte{'k'})
+}
+
+// Probe measures the link from h to p: the least of three one-byte round
+// trips, and ProbeBytes' throughput (their time to be acknowledged, less
+// one round trip).
+func Probe(ctx context.Context, h host.Host, chainID string, p peer.ID) (Link, error) {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	st, err := h.NewStream(network.WithAllowLimitedConn(ctx, "probe"), p, ProbeProtocol(chainID))
+	if err != nil {
+		return Link{}, err
+	}
+	defer st.Close()
+	if d, ok := ctx.Deadline(); ok {
+		st.SetDeadline(d)
+	}
+	rtt := time.Duration(1<<63 - 1)
+	var b [1]byte
+	for range 3 {
+		t0 := time.Now()
+		if _, err := st.Write([]byte{'p'}); err != nil {
+			return Link{}, err
+		}
+		if _, err := io.ReadFull(st, b[:]); err != nil {
+			return Link{}, fmt.Errorf("probe echo: %w", err)
+		}
+		rtt = min(rtt, time.Since(t0))
+	}
+	buf := make([]byte, 32<<10) // zeros: the first is the bulk's start
+	t0 := time.Now()
+	for sent := 0; sent < ProbeBytes; sent += len(buf) {
+		if _, err := st.Write(buf[:min(len(buf), ProbeBytes-sent)]); err != nil {
+			return Link{}, err
+		}
+	}
+	if err := st.CloseWrite(); err != nil {
+		return Link{}, err
+	}
+	if _, err := io.ReadFull(st, b[:]); err != nil || b[0] != 'k' {
+		return Link{}, errors.Join(errors.New("probe: no acknowledgement"), err)
+	}
+	took := time.Since(t0) - rtt
+	if took <= 0 {
+		took = time.Microsecond
+	}
+	return Link{RTT: rtt, BytesPerSec: float64(ProbeBytes) / took.Seconds()}, nil
+}
+
+// Link is a measured path: round trip and one stream's throughput.
+type Link struct {
+	RTT         time.Duration
+	BytesPerSec float64
+}
+
+// Sample is l as an offer carries it.
+func (l Link) Sample(machine string) LinkSample {
+	return LinkSample{
+		Machine:   machine,
+		RTTMicros: uint32(min(l.RTT.Microseconds(), maxRTTMicros)),
+		KBps:      uint32(min(l.BytesPerSec/1000, maxKBps)),
+	}
+}
+
+// LinkMeter probes the machines it is pointed at, one at a time, and
+// keeps the latest sample of each (at most MaxLinks, the most recent).
+type LinkMeter struct {
+	h       host.Host
+	chainID string
+	mu      sync.Mutex
+	samples map[string]meterEntry
+}
+
+type meterEntry struct {
+	s  LinkSample
+	at time.Time
+}
+
+// NewLinkMeter measures links from h.
+func NewLinkMeter(h host.Host, chainID string) *LinkMeter {
+	return &LinkMeter{h: h, chainID: chainID, samples: map[string]meterEntry{}}
+}
+
+// Measure probes each target in turn (itself left out), keeping what it
+// measured; it returns how many probes answered.
+func (m *LinkMeter) Measure(ctx context.Context, targets []peer.ID) int {
+	ok := 0
+	for _, p := range targets[:min(len(targets), MaxLinks)] {
+		if p == m.h.ID() || ctx.Err() != nil {
+			continue
+		}
+		l, err := Probe(ctx, m.h, m.chainID, p)
+		if err != nil {
+			continue
+		}
+		ok++
+		m.mu.Lock()
+		m.samples[p.String()] = meterEntry{s: l.Sample(p.String()), at: time.Now()}
+		m.mu.Unlock()
+	}
+	return ok
+}
+
+// Samples lists the freshest samples, at most MaxLinks, newest first.
+func (m *LinkMeter) Samples() []LinkSample {
+	m.mu.Lock()
+	es := make([]meterEntry, 0, len(m.samples))
+	for _, e := range m.samples {
+		es = append(es, e)
+	}
+	m.mu.Unlock()
+	slices.SortFunc(es, func(a, b meterEntry) int { return b.at.Compare(a.at) })
+	out := make([]LinkSample, 0, min(len(es), MaxLinks))
+	for _, e := range es[:min(len(es), MaxLinks)] {
+		out = append(out, e.s)
+	}
+	return out
+}
