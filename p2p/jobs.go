@@ -60,7 +60,21 @@ type Training struct {
 	Mode      string `cbor:"mode" json:"mode" toml:"mode"`
 	SyncEvery int    `cbor:"sync_every,omitempty" json:"sync_every,omitempty" toml:"sync_every"`
 	Compress  string `cbor:"compress,omitempty" json:"compress,omitempty" toml:"compress"`
+	// Steps, Params and StepMillis describe the work, for quotes that
+	// predict the job's time: the optimizer steps one worker alone takes
+	// to the target, the model's parameter count, and one step's time on
+	// a reference machine (default: max_duration spread over the steps).
+	Steps      int64   `cbor:"steps,omitempty" json:"steps,omitempty" toml:"steps"`
+	Params     int64   `cbor:"params,omitempty" json:"params,omitempty" toml:"params"`
+	StepMillis float64 `cbor:"step_ms,omitempty" json:"step_ms,omitempty" toml:"step_ms"`
 }
+
+// Bounds of a training block's work description.
+const (
+	MaxTrainingSteps = 1_000_000_000
+	MaxParams        = 100_000_000_000 // 400 GB of float32 weights
+	MaxStepMillis    = 3_600_000       // an hour
+)
 
 // Training modes and compressions a job may name.
 var (
@@ -82,6 +96,12 @@ func (t *Training) Validate() error {
 		return rangeErr("compress %q (want int8, fp16 or none)", t.Compress)
 	case t.Mode == "sync" && (t.SyncEvery != 0 || t.Compress != ""):
 		return rangeErr("sync_every and compress apply to mode diloco only")
+	case t.Steps < 0 || t.Steps > MaxTrainingSteps:
+		return rangeErr("steps %d (want 1 to %d)", t.Steps, MaxTrainingSteps)
+	case t.Params < 0 || t.Params > MaxParams:
+		return rangeErr("params %d (want 1 to %d)", t.Params, int64(MaxParams))
+	case !(t.StepMillis >= 0 && t.StepMillis <= MaxStepMillis): // NaN too
+		return rangeErr("step_ms %g (want 0 to %d)", t.StepMillis, MaxStepMillis)
 	}
 	return nil
 }

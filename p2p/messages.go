@@ -113,6 +113,9 @@ type Bid struct {
 	DatasetCID string    `cbor:"dataset,omitempty" json:"dataset_cid,omitempty"`
 	Framework  string    `cbor:"framework" json:"framework"`
 	Site       string    `cbor:"site,omitempty" json:"site,omitempty"`
+	// Training, when the spec has it: how the workers synchronize and,
+	// when given, the work, so quotes can predict the job's time.
+	Training *Training `cbor:"training,omitempty" json:"training,omitempty"`
 }
 
 // Frameworks a bid may name.
@@ -269,6 +272,11 @@ func (b *Bid) Validate() error {
 	}
 	if !Frameworks[b.Framework] {
 		return rangeErr("framework %q (want tensorflow or generic)", b.Framework)
+	}
+	if b.Training != nil {
+		if err := b.Training.Validate(); err != nil {
+			return err
+		}
 	}
 	return checkLabel("site", b.Site, false)
 }

@@ -98,6 +98,8 @@ func TestValidatorRejects(t *testing.T) {
 		{"gpu models mismatch", offers, withOffer(func(o *Offer) { o.Lent.GPUs = 2 }), "", "out_of_range"},
 		{"bad site label", offers, withOffer(func(o *Offer) { o.Site = strings.Repeat("x", 100) }), "", "out_of_range"},
 		{"bid with zero workers", bids, withBid(func(b *Bid) { b.Workers = 0 }), "", "out_of_range"},
+		{"bid with a bad training block", bids, withBid(func(b *Bid) { b.Training = &Training{Mode: "sync", Steps: -3} }), "", "out_of_range"},
+		{"offer with a link to itself", offers, withOffer(func(o *Offer) { o.Links = []LinkSample{{Machine: o.Machine}} }), "", "out_of_range"},
 		{"bid with absurd workers", bids, withBid(func(b *Bid) { b.Workers = 1 << 30 }), "", "out_of_range"},
 		{"bid with unknown framework", bids, withBid(func(b *Bid) { b.Framework = "caffe" }), "", "out_of_range"},
 		{"bid with bad job id", bids, withBid(func(b *Bid) { b.JobID = "xyz" }), "", "out_of_range"},

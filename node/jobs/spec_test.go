@@ -45,6 +45,11 @@ func TestParseSpec(t *testing.T) {
 	} else if env := strings.Join(s.Training.Env(), " "); env != "DM_TRAINING_MODE=diloco DM_SYNC_EVERY=50 DM_COMPRESS=fp16" {
 		t.Errorf("its environment: %s", env)
 	}
+	// So does the work it describes, for quotes that predict its time.
+	work := good + "[training]\nsteps = 5000\nparams = 120000\nstep_ms = 55.5\n"
+	if s, err := ParseSpec([]byte(work), dir); err != nil || s.Training == nil || *s.Training != (p2p.Training{Mode: "sync", Steps: 5000, Params: 120_000, StepMillis: 55.5}) {
+		t.Errorf("[training] steps, params, step_ms: %v %+v", err, s)
+	}
 	// A CID is taken as is.
 	cidSpec := strings.Replace(good, `bundle = "."`, `bundle = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"`, 1)
 	if s, err := ParseSpec([]byte(cidSpec), dir); err != nil || !IsCID(s.Bundle) {
@@ -81,6 +86,9 @@ func TestSpecErrorsNameTheKey(t *testing.T) {
 		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\ncompress = \"zip\"", "training"},
 		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nsync_every = 10", "training"},
 		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\nevery = 10", "training.every"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nsteps = -1", "training"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nparams = 100000000001", "training"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nstep_ms = nan", "training"},
 	} {
 		in := strings.Replace(good, tc.from, tc.to, 1)
 		_, err := ParseSpec([]byte(in), dir)
