@@ -179,3 +179,33 @@ func wireRatio(w float64) float64 {
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// Spread judges a placement's machines for a training job: it returns
+// the prediction for all of them and, for a synchronous job that fewer of
+// them would finish sooner (its exchanges cost more than the extra
+// workers save), a rejection that says so with both times. A local-SGD
+// job is never refused here: it exchanges rarely by design.
+func Spread(t Training, duration time.Duration, speeds []float64, link func(a, b int) (Link, bool)) (Prediction, *Rejection, error) {
+	all, best, err := Fewest(t, duration, speeds, link)
+	if err != nil {
+		return Prediction{}, nil, err
+	}
+	p := all[len(all)-1]
+	if !t.Sync || best == len(all) {
+		return p, nil, nil
+	}
+	b := all[best-1]
+	return p, &Rejection{Resource: "network", Reason: fmt.Sprintf(
+		"synchronous training over these links: %d workers would take %s (%s exchanging gradients), %d would take %s; "+
+			"use [training] mode = \"diloco\", or fewer workers", p.Workers, round(p.Total), round(p.Comm), b.Workers, round(b.Total))}, nil
+}
+
+func round(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Hour:
+		return d.Round(time.Minute)
+	case d >= time.Minute:
+		return d.Round(time.Second)
+	}
+	return d.Round(100 * time.Millisecond)
+}
