@@ -138,6 +138,21 @@ type Quote struct {
 	// Resource and Reason say why there is no quote (Workers empty).
 	Resource string `cbor:"resource,omitempty" json:"resource,omitempty"`
 	Reason   string `cbor:"reason,omitempty" json:"reason,omitempty"`
+	// Predicted is the job's expected time on the quoted machines, when
+	// the bid described its work ([training] steps and params).
+	Predicted *Predicted `cbor:"predicted,omitempty" json:"predicted,omitempty"`
+}
+
+// Predicted is a quote's prediction of a training job's time: one step,
+// the whole job (and what of it is spent exchanging weights), and the
+// speed-up over one worker; Fewest is the worker count predicted to
+// finish soonest on these machines.
+type Predicted struct {
+	StepMillis   float64 `cbor:"step_ms" json:"step_ms"`
+	TotalSeconds float64 `cbor:"total_s" json:"total_s"`
+	CommSeconds  float64 `cbor:"comm_s" json:"comm_s"`
+	SpeedUp      float64 `cbor:"speed_up" json:"speed_up"`
+	Fewest       int     `cbor:"fewest" json:"fewest"`
 }
 
 // Validate checks a quote's shape.
@@ -161,6 +176,12 @@ func (q *Quote) Validate() error {
 	}
 	if len(q.Reason) > maxTextLen || len(q.Resource) > maxLabelLen {
 		return rangeErr("reason too long")
+	}
+	if p := q.Predicted; p != nil {
+		ok := func(x float64) bool { return x >= 0 && x < 1e12 } // NaN fails too
+		if !ok(p.StepMillis) || !ok(p.TotalSeconds) || !ok(p.CommSeconds) || !ok(p.SpeedUp) || p.Fewest < 0 || p.Fewest > MaxWorkers {
+			return rangeErr("prediction %+v", *p)
+		}
 	}
 	return nil
 }
