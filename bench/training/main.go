@@ -104,6 +104,8 @@ type Result struct {
 	// Evals are worker 0's evaluations: [seconds since its start, steps,
 	// test accuracy].
 	Evals [][3]float64 `json:"evals,omitempty"`
+	// Predicted is the scheduler's prediction for this job (see predict).
+	Predicted *Predicted `json:"predicted,omitempty"`
 	Log   string       `json:"log,omitempty"` // where the job's log was saved
 }
 
@@ -267,6 +269,7 @@ func rewrite(from, dir string) error {
 
 func write(dir string, rep *Report) error {
 	speedUps(rep.Results)
+	predict(rep)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}

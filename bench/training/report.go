@@ -93,6 +93,7 @@ func markdown(rep Report) string {
 		}
 		b.WriteString("\n")
 	}
+	b.WriteString(predictionTable(rep))
 	b.WriteString("## Reading the numbers\n\n" +
 		"- **Time to target** is train.py's `time_to_target_s`: from worker 0's process start (TensorFlow import, " +
 		"data load, training and the evaluations on the way) to the evaluation that reached the target. In diloco mode " +
