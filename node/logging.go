@@ -8,10 +8,11 @@ import (
 	"os"
 	"sync"
 
-	"github.com/deepmarket/deepmarket/p2p"
 	golog "github.com/ipfs/go-log/v2"
 	"github.com/libp2p/go-libp2p/gologshim"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/deepmarket/deepmarket/p2p"
 )
 
 // ParseLevel maps a config level name to slog's.
