@@ -31,7 +31,7 @@ func (n *Node) learnAddrs(machine peer.ID, addrs []string) {
 // apply r.
 func (n *Node) reserve(ctx context.Context, machine peer.ID, addrs []string, r p2p.Reserve) (p2p.ReserveReply, error) {
 	if machine == n.host.ID() {
-		return n.applyHold(machine, &r, time.Now()), nil
+		return n.desk.Apply(machine, &r, time.Now()), nil
 	}
 	n.learnAddrs(machine, addrs)
 	var reply p2p.ReserveReply
@@ -61,7 +61,7 @@ func (n *Node) jobCall(ctx context.Context, machine string, typ string, req any,
 		if err != nil {
 			return err
 		}
-		rt, r, err := n.exec.handle(ctx, id, &p2p.Envelope{Type: typ, Payload: b})
+		rt, r, err := n.exec.Handle(ctx, id, &p2p.Envelope{Type: typ, Payload: b})
 		if err != nil {
 			return err
 		}

@@ -109,7 +109,7 @@ func (n *Node) Overview(ctx context.Context) (api.Overview, error) {
 // thisMachine is this machine's line of the overview, with what it earns.
 func (n *Node) thisMachine(ctx context.Context, now time.Time, est *api.Estimate) api.MyMachine {
 	lend := n.lender.State(now)
-	earn, running := n.exec.earnings(now, 24*time.Hour)
+	earn, running := n.exec.Earnings(now, 24*time.Hour)
 	est.Earnings = earn
 	mm := api.MyMachine{Machine: n.host.ID().String(), Moniker: n.cfg.Node.Moniker, Site: n.cfg.Node.Site, Self: true,
 		State: api.MachineIdle, Workers: running}

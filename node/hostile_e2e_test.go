@@ -17,6 +17,7 @@ import (
 
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/node/lender"
 	"github.com/deepmarket/deepmarket/node/sandbox"
 )
 
@@ -92,7 +93,7 @@ time.sleep(5)  # while the node imports the chief's output
 func TestHostileWorkersOnOneLender(t *testing.T) {
 	py := jobPython(t)
 	c := startJobClusterLending(t, py, 1, api.LendRequest{Cores: 2, MemBytes: 2 << 30})
-	a, lender := c.sub, c.lenders[0]
+	a, victim := c.sub, c.lenders[0]
 
 	secretOf := func(what string) string {
 		b := make([]byte, 16)
@@ -102,7 +103,7 @@ func TestHostileWorkersOnOneLender(t *testing.T) {
 	// Readable by mode, in the lender's home and in /root: only the
 	// sandbox keeps the job from them.
 	homeCanary, rootCanary := secretOf("HOME-CANARY"), secretOf("ROOT-CANARY")
-	homeFile := filepath.Join(lender.home.Dir, "canary")
+	homeFile := filepath.Join(victim.home.Dir, "canary")
 	rootFile := filepath.Join("/root", fmt.Sprintf("deepmarket-e2e-canary-%d", os.Getpid()))
 	for f, v := range map[string]string{homeFile: homeCanary, rootFile: rootCanary} {
 		if err := os.WriteFile(f, []byte(v), 0o644); err != nil {
@@ -110,8 +111,8 @@ func TestHostileWorkersOnOneLender(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { os.Remove(rootFile) })
-	key, _ := os.ReadFile(lender.home.KeyPath())
-	token, _ := os.ReadFile(lender.home.TokenPath())
+	key, _ := os.ReadFile(victim.home.KeyPath())
+	token, _ := os.ReadFile(victim.home.TokenPath())
 	if len(key) < 16 || len(token) < 16 {
 		t.Fatalf("the lender's key (%d bytes) and token (%d bytes) are not there to be stolen", len(key), len(token))
 	}
@@ -121,7 +122,7 @@ func TestHostileWorkersOnOneLender(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(bundle, "pair.py"), []byte(hostilePair), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	targets, _ := json.Marshal([]string{lender.home.KeyPath(), lender.home.TokenPath(), homeFile, rootFile, "/etc/shadow"})
+	targets, _ := json.Marshal([]string{victim.home.KeyPath(), victim.home.TokenPath(), homeFile, rootFile, "/etc/shadow"})
 	j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: jobs.File{Name: "hostile-pair", Framework: "generic",
 		Command: []string{"python3", "pair.py", string(targets)}, Bundle: bundle, Workers: 2, Cores: 1, Memory: "512MiB",
 		MaxPrice: "5", MaxDuration: "10m"}, Yes: true})
@@ -135,7 +136,7 @@ func TestHostileWorkersOnOneLender(t *testing.T) {
 	}
 	run := j.Current()
 	for i, w := range run.Workers {
-		if w.Machine != lender.host.ID().String() {
+		if w.Machine != victim.host.ID().String() {
 			t.Fatalf("worker %d ran on %s, not on the one lender", i, w.Machine)
 		}
 	}
@@ -190,7 +191,7 @@ func TestHostileWorkersOnOneLender(t *testing.T) {
 	}
 
 	// The flood: at most the cap on the lender's disk, for each worker.
-	dirs, _ := filepath.Glob(filepath.Join(lender.exec.dir, "logs", run.ID[:16]+"-*"))
+	dirs, _ := filepath.Glob(filepath.Join(victim.exec.Dir(), "logs", run.ID[:16]+"-*"))
 	if len(dirs) != 2 {
 		t.Fatalf("log dirs %v, want one per worker", dirs)
 	}
@@ -201,8 +202,8 @@ func TestHostileWorkersOnOneLender(t *testing.T) {
 			fi, _ := e.Info()
 			size += fi.Size()
 		}
-		if size > workerLogBytes {
-			t.Errorf("%s holds %d bytes of log, over the cap of %d", d, size, workerLogBytes)
+		if size > lender.WorkerLogBytes {
+			t.Errorf("%s holds %d bytes of log, over the cap of %d", d, size, lender.WorkerLogBytes)
 		}
 	}
 }

@@ -17,7 +17,6 @@ import (
 
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
-	"github.com/deepmarket/deepmarket/node/sandbox"
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
@@ -270,24 +269,10 @@ func assertNoTFPortReachable(t *testing.T, lenders []*testNode, must bool) bool 
 	addrs = append(addrs, &net.IPNet{IP: net.IPv4(127, 0, 0, 1)})
 	seen := 0
 	for _, l := range lenders {
-		l.exec.mu.Lock()
-		type target struct {
-			pid, uid int
-			ns       *sandbox.NetNS
-		}
-		var ts []target
-		for _, w := range l.exec.workers {
-			w.mu.Lock()
-			if w.proc != nil {
-				ts = append(ts, target{w.proc.Pid(), w.proc.UID(), l.exec.nets[w.l.JobID].ns})
-			}
-			w.mu.Unlock()
-		}
-		l.exec.mu.Unlock()
-		for _, tg := range ts {
-			for _, port := range listeningPorts(t, tg.pid, tg.uid) {
+		for _, tg := range l.exec.Sandboxes() {
+			for _, port := range listeningPorts(t, tg.Pid, tg.UID) {
 				seen++
-				c, err := tg.ns.DialTCP(t.Context(), port)
+				c, err := tg.NetNS.DialTCP(t.Context(), port)
 				if err != nil {
 					t.Errorf("port %d does not answer inside the job's namespace: %v", port, err)
 				} else {

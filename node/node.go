@@ -17,6 +17,7 @@ import (
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/inventory"
+	"github.com/deepmarket/deepmarket/node/lender"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/storage"
 )
@@ -39,7 +40,7 @@ type Node struct {
 	host      host.Host
 	gossip    *p2p.Gossip
 	store     *Store
-	lender    *Lender
+	lender    *lender.Lender
 	book      *OfferBook
 	bids      *BidLog
 	peers     *p2p.PeerWatcher
@@ -49,13 +50,15 @@ type Node struct {
 	ledgerApp *ledger.App
 	ledger    *ledger.Client
 	blocks    *storage.Store
-	holds     *Holds
+	holds     *lender.Holds
+	admission *lender.Admission
+	desk      *lender.Desk
 	rpc       *p2p.RPC
 	quotes    *QuoteBook
 	bidQ      chan bidWork
-	exec      *Executor
+	exec      *lender.Executor
 	jobs      *JobManager
-	reads     ledgerReads
+	reads     lender.LedgerReads
 	failures  failures
 	records   machineRecords
 	prices    *PriceHistory
@@ -90,46 +93,6 @@ func (n *Node) Host() host.Host { return n.host }
 
 // Key is the node's key.
 func (n *Node) Key() *identity.Key { return n.key }
-
-// buildOffer turns lend settings into the offer this machine announces.
-func (n *Node) buildOffer(s LendSettings, now time.Time) p2p.Offer {
-	inv := n.Inventory()
-	gpus := make([]p2p.GPU, 0, s.GPUs)
-	for i := 0; i < s.GPUs && i < len(inv.GPUs); i++ {
-		gpus = append(gpus, inv.GPUs[i])
-	}
-	addrs := p2p.FullAddrs(n.host)
-	if len(addrs) > 32 {
-		addrs = addrs[:32]
-	}
-	lent := p2p.Resources{Cores: uint32(s.Cores), MemBytes: s.MemBytes, GPUs: uint32(len(gpus))}
-	alloc := n.holds.Allocated(now)
-	alloc = p2p.Resources{Cores: min(alloc.Cores, lent.Cores), MemBytes: min(alloc.MemBytes, lent.MemBytes), GPUs: min(alloc.GPUs, lent.GPUs)}
-	// The account the ledger pays for this machine: its owner's once linked.
-	owner, _ := n.reads.MachineOwner(n.key.Address())
-	return p2p.Offer{
-		Machine: n.host.ID().String(), Owner: string(owner),
-		Moniker: n.cfg.Node.Moniker, Site: n.cfg.Node.Site,
-		Lent:      lent,
-		Allocated: alloc,
-		GPUs:      gpus,
-		DiskBytes: inv.DiskFree,
-		Price:     s.Price,
-		Window:    s.Window,
-		Addrs:     addrs,
-		Software:  p2p.Software{OS: inv.OS, Arch: inv.Arch, Python: inv.Python, TensorFlow: inv.TensorFlow, Version: Version},
-	}
-}
-
-// lentNow is what this machine lends at this moment: its lend settings
-// while its offer is out, nothing otherwise.
-func (n *Node) lentNow() p2p.Resources {
-	st := n.lender.State(time.Now())
-	if !st.Offering || st.Settings == nil {
-		return p2p.Resources{}
-	}
-	return p2p.Resources{Cores: uint32(st.Settings.Cores), MemBytes: st.Settings.MemBytes, GPUs: uint32(st.Settings.GPUs)}
-}
 
 // Inventory returns what the machine has (the TensorFlow probe fills in
 // shortly after start).
@@ -179,9 +142,9 @@ func (n *Node) Lend() api.LendState {
 func (n *Node) ReleaseHold(id string) error {
 	err := n.holds.ReleaseByOwner(id)
 	switch {
-	case errors.Is(err, ErrNoHold):
+	case errors.Is(err, lender.ErrNoHold):
 		return &api.Error{Status: http.StatusNotFound, Field: "hold", Message: err.Error()}
-	case errors.Is(err, ErrHoldRunning):
+	case errors.Is(err, lender.ErrHoldRunning):
 		return &api.Error{Status: http.StatusConflict, Field: "hold", Message: err.Error()}
 	}
 	return err
@@ -191,12 +154,12 @@ func (n *Node) ReleaseHold(id string) error {
 // A machine that cannot enforce a job's limits (memory, processes) does
 // not lend: limits are enforced, not trusted.
 func (n *Node) SetLend(ctx context.Context, req api.LendRequest) (api.LendState, error) {
-	if err := n.exec.capable(); err != nil {
+	if err := n.exec.Capable(); err != nil {
 		return api.LendState{}, &api.Error{Status: http.StatusConflict, Message: err.Error() +
 			" (run the node as root on a machine with cgroups; see README, Running a training job)"}
 	}
 	if _, err := n.lender.Set(ctx, req); err != nil {
-		var bad *LendError
+		var bad *lender.LendError
 		if _, registered := n.reads.MachineOwner(n.key.Address()); registered || errors.As(err, &bad) {
 			return api.LendState{}, err
 		}
@@ -213,7 +176,7 @@ func (n *Node) StopLend(ctx context.Context) error {
 	if err := n.lender.Stop(ctx); err != nil {
 		return err
 	}
-	n.exec.reclaim(ReclaimGrace)
+	n.exec.Reclaim(ReclaimGrace)
 	return nil
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/inventory"
+	"github.com/deepmarket/deepmarket/node/lender"
 	"github.com/deepmarket/deepmarket/node/web"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/storage"
@@ -143,11 +144,12 @@ func (n *Node) openStores(ctx context.Context, undo *cleanups) (err error) {
 // and sets up the books, the lender, the holds and the request handlers.
 func (n *Node) startMarket(psCtx context.Context) (err error) {
 	n.peers = p2p.NewPeerWatcher(n.host, 0)
+	n.admission = lender.NewAdmission(n.reads, n.cfg.Node.ChainID)
 	n.gossip, err = p2p.NewGossip(psCtx, p2p.GossipParams{
 		Host: n.host, Key: n.key, ChainID: n.cfg.Node.ChainID,
 		Logger:  slog.New(&levelHandler{min: ParseLevel(n.cfg.Log.Libp2pLevel), h: n.log.Handler()}),
 		Metrics: p2p.NewMetrics(n.reg), ScoreInspect: n.peers.SetScores, ScoreInspectPeriod: 5 * time.Second,
-		Admission: n,
+		Admission: n.admission,
 	})
 	if err != nil {
 		return err
@@ -160,21 +162,13 @@ func (n *Node) startMarket(psCtx context.Context) (err error) {
 	n.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: "deepmarket", Name: "offers_refused_total", Help: "Offers of new machines refused because the offer book was full (max_offers, max_offers_per_owner).",
 	}, func() float64 { return float64(n.book.Refused()) }))
-	n.lender, err = NewLender(LenderParams{
-		Store: n.store, Topic: n.gossip.Offers(), Offer: n.buildOffer, Inventory: n.Inventory,
-		Defaults: n.cfg.DefaultPrices(), TTL: n.cfg.P2P.OfferTTL.Duration, Interval: n.cfg.P2P.AnnounceInterval.Duration,
-		Logger: n.log.With("module", "lender"),
-	})
-	if err != nil {
+	if err := n.startLending(); err != nil {
 		return err
 	}
-	mc := n.cfg.Market
-	n.holds = NewHolds(n.lentNow, HoldLimits{PerBidder: mc.HoldsPerBidder, PerScheduler: mc.HoldsPerScheduler,
-		LaunchWithin: mc.LaunchWithin.Duration}, n.lender.Refresh)
 	n.quotes = newQuoteBook()
 	n.bidQ = make(chan bidWork, bidQueue)
 	n.rpc = &p2p.RPC{Host: n.host, Key: n.key, ChainID: n.cfg.Node.ChainID, Logger: n.log.With("module", "rpc")}
-	n.rpc.Handle(p2p.ReserveProtocol(n.cfg.Node.ChainID), n.handleReserve)
+	n.rpc.Handle(p2p.ReserveProtocol(n.cfg.Node.ChainID), n.desk.Handle)
 	n.rpc.Handle(p2p.QuoteProtocol(n.cfg.Node.ChainID), n.handleQuote)
 	return nil
 }
@@ -186,10 +180,10 @@ func (n *Node) startJobs() (err error) {
 	if workDir == "" {
 		workDir = filepath.Join("/var/tmp/deepmarket-jobs", n.host.ID().String()[len(n.host.ID().String())-12:])
 	}
-	if n.exec, err = newExecutor(n, workDir, n.cfg.Inventory.Python); err != nil {
+	if n.exec, err = n.newExecutor(workDir); err != nil {
 		return err
 	}
-	n.rpc.Handle(p2p.JobProtocol(n.cfg.Node.ChainID), n.exec.handle)
+	n.rpc.Handle(p2p.JobProtocol(n.cfg.Node.ChainID), n.exec.Handle)
 	n.jobs = newJobManager(n)
 	return n.jobs.load()
 }

@@ -212,7 +212,7 @@ func (m *JobManager) stopAll(ctx context.Context, j *jobs.Job, k int, reason str
 
 // awaitCheckpoint waits for the stopped chief's checkpoint CID.
 func (m *JobManager) awaitCheckpoint(ctx context.Context, j *jobs.Job, k int) {
-	deadline := time.Now().Add(stopGrace + 20*time.Second)
+	deadline := time.Now().Add(p2p.StopGrace + 20*time.Second)
 	for time.Now().Before(deadline) && j.Checkpoint == "" {
 		time.Sleep(time.Second)
 		m.poll(ctx, j, k, nil)

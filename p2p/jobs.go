@@ -30,6 +30,10 @@ const (
 // MaxLogChunk bounds the log bytes one Logs reply carries.
 const MaxLogChunk = 48 << 10
 
+// StopGrace is how long a stopped worker has to write its checkpoint
+// before its machine kills it; its submitter waits that long for it.
+const StopGrace = 10 * time.Second
+
 // Launch asks a machine to start worker Index of a job on the capacity
 // its hold reserved.
 type Launch struct {

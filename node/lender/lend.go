@@ -1,4 +1,4 @@
-package node
+package lender
 
 import (
 	"context"
@@ -76,7 +76,7 @@ func ValidateLend(req api.LendRequest, inv inventory.Inventory, defaults p2p.Pri
 
 // LenderParams configures a Lender.
 type LenderParams struct {
-	Store     *Store
+	Store     Store
 	Topic     *p2p.Topic
 	Offer     func(LendSettings, time.Time) p2p.Offer // builds the offer to announce
 	Inventory func() inventory.Inventory
@@ -129,6 +129,28 @@ func (l *Lender) State(now time.Time) api.LendState {
 		}
 	}
 	return st
+}
+
+// Lent is what this machine lends at this moment: its lend settings
+// while its offer is out, nothing otherwise.
+func (l *Lender) Lent() p2p.Resources {
+	st := l.State(time.Now())
+	if !st.Offering || st.Settings == nil {
+		return p2p.Resources{}
+	}
+	return p2p.Resources{Cores: uint32(st.Settings.Cores), MemBytes: st.Settings.MemBytes, GPUs: uint32(st.Settings.GPUs)}
+}
+
+// LentGPUs is how many GPUs this machine lends: the first ones
+// nvidia-smi lists, as the offer says.
+func (l *Lender) LentGPUs() int {
+	l.mu.Lock()
+	set := l.set
+	l.mu.Unlock()
+	if set == nil {
+		return 0
+	}
+	return min(set.GPUs, len(l.p.Inventory().GPUs))
 }
 
 // Set validates, persists and announces new settings.

@@ -1,4 +1,4 @@
-package node
+package lender
 
 import (
 	"bytes"
@@ -83,7 +83,14 @@ func testExecutor(t *testing.T) *Executor {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	work := filepath.Join(dir, "work")
+	e := workAreaExecutor(t, filepath.Join(dir, "work"), newMemStore())
+	e.blocks = store
+	return e
+}
+
+// workAreaExecutor is an executor over work dir work, its records in st.
+func workAreaExecutor(t *testing.T, work string, st Store) *Executor {
+	t.Helper()
 	if err := os.MkdirAll(filepath.Join(work, "logs"), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +103,7 @@ func testExecutor(t *testing.T) *Executor {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { root.Close(); logs.Close() })
-	return &Executor{n: &Node{blocks: store, log: slog.New(slog.DiscardHandler)}, dir: work, root: root, logs: logs, keep: time.Hour}
+	return &Executor{log: slog.New(slog.DiscardHandler), store: st, dir: work, root: root, logs: logs, keep: time.Hour}
 }
 
 // workerTree lays out a worker dir whose out/ holds a dir and a file, and
@@ -142,12 +149,12 @@ func TestOutputImportNeverLeavesTheWorkerDir(t *testing.T) {
 	if ok == 0 || swaps < 1000 {
 		t.Errorf("%d imports, %d swaps: the race tested little", ok, swaps)
 	}
-	keys, err := e.n.blocks.Blockstore().AllKeysChan(t.Context())
+	keys, err := e.blocks.(*storage.Store).Blockstore().AllKeysChan(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for k := range keys {
-		b, err := e.n.blocks.Blockstore().Get(t.Context(), k)
+		b, err := e.blocks.(*storage.Store).Blockstore().Get(t.Context(), k)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -223,7 +230,7 @@ func TestWorkerLogCapsAndRotates(t *testing.T) {
 	defer l.Close()
 	var all bytes.Buffer
 	chunk := make([]byte, 100_003)
-	for i := 0; all.Len() < 5*workerLogBytes; i++ {
+	for i := 0; all.Len() < 5*WorkerLogBytes; i++ {
 		for j := range chunk {
 			chunk[j] = 'a' + byte((i+j)%26)
 		}
@@ -238,8 +245,8 @@ func TestWorkerLogCapsAndRotates(t *testing.T) {
 		fi, _ := d.Info()
 		onDisk += fi.Size()
 	}
-	if onDisk > workerLogBytes || len(entries) > workerLogFiles {
-		t.Errorf("%d files, %d bytes on disk; want at most %d files, %d bytes", len(entries), onDisk, workerLogFiles, workerLogBytes)
+	if onDisk > WorkerLogBytes || len(entries) > workerLogFiles {
+		t.Errorf("%d files, %d bytes on disk; want at most %d files, %d bytes", len(entries), onDisk, workerLogFiles, WorkerLogBytes)
 	}
 	if l.Size() != int64(all.Len()) {
 		t.Errorf("Size = %d, want %d written", l.Size(), all.Len())
@@ -264,7 +271,7 @@ func TestWorkerLogCapsAndRotates(t *testing.T) {
 		got.Write(lg.Data)
 		off = lg.Next
 	}
-	if off != int64(all.Len()) || !bytes.HasSuffix(all.Bytes(), got.Bytes()) || int64(got.Len()) < workerLogBytes-workerLogFileBytes {
+	if off != int64(all.Len()) || !bytes.HasSuffix(all.Bytes(), got.Bytes()) || int64(got.Len()) < WorkerLogBytes-workerLogFileBytes {
 		t.Errorf("read %d bytes up to offset %d of %d: not the kept tail of what was written", got.Len(), off, all.Len())
 	}
 }

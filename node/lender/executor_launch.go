@@ -1,4 +1,4 @@
-package node
+package lender
 
 import (
 	"context"
@@ -38,11 +38,11 @@ func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) error
 // checkHold checks that the worker is placed on this machine and that from
 // committed a hold here for the run, big enough for all its workers here.
 func (e *Executor) checkHold(from peer.ID, l p2p.Launch) error {
-	self := e.n.host.ID().String()
+	self := e.self
 	if l.World[l.Index] != self {
 		return fmt.Errorf("worker %d is placed on %s, not on this machine", l.Index, l.World[l.Index])
 	}
-	held, ok := e.n.holds.Launch(l.Hold, l.JobID, from, time.Now())
+	held, ok := e.holds.Launch(l.Hold, l.JobID, from, time.Now())
 	if !ok {
 		return errors.New("no committed hold for this job here from you: reserve and commit first")
 	}
@@ -71,7 +71,7 @@ func (e *Executor) checkEscrow(ctx context.Context, from peer.ID, l p2p.Launch) 
 	if err != nil {
 		return err
 	}
-	me := string(e.n.key.Address())
+	me := string(e.account)
 	switch {
 	case esc.Payer != string(payer):
 		return fmt.Errorf("the escrow is paid by %s, not by the submitter %s", esc.Payer, payer)
@@ -103,7 +103,7 @@ func submitterAddress(from peer.ID) (identity.Address, error) {
 // so it asks again until ctx ends.
 func (e *Executor) awaitEscrow(ctx context.Context, run string) (*ledger.Escrow, error) {
 	for {
-		esc, err := e.n.ledger.Escrow(ctx, run)
+		esc, err := e.ledger.Escrow(ctx, run)
 		if err == nil {
 			return esc, nil
 		}
@@ -180,10 +180,7 @@ func (e *Executor) pickGPUs(key string, n int) ([]int, error) {
 	if n == 0 {
 		return nil, nil
 	}
-	lent := 0
-	if st := e.n.lender.State(time.Now()); st.Settings != nil {
-		lent = min(st.Settings.GPUs, len(e.n.Inventory().GPUs))
-	}
+	lent := e.lent.LentGPUs()
 	var got []int
 	for g := 0; g < lent && len(got) < n; g++ {
 		if _, used := e.gpus[g]; !used {
@@ -203,7 +200,7 @@ func (e *Executor) pickGPUs(key string, n int) ([]int, error) {
 // pickCPUs gives a worker n CPUs no other worker here uses, from the
 // highest-numbered down (the owner's own work tends to land low).
 func (e *Executor) pickCPUs(key string, n int) ([]int, error) {
-	pool := slices.Clone(e.n.cfg.Executor.CPUs)
+	pool := slices.Clone(e.cpuPool)
 	if len(pool) == 0 {
 		for c := range runtime.NumCPU() {
 			pool = append(pool, c)

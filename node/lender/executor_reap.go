@@ -1,4 +1,4 @@
-package node
+package lender
 
 import (
 	"encoding/hex"
@@ -31,9 +31,9 @@ type sandboxRecord struct {
 // own store are followed, so the workers of other nodes on this machine
 // are never touched. Receipts stay: they are what this machine is owed.
 func (e *Executor) reapLeftovers() {
-	log := e.n.log.With("module", "executor")
+	log := e.log.With("module", "executor")
 	recs := map[string]sandboxRecord{}
-	err := e.n.store.Each(sandboxesKey, func(key string, doc []byte) error {
+	err := e.store.Each(sandboxesKey, func(key string, doc []byte) error {
 		var r sandboxRecord
 		if err := json.Unmarshal(doc, &r); err != nil {
 			log.Warn("unreadable worker record: reaping its sandbox, keeping its work dir", "key", key, "err", err)
@@ -65,7 +65,7 @@ func (e *Executor) reapLeftovers() {
 		} else if r.Dir != "" {
 			log.Info("kept a dir outside this node's work dir", "dir", r.Dir)
 		}
-		if err := e.n.store.Delete(sandboxesKey + name); err != nil {
+		if err := e.store.Delete(sandboxesKey + name); err != nil {
 			log.Warn("cannot forget a reaped worker", "err", err)
 		}
 	}
@@ -127,7 +127,7 @@ func (e *Executor) sweep(now time.Time) {
 			continue
 		}
 		if err := e.logs.RemoveAll(d.Name()); err != nil {
-			e.n.log.Warn("cannot remove an old worker log", "module", "executor", "dir", d.Name(), "err", err)
+			e.log.Warn("cannot remove an old worker log", "module", "executor", "dir", d.Name(), "err", err)
 		}
 	}
 }

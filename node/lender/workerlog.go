@@ -1,4 +1,4 @@
-package node
+package lender
 
 import (
 	"errors"
@@ -21,9 +21,9 @@ import (
 const (
 	workerLogFileBytes = 8 << 20
 	workerLogFiles     = 2
-	// workerLogBytes is what a worker's logs may take on disk; it counts
+	// WorkerLogBytes is what a worker's logs may take on disk; it counts
 	// against the worker's disk bound.
-	workerLogBytes = workerLogFiles * workerLogFileBytes
+	WorkerLogBytes = workerLogFiles * workerLogFileBytes
 
 	workerLogCurrent  = "output.log"
 	workerLogPrevious = "output.log.1"
@@ -122,7 +122,7 @@ func (l *workerLog) Read(off int64) p2p.Logs {
 	var note []byte
 	if off < l.prevStart {
 		note = fmt.Appendf(nil, "[deepmarket: %s of older output dropped: a worker keeps its last %d MiB]\n",
-			units.FormatSize(uint64(l.prevStart-off)), workerLogBytes>>20)
+			units.FormatSize(uint64(l.prevStart-off)), WorkerLogBytes>>20)
 		off = l.prevStart
 	}
 	buf := make([]byte, p2p.MaxLogChunk-len(note))

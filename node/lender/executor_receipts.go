@@ -1,4 +1,4 @@
-package node
+package lender
 
 import (
 	"context"
@@ -13,22 +13,22 @@ import (
 // machine, on disk: it is what the machine claims with if the submitter
 // never settles.
 func (e *Executor) keepReceipt(w *worker, r p2p.Receipt) {
-	if r.Payee != string(e.n.key.Address()) {
+	if r.Payee != string(e.account) {
 		return
 	}
 	key := "receipts/" + w.l.JobID
 	var old ledger.Receipt
-	if found, _ := e.n.store.Get(key, &old); found && old.Seq >= r.Seq {
+	if found, _ := e.store.Get(key, &old); found && old.Seq >= r.Seq {
 		return
 	}
-	e.n.store.Put(key, ledger.Receipt{Job: w.l.JobID, Payee: r.Payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig})
+	e.store.Put(key, ledger.Receipt{Job: w.l.JobID, Payee: r.Payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig})
 }
 
 // claimLater claims this machine's due from a run's escrow after it
 // expires, if its payer never settled: the receipts are what it is owed.
 func (e *Executor) claimLater(run string) {
 	ctx := e.ctx
-	esc, err := e.n.ledger.Escrow(ctx, run)
+	esc, err := e.ledger.Escrow(ctx, run)
 	if err != nil {
 		return
 	}
@@ -43,22 +43,22 @@ func (e *Executor) claimLater(run string) {
 
 func (e *Executor) claim(ctx context.Context, run string) {
 	var r ledger.Receipt
-	if found, _ := e.n.store.Get("receipts/"+run, &r); !found || r.Amount == 0 {
+	if found, _ := e.store.Get("receipts/"+run, &r); !found || r.Amount == 0 {
 		return
 	}
-	if _, err := e.n.ledger.Escrow(ctx, run); err != nil {
+	if _, err := e.ledger.Escrow(ctx, run); err != nil {
 		return // settled
 	}
 	// The ledger judges expiry by block time, which lags the clock while
 	// the chain is idle (an empty block comes every empty_block_interval):
 	// try again until a block is past the expiry.
 	for attempt := 1; ; attempt++ {
-		_, err := e.n.ledger.Claim(ctx, r)
+		_, err := e.ledger.Claim(ctx, r)
 		if err == nil {
 			break
 		}
 		if ledger.CodeOf(err) != ledger.CodeNotExpired || attempt == claimAttempts {
-			e.n.log.Warn("claim", "job", run, "err", err)
+			e.log.Warn("claim", "job", run, "err", err)
 			return
 		}
 		select {
@@ -67,14 +67,14 @@ func (e *Executor) claim(ctx context.Context, run string) {
 		case <-time.After(claimRetry):
 		}
 	}
-	e.n.log.Info("claimed from an unsettled escrow", "job", run, "amount", r.Amount)
+	e.log.Info("claimed from an unsettled escrow", "job", run, "amount", r.Amount)
 }
 
 // claimKept schedules the claims of the receipts kept before a restart:
 // they still get claimed if their escrows expire unsettled.
 func (e *Executor) claimKept() {
 	var runs []string
-	e.n.store.Each("receipts/", func(key string, _ []byte) error {
+	e.store.Each("receipts/", func(key string, _ []byte) error {
 		runs = append(runs, strings.TrimPrefix(key, "receipts/"))
 		return nil
 	})
@@ -83,9 +83,9 @@ func (e *Executor) claimKept() {
 	}
 }
 
-// earnings is what the workers running here now will be paid in the next
+// Earnings is what the workers running here now will be paid in the next
 // d, each at its hourly price until its maximum duration.
-func (e *Executor) earnings(now time.Time, d time.Duration) (total uint64, running int) {
+func (e *Executor) Earnings(now time.Time, d time.Duration) (total uint64, running int) {
 	for _, w := range e.snapshot() {
 		w.mu.Lock()
 		state, started := w.state, w.started
@@ -101,4 +101,12 @@ func (e *Executor) earnings(now time.Time, d time.Duration) (total uint64, runni
 		total += perHourFor(w.l.PerHour, left)
 	}
 	return total, running
+}
+
+// perHourFor is an hourly price for d, rounded down to micro-credits.
+func perHourFor(perHour uint64, d time.Duration) uint64 {
+	if d <= 0 {
+		return 0
+	}
+	return uint64(float64(perHour) * d.Hours())
 }

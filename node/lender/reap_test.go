@@ -1,10 +1,9 @@
-package node
+package lender
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -15,13 +14,12 @@ import (
 	"github.com/deepmarket/deepmarket/node/sandbox"
 )
 
-// TestRestartReapsLeftoverWorkers: a node killed with SIGKILL left a
-// worker running; its next start kills that worker and removes its work
-// dir, keeps what the machine is owed, and leaves alone a worker of
-// another node on the same machine.
-func TestRestartReapsLeftoverWorkers(t *testing.T) {
+// TestReapLeftoverWorkers: a node killed with SIGKILL left a worker
+// running; its executor's next start (Run reaps first) kills that worker
+// and removes its work dir, keeps what the machine is owed, and leaves
+// alone a worker of another node on the same machine.
+func TestReapLeftoverWorkers(t *testing.T) {
 	needSandbox(t)
-	h := initHome(t, filepath.Join(t.TempDir(), "lender"), testNet(t))
 	work := reapWorkDir(t)
 	otherWork := reapWorkDir(t)
 	job, otherJob := randomJobID(t), randomJobID(t)
@@ -36,26 +34,19 @@ func TestRestartReapsLeftoverWorkers(t *testing.T) {
 	theirDir := filepath.Join(otherWork, workerName(otherJob, 0))
 	other := startSleeper(t, theirs, theirDir)
 
-	st, err := OpenStore(h.StoreDir(), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := newMemStore()
 	receipt := ledger.Receipt{Job: job, Payee: "m", Amount: 7, Seq: 3, Sig: []byte("sig")}
 	for k, v := range map[string]any{sandboxesKey + mine: sandboxRecord{Job: job, Index: 0, Dir: mineDir}, "receipts/" + job: receipt} {
 		if err := st.Put(k, v); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := st.Close(); err != nil {
-		t.Fatal(err)
-	}
 
-	n := startNode(t, h, func(c *Config) { c.Executor.WorkDir = work })
-	eventually(t, 30*time.Second, "the leftover's record to be forgotten", func() bool {
-		var r sandboxRecord
-		found, err := n.store.Get(sandboxesKey+mine, &r)
-		return err == nil && !found
-	})
+	workAreaExecutor(t, work, st).reapLeftovers()
+	var r sandboxRecord
+	if found, err := st.Get(sandboxesKey+mine, &r); err != nil || found {
+		t.Errorf("the leftover's record is still there (%v)", err)
+	}
 
 	// The leftover is this test's child: collect it.
 	exited := make(chan sandbox.Exit, 1)
@@ -78,7 +69,7 @@ func TestRestartReapsLeftoverWorkers(t *testing.T) {
 		t.Errorf("the leftover's work dir is still there (%v)", err)
 	}
 	var got ledger.Receipt
-	if found, err := n.store.Get("receipts/"+job, &got); !found || err != nil || got.Amount != receipt.Amount {
+	if found, err := st.Get("receipts/"+job, &got); !found || err != nil || got.Amount != receipt.Amount {
 		t.Errorf("receipt after reaping = %+v (found %v, %v), want it kept", got, found, err)
 	}
 

@@ -1,4 +1,4 @@
-package node
+package lender
 
 import (
 	"context"
@@ -49,7 +49,7 @@ func (e *Executor) acquireNet(ctx context.Context, l p2p.Launch) (*sandbox.NetNS
 		e.nets[l.JobID] = rn
 	}
 	rn.refs++
-	self := e.n.host.ID().String()
+	self := e.self
 	for j, m := range l.World {
 		if m == self || rn.fwd[j] != nil {
 			continue
@@ -62,7 +62,7 @@ func (e *Executor) acquireNet(ctx context.Context, l p2p.Launch) (*sandbox.NetNS
 		if j < len(l.Addrs) {
 			known = l.Addrs[j]
 		}
-		e.n.learnAddrs(id, append(known, e.n.machineAddrs(m)...))
+		e.dial.LearnMachine(id, known)
 		_, closer, err := e.tunnels.ForwardIn(ctx, rn.ns, workerPort(j), l.JobID, j, id)
 		if err != nil {
 			return rn.ns, fmt.Errorf("tunnel to worker %d: %w", j, err)
@@ -99,7 +99,7 @@ func (e *Executor) releaseNet(run string) {
 // machines; the worker's closers undo both.
 func (e *Executor) wireNet(ctx context.Context, w *worker) (*sandbox.NetNS, error) {
 	l := w.l
-	allowed := remotePeers(l.World, e.n.host.ID().String())
+	allowed := remotePeers(l.World, e.self)
 	ns, err := e.acquireNet(ctx, l)
 	if ns != nil {
 		w.set(func() { w.closers = append(w.closers, func() { e.releaseNet(l.JobID) }) })

@@ -1,19 +1,21 @@
-package node
+package lender
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/deepmarket/deepmarket/identity"
 	"github.com/deepmarket/deepmarket/node/sandbox"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/p2p/tunnel"
@@ -24,9 +26,6 @@ const (
 	// submitterSilence stops a worker whose submitter stopped asking
 	// after it: work past its last receipt would not be paid.
 	submitterSilence = 90 * time.Second
-	// stopGrace is how long a stopped worker has to write its
-	// checkpoint before it is killed.
-	stopGrace = 10 * time.Second
 	// claimDelay waits past an escrow's expiry before claiming, so the
 	// ledger's block time has passed it.
 	claimDelay = 30 * time.Second
@@ -48,7 +47,17 @@ const (
 // sandbox package, so that no name is resolved out of it and no symlink
 // the job planted leads the node elsewhere.
 type Executor struct {
-	n       *Node
+	log     *slog.Logger
+	self    string           // this machine's peer ID
+	account identity.Address // what the ledger pays this machine
+	store   Store
+	blocks  Blocks
+	ledger  Escrows
+	holds   HoldBook
+	lent    GPULender
+	dial    Dialer
+	home    string // the node's home, hidden from jobs
+	cpuPool []int  // the CPUs workers may be pinned to (all when empty)
 	dir     string
 	root    *os.Root // dir: the workers' dirs
 	logs    *os.Root // dir/logs: one dir per worker, which only the node writes
@@ -117,28 +126,54 @@ func workerKey(run string, index int) string { return run + "/" + strconv.Itoa(i
 // workerName names worker index of run here: its work dir and log file.
 func workerName(run string, index int) string { return run[:16] + "-" + strconv.Itoa(index) }
 
-// newExecutor prepares the work area; Run serves until ctx ends.
-func newExecutor(n *Node, dir, python string) (*Executor, error) {
-	if strings.Contains(python, "/") {
+// ExecutorParams configures an Executor: where it works, what it runs
+// jobs with, and the services of the node it uses.
+type ExecutorParams struct {
+	Dir      string        // the work area ([executor] work_dir)
+	Python   string        // the interpreter jobs run with ([inventory] python)
+	Home     string        // the node's home dir, which jobs never see
+	UIDRange string        // the uids workers run as ([executor] uid_range)
+	KeepLogs time.Duration // how long ended workers' logs and dirs stay
+	CPUs     []int         // the CPUs workers may be pinned to (all when empty)
+	ChainID  string
+
+	Host    host.Host        // tunnels to a run's other machines go through it
+	Account identity.Address // this machine's ledger account, which is paid
+	Store   Store
+	Blocks  Blocks
+	Ledger  Escrows
+	Holds   HoldBook
+	GPUs    GPULender
+	Dialer  Dialer
+
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// NewExecutor prepares the work area; Run serves until ctx ends.
+func NewExecutor(p ExecutorParams) (*Executor, error) {
+	if strings.Contains(p.Python, "/") {
 		// Checked against the node's home here, where it is known; the
 		// config's own check covers the rest.
-		if err := sandbox.CheckReadOnly(readOnlyFor(python)[0], n.home.Dir); err != nil {
-			return nil, fmt.Errorf("[inventory] python = %q: its prefix %w; point it at a virtualenv such as /opt/deepmarket/venv/bin/python3", python, err)
+		if err := sandbox.CheckReadOnly(readOnlyFor(p.Python)[0], p.Home); err != nil {
+			return nil, fmt.Errorf("[inventory] python = %q: its prefix %w; point it at a virtualenv such as /opt/deepmarket/venv/bin/python3", p.Python, err)
 		}
 	}
-	ids, err := sandbox.ParseIDRange(n.cfg.Executor.UIDRange)
+	ids, err := sandbox.ParseIDRange(p.UIDRange)
 	if err != nil {
 		return nil, fmt.Errorf("[executor] uid_range: %w", err)
 	}
-	root, logs, err := openWorkArea(dir)
+	root, logs, err := openWorkArea(p.Dir)
 	if err != nil {
 		return nil, err
 	}
-	id := n.host.ID().String()
-	e := &Executor{n: n, dir: dir, root: root, logs: logs, ids: ids, keep: n.cfg.Executor.KeepLogs.Duration,
-		python: python, tunnels: tunnel.New(n.host, n.cfg.Node.ChainID, n.log.With("module", "tunnel")),
+	id := p.Host.ID().String()
+	e := &Executor{log: p.Logger, self: id, account: p.Account, store: p.Store, blocks: p.Blocks, ledger: p.Ledger,
+		holds: p.Holds, lent: p.GPUs, dial: p.Dialer, home: p.Home, cpuPool: p.CPUs,
+		dir: p.Dir, root: root, logs: logs, ids: ids, keep: p.KeepLogs,
+		python: p.Python, tunnels: tunnel.New(p.Host, p.ChainID, p.Logger.With("module", "tunnel")),
 		tag: id[len(id)-8:], workers: map[string]*worker{}, nets: map[string]*runNet{}, cpus: map[int]string{}, gpus: map[int]string{}}
-	e.registerMetrics()
+	e.registerMetrics(p.Registerer)
 	return e, nil
 }
 
@@ -177,9 +212,9 @@ func openWorkArea(dir string) (root, logs *os.Root, err error) {
 
 // registerMetrics exports the executor's gauges: its workers, the cores
 // they hold, and the most cores and memory they have held at once.
-func (e *Executor) registerMetrics() {
+func (e *Executor) registerMetrics(reg prometheus.Registerer) {
 	gauge := func(name, help string, f func() float64) {
-		e.n.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "deepmarket", Subsystem: "exec", Name: name, Help: help}, f))
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "deepmarket", Subsystem: "exec", Name: name, Help: help}, f))
 	}
 	gauge("workers", "Workers of lent jobs on this machine now.", func() float64 {
 		e.mu.Lock()
@@ -225,10 +260,10 @@ func (e *Executor) inUseLocked() (cores uint32, mem uint64) {
 	return cores, mem
 }
 
-// capable says whether this machine builds the whole job sandbox; if not,
+// Capable says whether this machine builds the whole job sandbox; if not,
 // it does not lend, and the error says what to install. The probe (a test
 // cgroup, a trial job in bubblewrap) is made once.
-func (e *Executor) capable() error {
+func (e *Executor) Capable() error {
 	e.probeOnce.Do(func() {
 		c := sandbox.Probe()
 		if e.probeErr = c.Essential(); e.probeErr != nil {
@@ -236,7 +271,7 @@ func (e *Executor) capable() error {
 			return
 		}
 		if len(c.Problems) > 0 {
-			e.n.log.Warn("job sandbox", "problems", c.Problems)
+			e.log.Warn("job sandbox", "problems", c.Problems)
 		}
 	})
 	return e.probeErr
@@ -293,8 +328,9 @@ func (e *Executor) watch(now time.Time) {
 	}
 }
 
-// handle answers the job protocol.
-func (e *Executor) handle(ctx context.Context, from peer.ID, env *p2p.Envelope) (string, any, error) {
+// Handle answers the job protocol (a p2p.RPC handler; the node calls it
+// directly for its own jobs on this machine).
+func (e *Executor) Handle(ctx context.Context, from peer.ID, env *p2p.Envelope) (string, any, error) {
 	switch env.Type {
 	case p2p.TypeLaunch:
 		var l p2p.Launch
@@ -394,22 +430,6 @@ func (w *worker) status(now time.Time) p2p.JobStatus {
 		}
 	}
 	return st
-}
-
-// readLogs reads a log file of the node's own (the submitter's job log)
-// from offset off.
-func readLogs(path string, off int64) p2p.Logs {
-	f, err := os.Open(path)
-	if err != nil {
-		return p2p.Logs{Next: off}
-	}
-	defer f.Close()
-	buf := make([]byte, p2p.MaxLogChunk)
-	n, err := f.ReadAt(buf, max(off, 0))
-	if err != nil && !errors.Is(err, io.EOF) {
-		return p2p.Logs{Next: off}
-	}
-	return p2p.Logs{Data: buf[:n], Next: max(off, 0) + int64(n)}
 }
 
 // readLog reads the worker's output from offset off.

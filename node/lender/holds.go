@@ -1,4 +1,4 @@
-package node
+package lender
 
 import (
 	"errors"
@@ -21,7 +21,7 @@ import (
 // fits beside the others, so it can never be over-committed whoever asks.
 //
 // A hold is granted only for a bid the machine has checked itself (see
-// Node.checkBid): signed by a ledger member whose balance covers its
+// Admission.CheckBid): signed by a ledger member whose balance covers its
 // maximum price, and asking for no more than the bid's workers need. An
 // uncommitted hold lapses after its TTL; a committed one lapses unless a
 // launch backed by an escrow arrives within HoldLimits.LaunchWithin; a

@@ -1,4 +1,4 @@
-package node
+package lender
 
 import (
 	"context"
@@ -24,13 +24,13 @@ func (e *Executor) stop(w *worker, reason string, checkpoint bool) {
 	}
 	w.mu.Unlock()
 	if proc != nil {
-		go proc.Stop(stopGrace)
+		go proc.Stop(p2p.StopGrace)
 	}
 }
 
-// reclaim stops every worker after grace: the owner took the machine
+// Reclaim stops every worker after grace: the owner took the machine
 // back. Workers launched meanwhile are not taken (the offer is gone).
-func (e *Executor) reclaim(grace time.Duration) {
+func (e *Executor) Reclaim(grace time.Duration) {
 	e.mu.Lock()
 	ws := make([]*worker, 0, len(e.workers))
 	for _, w := range e.workers {
@@ -41,7 +41,7 @@ func (e *Executor) reclaim(grace time.Duration) {
 	if len(ws) == 0 || ctx == nil {
 		return
 	}
-	e.n.log.Info("the owner took the machine back: stopping its jobs after the grace period", "workers", len(ws), "grace", grace)
+	e.log.Info("the owner took the machine back: stopping its jobs after the grace period", "workers", len(ws), "grace", grace)
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -86,13 +86,13 @@ func (e *Executor) finish(w *worker) {
 	for _, c := range closers {
 		c()
 	}
-	e.n.holds.Release(w.l.Hold)
+	e.holds.Release(w.l.Hold)
 	w.mu.Lock()
 	left, lease, jl := w.boxLeft, w.lease, w.log
 	w.mu.Unlock()
 	if err := e.root.RemoveAll(w.name); err == nil && !left {
-		if err := e.n.store.Delete(sandboxesKey + w.box); err != nil {
-			e.n.log.Warn("cannot forget a finished worker", "module", "executor", "err", err)
+		if err := e.store.Delete(sandboxesKey + w.box); err != nil {
+			e.log.Warn("cannot forget a finished worker", "module", "executor", "err", err)
 		}
 		// Its files are gone with its dir: the uid owns nothing.
 		lease.Release()

@@ -1,4 +1,4 @@
-package node
+package lender
 
 import (
 	"context"
@@ -43,7 +43,7 @@ func (w *worker) fail(reason string) {
 // sandbox and waited for; the chief's output is then kept. A step that
 // fails ends the worker failed, with that step's reason.
 func (e *Executor) run(ctx context.Context, w *worker) {
-	log := e.n.log.With("module", "executor", "job", w.l.JobID[:12], "worker", w.l.Index)
+	log := e.log.With("module", "executor", "job", w.l.JobID[:12], "worker", w.l.Index)
 	spec, lease, err := e.prepare(ctx, w)
 	if err != nil {
 		w.fail(err.Error())
@@ -101,7 +101,7 @@ func (e *Executor) prepare(ctx context.Context, w *worker) (sandbox.Spec, *sandb
 // exists to clean up, so that the next start of a node that dies
 // meanwhile reaps it; finish forgets it.
 func (e *Executor) recordWorker(w *worker) error {
-	if err := e.n.store.Put(sandboxesKey+w.box, sandboxRecord{Job: w.l.JobID, Index: w.l.Index, Dir: w.dir}); err != nil {
+	if err := e.store.Put(sandboxesKey+w.box, sandboxRecord{Job: w.l.JobID, Index: w.l.Index, Dir: w.dir}); err != nil {
 		return fmt.Errorf("record the worker: %w", err)
 	}
 	return nil
@@ -134,7 +134,7 @@ func (e *Executor) fetchInputs(ctx context.Context, w *worker) error {
 			return nil
 		}
 		id, _ := cid.Decode(c)
-		_, err := e.n.blocks.FetchInto(ctx, id, into, nil)
+		_, err := e.blocks.FetchInto(ctx, id, into, nil)
 		return err
 	}
 	if err := fetch(l.Bundle, filepath.Join(w.dir, "bundle")); err != nil {
@@ -229,10 +229,10 @@ func (e *Executor) sandboxSpec(w *worker, argv, env []string, jl *workerLog, ns 
 		Limits: sandbox.Limits{
 			CPUs: w.cpus, Cores: float64(max(l.Res.Cores, 1)), MemBytes: l.Res.MemBytes,
 			// The logs count against the worker's disk bound.
-			Pids: 512, DiskBytes: max(10<<30, 2*l.Res.MemBytes) - workerLogBytes, GPUs: w.gpus,
+			Pids: 512, DiskBytes: max(10<<30, 2*l.Res.MemBytes) - WorkerLogBytes, GPUs: w.gpus,
 		},
 		ReadOnly: readOnlyFor(e.python),
-		Hide:     []string{e.n.home.Dir},
+		Hide:     []string{e.home},
 	}
 }
 
@@ -324,7 +324,7 @@ func (e *Executor) addOutput(ctx context.Context, w *worker) (storage.Pin, error
 		return storage.Pin{}, err
 	}
 	defer dir.Close()
-	return e.n.blocks.AddFrom(ctx, dir, "out", nil)
+	return e.blocks.AddFrom(ctx, dir, "out", nil)
 }
 
 // readOnlyFor lists what a job may read beyond its dir: the Python

@@ -1,0 +1,135 @@
+package lender
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/units"
+)
+
+// LedgerReads is what admission reads of this machine's own ledger replica
+// on hot paths (every gossip message, every hold request): in-process map
+// lookups as of the last block, no copying.
+type LedgerReads interface {
+	MachineOwner(machine identity.Address) (owner identity.Address, registered bool)
+	IsMember(a identity.Address) bool
+	BalanceOf(a identity.Address) uint64
+}
+
+// Admission decides, on this machine's replica of the ledger, who may take
+// part: which machines may offer, which members may bid, and which bids a
+// hold may be granted for.
+type Admission struct {
+	reads   LedgerReads
+	chainID string
+}
+
+// NewAdmission checks against reads, for bids signed on chainID.
+func NewAdmission(reads LedgerReads, chainID string) *Admission {
+	return &Admission{reads: reads, chainID: chainID}
+}
+
+var _ p2p.Admission = (*Admission)(nil)
+
+// Machine implements p2p.Admission: only machines the ledger backs may
+// offer (a fake machine costs a university's signature, not a key).
+func (a *Admission) Machine(key []byte) (identity.Address, bool) {
+	return a.reads.MachineOwner(identity.AddressOf(key))
+}
+
+// Bidder implements p2p.Admission: only members whose balance covers a
+// bid may bid.
+func (a *Admission) Bidder(key []byte, maxPrice uint64) error {
+	return a.canPay(identity.AddressOf(key), maxPrice)
+}
+
+func (a *Admission) canPay(acct identity.Address, maxPrice uint64) error {
+	if !a.reads.IsMember(acct) {
+		return fmt.Errorf("account %s is not a member of this network", acct)
+	}
+	if bal := a.reads.BalanceOf(acct); bal < maxPrice {
+		return fmt.Errorf("account %s holds %s credits, less than the bid's %s", acct, units.FormatCredits(bal), units.FormatCredits(maxPrice))
+	}
+	return nil
+}
+
+// CheckBid is what a machine checks before holding capacity for a
+// scheduler: the bid the request carries is signed by its bidder, for this
+// job, by a member whose balance (on this machine's own replica) covers
+// its maximum price; the hold may ask for at most what the bid's workers
+// need.
+func (a *Admission) CheckBid(r *p2p.Reserve, now time.Time) (HoldRequest, error) {
+	req := HoldRequest{Reserve: r}
+	if r.Op != p2p.OpReserve {
+		return req, nil
+	}
+	bid, signer, err := p2p.OpenBid(r.Bid, a.chainID, now)
+	if err != nil {
+		return req, fmt.Errorf("the hold's bid: %w", err)
+	}
+	if bid.JobID != r.JobID {
+		return req, fmt.Errorf("the hold is for job %s, its bid for %s", r.JobID, bid.JobID)
+	}
+	if bidder, err := peer.Decode(r.Bidder); err != nil || bidder != signer {
+		return req, fmt.Errorf("the hold names bidder %s, its bid is signed by %s", r.Bidder, signer)
+	}
+	if err := a.canPay(identity.Address(bid.Submitter), bid.MaxPrice); err != nil {
+		return req, err
+	}
+	req.Account = bid.Submitter
+	req.Most = p2p.Resources{
+		Cores:    bid.Workers * bid.PerWorker.Cores,
+		MemBytes: uint64(bid.Workers) * bid.PerWorker.MemBytes,
+		GPUs:     bid.Workers * bid.PerWorker.GPUs,
+	}
+	return req, nil
+}
+
+// Desk answers schedulers' hold requests on this machine: it checks each
+// request's bid, then applies it to the machine's holds.
+type Desk struct {
+	adm   *Admission
+	holds *Holds
+}
+
+// NewDesk serves requests checked by adm against holds.
+func NewDesk(adm *Admission, holds *Holds) *Desk { return &Desk{adm: adm, holds: holds} }
+
+// Handle answers the reserve protocol (a p2p.RPC handler).
+func (d *Desk) Handle(_ context.Context, from peer.ID, env *p2p.Envelope) (string, any, error) {
+	if env.Type != p2p.TypeReserve {
+		return "", nil, fmt.Errorf("%w %q", p2p.ErrUnknownType, env.Type)
+	}
+	var r p2p.Reserve
+	if err := p2p.Unmarshal(env.Payload, &r); err != nil {
+		return "", nil, err
+	}
+	if err := r.Validate(); err != nil {
+		return "", nil, err
+	}
+	return p2p.TypeReserveReply, d.Apply(from, &r, time.Now()), nil
+}
+
+// Apply checks a hold request's bid and applies it to this machine's
+// holds; a request whose bid does not hold up is refused with the reason.
+// A scheduler on this machine calls it directly.
+func (d *Desk) Apply(from peer.ID, r *p2p.Reserve, now time.Time) p2p.ReserveReply {
+	req, err := d.adm.CheckBid(r, now)
+	if err != nil {
+		return p2p.ReserveReply{Reason: truncate(err.Error(), 256)}
+	}
+	return d.holds.Apply(from, req, now)
+}
+
+// truncate shortens s to n bytes for a reply.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
+}

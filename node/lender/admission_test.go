@@ -1,0 +1,79 @@
+package lender
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/p2p"
+)
+
+// ledgerView is a replica's read-only view as admission sees it: members
+// and their balances.
+type ledgerView map[identity.Address]uint64
+
+func (v ledgerView) MachineOwner(identity.Address) (identity.Address, bool) { return "", false }
+func (v ledgerView) IsMember(a identity.Address) bool                       { _, ok := v[a]; return ok }
+func (v ledgerView) BalanceOf(a identity.Address) uint64                    { return v[a] }
+
+const admissionChain = "deepmarket-test"
+
+func admissionKey(t *testing.T, b byte) *identity.Key {
+	t.Helper()
+	k, err := identity.KeyFromSeed(bytes.Repeat([]byte{b}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// TestCheckBid: a hold is granted only for a bid its bidder signed, for
+// the same job, from a member whose balance covers it; and it may take at
+// most what the bid's workers need.
+func TestCheckBid(t *testing.T) {
+	bidder, stranger := admissionKey(t, 1), admissionKey(t, 2)
+	now := time.Now()
+	bid := p2p.Bid{JobID: strings.Repeat("ab", 32), Submitter: string(bidder.Address()), Workers: 2,
+		PerWorker: p2p.Resources{Cores: 3, MemBytes: 1 << 30, GPUs: 1}, MaxPrice: 5_000_000, Duration: 600, Framework: "tensorflow"}
+	sealed := func(k *identity.Key, b p2p.Bid) []byte {
+		data, err := p2p.Seal(k, admissionChain, p2p.TypeBid, &b, 1, now.Add(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	reserve := func(data []byte, job string, by *identity.Key) *p2p.Reserve {
+		return &p2p.Reserve{Op: p2p.OpReserve, ID: "0000000000000001", JobID: job, TTL: 5, Bidder: by.PeerID().String(), Bid: data}
+	}
+	funded := ledgerView{bidder.Address(): 10_000_000}
+	poor := ledgerView{bidder.Address(): 1}
+	other := bid
+	other.JobID = strings.Repeat("cd", 32)
+	for name, c := range map[string]struct {
+		view ledgerView
+		r    *p2p.Reserve
+		ok   bool
+	}{
+		"funded member":        {funded, reserve(sealed(bidder, bid), bid.JobID, bidder), true},
+		"not a member":         {ledgerView{}, reserve(sealed(bidder, bid), bid.JobID, bidder), false},
+		"balance below bid":    {poor, reserve(sealed(bidder, bid), bid.JobID, bidder), false},
+		"bid for another job":  {funded, reserve(sealed(bidder, other), bid.JobID, bidder), false},
+		"named another bidder": {funded, reserve(sealed(bidder, bid), bid.JobID, stranger), false},
+		"no bid":               {funded, reserve(nil, bid.JobID, bidder), false},
+	} {
+		req, err := NewAdmission(c.view, admissionChain).CheckBid(c.r, now)
+		if (err == nil) != c.ok {
+			t.Errorf("%s: err = %v, want ok %v", name, err, c.ok)
+			continue
+		}
+		if c.ok && (req.Account != string(bidder.Address()) || req.Most != (p2p.Resources{Cores: 6, MemBytes: 2 << 30, GPUs: 2})) {
+			t.Errorf("%s: the hold may take %+v for %s, want the two workers' 6 cores, 2 GiB, 2 GPUs", name, req.Most, req.Account)
+		}
+	}
+	// Commits and releases carry no bid: the hold they name was checked.
+	if _, err := NewAdmission(ledgerView{}, admissionChain).CheckBid(&p2p.Reserve{Op: p2p.OpCommit, ID: "0000000000000001"}, now); err != nil {
+		t.Errorf("commit: %v", err)
+	}
+}

@@ -1,0 +1,24 @@
+// Package lender is the lending machine's room of a DeepMarket node: what
+// this machine lends and everything that happens on it because it lends.
+//
+//   - Lender: the owner's lend settings (kept in the node store) and the
+//     signed offer announced for them, inside the availability window
+//     (OfferSource builds that offer).
+//   - Holds: the machine's own book of the capacity schedulers reserved on
+//     it; it never grants more than the machine lends.
+//   - Admission and Desk: who may offer and bid, checked on this machine's
+//     ledger replica (Admission implements p2p.Admission), and the reserve
+//     protocol that grants holds only for bids that check out.
+//   - Executor: the workers launched on committed holds, each in its own
+//     sandbox (package node/sandbox) with its work dir, capped log, uid and
+//     network namespace, supervised until its submitter is done; and the
+//     claims on escrows its submitters never settled.
+//
+// What it needs from the node is declared here, where it is used (needs.go,
+// LedgerReads, Owners): a key-value Store, the block store (Blocks), the
+// ledger client (Escrows), a Dialer for a run's other machines, the libp2p
+// host and plain settings. The node wires them in node/wire_lender.go.
+//
+// lender may import node/sandbox, node/inventory, node/api, node/jobs, p2p,
+// ledger and storage; it must never import package node.
+package lender
