@@ -9,11 +9,11 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/deepmarket/deepmarket/node/market"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/scheduler"
 )
@@ -40,14 +40,14 @@ const answerBids = 16
 func (n *Node) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 	b := w.bid
 	now := time.Now()
-	v, offers := n.schedulerViewFor(now, b.Framework)
+	v, offers := n.market.View(now, b.Framework)
 	if len(v.Machines) == 0 && b.Framework == "tensorflow" {
-		if all, _ := n.schedulerView(now); len(all.Machines) > 0 {
+		if all, _ := n.market.View(now, ""); len(all.Machines) > 0 {
 			return p2p.Quote{JobID: b.JobID, Resource: "framework", Reason: fmt.Sprintf(
 				"none of the %d machines in view has TensorFlow (their owners can point [inventory] python at a virtualenv with tensorflow)", len(all.Machines))}
 		}
 	}
-	job := schedulerJob(b)
+	job := market.SchedulerJob(b)
 	refused := ""
 	collided := false
 	for attempt := range quoteAttempts {
@@ -129,10 +129,10 @@ func (n *Node) holdPlacement(ctx context.Context, w bidWork, job scheduler.Job, 
 		if err != nil {
 			// Skip it now and for a while: a machine that cannot be
 			// reached must not fail every quote that would use it.
-			n.failures.mark(offers[i].Machine, time.Now())
+			n.market.MarkUnreachable(offers[i].Machine, time.Now())
 			reply = p2p.ReserveReply{Reason: "unreachable: " + err.Error()}
 		} else {
-			n.failures.forget(offers[i].Machine)
+			n.market.Reachable(offers[i].Machine)
 		}
 		h.replies[i] = reply
 		if !reply.OK {
@@ -174,7 +174,7 @@ func believeRefusals(v *scheduler.View, offers []p2p.Offer, h heldPlacement, ref
 			*refused += offers[i].Moniker + ": " + h.replies[i].Reason + "; "
 		}
 		m := &v.Machines[i]
-		free := schedulerResources(f)
+		free := market.SchedulerResources(f)
 		m.Allocated = scheduler.Resources{
 			Cores:    m.Lent.Cores - min(free.Cores, m.Lent.Cores),
 			MemBytes: m.Lent.MemBytes - min(free.MemBytes, m.Lent.MemBytes),
@@ -257,59 +257,4 @@ func (n *Node) sendQuote(ctx context.Context, bidder peer.ID, q p2p.Quote) error
 		return errors.New("the bidder refused the quote")
 	}
 	return nil
-}
-
-// failures remembers machines this node could not reach, so its
-// scheduler leaves them out for a while rather than failing quote after
-// quote on them (a machine that went away without withdrawing its offer,
-// or that never could be reached).
-type failures struct {
-	mu    sync.Mutex
-	until map[string]failure
-}
-
-type failure struct {
-	until time.Time
-	wait  time.Duration
-}
-
-// Unreachable machines are skipped for unreachableFor, doubling (up to
-// unreachableMax) each time one fails again.
-const (
-	unreachableFor = 30 * time.Second
-	unreachableMax = 10 * time.Minute
-)
-
-func (f *failures) mark(machine string, now time.Time) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.until == nil {
-		f.until = map[string]failure{}
-	}
-	if len(f.until) > 10_000 {
-		for m, x := range f.until {
-			if now.After(x.until.Add(unreachableMax)) {
-				delete(f.until, m)
-			}
-		}
-	}
-	x := f.until[machine]
-	x.wait = min(max(2*x.wait, unreachableFor), unreachableMax)
-	x.until = now.Add(x.wait)
-	f.until[machine] = x
-}
-
-// skip reports whether machine failed recently.
-func (f *failures) skip(machine string, now time.Time) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	x, ok := f.until[machine]
-	return ok && now.Before(x.until)
-}
-
-// forget clears a machine that answered again.
-func (f *failures) forget(machine string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.until, machine)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/inventory"
+	"github.com/deepmarket/deepmarket/node/market"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/storage"
 )
@@ -40,8 +41,8 @@ type Node struct {
 	gossip    *p2p.Gossip
 	store     *Store
 	lender    *Lender
-	book      *OfferBook
-	bids      *BidLog
+	book      *market.OfferBook
+	bids      *market.BidLog
 	peers     *p2p.PeerWatcher
 	apiURL    string
 	inv       atomic.Pointer[inventory.Inventory]
@@ -56,9 +57,8 @@ type Node struct {
 	exec      *Executor
 	jobs      *JobManager
 	reads     ledgerReads
-	failures  failures
-	records   machineRecords
-	prices    *PriceHistory
+	market    *market.Market
+	prices    *market.PriceHistory
 	mine      myMachines
 	times     blockTimes
 }
