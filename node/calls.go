@@ -76,3 +76,11 @@ func (n *Node) jobCall(ctx context.Context, machine string, typ string, req any,
 	}
 	return n.rpc.Call(ctx, id, p2p.JobProtocol(n.cfg.Node.ChainID), typ, req, replyType, reply)
 }
+
+// truncate shortens a reason to n bytes, to fit a reply on the wire.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/inventory"
 	"github.com/deepmarket/deepmarket/node/market"
+	"github.com/deepmarket/deepmarket/node/quoter"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/storage"
 )
@@ -53,7 +54,7 @@ type Node struct {
 	holds     *Holds
 	rpc       *p2p.RPC
 	quotes    *QuoteBook
-	bidQ      chan bidWork
+	quoter    *quoter.Quoter
 	exec      *Executor
 	jobs      *JobManager
 	reads     ledgerReads

@@ -174,7 +174,7 @@ func (n *Node) startMarket(psCtx context.Context) (err error) {
 	n.holds = NewHolds(n.lentNow, HoldLimits{PerBidder: mc.HoldsPerBidder, PerScheduler: mc.HoldsPerScheduler,
 		LaunchWithin: mc.LaunchWithin.Duration}, n.lender.Refresh)
 	n.quotes = newQuoteBook()
-	n.bidQ = make(chan bidWork, bidQueue)
+	n.quoter = n.newQuoter()
 	n.rpc = &p2p.RPC{Host: n.host, Key: n.key, ChainID: n.cfg.Node.ChainID, Logger: n.log.With("module", "rpc")}
 	n.rpc.Handle(p2p.ReserveProtocol(n.cfg.Node.ChainID), n.handleReserve)
 	n.rpc.Handle(p2p.QuoteProtocol(n.cfg.Node.ChainID), n.handleQuote)
@@ -234,9 +234,7 @@ func (n *Node) runServices(gctx context.Context, g *errgroup.Group, disc *p2p.Di
 		})
 	})
 	g.Go(func() error { return n.lender.Run(gctx) })
-	for range answerBids {
-		g.Go(func() error { return n.priceBids(gctx) })
-	}
+	g.Go(func() error { return n.quoter.Run(gctx) })
 	g.Go(func() error { return n.store.Run(gctx) })
 	g.Go(func() error { return n.ledger.Run(gctx) })
 	g.Go(func() error { return n.exec.Run(gctx) })

@@ -1,15 +1,20 @@
 package node
 
-// The node's side of the market room (node/market): what the market needs
-// from the node, and the API methods that answer from the market.
+// The node's side of the market (node/market) and of the quoter
+// (node/quoter): what they need from the node, the API methods that answer
+// from the market, and the bids topic's handler.
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/market"
+	"github.com/deepmarket/deepmarket/node/quoter"
+	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/libp2p/go-libp2p/core/peer"
 )
 
 // newMarket builds the scheduler's view over the offer book, limited to
@@ -26,6 +31,7 @@ func (n *Node) newMarket() *market.Market {
 // under the account the machine is paid at.
 type machineRecords struct{ ledger *ledger.Client }
 
+// MachineRecord implements market.Records.
 func (r machineRecords) MachineRecord(ctx context.Context, machine string) (ledger.MachineRecord, error) {
 	return r.ledger.MachineRecord(ctx, payeeOf(machine))
 }
@@ -50,6 +56,38 @@ func (n *Node) PriceHistory(ctx context.Context, since time.Time) ([]api.PriceSa
 		return nil, err
 	}
 	return append(out, now), nil
+}
+
+// newQuoter builds the quoter that answers other nodes' bids over the
+// market's view.
+func (n *Node) newQuoter() *quoter.Quoter {
+	return quoter.New(quoter.Params{Self: n.host.ID(), Market: n.market, Holds: quoter.ReserveFunc(n.reserve),
+		Quotes: quoter.SendFunc(n.sendQuote), Logger: n.log.With("module", "quoter")})
+}
+
+// onBid is the bids topic's handler: the quoter prices the bid, unless
+// this node does not answer bids ([scheduler] quote = false).
+func (n *Node) onBid(rec *p2p.Received) {
+	if n.cfg.Scheduler.Quote {
+		n.quoter.Queue(rec)
+	}
+}
+
+// sendQuote delivers a quote to its bidder: over a stream, or into this
+// node's own quote book when it bid itself.
+func (n *Node) sendQuote(ctx context.Context, bidder peer.ID, q p2p.Quote) error {
+	if bidder == n.host.ID() {
+		n.quotes.add(n.host.ID(), q, time.Now())
+		return nil
+	}
+	var ack p2p.QuoteAck
+	if err := n.rpc.Call(ctx, bidder, p2p.QuoteProtocol(n.cfg.Node.ChainID), p2p.TypeQuote, &q, p2p.TypeQuoteAck, &ack); err != nil {
+		return err
+	}
+	if !ack.OK {
+		return errors.New("the bidder refused the quote")
+	}
+	return nil
 }
 
 var _ api.Scheduling = (*Node)(nil)

@@ -1,4 +1,4 @@
-package node
+package quoter
 
 import (
 	"context"
@@ -37,12 +37,12 @@ const answerBids = 16
 // another scheduler took its capacity first, makes this one release what
 // it got and re-quote on what the machines said they have), and returns
 // the quote, or the reason there is none.
-func (n *Node) answerBid(ctx context.Context, w bidWork) p2p.Quote {
+func (q *Quoter) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 	b := w.bid
 	now := time.Now()
-	v, offers := n.market.View(now, b.Framework)
+	v, offers := q.p.Market.View(now, b.Framework)
 	if len(v.Machines) == 0 && b.Framework == "tensorflow" {
-		if all, _ := n.market.View(now, ""); len(all.Machines) > 0 {
+		if all, _ := q.p.Market.View(now, ""); len(all.Machines) > 0 {
 			return p2p.Quote{JobID: b.JobID, Resource: "framework", Reason: fmt.Sprintf(
 				"none of the %d machines in view has TensorFlow (their owners can point [inventory] python at a virtualenv with tensorflow)", len(all.Machines))}
 		}
@@ -72,15 +72,15 @@ func (n *Node) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 		if err != nil {
 			return p2p.Quote{JobID: b.JobID, Resource: "job", Reason: truncate(err.Error(), 256)}
 		}
-		h := n.holdPlacement(ctx, w, job, &pl, offers, attempt)
+		h := q.holdPlacement(ctx, w, job, &pl, offers, attempt)
 		if len(h.failed) == 0 {
-			q := p2p.Quote{JobID: b.JobID, PerHour: pl.PerHour, Total: pl.Total, DoneAt: pl.Done.Unix(), HeldUntil: h.heldUntil}
+			quote := p2p.Quote{JobID: b.JobID, PerHour: pl.PerHour, Total: pl.Total, DoneAt: pl.Done.Unix(), HeldUntil: h.heldUntil}
 			for w, i := range pl.Machines {
-				q.Workers = append(q.Workers, p2p.QuotedWorker{Machine: offers[i].Machine, PerHour: pl.Worker[w], Hold: h.ids[i]})
+				quote.Workers = append(quote.Workers, p2p.QuotedWorker{Machine: offers[i].Machine, PerHour: pl.Worker[w], Hold: h.ids[i]})
 			}
-			return q
+			return quote
 		}
-		n.releaseHeld(ctx, b.JobID, h, offers)
+		q.releaseHeld(ctx, b.JobID, h, offers)
 		collided = believeRefusals(&v, offers, h, &refused)
 	}
 	return p2p.Quote{JobID: b.JobID, Resource: "cores", Reason: truncate(fmt.Sprintf(
@@ -102,7 +102,7 @@ type heldPlacement struct {
 // refusal: schedulers racing for the same machines then meet at the first
 // one they share, and the winner takes all rather than each holding a part
 // and every quote failing (lock ordering).
-func (n *Node) holdPlacement(ctx context.Context, w bidWork, job scheduler.Job, pl *scheduler.Placement, offers []p2p.Offer, attempt int) heldPlacement {
+func (q *Quoter) holdPlacement(ctx context.Context, w bidWork, job scheduler.Job, pl *scheduler.Placement, offers []p2p.Offer, attempt int) heldPlacement {
 	perMachine := map[int]p2p.Resources{}
 	for _, i := range pl.Machines {
 		r := perMachine[i]
@@ -118,21 +118,21 @@ func (n *Node) holdPlacement(ctx context.Context, w bidWork, job scheduler.Job, 
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(offers[a].Machine, offers[b].Machine) })
 	h := heldPlacement{ids: map[int]string{}, replies: map[int]p2p.ReserveReply{}}
 	for _, i := range order {
-		id := holdID(w.bid.JobID, n.host.ID(), offers[i].Machine, attempt)
+		id := holdID(w.bid.JobID, q.p.Self, offers[i].Machine, attempt)
 		h.ids[i] = id
 		machine, _ := peer.Decode(offers[i].Machine)
 		rctx, cancel := context.WithTimeout(ctx, reserveTimeout)
-		reply, err := n.reserve(rctx, machine, offers[i].Addrs, p2p.Reserve{
+		reply, err := q.p.Holds.Reserve(rctx, machine, offers[i].Addrs, p2p.Reserve{
 			Op: p2p.OpReserve, ID: id, JobID: w.bid.JobID, Res: perMachine[i], TTL: int64(holdTTL / time.Second),
 			Bidder: w.bidder.String(), Bid: w.raw})
 		cancel()
 		if err != nil {
 			// Skip it now and for a while: a machine that cannot be
 			// reached must not fail every quote that would use it.
-			n.market.MarkUnreachable(offers[i].Machine, time.Now())
+			q.p.Market.MarkUnreachable(offers[i].Machine, time.Now())
 			reply = p2p.ReserveReply{Reason: "unreachable: " + err.Error()}
 		} else {
-			n.market.Reachable(offers[i].Machine)
+			q.p.Market.Reachable(offers[i].Machine)
 		}
 		h.replies[i] = reply
 		if !reply.OK {
@@ -151,11 +151,11 @@ func (n *Node) holdPlacement(ctx context.Context, w bidWork, job scheduler.Job, 
 }
 
 // releaseHeld gives back the holds of h that were granted.
-func (n *Node) releaseHeld(ctx context.Context, job string, h heldPlacement, offers []p2p.Offer) {
+func (q *Quoter) releaseHeld(ctx context.Context, job string, h heldPlacement, offers []p2p.Offer) {
 	for i, r := range h.replies {
 		if r.OK {
 			machine, _ := peer.Decode(offers[i].Machine)
-			n.reserve(ctx, machine, offers[i].Addrs, p2p.Reserve{Op: p2p.OpRelease, ID: h.ids[i], JobID: job})
+			q.p.Holds.Reserve(ctx, machine, offers[i].Addrs, p2p.Reserve{Op: p2p.OpRelease, ID: h.ids[i], JobID: job})
 		}
 	}
 }
@@ -198,63 +198,4 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n-1] + "…"
-}
-
-// bidQueue bounds the bids waiting to be priced; past it a node under a
-// flood of bids drops the newest (their bidders get no quote from it).
-const bidQueue = 1024
-
-type bidWork struct {
-	bid    p2p.Bid
-	bidder peer.ID
-	raw    []byte // the bid's signed envelope, for the machines asked to hold it
-}
-
-// onBid is the bids topic's handler: it queues the bid for the pricing
-// workers, off the gossip loop.
-func (n *Node) onBid(rec *p2p.Received) {
-	b, ok := rec.Payload.(*p2p.Bid)
-	if !ok || !n.cfg.Scheduler.Quote {
-		return
-	}
-	select {
-	case n.bidQ <- bidWork{*b, rec.Signer, rec.Raw}:
-	default:
-		n.log.Warn("too many bids waiting to be priced; dropped one", "job", b.JobID)
-	}
-}
-
-// priceBids answers queued bids until ctx ends; the node runs answerBids
-// of these.
-func (n *Node) priceBids(ctx context.Context) error {
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case w := <-n.bidQ:
-			q := n.answerBid(ctx, w)
-			if err := n.sendQuote(ctx, w.bidder, q); err != nil {
-				n.log.Debug("quote not delivered", "job", w.bid.JobID, "bidder", w.bidder, "err", err)
-				for _, qw := range q.Workers { // nobody will commit them
-					machine, _ := peer.Decode(qw.Machine)
-					n.reserve(ctx, machine, nil, p2p.Reserve{Op: p2p.OpRelease, ID: qw.Hold, JobID: q.JobID})
-				}
-			}
-		}
-	}
-}
-
-func (n *Node) sendQuote(ctx context.Context, bidder peer.ID, q p2p.Quote) error {
-	if bidder == n.host.ID() {
-		n.quotes.add(n.host.ID(), q, time.Now())
-		return nil
-	}
-	var ack p2p.QuoteAck
-	if err := n.rpc.Call(ctx, bidder, p2p.QuoteProtocol(n.cfg.Node.ChainID), p2p.TypeQuote, &q, p2p.TypeQuoteAck, &ack); err != nil {
-		return err
-	}
-	if !ack.OK {
-		return errors.New("the bidder refused the quote")
-	}
-	return nil
 }
