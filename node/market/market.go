@@ -34,7 +34,8 @@ type Records interface {
 	MachineRecord(ctx context.Context, machine string) (ledger.MachineRecord, error)
 }
 
-// Params configures a Market. Book, Peers and Records are required.
+// Params configures a Market. Book is required; Peers is needed for
+// SubsetNearest, Records for Run.
 type Params struct {
 	Book     *OfferBook
 	Peers    Peers

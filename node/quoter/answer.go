@@ -26,7 +26,7 @@ const holdTTL = time.Minute
 const quoteAttempts = 8
 
 // reserveTimeout bounds one hold request: a machine that does not answer
-// in time is skipped and remembered as unreachable (see failures).
+// in time is skipped and remembered as unreachable (Market.MarkUnreachable).
 const reserveTimeout = 3 * time.Second
 
 // answerBids limits the bids a node prices at once.
