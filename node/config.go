@@ -10,6 +10,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/deepmarket/deepmarket/node/market"
 	"github.com/deepmarket/deepmarket/node/sandbox"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
@@ -190,7 +191,7 @@ func DefaultConfig() Config {
 		Inventory: InventoryConfig{Python: "python3"},
 		Executor:  ExecutorConfig{UIDRange: sandbox.DefaultIDRange, KeepLogs: Duration{7 * 24 * time.Hour}},
 		Prices:    PricesConfig{CoreHour: "0.1", MemGiBHour: "0.02", GPUHour: "1"},
-		Scheduler: SchedulerConfig{Quote: true, Subset: SubsetAll, Nearest: 16},
+		Scheduler: SchedulerConfig{Quote: true, Subset: market.SubsetAll, Nearest: 16},
 		Log:       LogConfig{Level: "info", Format: "text", Libp2pLevel: "warn"},
 		Jobs:      JobsConfig{EscrowSlack: Duration{15 * time.Minute}},
 		Market: MarketConfig{MaxOffers: 20_000, MaxOffersPerOwner: 256, HoldsPerBidder: 8, HoldsPerScheduler: 32,

@@ -11,6 +11,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
 
+	"github.com/deepmarket/deepmarket/node/market"
 	"github.com/deepmarket/deepmarket/node/sandbox"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
@@ -150,8 +151,8 @@ func (c PricesConfig) validate() error {
 // machines.
 func (c SchedulerConfig) validateSubset() error {
 	switch c.Subset {
-	case SubsetAll, SubsetSite, SubsetNearest:
-	case SubsetList:
+	case market.SubsetAll, market.SubsetSite, market.SubsetNearest:
+	case market.SubsetList:
 		if len(c.Machines) == 0 {
 			return configErr("scheduler", "machines", "is empty, but subset = \"list\" schedules only on the machines it names")
 		}

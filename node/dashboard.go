@@ -12,6 +12,7 @@ import (
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/node/market"
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
@@ -28,7 +29,7 @@ const lostFor = 24 * time.Hour
 // lost (PLUTO's panic state).
 type myMachines struct {
 	mu   sync.Mutex
-	seen map[string]HeldOffer // by machine peer ID
+	seen map[string]market.HeldOffer // by machine peer ID
 }
 
 // saw records an offer from the gossip if it is the account's.
@@ -40,15 +41,15 @@ func (m *myMachines) saw(owner string, r *p2p.Received, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.seen == nil {
-		m.seen = map[string]HeldOffer{}
+		m.seen = map[string]market.HeldOffer{}
 	}
-	m.seen[o.Machine] = HeldOffer{Offer: *o, Seq: r.Seq, Expires: r.Expiry, Received: now}
+	m.seen[o.Machine] = market.HeldOffer{Offer: *o, Seq: r.Seq, Expires: r.Expiry, Received: now}
 }
 
-func (m *myMachines) list() []HeldOffer {
+func (m *myMachines) list() []market.HeldOffer {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]HeldOffer, 0, len(m.seen))
+	out := make([]market.HeldOffer, 0, len(m.seen))
 	for _, h := range m.seen {
 		out = append(out, h)
 	}
@@ -136,12 +137,12 @@ func (n *Node) thisMachine(ctx context.Context, now time.Time, est *api.Estimate
 // them, and a problem for each that vanished without withdrawing.
 func (n *Node) otherMachines(ctx context.Context, now time.Time, out *api.Overview) {
 	self := n.host.ID().String()
-	held := map[string]HeldOffer{}
+	held := map[string]market.HeldOffer{}
 	for _, h := range n.book.List(now) {
 		held[h.Offer.Machine] = h
 	}
 	seen := n.mine.list()
-	slices.SortFunc(seen, func(a, b HeldOffer) int { return strings.Compare(a.Offer.Machine, b.Offer.Machine) })
+	slices.SortFunc(seen, func(a, b market.HeldOffer) int { return strings.Compare(a.Offer.Machine, b.Offer.Machine) })
 	for _, s := range seen {
 		if s.Offer.Machine == self {
 			continue
@@ -151,7 +152,7 @@ func (n *Node) otherMachines(ctx context.Context, now time.Time, out *api.Overvi
 			PerHour: o.Price.PerHour(o.Lent), State: api.MachineOffering, LastSeen: s.Received.UTC()}
 		if h, ok := held[o.Machine]; ok {
 			m.Allocated, m.LastSeen = h.Offer.Allocated, h.Received.UTC()
-		} else if n.book.wasWithdrawn(o.Machine) {
+		} else if n.book.WasWithdrawn(o.Machine) {
 			m.State = api.MachineIdle
 		} else if now.Sub(s.Expires) < lostFor {
 			m.State = api.MachineLost

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/market"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/scheduler"
 )
@@ -36,7 +37,7 @@ func TestPricesAndQuote(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pr.Subset != SubsetAll || len(pr.Machines) != 2 || pr.Lowest.Core == 0 {
+	if pr.Subset != market.SubsetAll || len(pr.Machines) != 2 || pr.Lowest.Core == 0 {
 		t.Fatalf("prices %+v", pr)
 	}
 	for _, m := range pr.Machines {
@@ -110,12 +111,12 @@ func TestOverlappingSchedulersNeverOverCommit(t *testing.T) {
 	for s := range 3 {
 		subset := []string{id(2 * s), id(2*s + 1), id(2*s + 2), id(2*s + 3)}
 		sch := startNode(t, homes[7+s], withBootstrap(bidder.addr()),
-			func(c *Config) { c.Scheduler.Subset, c.Scheduler.Machines = SubsetList, subset })
+			func(c *Config) { c.Scheduler.Subset, c.Scheduler.Machines = market.SubsetList, subset })
 		scheds = append(scheds, sch)
 	}
 	for _, s := range scheds {
 		eventually(t, 20*time.Second, "each scheduler sees its four machines", func() bool {
-			v, _ := s.schedulerView(time.Now())
+			v, _ := s.market.View(time.Now(), "")
 			return len(v.Machines) == 4
 		})
 	}
@@ -313,7 +314,7 @@ func TestSchedulerSkipsUnreachableMachines(t *testing.T) {
 	if len(q.Workers) != 1 || q.Workers[0].Machine != m2 {
 		t.Fatalf("with the cheapest machine silent, the quote is %+v", q)
 	}
-	if !s.failures.skip(m1, time.Now()) {
+	if !s.market.Unreachable(m1, time.Now()) {
 		t.Fatal("the silent machine is not remembered")
 	}
 	start := time.Now()

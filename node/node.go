@@ -18,6 +18,8 @@ import (
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/inventory"
 	"github.com/deepmarket/deepmarket/node/lender"
+	"github.com/deepmarket/deepmarket/node/market"
+	"github.com/deepmarket/deepmarket/node/quoter"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/storage"
 )
@@ -41,8 +43,8 @@ type Node struct {
 	gossip    *p2p.Gossip
 	store     *Store
 	lender    *lender.Lender
-	book      *OfferBook
-	bids      *BidLog
+	book      *market.OfferBook
+	bids      *market.BidLog
 	peers     *p2p.PeerWatcher
 	apiURL    string
 	inv       atomic.Pointer[inventory.Inventory]
@@ -55,13 +57,12 @@ type Node struct {
 	desk      *lender.Desk
 	rpc       *p2p.RPC
 	quotes    *QuoteBook
-	bidQ      chan bidWork
+	quoter    *quoter.Quoter
 	exec      *lender.Executor
 	jobs      *JobManager
 	reads     lender.LedgerReads
-	failures  failures
-	records   machineRecords
-	prices    *PriceHistory
+	market    *market.Market
+	prices    *market.PriceHistory
 	mine      myMachines
 	times     blockTimes
 }

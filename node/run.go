@@ -18,6 +18,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/inventory"
 	"github.com/deepmarket/deepmarket/node/lender"
+	"github.com/deepmarket/deepmarket/node/market"
 	"github.com/deepmarket/deepmarket/node/web"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/storage"
@@ -53,7 +54,7 @@ func (n *Node) Run(ctx context.Context) (err error) {
 		return err
 	}
 	n.blocks.Attach(n.host, disc.ContentRouting())
-	if n.prices, err = NewPriceHistory(PriceHistoryParams{Store: n.store, Sample: n.samplePrices, Logger: n.log.With("module", "prices")}); err != nil {
+	if n.prices, err = market.NewPriceHistory(market.PriceHistoryParams{Store: n.store, Sample: n.market.Sample, Logger: n.log.With("module", "prices")}); err != nil {
 		return err
 	}
 	server, err := n.newAPIServer()
@@ -154,8 +155,9 @@ func (n *Node) startMarket(psCtx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	n.book = NewOfferBook(n.cfg.Market.MaxOffers, n.cfg.Market.MaxOffersPerOwner)
-	n.bids = NewBidLog(1000)
+	n.book = market.NewOfferBook(n.cfg.Market.MaxOffers, n.cfg.Market.MaxOffersPerOwner)
+	n.bids = market.NewBidLog(1000)
+	n.market = n.newMarket()
 	n.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "deepmarket", Name: "offers_held", Help: "Live offers this node holds from the market.",
 	}, func() float64 { return float64(len(n.book.List(time.Now()))) }))
@@ -166,7 +168,7 @@ func (n *Node) startMarket(psCtx context.Context) (err error) {
 		return err
 	}
 	n.quotes = newQuoteBook()
-	n.bidQ = make(chan bidWork, bidQueue)
+	n.quoter = n.newQuoter()
 	n.rpc = &p2p.RPC{Host: n.host, Key: n.key, ChainID: n.cfg.Node.ChainID, Logger: n.log.With("module", "rpc")}
 	n.rpc.Handle(p2p.ReserveProtocol(n.cfg.Node.ChainID), n.desk.Handle)
 	n.rpc.Handle(p2p.QuoteProtocol(n.cfg.Node.ChainID), n.handleQuote)
@@ -226,14 +228,12 @@ func (n *Node) runServices(gctx context.Context, g *errgroup.Group, disc *p2p.Di
 		})
 	})
 	g.Go(func() error { return n.lender.Run(gctx) })
-	for range answerBids {
-		g.Go(func() error { return n.priceBids(gctx) })
-	}
+	g.Go(func() error { return n.quoter.Run(gctx) })
 	g.Go(func() error { return n.store.Run(gctx) })
 	g.Go(func() error { return n.ledger.Run(gctx) })
 	g.Go(func() error { return n.exec.Run(gctx) })
 	g.Go(func() error { return n.jobs.Run(gctx) })
-	g.Go(func() error { return n.refreshRecords(gctx) })
+	g.Go(func() error { return n.market.Run(gctx) })
 	g.Go(func() error { return n.prices.Run(gctx) })
 	g.Go(func() error { return n.blocks.Run(gctx) })
 	g.Go(func() error { return server.Serve(gctx, ln) })

@@ -32,6 +32,7 @@ import (
 
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/node/market"
 )
 
 // chromium finds the browser ($DM_CHROMIUM if set, else Debian's), or
@@ -447,8 +448,8 @@ func startUICluster(t *testing.T, python string) (sub, lender *testNode) {
 func TestDashboardLendSubmitAndPages(t *testing.T) {
 	py := uiPython(t)
 	b := newBrowser(t)
-	defer func(d time.Duration) { PriceSampleEvery = d }(PriceSampleEvery)
-	PriceSampleEvery = time.Second
+	defer func(d time.Duration) { market.PriceSampleEvery = d }(market.PriceSampleEvery)
+	market.PriceSampleEvery = time.Second
 	sub, lender := startUICluster(t, py)
 
 	market := b.tab(sub, true) // the submitter watches the market

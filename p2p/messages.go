@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"time"
+	"unicode/utf8"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
@@ -279,4 +280,21 @@ func (b *Bid) Validate() error {
 		}
 	}
 	return checkLabel("site", b.Site, false)
+}
+
+// Clip shortens s to at most n bytes for a text field of a message (a
+// reason, say), cut at a character boundary and ending in "…" when cut.
+func Clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const ell = "…"
+	cut := max(0, n-len(ell))
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	if n < len(ell) {
+		return s[:cut]
+	}
+	return s[:cut] + ell
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/fxamacker/cbor/v2"
 
@@ -371,6 +372,26 @@ func TestOpenBid(t *testing.T) {
 	} {
 		if _, _, err := OpenBid(data, testChain, now); err == nil {
 			t.Errorf("%s: opened", name)
+		}
+	}
+}
+
+func TestClip(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"short", 10, "short"},
+		{"exactly ten", 11, "exactly ten"},
+		{"a longer reason", 10, "a longe…"},
+		{"héhéhéhé", 7, "héh…"},
+		{"héhéhéhé", 6, "hé…"}, // not inside the second é
+		{"abcdef", 2, "ab"[:0]},
+	} {
+		got := Clip(c.in, c.n)
+		if got != c.want || len(got) > c.n || !utf8.ValidString(got) {
+			t.Errorf("Clip(%q, %d) = %q, want %q", c.in, c.n, got, c.want)
 		}
 	}
 }

@@ -121,15 +121,7 @@ func (d *Desk) Handle(_ context.Context, from peer.ID, env *p2p.Envelope) (strin
 func (d *Desk) Apply(from peer.ID, r *p2p.Reserve, now time.Time) p2p.ReserveReply {
 	req, err := d.adm.CheckBid(r, now)
 	if err != nil {
-		return p2p.ReserveReply{Reason: truncate(err.Error(), 256)}
+		return p2p.ReserveReply{Reason: p2p.Clip(err.Error(), 256)}
 	}
 	return d.holds.Apply(from, req, now)
-}
-
-// truncate shortens s to n bytes for a reply.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-1] + "…"
 }

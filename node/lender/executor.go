@@ -341,7 +341,7 @@ func (e *Executor) Handle(ctx context.Context, from peer.ID, env *p2p.Envelope) 
 			return "", nil, err
 		}
 		if err := e.launch(ctx, from, l); err != nil {
-			return p2p.TypeLaunchReply, p2p.LaunchReply{Reason: truncate(err.Error(), 512)}, nil
+			return p2p.TypeLaunchReply, p2p.LaunchReply{Reason: p2p.Clip(err.Error(), 512)}, nil
 		}
 		return p2p.TypeLaunchReply, p2p.LaunchReply{OK: true}, nil
 	case p2p.TypeStatusReq:
@@ -368,7 +368,7 @@ func (e *Executor) Handle(ctx context.Context, from peer.ID, env *p2p.Envelope) 
 		if reason == "" {
 			reason = "stopped by the submitter"
 		}
-		e.stop(w, truncate(reason, 200), r.Checkpoint)
+		e.stop(w, p2p.Clip(reason, 200), r.Checkpoint)
 		if r.Checkpoint && w.l.Index == 0 {
 			go e.keepCheckpoint(w)
 		}

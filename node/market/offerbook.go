@@ -1,4 +1,4 @@
-package node
+package market
 
 import (
 	"sort"
@@ -176,8 +176,8 @@ func (l *BidLog) List(now time.Time) []SeenBid {
 	return out
 }
 
-// wasWithdrawn reports whether the machine's last word was a withdrawal.
-func (b *OfferBook) wasWithdrawn(id string) bool {
+// WasWithdrawn reports whether the machine's last word was a withdrawal.
+func (b *OfferBook) WasWithdrawn(id string) bool {
 	pid, err := peer.Decode(id)
 	if err != nil {
 		return false

@@ -1,4 +1,4 @@
-package node
+package market
 
 import (
 	"context"
@@ -24,9 +24,17 @@ const priceWindow = 24 * time.Hour
 // keys sort by time.
 const pricesKey = "prices/"
 
+// Store is where the price history keeps its samples: the node store,
+// whose Each visits keys in order.
+type Store interface {
+	Put(key string, v any) error
+	Each(prefix string, fn func(key string, doc []byte) error) error
+	Delete(key string) error
+}
+
 // PriceHistoryParams configures a PriceHistory.
 type PriceHistoryParams struct {
-	Store  *Store
+	Store  Store
 	Sample func(context.Context) (api.PriceSample, error) // the market now
 	Every  time.Duration                                  // default PriceSampleEvery
 	Window time.Duration                                  // default 24 h
@@ -137,30 +145,4 @@ func (h *PriceHistory) Since(t time.Time) []api.PriceSample {
 		}
 	}
 	return out
-}
-
-// samplePrices is the market's prices now, as the history records them.
-func (n *Node) samplePrices(ctx context.Context) (api.PriceSample, error) {
-	mk, err := n.MarketPrices(ctx)
-	if err != nil {
-		return api.PriceSample{}, err
-	}
-	s := api.PriceSample{Time: time.Now().UTC(), Lowest: mk.Lowest, Median: mk.Median, Machines: len(mk.Machines)}
-	for _, m := range mk.Machines {
-		if m.Available {
-			s.Available++
-		}
-	}
-	return s, nil
-}
-
-// PriceHistory implements api.Dashboard: the recorded samples since t,
-// and the market now as the last one.
-func (n *Node) PriceHistory(ctx context.Context, since time.Time) ([]api.PriceSample, error) {
-	out := n.prices.Since(since)
-	now, err := n.samplePrices(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return append(out, now), nil
 }

@@ -1,0 +1,125 @@
+package quoter
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/deepmarket/deepmarket/node/market"
+	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/scheduler"
+)
+
+// Market is the market as this node's scheduler sees it, and its memory
+// of machines that could not be reached (*market.Market).
+type Market interface {
+	View(now time.Time, framework string) (scheduler.View, []p2p.Offer)
+	MarkUnreachable(machine string, now time.Time)
+	Reachable(machine string)
+}
+
+var _ Market = (*market.Market)(nil)
+
+// Holds asks a machine (this node itself, or a peer at addrs) to apply a
+// hold request.
+type Holds interface {
+	Reserve(ctx context.Context, machine peer.ID, addrs []string, r p2p.Reserve) (p2p.ReserveReply, error)
+}
+
+// Quotes delivers a quote to its bidder.
+type Quotes interface {
+	SendQuote(ctx context.Context, bidder peer.ID, q p2p.Quote) error
+}
+
+// ReserveFunc adapts a function to Holds.
+type ReserveFunc func(ctx context.Context, machine peer.ID, addrs []string, r p2p.Reserve) (p2p.ReserveReply, error)
+
+// Reserve calls f.
+func (f ReserveFunc) Reserve(ctx context.Context, machine peer.ID, addrs []string, r p2p.Reserve) (p2p.ReserveReply, error) {
+	return f(ctx, machine, addrs, r)
+}
+
+// SendFunc adapts a function to Quotes.
+type SendFunc func(ctx context.Context, bidder peer.ID, q p2p.Quote) error
+
+// SendQuote calls f.
+func (f SendFunc) SendQuote(ctx context.Context, bidder peer.ID, q p2p.Quote) error {
+	return f(ctx, bidder, q)
+}
+
+// Params configures a Quoter; every field is required.
+type Params struct {
+	Self   peer.ID // this node, the scheduler that names its holds
+	Market Market
+	Holds  Holds
+	Quotes Quotes
+	Logger *slog.Logger
+}
+
+// Quoter answers other nodes' bids: it prices each over the market's view,
+// holds the placement on its machines, and sends the bidder the quote.
+type Quoter struct {
+	p     Params
+	queue chan bidWork
+}
+
+// New returns a Quoter; Run answers the bids Queue takes.
+func New(p Params) *Quoter {
+	return &Quoter{p: p, queue: make(chan bidWork, bidQueue)}
+}
+
+// bidQueue bounds the bids waiting to be priced; past it a node under a
+// flood of bids drops the newest (their bidders get no quote from it).
+const bidQueue = 1024
+
+type bidWork struct {
+	bid    p2p.Bid
+	bidder peer.ID
+	raw    []byte // the bid's signed envelope, for the machines asked to hold it
+}
+
+// Queue is the bids topic's handler: it queues the bid for the pricing
+// workers, off the gossip loop.
+func (q *Quoter) Queue(rec *p2p.Received) {
+	b, ok := rec.Payload.(*p2p.Bid)
+	if !ok {
+		return
+	}
+	select {
+	case q.queue <- bidWork{*b, rec.Signer, rec.Raw}:
+	default:
+		q.p.Logger.Warn("too many bids waiting to be priced; dropped one", "job", b.JobID)
+	}
+}
+
+// Run answers queued bids, answerBids at once, until ctx ends.
+func (q *Quoter) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for range answerBids {
+		wg.Go(func() { q.priceBids(ctx) })
+	}
+	wg.Wait()
+	return nil
+}
+
+// priceBids answers queued bids until ctx ends.
+func (q *Quoter) priceBids(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case w := <-q.queue:
+			quote := q.answerBid(ctx, w)
+			if err := q.p.Quotes.SendQuote(ctx, w.bidder, quote); err != nil {
+				q.p.Logger.Debug("quote not delivered", "job", w.bid.JobID, "bidder", w.bidder, "err", err)
+				for _, qw := range quote.Workers { // nobody will commit them
+					machine, _ := peer.Decode(qw.Machine)
+					q.p.Holds.Reserve(ctx, machine, nil, p2p.Reserve{Op: p2p.OpRelease, ID: qw.Hold, JobID: quote.JobID})
+				}
+			}
+		}
+	}
+}
