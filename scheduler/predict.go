@@ -181,21 +181,22 @@ func wireRatio(w float64) float64 {
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // Spread judges a placement's machines for a training job: it returns
-// the prediction for all of them and, for a synchronous job that fewer of
+// the prediction for all of them, the worker count that would finish
+// soonest (see Fewest) and, for a synchronous job that fewer of
 // them would finish sooner (its exchanges cost more than the extra
 // workers save), a rejection that says so with both times. A local-SGD
 // job is never refused here: it exchanges rarely by design.
-func Spread(t Training, duration time.Duration, speeds []float64, link func(a, b int) (Link, bool)) (Prediction, *Rejection, error) {
+func Spread(t Training, duration time.Duration, speeds []float64, link func(a, b int) (Link, bool)) (Prediction, int, *Rejection, error) {
 	all, best, err := Fewest(t, duration, speeds, link)
 	if err != nil {
-		return Prediction{}, nil, err
+		return Prediction{}, 0, nil, err
 	}
 	p := all[len(all)-1]
 	if !t.Sync || best == len(all) {
-		return p, nil, nil
+		return p, best, nil, nil
 	}
 	b := all[best-1]
-	return p, &Rejection{Resource: "network", Reason: fmt.Sprintf(
+	return p, best, &Rejection{Resource: "network", Reason: fmt.Sprintf(
 		"synchronous training over these links: %d workers would take %s (%s exchanging gradients), %d would take %s; "+
 			"use [training] mode = \"diloco\", or fewer workers", p.Workers, round(p.Total), round(p.Comm), b.Workers, round(b.Total))}, nil
 }

@@ -78,8 +78,8 @@ func TestPredictRefusesBadWorkloads(t *testing.T) {
 func TestSpreadRefusesSyncThatFewerFinishSooner(t *testing.T) {
 	wan := func(a, b int) (Link, bool) { return Link{RTT: 100 * time.Millisecond, BytesPerSec: 1.25e6}, true }
 	sync := Training{Steps: 1000, ModelBytes: 400_000, Sync: true}
-	p, rej, err := Spread(sync, 100*time.Second, []float64{1, 1}, wan)
-	if err != nil || rej == nil || rej.Resource != "network" || p.Workers != 2 {
+	p, fewest, rej, err := Spread(sync, 100*time.Second, []float64{1, 1}, wan)
+	if err != nil || rej == nil || rej.Resource != "network" || p.Workers != 2 || fewest != 1 {
 		t.Fatalf("sync across sites: %+v %v %v", p, rej, err)
 	}
 	const want = "synchronous training over these links: 2 workers would take 4m20s (3m30s exchanging gradients), 1 would take 1m40s; use [training] mode = \"diloco\", or fewer workers"
@@ -87,11 +87,11 @@ func TestSpreadRefusesSyncThatFewerFinishSooner(t *testing.T) {
 		t.Errorf("reason %q\nwant   %q", rej.Reason, want)
 	}
 	local := Training{Steps: 1000, ModelBytes: 400_000, SyncEvery: 50, Wire: 0.25}
-	if _, rej, err := Spread(local, 100*time.Second, []float64{1, 1}, wan); err != nil || rej != nil {
+	if _, _, rej, err := Spread(local, 100*time.Second, []float64{1, 1}, wan); err != nil || rej != nil {
 		t.Errorf("local steps across sites: %v %v", rej, err)
 	}
 	lan := func(a, b int) (Link, bool) { return Link{RTT: time.Millisecond, BytesPerSec: 100e6}, true }
-	if _, rej, err := Spread(sync, 100*time.Second, []float64{1, 1}, lan); err != nil || rej != nil {
+	if _, _, rej, err := Spread(sync, 100*time.Second, []float64{1, 1}, lan); err != nil || rej != nil {
 		t.Errorf("sync on a LAN: %v %v", rej, err)
 	}
 }

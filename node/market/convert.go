@@ -42,3 +42,65 @@ func SchedulerJob(b p2p.Bid) scheduler.Job {
 	}
 	return job
 }
+
+// defaultSyncEvery and defaultWire are what the deepmarket Python package
+// uses when a diloco job's spec leaves sync_every and compress out.
+const (
+	defaultSyncEvery = 500
+	defaultWire      = 0.25 // int8
+)
+
+// SchedulerTraining is a bid's training block as the scheduler's
+// workload, with the compute of its steps on a reference machine; ok is
+// false when the bid does not describe its work (steps and params).
+func SchedulerTraining(b p2p.Bid) (t scheduler.Training, compute time.Duration, ok bool) {
+	tr := b.Training
+	if tr == nil || tr.Steps <= 0 || tr.Params <= 0 {
+		return scheduler.Training{}, 0, false
+	}
+	t = scheduler.Training{Steps: int(tr.Steps), ModelBytes: uint64(tr.Params) * 4, Sync: tr.Mode != "diloco"}
+	if !t.Sync {
+		t.SyncEvery, t.Wire = tr.SyncEvery, defaultWire
+		if t.SyncEvery == 0 {
+			t.SyncEvery = defaultSyncEvery
+		}
+		switch tr.Compress {
+		case "fp16":
+			t.Wire = 0.5
+		case "none":
+			t.Wire = 1
+		}
+	}
+	compute = time.Duration(b.Duration) * time.Second
+	if tr.StepMillis > 0 {
+		compute = time.Duration(float64(tr.Steps) * tr.StepMillis * float64(time.Millisecond))
+	}
+	return t, compute, true
+}
+
+// Links is what the offers say of the paths between machines i and j of
+// a view built from them: either machine's measurement (the freshest
+// that either published), for scheduler.Predict.
+func Links(offers []p2p.Offer) func(i, j int) (scheduler.Link, bool) {
+	type pair struct{ a, b string }
+	known := map[pair]p2p.LinkSample{}
+	for _, o := range offers {
+		for _, l := range o.Links {
+			known[pair{o.Machine, l.Machine}] = l
+		}
+	}
+	return func(i, j int) (scheduler.Link, bool) {
+		if i == j { // two workers on one machine: loopback
+			return scheduler.Link{RTT: 50 * time.Microsecond, BytesPerSec: 1e9}, true
+		}
+		a, b := offers[i].Machine, offers[j].Machine
+		l, ok := known[pair{a, b}]
+		if !ok {
+			l, ok = known[pair{b, a}]
+		}
+		if !ok {
+			return scheduler.Link{}, false
+		}
+		return scheduler.Link{RTT: time.Duration(l.RTTMicros) * time.Microsecond, BytesPerSec: float64(l.KBps) * 1000}, true
+	}
+}

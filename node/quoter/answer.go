@@ -72,9 +72,14 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 		if err != nil {
 			return p2p.Quote{JobID: b.JobID, Resource: "job", Reason: p2p.Clip(err.Error(), 256)}
 		}
+		predicted, rej := predict(b, v, offers, pl)
+		if rej != nil {
+			return p2p.Quote{JobID: b.JobID, Resource: rej.Resource, Reason: p2p.Clip(rej.Reason, 256), Predicted: predicted}
+		}
 		h := q.holdPlacement(ctx, w, job, &pl, offers, attempt)
 		if len(h.failed) == 0 {
-			quote := p2p.Quote{JobID: b.JobID, PerHour: pl.PerHour, Total: pl.Total, DoneAt: pl.Done.Unix(), HeldUntil: h.heldUntil}
+			quote := p2p.Quote{JobID: b.JobID, PerHour: pl.PerHour, Total: pl.Total, DoneAt: pl.Done.Unix(), HeldUntil: h.heldUntil,
+				Predicted: predicted}
 			for w, i := range pl.Machines {
 				quote.Workers = append(quote.Workers, p2p.QuotedWorker{Machine: offers[i].Machine, PerHour: pl.Worker[w], Hold: h.ids[i]})
 			}
@@ -85,6 +90,29 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 	}
 	return p2p.Quote{JobID: b.JobID, Resource: "cores", Reason: p2p.Clip(fmt.Sprintf(
 		"machines refused holds %d times (other schedulers took their capacity): %s", quoteAttempts, refused), 256)}
+}
+
+// predict is the job's predicted time on the placement's machines, when
+// the bid describes its work; and a rejection for a synchronous job that
+// fewer of them would finish sooner (scheduler.Spread).
+func predict(b p2p.Bid, v scheduler.View, offers []p2p.Offer, pl scheduler.Placement) (*p2p.Predicted, *scheduler.Rejection) {
+	t, compute, ok := market.SchedulerTraining(b)
+	if !ok {
+		return nil, nil
+	}
+	speeds := make([]float64, len(pl.Machines))
+	for w, i := range pl.Machines {
+		speeds[w] = v.Machines[i].Speed
+	}
+	links := market.Links(offers)
+	p, fewest, rej, err := scheduler.Spread(t, compute, speeds, func(a, b int) (scheduler.Link, bool) {
+		return links(pl.Machines[a], pl.Machines[b])
+	})
+	if err != nil {
+		return nil, nil
+	}
+	return &p2p.Predicted{StepMillis: float64(p.Step) / float64(time.Millisecond), TotalSeconds: p.Total.Seconds(),
+		CommSeconds: p.Comm.Seconds(), SpeedUp: p.SpeedUp, Fewest: fewest}, rej
 }
 
 // heldPlacement is what the machines of a placement answered: the hold ID

@@ -196,3 +196,49 @@ func TestHoldIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestQuotesPredictTrainingTime: two one-core machines whose offers say
+// they are 100 ms and 10 Mbit/s apart. A synchronous 2-worker job that
+// describes its work is refused with the reason (one worker would finish
+// sooner) and holds nothing; the same job in diloco mode is quoted with
+// its predicted time and speed-up.
+func TestQuotesPredictTrainingTime(t *testing.T) {
+	a, b := newPeerID(t), newPeerID(t)
+	book := market.NewOfferBook(10, 10)
+	lent := p2p.Resources{Cores: 1, MemBytes: 2 << 30}
+	now := time.Now()
+	for _, o := range [][2]peer.ID{{a, b}, {b, a}} {
+		book.Apply(&p2p.Received{Signer: o[0], Seq: 1, Expiry: now.Add(time.Hour), Payload: &p2p.Offer{
+			Machine: o[0].String(), Owner: "owner", Lent: lent, Price: p2p.Prices{CoreHour: 100_000, MemGiBHour: 20_000},
+			Links: []p2p.LinkSample{{Machine: o[1].String(), RTTMicros: 100_000, KBps: 1250}}}}, now)
+	}
+	ms := &machines{free: map[peer.ID]p2p.Resources{a: lent, b: lent}, down: map[peer.ID]bool{}, held: map[string]peer.ID{}}
+	q := New(Params{Self: newPeerID(t), Market: market.New(market.Params{Book: book, Subset: market.SubsetAll}), Holds: ms,
+		Quotes: SendFunc(func(context.Context, peer.ID, p2p.Quote) error { return nil }), Logger: slog.New(slog.DiscardHandler)})
+	bid := func(tr p2p.Training) p2p.Quote {
+		return q.answerBid(t.Context(), bidWork{bidder: newPeerID(t), bid: p2p.Bid{JobID: "job-" + tr.Mode, Workers: 2,
+			PerWorker: lent, MaxPrice: 10_000_000, Duration: 600, Framework: "generic", Training: &tr}})
+	}
+
+	// 1,000 steps of 100 ms; 400 kB of weights. Sync: 500 steps of 0.1 s
+	// compute + a ring's 2 hops of (50 ms + 200 kB at 1.25 MB/s) = 260 s,
+	// against 100 s alone.
+	sync := bid(p2p.Training{Mode: "sync", Steps: 1000, Params: 100_000, StepMillis: 100})
+	if len(sync.Workers) != 0 || sync.Resource != "network" || !strings.Contains(sync.Reason, "1 would take 1m40s") ||
+		sync.Predicted == nil || sync.Predicted.Fewest != 1 || sync.Predicted.TotalSeconds < 259 || sync.Predicted.TotalSeconds > 261 {
+		t.Fatalf("sync across a slow link: %+v %+v", sync, sync.Predicted)
+	}
+	if len(ms.held) != 0 {
+		t.Errorf("a refused quote left holds: %v", ms.held)
+	}
+	// Diloco, every 100 steps, int8: 50 s compute + 5 rounds of 2 x (100 kB at 1.25 MB/s + 100 ms).
+	local := bid(p2p.Training{Mode: "diloco", SyncEvery: 100, Steps: 1000, Params: 100_000, StepMillis: 100})
+	p := local.Predicted
+	if len(local.Workers) != 2 || p == nil || p.Fewest != 2 || p.TotalSeconds < 51.7 || p.TotalSeconds > 51.9 || p.SpeedUp < 1.9 {
+		t.Fatalf("diloco across a slow link: %+v %+v", local, p)
+	}
+	// A bid that does not describe its work gets no prediction.
+	if plain := bid(p2p.Training{Mode: "sync"}); plain.Predicted != nil || len(plain.Workers) != 0 && plain.Resource != "" {
+		t.Errorf("no steps or params: %+v", plain)
+	}
+}
