@@ -90,6 +90,9 @@ type P2PConfig struct {
 	OfferTTL         Duration `toml:"offer_ttl"`
 	AnnounceInterval Duration `toml:"announce_interval"`
 	DiscoverInterval Duration `toml:"discover_interval"`
+	// ProbeInterval is how often a lending machine measures its links to
+	// the machines whose offers it holds (see p2p.LinkMeter); 0 turns it off.
+	ProbeInterval Duration `toml:"probe_interval"`
 }
 
 // LedgerConfig configures this node's replica of the credit ledger (an
@@ -182,6 +185,7 @@ func DefaultConfig() Config {
 			OfferTTL:         Duration{90 * time.Second},
 			AnnounceInterval: Duration{30 * time.Second},
 			DiscoverInterval: Duration{30 * time.Second},
+			ProbeInterval:    Duration{15 * time.Minute},
 		},
 		API: APIConfig{Listen: DefaultAPIListen},
 		Ledger: LedgerConfig{
@@ -356,6 +360,10 @@ announce_interval = {{lit .P2P.AnnounceInterval}}
 # How often to look for more peers in the DHT, and to re-dial bootstrap
 # peers when the node has none.
 discover_interval = {{lit .P2P.DiscoverInterval}}
+# How often a lending machine measures round trip and throughput to the
+# machines it sees (up to 32, 256 KiB each) and publishes them in its
+# offer, so quotes can predict a training job's time; "0s" turns it off.
+probe_interval = {{lit .P2P.ProbeInterval}}
 
 [ledger]
 # This node's replica of the credit ledger, a CometBFT node in the same

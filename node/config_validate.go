@@ -96,6 +96,9 @@ func (c P2PConfig) validate() error {
 	if d := c.DiscoverInterval.Duration; d < time.Second || d > time.Hour {
 		return configErr("p2p", "discover_interval", "%s: want between 1s and 1h", c.DiscoverInterval)
 	}
+	if d := c.ProbeInterval.Duration; d != 0 && (d < 10*time.Second || d > 24*time.Hour) {
+		return configErr("p2p", "probe_interval", "%s: want 0 (off) or between 10s and 24h", c.ProbeInterval)
+	}
 	return nil
 }
 

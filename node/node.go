@@ -55,6 +55,7 @@ type Node struct {
 	holds     *lender.Holds
 	admission *lender.Admission
 	desk      *lender.Desk
+	links     *p2p.LinkMeter
 	rpc       *p2p.RPC
 	quotes    *QuoteBook
 	quoter    *quoter.Quoter
@@ -195,7 +196,7 @@ func (n *Node) Offers() []api.Offer {
 			Machine: o.Machine, Owner: o.Owner, Moniker: o.Moniker, Site: o.Site,
 			Cores: o.Lent.Cores, MemBytes: o.Lent.MemBytes, GPUs: o.Lent.GPUs, GPUModels: o.GPUs,
 			DiskBytes: o.DiskBytes, Allocated: o.Allocated, Price: o.Price.PerHour(o.Lent), Prices: o.Price,
-			Window: o.Window, Addrs: o.Addrs, Software: o.Software,
+			Window: o.Window, Addrs: o.Addrs, Software: o.Software, Links: o.Links,
 			ExpiresAt: h.Expires.UTC(), ReceivedAt: h.Received.UTC(), Self: o.Machine == n.host.ID().String(),
 		}
 		if o.AvailableUntil > 0 {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/p2p"
 )
 
 // TestTwoNodesOfferAndWithdraw: B joins A with a bootstrap address; an
@@ -205,5 +206,42 @@ func TestAPIRequiresToken(t *testing.T) {
 	}
 	if _, err := a.client.Status(t.Context()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLendersMeasureTheirLinks: two lending machines probe each other
+// (every 10 s here) and publish what they measured in their offers, which
+// the other node holds: round trip and throughput on loopback.
+func TestLendersMeasureTheirLinks(t *testing.T) {
+	chain := testNet(t)
+	homes := initNetwork(t, t.TempDir(), chain, []string{"a", "b"})
+	probe := func(c *Config) { c.P2P.ProbeInterval = Duration{10 * time.Second} }
+	a := startNode(t, homes[0], probe)
+	b := startNode(t, homes[1], probe, withBootstrap(a.addr()))
+	for _, n := range []*testNode{a, b} {
+		if _, err := n.client.SetLend(t.Context(), api.LendRequest{Cores: 1, MemBytes: 512 << 20}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	linkOf := func(from, to *testNode) (p2p.LinkSample, bool) {
+		for _, o := range to.Offers() {
+			if o.Machine == from.Host().ID().String() {
+				for _, l := range o.Links {
+					if l.Machine == to.Host().ID().String() {
+						return l, true
+					}
+				}
+			}
+		}
+		return p2p.LinkSample{}, false
+	}
+	eventually(t, 60*time.Second, "each machine's offer carries its link to the other", func() bool {
+		_, ab := linkOf(a, b)
+		_, ba := linkOf(b, a)
+		return ab && ba
+	})
+	l, _ := linkOf(a, b)
+	if l.RTTMicros == 0 || l.RTTMicros > 50_000 || l.KBps < 1_000 {
+		t.Errorf("A's link to B on loopback: %+v", l)
 	}
 }

@@ -238,6 +238,7 @@ func (n *Node) runServices(gctx context.Context, g *errgroup.Group, disc *p2p.Di
 	g.Go(func() error { return n.blocks.Run(gctx) })
 	g.Go(func() error { return server.Serve(gctx, ln) })
 	g.Go(func() error { return n.probeInventory(gctx) })
+	g.Go(func() error { return n.measureLinks(gctx) })
 }
 
 // probeInventory runs the full inventory (the Python and TensorFlow

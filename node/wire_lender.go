@@ -1,6 +1,8 @@
 package node
 
 import (
+	"context"
+	"math/rand/v2"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -16,10 +18,15 @@ import (
 // startLending makes the lender (its settings and offer), the holds on
 // this machine and the desk that answers hold requests.
 func (n *Node) startLending() (err error) {
+	n.links = p2p.NewLinkMeter(n.host, n.cfg.Node.ChainID)
+	// Others' probes are answered whether or not this machine probes: at
+	// most one a minute from each peer.
+	p2p.ServeProbes(n.host, n.cfg.Node.ChainID, time.Minute)
 	src := lender.OfferSource{
 		Host: n.host, Account: n.key.Address(), Moniker: n.cfg.Node.Moniker, Site: n.cfg.Node.Site, Version: Version,
 		Inventory: n.Inventory, Owners: n.reads,
 		Allocated: func(now time.Time) p2p.Resources { return n.holds.Allocated(now) },
+		Links:     n.links.Samples,
 	}
 	n.lender, err = lender.NewLender(lender.LenderParams{
 		Store: n.store, Topic: n.gossip.Offers(), Offer: src.Build, Inventory: n.Inventory,
@@ -56,3 +63,42 @@ func (d dialer) LearnMachine(machine peer.ID, known []string) {
 }
 
 var _ lender.Dialer = dialer{}
+
+// measureLinks probes the machines in the offer book every [p2p]
+// probe_interval while this machine lends, and re-announces its offer
+// with what it measured.
+func (n *Node) measureLinks(ctx context.Context) error {
+	every := n.cfg.P2P.ProbeInterval.Duration
+	if every == 0 {
+		return nil
+	}
+	t := time.NewTimer(min(every, 30*time.Second)) // the book fills first
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if n.lender.State(time.Now()).Lending {
+			if n.links.Measure(ctx, n.linkTargets()) > 0 {
+				n.lender.Refresh()
+			}
+		}
+		t.Reset(every)
+	}
+}
+
+// linkTargets are up to p2p.MaxLinks machines of the offer book, other
+// than this one, in random order: over rounds, a machine measures its
+// links to all the machines it may share a job with.
+func (n *Node) linkTargets() []peer.ID {
+	var out []peer.ID
+	for _, h := range n.book.List(time.Now()) {
+		if id, err := peer.Decode(h.Offer.Machine); err == nil && id != n.host.ID() {
+			out = append(out, id)
+		}
+	}
+	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out[:min(len(out), p2p.MaxLinks)]
+}

@@ -252,19 +252,3 @@ func (m *LinkMeter) Samples() []LinkSample {
 	}
 	return out
 }
-
-// Run measures targets() every period until ctx ends, the first time
-// soon after it starts (once the offer book has had time to fill).
-func (m *LinkMeter) Run(ctx context.Context, first, every time.Duration, targets func() []peer.ID) error {
-	t := time.NewTimer(first)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		m.Measure(ctx, targets())
-		t.Reset(every)
-	}
-}

@@ -153,9 +153,11 @@ type Offer struct {
 	AvailableUntil *time.Time    `json:"available_until,omitempty"`
 	Addrs          []string      `json:"addrs"`
 	Software       p2p.Software  `json:"software"`
-	ExpiresAt      time.Time     `json:"expires_at"`
-	ReceivedAt     time.Time     `json:"received_at"`
-	Self           bool          `json:"self"`
+	// Links are the machine's measured paths to other machines.
+	Links      []p2p.LinkSample `json:"links,omitempty"`
+	ExpiresAt  time.Time        `json:"expires_at"`
+	ReceivedAt time.Time        `json:"received_at"`
+	Self       bool             `json:"self"`
 }
 
 // Peer is one entry of `peers --json`.

@@ -26,6 +26,8 @@ type OfferSource struct {
 	Inventory func() inventory.Inventory
 	Owners    Owners
 	Allocated func(now time.Time) p2p.Resources
+	// Links, when set, are this machine's measured links to others.
+	Links func() []p2p.LinkSample
 }
 
 // Build turns lend settings into the offer this machine announces.
@@ -44,7 +46,12 @@ func (o OfferSource) Build(s LendSettings, now time.Time) p2p.Offer {
 	alloc = p2p.Resources{Cores: min(alloc.Cores, lent.Cores), MemBytes: min(alloc.MemBytes, lent.MemBytes), GPUs: min(alloc.GPUs, lent.GPUs)}
 	// The account the ledger pays for this machine: its owner's once linked.
 	owner, _ := o.Owners.MachineOwner(o.Account)
+	var links []p2p.LinkSample
+	if o.Links != nil {
+		links = o.Links()
+	}
 	return p2p.Offer{
+		Links:   links,
 		Machine: o.Host.ID().String(), Owner: string(owner),
 		Moniker: o.Moniker, Site: o.Site,
 		Lent:      lent,
