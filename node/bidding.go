@@ -246,7 +246,7 @@ func (n *Node) priceBids(ctx context.Context) error {
 
 func (n *Node) sendQuote(ctx context.Context, bidder peer.ID, q p2p.Quote) error {
 	if bidder == n.host.ID() {
-		n.quotes.add(n.host.ID(), q, time.Now())
+		n.quotes.Add(n.host.ID(), q, time.Now())
 		return nil
 	}
 	var ack p2p.QuoteAck

@@ -17,6 +17,7 @@ import (
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/inventory"
+	"github.com/deepmarket/deepmarket/node/submitter"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/storage"
 )
@@ -51,10 +52,10 @@ type Node struct {
 	blocks    *storage.Store
 	holds     *Holds
 	rpc       *p2p.RPC
-	quotes    *QuoteBook
+	quotes    *submitter.QuoteBook
 	bidQ      chan bidWork
 	exec      *Executor
-	jobs      *JobManager
+	jobs      *submitter.Manager
 	reads     ledgerReads
 	failures  failures
 	records   machineRecords
@@ -269,7 +270,7 @@ func (n *Node) PublishBid(ctx context.Context, req api.PublishBidRequest) (api.S
 	if err := req.Bid.Validate(); err != nil {
 		return api.SeenBid{}, &api.Error{Status: 422, Message: err.Error()}
 	}
-	n.quotes.expect(req.Bid.JobID, time.Now().Add(ttl))
+	n.quotes.Expect(req.Bid.JobID, time.Now().Add(ttl))
 	if err := n.gossip.Bids().Publish(ctx, p2p.TypeBid, &req.Bid, ttl); err != nil {
 		return api.SeenBid{}, err
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/inventory"
+	"github.com/deepmarket/deepmarket/node/submitter"
 	"github.com/deepmarket/deepmarket/node/web"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/storage"
@@ -171,11 +172,11 @@ func (n *Node) startMarket(psCtx context.Context) (err error) {
 	mc := n.cfg.Market
 	n.holds = NewHolds(n.lentNow, HoldLimits{PerBidder: mc.HoldsPerBidder, PerScheduler: mc.HoldsPerScheduler,
 		LaunchWithin: mc.LaunchWithin.Duration}, n.lender.Refresh)
-	n.quotes = newQuoteBook()
+	n.quotes = submitter.NewQuoteBook()
 	n.bidQ = make(chan bidWork, bidQueue)
 	n.rpc = &p2p.RPC{Host: n.host, Key: n.key, ChainID: n.cfg.Node.ChainID, Logger: n.log.With("module", "rpc")}
 	n.rpc.Handle(p2p.ReserveProtocol(n.cfg.Node.ChainID), n.handleReserve)
-	n.rpc.Handle(p2p.QuoteProtocol(n.cfg.Node.ChainID), n.handleQuote)
+	n.rpc.Handle(p2p.QuoteProtocol(n.cfg.Node.ChainID), n.quotes.Handle)
 	return nil
 }
 
@@ -190,8 +191,8 @@ func (n *Node) startJobs() (err error) {
 		return err
 	}
 	n.rpc.Handle(p2p.JobProtocol(n.cfg.Node.ChainID), n.exec.handle)
-	n.jobs = newJobManager(n)
-	return n.jobs.load()
+	n.jobs = n.newSubmitter()
+	return n.jobs.Load()
 }
 
 func (n *Node) newDiscovery() (*p2p.Discovery, error) {

@@ -1,9 +1,9 @@
-package node
+package submitter
 
 // The submitter's decisions: what a poll of a run's workers means, how a
 // run ended and what the job does next, what each machine is paid, which
 // quote to take. They read only what they are given (no clock, network,
-// store or lock), so submit_decide_test.go tests them by tables.
+// store or lock), so decide_test.go tests them by tables.
 
 import (
 	"fmt"
