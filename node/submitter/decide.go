@@ -215,6 +215,20 @@ func enoughQuotes(waited, quiet time.Duration, count int, placed bool) bool {
 		waited >= quoteWaitMax
 }
 
+// untilEnough is how long after a look at the quotes (waited and quiet
+// as for enoughQuotes, which said no) its answer may change with no new
+// quote arriving: when the usual wait ends, refusals have been quiet for
+// a second, or the limit is reached.
+func untilEnough(waited, quiet time.Duration) time.Duration {
+	d := quoteWaitMax - waited
+	if waited < quoteWait {
+		d = min(d, quoteWait-waited)
+	} else if quiet < time.Second {
+		d = min(d, time.Second-quiet)
+	}
+	return max(d, time.Millisecond)
+}
+
 // hasPlacement reports whether some quote places the job.
 func hasPlacement(qs []api.ReceivedQuote) bool {
 	for _, q := range qs {

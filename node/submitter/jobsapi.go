@@ -53,21 +53,12 @@ func (m *Manager) Submit(ctx context.Context, req api.SubmitRequest) (*jobs.Job,
 		units.FormatResources(spec.Cores, spec.MemBytes, spec.GPUs))
 	m.start(j)
 	// Wait for the quote (or the end).
-	for {
-		m.mu.Lock()
+	snapshot := m.await(ctx, j, func(j *jobs.Job) bool {
 		st, run := j.State, j.Current()
 		quoted := run != nil && len(run.Workers) > 0 && st == jobs.Quoting
-		snapshot := copyJob(j)
-		m.mu.Unlock()
-		if quoted || st.Terminal() || (req.Yes && st != jobs.Submitted && st != jobs.Quoting) {
-			return &snapshot, nil
-		}
-		select {
-		case <-ctx.Done():
-			return &snapshot, nil
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+		return quoted || st.Terminal() || (req.Yes && st != jobs.Submitted && st != jobs.Quoting)
+	})
+	return &snapshot, nil
 }
 
 // fitsSomewhere refuses at once a job one of whose workers no machine on
@@ -139,22 +130,10 @@ func (m *Manager) Cancel(ctx context.Context, id string) (*jobs.Job, error) {
 	}
 	m.mu.Unlock()
 	// Wait (a little) for the job to end.
-	deadline := time.Now().Add(40 * time.Second)
-	for time.Now().Before(deadline) {
-		m.mu.Lock()
-		done := j.State.Terminal()
-		snapshot := copyJob(j)
-		m.mu.Unlock()
-		if done {
-			return &snapshot, nil
-		}
-		select {
-		case <-ctx.Done():
-			return &snapshot, nil
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-	return m.Job(ctx, id)
+	wctx, cancel := context.WithTimeout(ctx, cancelWait)
+	defer cancel()
+	snapshot := m.await(wctx, j, func(j *jobs.Job) bool { return j.State.Terminal() })
+	return &snapshot, nil
 }
 
 func (m *Manager) cancelled(id string) bool {

@@ -29,6 +29,7 @@ const (
 	commitAttempts = 3
 	rebids         = 8 // bids again when nothing fits, this often
 	rebidEvery     = 2 * time.Second
+	cancelWait     = 40 * time.Second // Cancel waits at most this for the job to end
 	// A stopped chief's checkpoint is waited for this long: the
 	// executor's stop grace (10 s) and time to store it.
 	checkpointWait = 30 * time.Second
@@ -138,9 +139,38 @@ func (m *Manager) save(j *jobs.Job, f func()) {
 		j.Workers = slices.Clone(r.Workers)
 	}
 	snapshot := copyJob(j)
+	if ch, ok := m.changed[j.ID]; ok {
+		close(ch) // wake whoever awaits a change of j
+		delete(m.changed, j.ID)
+	}
 	m.mu.Unlock()
 	if err := m.p.Store.Put("jobs/"+j.ID, &snapshot); err != nil {
 		m.log.Error("persist job", "job", j.ID[:12], "err", err)
+	}
+}
+
+// await waits until done reports true of j, looking again each time j
+// is saved, or until ctx ends; it returns a copy of j as it last saw it.
+// done runs with the manager's lock held.
+func (m *Manager) await(ctx context.Context, j *jobs.Job, done func(j *jobs.Job) bool) jobs.Job {
+	for {
+		m.mu.Lock()
+		ok := done(j)
+		snapshot := copyJob(j)
+		changed, watched := m.changed[j.ID]
+		if !watched {
+			changed = make(chan struct{})
+			m.changed[j.ID] = changed
+		}
+		m.mu.Unlock()
+		if ok {
+			return snapshot
+		}
+		select {
+		case <-ctx.Done():
+			return snapshot
+		case <-changed:
+		}
 	}
 }
 

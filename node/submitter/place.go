@@ -164,23 +164,9 @@ func (m *Manager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.R
 	if _, err := m.p.Bids.PublishBid(ctx, api.PublishBidRequest{Bid: bid, TTL: "2m"}); err != nil {
 		return nil, "publish bid: " + err.Error()
 	}
-	start := time.Now()
-	var qs []api.ReceivedQuote
-	lastNew, count := start, 0
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, "stopped"
-		case <-time.After(200 * time.Millisecond):
-		}
-		qs = m.p.Quotes.list(runID)
-		now := time.Now()
-		if len(qs) > count {
-			count, lastNew = len(qs), now
-		}
-		if enoughQuotes(now.Sub(start), now.Sub(lastNew), count, hasPlacement(qs)) {
-			break
-		}
+	qs, ok := m.gatherQuotes(ctx, runID)
+	if !ok {
+		return nil, "stopped"
 	}
 	best, reasons := choose(qs)
 	for i := range qs {
@@ -192,6 +178,30 @@ func (m *Manager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.R
 		return nil, noPlacement(reasons)
 	}
 	return runOf(best, m.p.Offers.Offers(time.Now())), ""
+}
+
+// gatherQuotes collects the quotes for a bid just published, looking
+// again as each arrives, until enoughQuotes; false when ctx ends first.
+func (m *Manager) gatherQuotes(ctx context.Context, runID string) ([]api.ReceivedQuote, bool) {
+	start := time.Now()
+	lastNew, count := start, 0
+	for {
+		qs, arrived := m.p.Quotes.watch(runID)
+		now := time.Now()
+		if len(qs) > count {
+			count, lastNew = len(qs), now
+		}
+		waited, quiet := now.Sub(start), now.Sub(lastNew)
+		if enoughQuotes(waited, quiet, count, hasPlacement(qs)) {
+			return qs, true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, false
+		case <-arrived:
+		case <-time.After(untilEnough(waited, quiet)):
+		}
+	}
 }
 
 // runOf turns a quote into a run's plan, naming its machines as their
