@@ -1,5 +1,7 @@
 package submitter
 
+// The API's requests about this node's jobs (api.Jobs).
+
 import (
 	"context"
 	"errors"
@@ -17,8 +19,6 @@ import (
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
 )
-
-// The API's requests about this node's jobs (api.Jobs).
 
 // Submit implements api.Jobs: it validates the spec, adds its inputs to
 // storage, bids, and returns once the job has a quote to confirm (or has
@@ -218,3 +218,5 @@ func readLog(path string, off int64) p2p.Logs {
 	}
 	return p2p.Logs{Data: buf[:n], Next: max(off, 0) + int64(n)}
 }
+
+var _ api.Jobs = (*Manager)(nil)

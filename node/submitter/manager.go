@@ -44,7 +44,7 @@ type Manager struct {
 
 	mu       sync.Mutex
 	jobs     map[string]*jobs.Job
-	changed  map[string]chan struct{} // closed and replaced on each save of the job
+	changed  map[string]chan struct{} // job -> closed at its next save (await waits on it)
 	confirm  map[string]chan struct{}
 	cancels  map[string]context.CancelFunc
 	cancelRq map[string]bool
