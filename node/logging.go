@@ -2,17 +2,13 @@ package node
 
 import (
 	"context"
-	"errors"
 	"io"
 	"log/slog"
-	"os"
 	"sync"
 
 	golog "github.com/ipfs/go-log/v2"
 	"github.com/libp2p/go-libp2p/gologshim"
 	"go.uber.org/zap/zapcore"
-
-	"github.com/deepmarket/deepmarket/p2p"
 )
 
 // ParseLevel maps a config level name to slog's.
@@ -118,19 +114,3 @@ func (z *zapToSlog) Write(e zapcore.Entry, fields []zapcore.Field) error {
 }
 
 func (z *zapToSlog) Sync() error { return nil }
-
-// readLogs reads a log file of the node's own (the submitter's job log)
-// from offset off.
-func readLogs(path string, off int64) p2p.Logs {
-	f, err := os.Open(path)
-	if err != nil {
-		return p2p.Logs{Next: off}
-	}
-	defer f.Close()
-	buf := make([]byte, p2p.MaxLogChunk)
-	n, err := f.ReadAt(buf, max(off, 0))
-	if err != nil && !errors.Is(err, io.EOF) {
-		return p2p.Logs{Next: off}
-	}
-	return p2p.Logs{Data: buf[:n], Next: max(off, 0) + int64(n)}
-}

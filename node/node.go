@@ -20,6 +20,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/lender"
 	"github.com/deepmarket/deepmarket/node/market"
 	"github.com/deepmarket/deepmarket/node/quoter"
+	"github.com/deepmarket/deepmarket/node/submitter"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/storage"
 )
@@ -57,10 +58,10 @@ type Node struct {
 	desk      *lender.Desk
 	links     *p2p.LinkMeter
 	rpc       *p2p.RPC
-	quotes    *QuoteBook
+	quotes    *submitter.QuoteBook
 	quoter    *quoter.Quoter
 	exec      *lender.Executor
-	jobs      *JobManager
+	jobs      *submitter.Manager
 	reads     lender.LedgerReads
 	market    *market.Market
 	prices    *market.PriceHistory
@@ -234,7 +235,7 @@ func (n *Node) PublishBid(ctx context.Context, req api.PublishBidRequest) (api.S
 	if err := req.Bid.Validate(); err != nil {
 		return api.SeenBid{}, &api.Error{Status: 422, Message: err.Error()}
 	}
-	n.quotes.expect(req.Bid.JobID, time.Now().Add(ttl))
+	n.quotes.Expect(req.Bid.JobID, time.Now().Add(ttl))
 	if err := n.gossip.Bids().Publish(ctx, p2p.TypeBid, &req.Bid, ttl); err != nil {
 		return api.SeenBid{}, err
 	}

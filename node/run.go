@@ -19,6 +19,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/inventory"
 	"github.com/deepmarket/deepmarket/node/lender"
 	"github.com/deepmarket/deepmarket/node/market"
+	"github.com/deepmarket/deepmarket/node/submitter"
 	"github.com/deepmarket/deepmarket/node/web"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/storage"
@@ -167,11 +168,11 @@ func (n *Node) startMarket(psCtx context.Context) (err error) {
 	if err := n.startLending(); err != nil {
 		return err
 	}
-	n.quotes = newQuoteBook()
+	n.quotes = submitter.NewQuoteBook()
 	n.quoter = n.newQuoter()
 	n.rpc = &p2p.RPC{Host: n.host, Key: n.key, ChainID: n.cfg.Node.ChainID, Logger: n.log.With("module", "rpc")}
 	n.rpc.Handle(p2p.ReserveProtocol(n.cfg.Node.ChainID), n.desk.Handle)
-	n.rpc.Handle(p2p.QuoteProtocol(n.cfg.Node.ChainID), n.handleQuote)
+	n.rpc.Handle(p2p.QuoteProtocol(n.cfg.Node.ChainID), n.quotes.Handle)
 	return nil
 }
 
@@ -186,8 +187,8 @@ func (n *Node) startJobs() (err error) {
 		return err
 	}
 	n.rpc.Handle(p2p.JobProtocol(n.cfg.Node.ChainID), n.exec.Handle)
-	n.jobs = newJobManager(n)
-	return n.jobs.load()
+	n.jobs = n.newSubmitter()
+	return n.jobs.Load()
 }
 
 func (n *Node) newDiscovery() (*p2p.Discovery, error) {

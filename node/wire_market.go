@@ -77,7 +77,7 @@ func (n *Node) onBid(rec *p2p.Received) {
 // node's own quote book when it bid itself.
 func (n *Node) sendQuote(ctx context.Context, bidder peer.ID, q p2p.Quote) error {
 	if bidder == n.host.ID() {
-		n.quotes.add(n.host.ID(), q, time.Now())
+		n.quotes.Add(n.host.ID(), q, time.Now())
 		return nil
 	}
 	var ack p2p.QuoteAck

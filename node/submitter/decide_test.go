@@ -1,4 +1,4 @@
-package node
+package submitter
 
 import (
 	"maps"
@@ -360,6 +360,33 @@ func TestDecideBidAgain(t *testing.T) {
 	for _, tt := range tests {
 		if got := bidAgain(tt.why, tt.bids); got != tt.want {
 			t.Errorf("bidAgain(%q, %d) = %v, want %v", tt.why, tt.bids, got, tt.want)
+		}
+	}
+}
+
+// TestDecideUntilEnough checks that waking after untilEnough misses no
+// change of enoughQuotes' answer: none comes sooner, with no new quote.
+func TestDecideUntilEnough(t *testing.T) {
+	step := 50 * time.Millisecond
+	for waited := time.Duration(0); waited < quoteWaitMax; waited += step {
+		for quiet := time.Duration(0); quiet <= waited; quiet += step {
+			for _, count := range []int{0, 1} {
+				for _, placed := range []bool{false, true} {
+					if placed && count == 0 || enoughQuotes(waited, quiet, count, placed) {
+						continue
+					}
+					d := untilEnough(waited, quiet)
+					if d <= 0 {
+						t.Fatalf("untilEnough(%s, %s) = %s, want > 0", waited, quiet, d)
+					}
+					for later := time.Duration(0); later < d; later += step / 5 {
+						if enoughQuotes(waited+later, quiet+later, count, placed) {
+							t.Fatalf("enoughQuotes turns true %s after (%s, %s, %d, %v), before untilEnough's %s",
+								later, waited, quiet, count, placed, d)
+						}
+					}
+				}
+			}
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package node
+package submitter
 
 // The quotes schedulers send back for this node's own bids.
 
@@ -15,8 +15,23 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 )
 
-// handleQuote takes a scheduler's quote for one of this node's bids.
-func (n *Node) handleQuote(_ context.Context, from peer.ID, env *p2p.Envelope) (string, any, error) {
+// QuoteBook holds the quotes schedulers sent for this node's bids, and
+// tells whoever waits on a bid when a quote for it arrives.
+type QuoteBook struct {
+	mu      sync.Mutex
+	mine    map[string]time.Time // job -> when its bid expires
+	quotes  map[string][]api.ReceivedQuote
+	arrived map[string]chan struct{} // job -> closed at its next quote
+}
+
+// NewQuoteBook makes an empty book.
+func NewQuoteBook() *QuoteBook {
+	return &QuoteBook{mine: map[string]time.Time{}, quotes: map[string][]api.ReceivedQuote{}, arrived: map[string]chan struct{}{}}
+}
+
+// Handle takes a scheduler's quote for one of this node's bids (the quote
+// protocol's handler).
+func (b *QuoteBook) Handle(_ context.Context, from peer.ID, env *p2p.Envelope) (string, any, error) {
 	if env.Type != p2p.TypeQuote {
 		return "", nil, fmt.Errorf("%w %q", p2p.ErrUnknownType, env.Type)
 	}
@@ -27,25 +42,16 @@ func (n *Node) handleQuote(_ context.Context, from peer.ID, env *p2p.Envelope) (
 	if err := q.Validate(); err != nil {
 		return "", nil, err
 	}
-	if !n.quotes.expecting(q.JobID) {
+	if !b.expecting(q.JobID) {
 		return p2p.TypeQuoteAck, p2p.QuoteAck{}, nil
 	}
-	n.quotes.add(from, q, time.Now())
+	b.Add(from, q, time.Now())
 	return p2p.TypeQuoteAck, p2p.QuoteAck{OK: true}, nil
 }
 
-// QuoteBook holds the quotes schedulers sent for this node's bids.
-type QuoteBook struct {
-	mu     sync.Mutex
-	mine   map[string]time.Time // job -> when its bid expires
-	quotes map[string][]api.ReceivedQuote
-}
-
-func newQuoteBook() *QuoteBook {
-	return &QuoteBook{mine: map[string]time.Time{}, quotes: map[string][]api.ReceivedQuote{}}
-}
-
-func (b *QuoteBook) expect(job string, until time.Time) {
+// Expect records a bid of this node's for job, open until until: quotes
+// for it are taken until an hour after.
+func (b *QuoteBook) Expect(job string, until time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := time.Now()
@@ -53,6 +59,7 @@ func (b *QuoteBook) expect(job string, until time.Time) {
 		if now.After(exp.Add(time.Hour)) {
 			delete(b.mine, j)
 			delete(b.quotes, j)
+			delete(b.arrived, j)
 		}
 	}
 	b.mine[job] = until
@@ -72,11 +79,17 @@ func (b *QuoteBook) expecting(job string) bool {
 	return ok
 }
 
-func (b *QuoteBook) add(from peer.ID, q p2p.Quote, now time.Time) {
+// Add records a quote from a scheduler (this node's own scheduler hands
+// its quotes here directly), and wakes whoever waits for the job's quotes.
+func (b *QuoteBook) Add(from peer.ID, q p2p.Quote, now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if len(b.quotes[q.JobID]) < 64 {
 		b.quotes[q.JobID] = append(b.quotes[q.JobID], api.ReceivedQuote{Scheduler: from.String(), Quote: q, ReceivedAt: now.UTC()})
+	}
+	if ch, ok := b.arrived[q.JobID]; ok {
+		close(ch)
+		delete(b.arrived, q.JobID)
 	}
 }
 
@@ -86,13 +99,26 @@ func (b *QuoteBook) list(job string) []api.ReceivedQuote {
 	return slices.Clone(b.quotes[job])
 }
 
+// watch returns the quotes received for job so far, and a channel closed
+// when the next one arrives.
+func (b *QuoteBook) watch(job string) ([]api.ReceivedQuote, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ch, ok := b.arrived[job]
+	if !ok {
+		ch = make(chan struct{})
+		b.arrived[job] = ch
+	}
+	return slices.Clone(b.quotes[job]), ch
+}
+
 // Quotes implements api.Scheduling: the quotes received for a job this
 // node bid, cheapest first, then those without a placement.
-func (n *Node) Quotes(ctx context.Context, job string) ([]api.ReceivedQuote, error) {
-	if !n.quotes.expecting(job) {
+func (b *QuoteBook) Quotes(ctx context.Context, job string) ([]api.ReceivedQuote, error) {
+	if !b.expecting(job) {
 		return nil, &api.Error{Status: http.StatusNotFound, Field: "job", Message: fmt.Sprintf("this node has not bid for job %q", job)}
 	}
-	qs := n.quotes.list(job)
+	qs := b.list(job)
 	slices.SortStableFunc(qs, func(a, b api.ReceivedQuote) int {
 		switch {
 		case len(a.Workers) > 0 && len(b.Workers) == 0:

@@ -1,4 +1,4 @@
-package node
+package submitter
 
 import (
 	"context"
@@ -22,7 +22,7 @@ func ledgerReason(err error) string {
 // escrow locks run k's budget on the ledger, payable to its machines:
 // the job's max price less what earlier runs spent. It reports false when
 // the ledger refused, the holds released and the job failed.
-func (m *JobManager) escrow(ctx context.Context, j *jobs.Job, k int) bool {
+func (m *Manager) escrow(ctx context.Context, j *jobs.Job, k int) bool {
 	run := &j.Runs[k]
 	budget := j.Spec.MaxPrice - min(j.Cost, j.Spec.MaxPrice)
 	payees := []string{}
@@ -31,8 +31,8 @@ func (m *JobManager) escrow(ctx context.Context, j *jobs.Job, k int) bool {
 			payees = append(payees, w.Payee)
 		}
 	}
-	expiry := time.Now().Add(j.Spec.MaxDuration + m.n.cfg.Jobs.EscrowSlack.Duration).Unix()
-	tx, err := m.n.ledger.OpenEscrow(ctx, ledger.OpenEscrow{Job: jobs.RunID(j.ID, k), Amount: budget, Expiry: expiry, Payees: payees})
+	expiry := time.Now().Add(j.Spec.MaxDuration + m.p.EscrowSlack).Unix()
+	tx, err := m.p.Ledger.OpenEscrow(ctx, ledger.OpenEscrow{Job: jobs.RunID(j.ID, k), Amount: budget, Expiry: expiry, Payees: payees})
 	if err != nil {
 		m.releaseHolds(context.WithoutCancel(ctx), run)
 		m.move(j, jobs.Failed, "open escrow: "+ledgerReason(err))
@@ -47,7 +47,7 @@ func (m *JobManager) escrow(ctx context.Context, j *jobs.Job, k int) bool {
 // settle pays each machine of run k its hourly price for the time its
 // workers ran (a lost machine what its receipts cover) and refunds the
 // rest; the ledger records each machine's job as completed or failed.
-func (m *JobManager) settle(ctx context.Context, j *jobs.Job, k int, lost map[int]bool) {
+func (m *Manager) settle(ctx context.Context, j *jobs.Job, k int, lost map[int]bool) {
 	run := &j.Runs[k]
 	if run.Settled || run.Escrow == 0 {
 		return
@@ -58,7 +58,7 @@ func (m *JobManager) settle(ctx context.Context, j *jobs.Job, k int, lost map[in
 	m.mu.Unlock()
 	var tx string
 	for attempt := 0; attempt < 5; attempt++ {
-		res, err := m.n.ledger.Settle(ctx, ledger.Settle{Job: run.ID, Payments: pays})
+		res, err := m.p.Ledger.Settle(ctx, ledger.Settle{Job: run.ID, Payments: pays})
 		if err == nil {
 			tx = res.Hash.String()
 			break

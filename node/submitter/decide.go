@@ -1,9 +1,9 @@
-package node
+package submitter
 
 // The submitter's decisions: what a poll of a run's workers means, how a
 // run ended and what the job does next, what each machine is paid, which
 // quote to take. They read only what they are given (no clock, network,
-// store or lock), so submit_decide_test.go tests them by tables.
+// store or lock), so decide_test.go tests them by tables.
 
 import (
 	"fmt"
@@ -213,6 +213,20 @@ func owedSoFar(run *jobs.Run, now time.Time) map[string]uint64 {
 func enoughQuotes(waited, quiet time.Duration, count int, placed bool) bool {
 	return (waited >= quoteWait && placed) || (waited >= quoteWait && count > 0 && quiet >= time.Second) ||
 		waited >= quoteWaitMax
+}
+
+// untilEnough is how long after a look at the quotes (waited and quiet
+// as for enoughQuotes, which said no) its answer may change with no new
+// quote arriving: when the usual wait ends, refusals have been quiet for
+// a second, or the limit is reached.
+func untilEnough(waited, quiet time.Duration) time.Duration {
+	d := quoteWaitMax - waited
+	if waited < quoteWait {
+		d = min(d, quoteWait-waited)
+	} else if quiet < time.Second {
+		d = min(d, time.Second-quiet)
+	}
+	return max(d, time.Millisecond)
 }
 
 // hasPlacement reports whether some quote places the job.

@@ -1,4 +1,4 @@
-package node
+package submitter
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 // its holds committed, its escrow opened, its workers launched and
 // supervised, and it is settled; then the job has ended, or is re-placed
 // (once) as the next run.
-func (m *JobManager) drive(ctx context.Context, j *jobs.Job) {
+func (m *Manager) drive(ctx context.Context, j *jobs.Job) {
 	k, launched, ok := m.resumeAt(ctx, j)
 	for ; ok; k, launched = k+1, false {
 		var end runEnd
@@ -47,7 +47,7 @@ func (m *JobManager) drive(ctx context.Context, j *jobs.Job) {
 // failed instead. A new job's inputs go to storage first; a job the node
 // restarted with before it was paid for is placed anew if it still may
 // be confirmed, else failed.
-func (m *JobManager) resumeAt(ctx context.Context, j *jobs.Job) (k int, launched, ok bool) {
+func (m *Manager) resumeAt(ctx context.Context, j *jobs.Job) (k int, launched, ok bool) {
 	if j.State == jobs.Submitted {
 		if err := m.addInputs(ctx, j); err != nil {
 			m.move(j, jobs.Failed, err.Error())
@@ -70,7 +70,7 @@ func (m *JobManager) resumeAt(ctx context.Context, j *jobs.Job) (k int, launched
 }
 
 // checkpoint is the chief's latest checkpoint, the next run's start.
-func (m *JobManager) checkpoint(j *jobs.Job) string {
+func (m *Manager) checkpoint(j *jobs.Job) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return j.Checkpoint
@@ -81,7 +81,7 @@ func (m *JobManager) checkpoint(j *jobs.Job) string {
 // forget the run (its holds freed for a re-placed run; the chief's
 // output or checkpoint is already in storage). A run whose launch failed
 // also has its holds released.
-func (m *JobManager) windDown(ctx context.Context, j *jobs.Job, k int, end runEnd) {
+func (m *Manager) windDown(ctx context.Context, j *jobs.Job, k int, end runEnd) {
 	bg := context.WithoutCancel(ctx)
 	stopReason := end.why
 	if end.out == launchFailed {
@@ -100,7 +100,7 @@ func (m *JobManager) windDown(ctx context.Context, j *jobs.Job, k int, end runEn
 
 // conclude moves the job on once run k ended: to its end, or back to
 // quoting for the next run, when it reports true.
-func (m *JobManager) conclude(j *jobs.Job, k int, end runEnd) bool {
+func (m *Manager) conclude(j *jobs.Job, k int, end runEnd) bool {
 	if j.State == jobs.Launching && end.out == succeeded {
 		m.move(j, jobs.Running, "") // it ran, between two polls
 	}
@@ -122,13 +122,13 @@ func (m *JobManager) conclude(j *jobs.Job, k int, end runEnd) bool {
 }
 
 // addInputs adds the bundle and dataset directories to storage.
-func (m *JobManager) addInputs(ctx context.Context, j *jobs.Job) error {
+func (m *Manager) addInputs(ctx context.Context, j *jobs.Job) error {
 	add := func(what, v string) (string, error) {
 		if v == "" || jobs.IsCID(v) {
 			return v, nil
 		}
 		m.logf(j, "adding the %s %s to storage", what, v)
-		pin, err := m.n.blocks.Add(ctx, v, nil)
+		pin, err := m.p.Blocks.Add(ctx, v, nil)
 		if err != nil {
 			return "", fmt.Errorf("add %s %s: %w", what, v, err)
 		}
@@ -151,14 +151,14 @@ func (m *JobManager) addInputs(ctx context.Context, j *jobs.Job) error {
 
 // launch starts every worker of run k (the job launching), the chief
 // from resume when that is a checkpoint.
-func (m *JobManager) launch(ctx context.Context, j *jobs.Job, k int, resume string) error {
+func (m *Manager) launch(ctx context.Context, j *jobs.Job, k int, resume string) error {
 	m.move(j, jobs.Launching, "")
 	run := &j.Runs[k]
 	world := make([]string, len(run.Workers))
 	addrs := make([][]string, len(run.Workers))
 	for i, w := range run.Workers {
 		world[i] = w.Machine
-		addrs[i] = m.n.machineAddrs(w.Machine)
+		addrs[i] = m.p.Machines.Addrs(w.Machine)
 		if len(addrs[i]) > 32 {
 			addrs[i] = addrs[i][:32]
 		}
@@ -175,7 +175,7 @@ func (m *JobManager) launch(ctx context.Context, j *jobs.Job, k int, resume stri
 		}
 		g.Go(func() error {
 			var reply p2p.LaunchReply
-			if err := m.n.jobCall(gctx, w.Machine, p2p.TypeLaunch, &l, p2p.TypeLaunchReply, &reply); err != nil {
+			if err := m.p.Machines.Call(gctx, w.Machine, p2p.TypeLaunch, &l, p2p.TypeLaunchReply, &reply); err != nil {
 				return fmt.Errorf("worker %d on %s: %w", i, w.Machine, err)
 			}
 			if !reply.OK {

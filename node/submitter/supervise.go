@@ -1,4 +1,4 @@
-package node
+package submitter
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 // supervise polls run k's workers (status, heartbeat, receipts, logs)
 // until the run ends, and says how; false when the node stops first (the
 // job resumes when it restarts).
-func (m *JobManager) supervise(ctx context.Context, j *jobs.Job, k int) (runEnd, bool) {
+func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (runEnd, bool) {
 	run := &j.Runs[k]
 	m.heardNow(j, run)
 	lastReceipt := time.Time{}
@@ -50,7 +50,7 @@ func (m *JobManager) supervise(ctx context.Context, j *jobs.Job, k int) (runEnd,
 // heardNow counts run's live workers as heard from now. Supervising
 // starts so: after a restart the workers ran on meanwhile, and are lost
 // only if they stay silent from now.
-func (m *JobManager) heardNow(j *jobs.Job, run *jobs.Run) {
+func (m *Manager) heardNow(j *jobs.Job, run *jobs.Run) {
 	m.save(j, func() {
 		now := time.Now().UTC()
 		for i := range run.Workers {
@@ -61,9 +61,9 @@ func (m *JobManager) heardNow(j *jobs.Job, run *jobs.Run) {
 	})
 }
 
-// pollInterval is pollEvery, but quicker while the workers start, so a
+// pollInterval is PollEvery, but quicker while the workers start, so a
 // job shows running as soon as it does.
-func (m *JobManager) pollInterval(j *jobs.Job) time.Duration {
+func (m *Manager) pollInterval(j *jobs.Job) time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if r := j.Current(); r != nil && time.Since(r.Started) < time.Minute {
@@ -73,13 +73,13 @@ func (m *JobManager) pollInterval(j *jobs.Job) time.Duration {
 			}
 		}
 	}
-	return pollEvery
+	return PollEvery
 }
 
 // poll asks each worker of run k how it is, carrying receipts, and pulls
 // new log output into the job's log. A nil status is a worker that did
 // not answer.
-func (m *JobManager) poll(ctx context.Context, j *jobs.Job, k int, receipts map[string]*p2p.Receipt) []*p2p.JobStatus {
+func (m *Manager) poll(ctx context.Context, j *jobs.Job, k int, receipts map[string]*p2p.Receipt) []*p2p.JobStatus {
 	run := &j.Runs[k]
 	sts := make([]*p2p.JobStatus, len(run.Workers))
 	var wg sync.WaitGroup
@@ -100,17 +100,17 @@ func (m *JobManager) poll(ctx context.Context, j *jobs.Job, k int, receipts map[
 // pollWorker asks worker i of run (w is a copy) how it is, carrying its
 // machine's receipt, and pulls its new log output into the job's log;
 // nil when it did not answer.
-func (m *JobManager) pollWorker(ctx context.Context, j *jobs.Job, run *jobs.Run, i int, w jobs.Worker, receipt *p2p.Receipt) *p2p.JobStatus {
+func (m *Manager) pollWorker(ctx context.Context, j *jobs.Job, run *jobs.Run, i int, w jobs.Worker, receipt *p2p.Receipt) *p2p.JobStatus {
 	var st p2p.JobStatus
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := m.n.jobCall(cctx, w.Machine, p2p.TypeStatusReq, &p2p.StatusReq{JobID: run.ID, Index: i, Receipt: receipt},
+	if err := m.p.Machines.Call(cctx, w.Machine, p2p.TypeStatusReq, &p2p.StatusReq{JobID: run.ID, Index: i, Receipt: receipt},
 		p2p.TypeJobStatus, &st); err != nil {
 		return nil
 	}
 	if st.LogBytes > w.LogOffset {
 		var lg p2p.Logs
-		if err := m.n.jobCall(cctx, w.Machine, p2p.TypeLogsReq, &p2p.LogsReq{JobID: run.ID, Index: i, Offset: w.LogOffset},
+		if err := m.p.Machines.Call(cctx, w.Machine, p2p.TypeLogsReq, &p2p.LogsReq{JobID: run.ID, Index: i, Offset: w.LogOffset},
 			p2p.TypeLogs, &lg); err == nil && len(lg.Data) > 0 {
 			m.appendLog(j.ID, tagLines(fmt.Sprintf("[w%d] ", i), lg.Data))
 			w.LogOffset = lg.Next
@@ -166,7 +166,7 @@ func tagLines(tag string, b []byte) string {
 
 // receipts signs, for each machine of run k, what its workers have earned
 // so far.
-func (m *JobManager) receipts(j *jobs.Job, k int, now time.Time) map[string]*p2p.Receipt {
+func (m *Manager) receipts(j *jobs.Job, k int, now time.Time) map[string]*p2p.Receipt {
 	run := &j.Runs[k]
 	m.mu.Lock()
 	owed := owedSoFar(run, now)
@@ -182,7 +182,7 @@ func (m *JobManager) receipts(j *jobs.Job, k int, now time.Time) map[string]*p2p
 					seq = max(seq, run.Workers[i].ReceiptSeq)
 				}
 			}
-			r := m.n.ledger.SignReceipt(ledger.Receipt{Job: run.ID, Payee: payee, Amount: amount, Seq: seq})
+			r := m.p.Ledger.SignReceipt(ledger.Receipt{Job: run.ID, Payee: payee, Amount: amount, Seq: seq})
 			out[payee] = &p2p.Receipt{Payee: payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig}
 		}
 	})
@@ -191,7 +191,7 @@ func (m *JobManager) receipts(j *jobs.Job, k int, now time.Time) map[string]*p2p
 
 // stopAll stops every worker of run k (keeping the chief's checkpoint
 // when asked).
-func (m *JobManager) stopAll(ctx context.Context, j *jobs.Job, k int, reason string, checkpoint bool) {
+func (m *Manager) stopAll(ctx context.Context, j *jobs.Job, k int, reason string, checkpoint bool) {
 	run := &j.Runs[k]
 	var wg sync.WaitGroup
 	for i, w := range run.Workers {
@@ -201,7 +201,7 @@ func (m *JobManager) stopAll(ctx context.Context, j *jobs.Job, k int, reason str
 			var st p2p.JobStatus
 			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			m.n.jobCall(cctx, w.Machine, p2p.TypeStop, &p2p.Stop{JobID: run.ID, Index: i, Reason: reason, Checkpoint: checkpoint && i == 0},
+			m.p.Machines.Call(cctx, w.Machine, p2p.TypeStop, &p2p.Stop{JobID: run.ID, Index: i, Reason: reason, Checkpoint: checkpoint && i == 0},
 				p2p.TypeJobStatus, &st)
 		}()
 	}
@@ -211,8 +211,8 @@ func (m *JobManager) stopAll(ctx context.Context, j *jobs.Job, k int, reason str
 }
 
 // awaitCheckpoint waits for the stopped chief's checkpoint CID.
-func (m *JobManager) awaitCheckpoint(ctx context.Context, j *jobs.Job, k int) {
-	deadline := time.Now().Add(p2p.StopGrace + 20*time.Second)
+func (m *Manager) awaitCheckpoint(ctx context.Context, j *jobs.Job, k int) {
+	deadline := time.Now().Add(checkpointWait)
 	for time.Now().Before(deadline) && j.Checkpoint == "" {
 		time.Sleep(time.Second)
 		m.poll(ctx, j, k, nil)
@@ -220,12 +220,12 @@ func (m *JobManager) awaitCheckpoint(ctx context.Context, j *jobs.Job, k int) {
 }
 
 // finalStop tells every machine of run k it may forget the worker.
-func (m *JobManager) finalStop(ctx context.Context, j *jobs.Job, k int) {
+func (m *Manager) finalStop(ctx context.Context, j *jobs.Job, k int) {
 	run := &j.Runs[k]
 	for i, w := range run.Workers {
 		var st p2p.JobStatus
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		m.n.jobCall(cctx, w.Machine, p2p.TypeStop, &p2p.Stop{JobID: run.ID, Index: i, Final: true}, p2p.TypeJobStatus, &st)
+		m.p.Machines.Call(cctx, w.Machine, p2p.TypeStop, &p2p.Stop{JobID: run.ID, Index: i, Final: true}, p2p.TypeJobStatus, &st)
 		cancel()
 	}
 }

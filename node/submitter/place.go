@@ -1,4 +1,4 @@
-package node
+package submitter
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 // while nothing fits and re-quoting when holds lapse or a commitment is
 // refused. It reports false when the job ended instead (cancelled,
 // unconfirmed, or failed), or the node stops.
-func (m *JobManager) hold(ctx context.Context, j *jobs.Job, k int) bool {
+func (m *Manager) hold(ctx context.Context, j *jobs.Job, k int) bool {
 	runID := jobs.RunID(j.ID, k)
 	bids := 0
 	for attempt := 0; ; attempt++ {
@@ -72,7 +72,7 @@ func (m *JobManager) hold(ctx context.Context, j *jobs.Job, k int) bool {
 // bidPause waits before a bid again, as capacity frees (other jobs end,
 // or, re-placing, the previous run's workers stop); false when the node
 // stops.
-func (m *JobManager) bidPause(ctx context.Context, j *jobs.Job, why string) bool {
+func (m *Manager) bidPause(ctx context.Context, j *jobs.Job, why string) bool {
 	m.logf(j, "no placement yet (%s): bidding again in %s", why, rebidEvery)
 	select {
 	case <-ctx.Done():
@@ -83,7 +83,7 @@ func (m *JobManager) bidPause(ctx context.Context, j *jobs.Job, why string) bool
 }
 
 // quoted records run as run k of j, the quote the job is to confirm.
-func (m *JobManager) quoted(j *jobs.Job, k int, run *jobs.Run) {
+func (m *Manager) quoted(j *jobs.Job, k int, run *jobs.Run) {
 	m.save(j, func() {
 		if len(j.Runs) > k {
 			j.Runs[k] = *run
@@ -104,7 +104,7 @@ const (
 
 // awaitConfirm waits, unless the job is confirmed already, for its
 // confirmation of run's quote, at most confirmWait.
-func (m *JobManager) awaitConfirm(ctx context.Context, j *jobs.Job, run *jobs.Run) int {
+func (m *Manager) awaitConfirm(ctx context.Context, j *jobs.Job, run *jobs.Run) int {
 	m.mu.Lock()
 	ch := m.confirm[j.ID]
 	confirmed := j.Confirmed
@@ -151,7 +151,7 @@ func machinesOf(r *jobs.Run) string {
 
 // quote publishes run's bid and picks the cheapest placement offered; the
 // other quotes' holds are released.
-func (m *JobManager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.Run, string) {
+func (m *Manager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.Run, string) {
 	s := &j.Spec
 	bid := p2p.Bid{JobID: runID, Workers: uint32(s.Workers),
 		PerWorker: p2p.Resources{Cores: uint32(s.Cores), MemBytes: s.MemBytes, GPUs: uint32(s.GPUs)},
@@ -160,59 +160,69 @@ func (m *JobManager) quote(ctx context.Context, j *jobs.Job, runID string) (*job
 	if !s.Deadline.IsZero() {
 		bid.Deadline = s.Deadline.Unix()
 	}
-	m.n.quotes.forget(runID) // a bid again: only new quotes count
-	if _, err := m.n.PublishBid(ctx, api.PublishBidRequest{Bid: bid, TTL: "2m"}); err != nil {
+	m.p.Quotes.forget(runID) // a bid again: only new quotes count
+	if _, err := m.p.Bids.PublishBid(ctx, api.PublishBidRequest{Bid: bid, TTL: "2m"}); err != nil {
 		return nil, "publish bid: " + err.Error()
 	}
-	start := time.Now()
-	var qs []api.ReceivedQuote
-	lastNew, count := start, 0
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, "stopped"
-		case <-time.After(200 * time.Millisecond):
-		}
-		qs = m.n.quotes.list(runID)
-		now := time.Now()
-		if len(qs) > count {
-			count, lastNew = len(qs), now
-		}
-		if enoughQuotes(now.Sub(start), now.Sub(lastNew), count, hasPlacement(qs)) {
-			break
-		}
+	qs, ok := m.gatherQuotes(ctx, runID)
+	if !ok {
+		return nil, "stopped"
 	}
 	best, reasons := choose(qs)
 	for i := range qs {
 		if q := &qs[i]; q != best && len(q.Workers) > 0 {
-			r := runOf(q, m.n)
-			m.releaseHolds(ctx, r)
+			m.releaseHolds(ctx, runOf(q, nil))
 		}
 	}
 	if best == nil {
 		return nil, noPlacement(reasons)
 	}
-	return runOf(best, m.n), ""
+	return runOf(best, m.p.Offers.Offers(time.Now())), ""
 }
 
-// runOf turns a quote into a run's plan.
-func runOf(q *api.ReceivedQuote, n *Node) *jobs.Run {
+// gatherQuotes collects the quotes for a bid just published, looking
+// again as each arrives, until enoughQuotes; false when ctx ends first.
+func (m *Manager) gatherQuotes(ctx context.Context, runID string) ([]api.ReceivedQuote, bool) {
+	start := time.Now()
+	lastNew, count := start, 0
+	for {
+		qs, arrived := m.p.Quotes.watch(runID)
+		now := time.Now()
+		if len(qs) > count {
+			count, lastNew = len(qs), now
+		}
+		waited, quiet := now.Sub(start), now.Sub(lastNew)
+		if enoughQuotes(waited, quiet, count, hasPlacement(qs)) {
+			return qs, true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, false
+		case <-arrived:
+		case <-time.After(untilEnough(waited, quiet)):
+		}
+	}
+}
+
+// runOf turns a quote into a run's plan, naming its machines as their
+// offers among held do.
+func runOf(q *api.ReceivedQuote, held []p2p.Offer) *jobs.Run {
 	r := &jobs.Run{ID: q.JobID, PerHour: q.PerHour, Quoted: q.Total, Scheduler: q.Scheduler,
 		HeldUntil: time.UnixMilli(q.HeldUntil)}
 	offers := map[string]p2p.Offer{}
-	for _, h := range n.book.List(time.Now()) {
-		offers[h.Offer.Machine] = h.Offer
+	for _, o := range held {
+		offers[o.Machine] = o
 	}
 	for _, w := range q.Workers {
 		o := offers[w.Machine]
 		r.Workers = append(r.Workers, jobs.Worker{Machine: w.Machine, Moniker: o.Moniker, Site: o.Site,
-			Payee: payeeOf(w.Machine), Hold: w.Hold, PerHour: w.PerHour, State: "placed"})
+			Payee: PayeeOf(w.Machine), Hold: w.Hold, PerHour: w.PerHour, State: "placed"})
 	}
 	return r
 }
 
-// payeeOf is the ledger address a machine is paid at: its key's.
-func payeeOf(machine string) string {
+// PayeeOf is the ledger address a machine is paid at: its key's.
+func PayeeOf(machine string) string {
 	id, err := peer.Decode(machine)
 	if err != nil {
 		return ""
@@ -240,27 +250,19 @@ func holdsOf(r *jobs.Run) [][2]string {
 	return out
 }
 
-func (m *JobManager) releaseHolds(ctx context.Context, r *jobs.Run) {
+func (m *Manager) releaseHolds(ctx context.Context, r *jobs.Run) {
 	for _, h := range holdsOf(r) {
-		id, err := peer.Decode(h[0])
-		if err != nil {
-			continue
-		}
-		m.n.reserve(ctx, id, m.n.machineAddrs(h[0]), p2p.Reserve{Op: p2p.OpRelease, ID: h[1], JobID: r.ID})
+		m.p.Machines.Reserve(ctx, h[0], p2p.Reserve{Op: p2p.OpRelease, ID: h[1], JobID: r.ID})
 	}
 }
 
 // commit turns every hold of the run into a commitment; one refusal
 // fails the whole (the caller releases and re-quotes).
-func (m *JobManager) commit(ctx context.Context, r *jobs.Run) error {
+func (m *Manager) commit(ctx context.Context, r *jobs.Run) error {
 	g, gctx := errgroup.WithContext(ctx)
 	for _, h := range holdsOf(r) {
 		g.Go(func() error {
-			id, err := peer.Decode(h[0])
-			if err != nil {
-				return err
-			}
-			reply, err := m.n.reserve(gctx, id, m.n.machineAddrs(h[0]), p2p.Reserve{Op: p2p.OpCommit, ID: h[1], JobID: r.ID})
+			reply, err := m.p.Machines.Reserve(gctx, h[0], p2p.Reserve{Op: p2p.OpCommit, ID: h[1], JobID: r.ID})
 			if err != nil {
 				return err
 			}

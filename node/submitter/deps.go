@@ -1,0 +1,78 @@
+package submitter
+
+// What the submitter needs from the rest of the node, each declared here
+// as the little it uses.
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	ctypes "github.com/cometbft/cometbft/rpc/core/types"
+
+	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/storage"
+)
+
+// Machines reaches the machines a job runs on: this node itself, or peers.
+type Machines interface {
+	// Reserve asks machine to apply a hold operation.
+	Reserve(ctx context.Context, machine string, r p2p.Reserve) (p2p.ReserveReply, error)
+	// Call sends a job request to machine and decodes its reply.
+	Call(ctx context.Context, machine, typ string, req any, replyType string, reply any) error
+	// Addrs is where machine's offer says it listens.
+	Addrs(machine string) []string
+}
+
+// Offers are the live offers of the market this node holds.
+type Offers interface {
+	Offers(now time.Time) []p2p.Offer
+}
+
+// Bids publishes this node's bids (signed, gossiped); the quotes for
+// them arrive in the QuoteBook.
+type Bids interface {
+	PublishBid(ctx context.Context, req api.PublishBidRequest) (api.SeenBid, error)
+}
+
+// Ledger is the ledger as a job's payer: escrows, receipts, settlements.
+// *ledger.Client is one.
+type Ledger interface {
+	OpenEscrow(ctx context.Context, m ledger.OpenEscrow) (*ctypes.ResultTx, error)
+	Settle(ctx context.Context, m ledger.Settle) (*ctypes.ResultTx, error)
+	SignReceipt(r ledger.Receipt) ledger.Receipt
+}
+
+// Store persists the jobs, one document each under "jobs/".
+type Store interface {
+	Put(key string, v any) error
+	Each(prefix string, fn func(key string, doc []byte) error) error
+}
+
+// Blocks adds a job's bundle and dataset directories to storage.
+// *storage.Store is one.
+type Blocks interface {
+	Add(ctx context.Context, path string, progress func(storage.Progress)) (storage.Pin, error)
+}
+
+// Params are what New needs; every field is required.
+type Params struct {
+	Account     string        // the ledger address jobs are submitted from
+	LogDir      string        // the jobs' logs, one file each
+	EscrowSlack time.Duration // an escrow outlives the job's max duration by this
+	Machines    Machines
+	Offers      Offers
+	Bids        Bids
+	Quotes      *QuoteBook // where the quotes for Bids' bids arrive
+	Ledger      Ledger
+	Store       Store
+	Blocks      Blocks
+	Logger      *slog.Logger
+}
+
+var (
+	_ Ledger = (*ledger.Client)(nil)
+	_ Blocks = (*storage.Store)(nil)
+)

@@ -1,0 +1,38 @@
+// Package submitter is this node's side of its own jobs: it places them
+// on the market, launches and supervises their workers on other
+// machines, settles what they used, and keeps the quotes schedulers send
+// for its bids. Every step of a job is saved in the node store, so a
+// restarted node picks its jobs up where they were.
+//
+// It reaches the rest of the node only through the small interfaces in
+// deps.go (Machines, Offers, Bids, Ledger, Store, Blocks), which package
+// node fills in. It must not import node; it may import node/jobs,
+// node/api, p2p, ledger, storage and scheduler.
+//
+// # The walk of one job
+//
+//  1. Submit validates the spec, records the job (submitted) and starts
+//     drive, its goroutine; Submit returns once the job is quoted.
+//  2. drive: resumeAt adds the inputs to storage (addInputs: quoting).
+//  3. hold: quote publishes a bid (Bids.PublishBid) and gathers the
+//     quotes arriving in the QuoteBook (QuoteBook.Handle, QuoteBook.Add)
+//     until enoughQuotes; choose takes the cheapest, the others' holds
+//     are released (releaseHolds). quoted records the run; awaitConfirm
+//     waits for Confirm (unless submitted with Yes); commit turns the
+//     holds into commitments (reserving).
+//  4. escrow opens the run's escrow on the ledger (escrowed).
+//  5. launch asks each machine to start its worker (launching).
+//  6. supervise polls the workers (poll, pollWorker), sending signed
+//     receipts now and then (receipts), until survey and judge say the
+//     run ended (running, then its end).
+//  7. windDown stops the workers (stopAll, awaitCheckpoint), settles
+//     (settle, by payPlan) and tells the machines to forget the run
+//     (finalStop).
+//  8. conclude ends the job (succeeded, failed, cancelled), or, a worker
+//     lost, re-places it once: drive goes round again from hold, the
+//     chief resuming from its checkpoint.
+//
+// The decisions along the way (survey, judge, afterRun, payPlan,
+// enoughQuotes, choose, bidAgain) are pure functions in decide.go, tested
+// by tables.
+package submitter
