@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -62,7 +63,7 @@ func main() {
 	degree := flag.Int("degree", 20, "connections per node, on average")
 	interval := flag.Duration("interval", def.AnnounceInterval.Duration, "re-announce interval (the node's default)")
 	warmup := flag.Duration("warmup", 10*time.Second, "after connecting, before measuring")
-	window := flag.Duration("window", 45*time.Second, "how long to measure each run, at least one of its re-announce intervals")
+	window := flag.Duration("window", 30*time.Second, "how long to measure each run at least, rounded up to whole re-announce intervals")
 	cpuBudget := flag.Float64("cpu-budget", 1, "what a lab machine may spend on offer gossip, % of a core (bench-p2p's idle-node goal)")
 	netBudget := flag.Float64("net-budget", 10_000, "what a lab machine may send or receive for offer gossip, kbit/s (1% of a 1 Gbit/s link)")
 	out := flag.String("out", "bench/results/gossip", "directory for report.md and gossip.json")
@@ -81,7 +82,9 @@ func main() {
 	for _, r := range runs {
 		r.Degree = min(*degree, r.Nodes-1)
 		r.Warmup = *warmup
-		r.Window = max(*window, r.Interval)
+		// Whole intervals: every node announces the same number of times
+		// in the window, whatever its phase.
+		r.Window = time.Duration(math.Ceil(float64(*window)/float64(r.Interval))) * r.Interval
 		// Every offer lives three intervals, as with the node's defaults.
 		r.TTL = time.Duration(float64(r.Interval) * def.OfferTTL.Duration.Seconds() / interval.Seconds())
 		log.Printf("%d nodes re-announcing every %s: connecting, %s warm-up, %s measured", r.Nodes, r.Interval, r.Warmup, r.Window)

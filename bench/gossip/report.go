@@ -65,9 +65,9 @@ func (r *result) verdict() string {
 	s += fmt.Sprintf(" Re-announcing every %s (with offer_ttl at least %s: announce_interval may be at most half of it) "+
 		"brings it to %.2f%% of a core and %.0f/%.0f kbit/s sent/received by this model", iv, 2*iv, e.CPUPct, e.SentKbit, e.RecvKbit)
 	if 2*iv > time.Hour {
-		s += ", but offer_ttl may be at most 1h, and an offer that lives that long keeps a machine that went away on the market as long"
+		s += ", but offer_ttl may be at most 1h"
 	}
-	return s + "."
+	return s + ". The cost of a longer TTL: a machine that goes away without withdrawing (a crash, a cut cable) stays on the market until its offer expires."
 }
 
 // report is report.md: the tables with how they were measured, the model
@@ -84,7 +84,8 @@ the registered machines), listening on loopback TCP with Noise and yamux. Each n
 others (about %d connections each) and re-announces a signed offer of realistic size (four addresses,
 software versions, a window) from a random phase, every %gs (the node's default announce_interval) or,
 for the largest swarm, a multiple of it so that the swarm fits this machine's cores; the model below
-accounts for that. After a %gs warm-up, the process is measured for %gs or one interval if longer:
+accounts for that. After a %gs warm-up, the process is measured for %gs rounded up to whole intervals
+(so every node announces the same number of times in the window, whatever its phase):
 
 - bytes sent and received: the bytes the process wrote to and read from its sockets (/proc/self/io
   wchar, rchar): gossipsub, identify and everything else on the connections, with Noise and yamux
@@ -92,8 +93,9 @@ accounts for that. After a %gs warm-up, the process is measured for %gs or one i
 - CPU: process user+system time (getrusage), divided by N; it includes the benchmark's own signing,
   which a real node does for its own offer too, and the Go runtime (GC, scheduler) the nodes share;
 - validated: messages that went through DeepMarket's validator (p2p metrics), divided by N;
-- delivered: others' offers accepted by the nodes over those they should have heard (every node hears
-  every other node's offer once per interval). A run is marked CPU-bound when fewer than 98%% arrived
+- R: the offers announced in the window by all nodes, per minute;
+- delivered: others' offers accepted by the nodes over those they should have heard (each offer
+  announced in the window, by each of the N-1 other nodes). A run is marked CPU-bound when fewer than 98%% arrived
   (gossipsub drops what its queues cannot hold) or the swarm kept over 75%% of the cores busy; it is
   left out of the fit when two or more runs are not. "machine busy" is all processes (/proc/stat):
   other work on the machine slows the swarm but does not inflate CPU time, which counts work done.
