@@ -24,26 +24,28 @@ import (
 	"time"
 
 	"github.com/deepmarket/deepmarket/node"
+	"github.com/deepmarket/deepmarket/p2p"
 )
 
 // result is everything the run measured and concluded; report.md and
 // gossip.json are written from it.
 type result struct {
-	When      string          `json:"when"`
-	Go        string          `json:"go"`
-	CPUs      int             `json:"cpus"`
-	IntervalS float64         `json:"announce_interval_s"`
-	TTLS      float64         `json:"offer_ttl_s"`
-	Degree    int             `json:"degree"`
-	WarmupS   float64         `json:"warmup_s"`
-	WindowS   float64         `json:"window_s"`
-	CPUBudget float64         `json:"cpu_budget_pct_core"`
-	NetBudget float64         `json:"net_budget_kbit_s"`
-	Samples   []sample        `json:"samples"`
-	FitFrom   []int           `json:"fit_from_nodes"`
-	Fits      map[string]line `json:"fits"` // per node per minute, against N
-	Estimates []estimate      `json:"estimates"`
-	Suggested float64         `json:"interval_for_budget_at_10k_s"` // 0: the default interval fits
+	When       string          `json:"when"`
+	Go         string          `json:"go"`
+	CPUs       int             `json:"cpus"`
+	IntervalS  float64         `json:"announce_interval_s"`
+	TTLS       float64         `json:"offer_ttl_s"`
+	Degree     int             `json:"degree"`
+	OfferBytes int             `json:"offer_envelope_bytes"` // one signed offer as gossiped
+	WarmupS    float64         `json:"warmup_s"`
+	WindowS    float64         `json:"window_s"`
+	CPUBudget  float64         `json:"cpu_budget_pct_core"`
+	NetBudget  float64         `json:"net_budget_kbit_s"`
+	Samples    []sample        `json:"samples"`
+	FitFrom    []int           `json:"fit_from_nodes"`
+	Fits       map[string]line `json:"fits"` // per node per minute, against offers announced per minute in the market
+	Estimates  []estimate      `json:"estimates"`
+	Suggested  float64         `json:"interval_for_budget_at_10k_s"` // 0: the default interval fits
 }
 
 // estimate is the model's figures for a lab machine in a market of Nodes.
@@ -59,7 +61,7 @@ type estimate struct {
 
 func main() {
 	def := node.DefaultConfig().P2P
-	spec := flag.String("nodes", "100,200,400x4", "runs: swarm sizes, comma-separated; NxK re-announces at K times -interval (so a large swarm fits the cores)")
+	spec := flag.String("nodes", "100,200,300x3", "runs: swarm sizes, comma-separated; NxK re-announces at K times -interval (so a large swarm fits the cores)")
 	degree := flag.Int("degree", 20, "connections per node, on average")
 	interval := flag.Duration("interval", def.AnnounceInterval.Duration, "re-announce interval (the node's default)")
 	warmup := flag.Duration("warmup", 10*time.Second, "after connecting, before measuring")
@@ -78,6 +80,11 @@ func main() {
 		IntervalS: interval.Seconds(), TTLS: def.OfferTTL.Duration.Seconds(), Degree: *degree, WarmupS: warmup.Seconds(), WindowS: window.Seconds(),
 		CPUBudget: *cpuBudget, NetBudget: *netBudget,
 	}
+	sealed, err := p2p.Seal(key(0), chain, p2p.TypeOffer, offer(key(0), 0), 1, time.Now().Add(def.OfferTTL.Duration))
+	if err != nil {
+		log.Fatal(err)
+	}
+	res.OfferBytes = len(sealed)
 	rng := rand.New(rand.NewPCG(11, 11))
 	for _, r := range runs {
 		r.Degree = min(*degree, r.Nodes-1)
@@ -108,7 +115,7 @@ func main() {
 	fmt.Println("results:", filepath.Join(*out, "report.md"), filepath.Join(*out, "gossip.json"))
 }
 
-// parseRuns reads "100,200,400x4".
+// parseRuns reads "100,200,300x3".
 func parseRuns(spec string, interval time.Duration) ([]run, error) {
 	var runs []run
 	for _, s := range strings.Split(spec, ",") {
@@ -119,7 +126,7 @@ func parseRuns(spec string, interval time.Duration) ([]run, error) {
 			k, err = strconv.Atoi(times)
 		}
 		if err != nil || n < 2 || k < 1 {
-			return nil, fmt.Errorf("-nodes %q: want sizes of 2 or more, each optionally xK, e.g. 100,200,400x4", spec)
+			return nil, fmt.Errorf("-nodes %q: want sizes of 2 or more, each optionally xK, e.g. 100,200,300x3", spec)
 		}
 		runs = append(runs, run{Nodes: n, Interval: time.Duration(k) * interval})
 	}

@@ -46,10 +46,11 @@ type sample struct {
 	CPUSeconds  float64 `json:"cpu_s_per_node_min"`
 	Validated   float64 `json:"validated_per_node_min"`
 	Rejected    float64 `json:"rejected_per_node_min"`
-	Delivered   float64 `json:"delivered"`     // offers accepted / offers expected (each node hears every other)
-	ProcessCPU  float64 `json:"process_cores"` // cores this process kept busy
-	MachineBusy float64 `json:"machine_busy"`  // share of all cores busy, all processes
-	Contended   bool    `json:"cpu_contended"` // see contended
+	TopicPeers  float64 `json:"offers_topic_peers"` // mean, at the window's end
+	Delivered   float64 `json:"delivered"`          // offers accepted / offers expected (each node hears every other)
+	ProcessCPU  float64 `json:"process_cores"`      // cores this process kept busy
+	MachineBusy float64 `json:"machine_busy"`       // share of all cores busy, all processes
+	Contended   bool    `json:"cpu_contended"`      // see contended
 	Note        string  `json:"note,omitempty"`
 }
 
@@ -215,6 +216,9 @@ func measure(r run, rng *rand.Rand) (sample, error) {
 		Delivered:   (after.accepted - before.accepted) / (published * (n - 1)),
 		ProcessCPU:  (after.cpu - before.cpu) / wall.Seconds(),
 		MachineBusy: (after.busy - before.busy) / (after.total - before.total),
+	}
+	for _, m := range members {
+		s.TopicPeers += float64(len(m.gossip.Offers().ListPeers())) / n
 	}
 	s.Contended = s.contended(runtime.NumCPU())
 	return s, nil
