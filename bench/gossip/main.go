@@ -46,6 +46,7 @@ type result struct {
 	Fits       map[string]line `json:"fits"` // per node per minute, against offers announced per minute in the market
 	Estimates  []estimate      `json:"estimates"`
 	Suggested  float64         `json:"interval_for_budget_at_10k_s"` // 0: the default interval fits
+	FitBound   bool            `json:"fit_from_cpu_bound_runs"`      // fewer than two runs were not CPU-bound
 }
 
 // estimate is the model's figures for a lab machine in a market of Nodes.
@@ -61,7 +62,7 @@ type estimate struct {
 
 func main() {
 	def := node.DefaultConfig().P2P
-	spec := flag.String("nodes", "100,200,300x3", "runs: swarm sizes, comma-separated; NxK re-announces at K times -interval (so a large swarm fits the cores)")
+	spec := flag.String("nodes", "50,100,200x2,300x3", "runs: swarm sizes, comma-separated; NxK re-announces at K times -interval (so a large swarm fits the cores)")
 	degree := flag.Int("degree", 20, "connections per node, on average")
 	interval := flag.Duration("interval", def.AnnounceInterval.Duration, "re-announce interval (the node's default)")
 	warmup := flag.Duration("warmup", 10*time.Second, "after connecting, before measuring")
@@ -115,7 +116,7 @@ func main() {
 	fmt.Println("results:", filepath.Join(*out, "report.md"), filepath.Join(*out, "gossip.json"))
 }
 
-// parseRuns reads "100,200,300x3".
+// parseRuns reads "50,100,200x2,300x3".
 func parseRuns(spec string, interval time.Duration) ([]run, error) {
 	var runs []run
 	for _, s := range strings.Split(spec, ",") {
@@ -126,7 +127,7 @@ func parseRuns(spec string, interval time.Duration) ([]run, error) {
 			k, err = strconv.Atoi(times)
 		}
 		if err != nil || n < 2 || k < 1 {
-			return nil, fmt.Errorf("-nodes %q: want sizes of 2 or more, each optionally xK, e.g. 100,200,300x3", spec)
+			return nil, fmt.Errorf("-nodes %q: want sizes of 2 or more, each optionally xK, e.g. 50,100,200x2,300x3", spec)
 		}
 		runs = append(runs, run{Nodes: n, Interval: time.Duration(k) * interval})
 	}
@@ -146,6 +147,8 @@ func (r *result) model() error {
 	}
 	if len(clean) >= 2 {
 		use = clean
+	} else {
+		r.FitBound = true
 	}
 	var xs []float64
 	pick := map[string][]float64{}

@@ -12,18 +12,21 @@ import (
 func (r *result) tables() string {
 	var b strings.Builder
 	b.WriteString("\nMeasured, per node per minute (R: offers announced per minute in the whole swarm)\n\n")
-	b.WriteString("| nodes | re-announce | R /min | mean degree | topic peers | sent KiB | received KiB | CPU s | validated | rejected | delivered | process cores | machine busy | CPU-bound |\n")
-	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|\n")
+	b.WriteString("| nodes | re-announce | R /min | mean degree | topic peers | peers scored < 0 | sent KiB | received KiB | CPU s | validated | rejected | delivered | process cores | machine busy | CPU-bound |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|\n")
 	for _, s := range r.Samples {
 		bound := "no"
 		if s.Contended {
 			bound = "**yes**"
 		}
-		fmt.Fprintf(&b, "| %d | %gs | %.0f | %.1f | %.1f | %.1f | %.1f | %.3f | %.0f | %.1f | %.1f%% | %.2f | %.0f%% | %s |\n",
-			s.Nodes, s.IntervalS, s.Announced, s.Degree, s.TopicPeers, s.SentBytes/1024, s.RecvBytes/1024, s.CPUSeconds, s.Validated, s.Rejected,
+		fmt.Fprintf(&b, "| %d | %gs | %.0f | %.1f | %.1f | %.1f%% | %.1f | %.1f | %.3f | %.0f | %.1f | %.1f%% | %.2f | %.0f%% | %s |\n",
+			s.Nodes, s.IntervalS, s.Announced, s.Degree, s.TopicPeers, 100*s.NegativeScore, s.SentBytes/1024, s.RecvBytes/1024, s.CPUSeconds, s.Validated, s.Rejected,
 			100*s.Delivered, s.ProcessCPU, 100*s.MachineBusy, bound)
 	}
 	fmt.Fprintf(&b, "\nModel: per node per minute = fixed + slope x R, R = N x 60 / interval (least squares over the runs of %s nodes)\n\n", joinInts(r.FitFrom))
+	if r.FitBound {
+		b.WriteString("**Fewer than two runs delivered every offer: the fit uses CPU-bound runs, whose bytes and CPU are low (lost messages cost nothing); read the estimate as a lower bound and rerun on an idle machine.**\n\n")
+	}
 	b.WriteString("| figure | fixed | slope: per offer announced per minute | R² |\n|---|---:|---:|---:|\n")
 	for _, f := range []struct{ key, name, unit string }{
 		{"sent", "bytes sent", "B"}, {"recv", "bytes received", "B"}, {"cpu", "CPU", "s"}, {"validated", "messages validated", ""},

@@ -36,22 +36,25 @@ type run struct {
 
 // sample is what one run measured, per node and per minute of the window.
 type sample struct {
-	Nodes       int     `json:"nodes"`
-	IntervalS   float64 `json:"announce_interval_s"`
-	Degree      float64 `json:"mean_degree"`
-	WindowS     float64 `json:"window_s"`
-	Announced   float64 `json:"offers_announced_per_min"` // R: all nodes together, counted over the window
-	SentBytes   float64 `json:"sent_bytes_per_node_min"`
-	RecvBytes   float64 `json:"recv_bytes_per_node_min"`
-	CPUSeconds  float64 `json:"cpu_s_per_node_min"`
-	Validated   float64 `json:"validated_per_node_min"`
-	Rejected    float64 `json:"rejected_per_node_min"`
-	TopicPeers  float64 `json:"offers_topic_peers"` // mean, at the window's end
-	Delivered   float64 `json:"delivered"`          // offers accepted / offers expected (each node hears every other)
-	ProcessCPU  float64 `json:"process_cores"`      // cores this process kept busy
-	MachineBusy float64 `json:"machine_busy"`       // share of all cores busy, all processes
-	Contended   bool    `json:"cpu_contended"`      // see contended
-	Note        string  `json:"note,omitempty"`
+	Nodes      int     `json:"nodes"`
+	IntervalS  float64 `json:"announce_interval_s"`
+	Degree     float64 `json:"mean_degree"`
+	WindowS    float64 `json:"window_s"`
+	Announced  float64 `json:"offers_announced_per_min"` // R: all nodes together, counted over the window
+	SentBytes  float64 `json:"sent_bytes_per_node_min"`
+	RecvBytes  float64 `json:"recv_bytes_per_node_min"`
+	CPUSeconds float64 `json:"cpu_s_per_node_min"`
+	Validated  float64 `json:"validated_per_node_min"`
+	Rejected   float64 `json:"rejected_per_node_min"`
+	TopicPeers float64 `json:"offers_topic_peers"` // mean, at the window's end
+	// NegativeScore is the share of peers their nodes scored below zero
+	// at the window's end (gossipsub penalizes broken promises under load).
+	NegativeScore float64 `json:"peers_scored_negative"`
+	Delivered     float64 `json:"delivered"`     // offers accepted / offers expected (each node hears every other)
+	ProcessCPU    float64 `json:"process_cores"` // cores this process kept busy
+	MachineBusy   float64 `json:"machine_busy"`  // share of all cores busy, all processes
+	Contended     bool    `json:"cpu_contended"` // see contended
+	Note          string  `json:"note,omitempty"`
 }
 
 // contended says whether a run's figures are bounded by the machine: the
@@ -83,6 +86,20 @@ type member struct {
 	gossip    *p2p.Gossip
 	accepted  atomic.Int64 // others' offers this node accepted
 	published atomic.Int64 // offers this node announced
+	// scored and negative count this node's peers and those it scores
+	// below zero, at gossipsub's last score inspection.
+	scored, negative atomic.Int64
+}
+
+func (m *member) inspect(scores map[peer.ID]float64) {
+	var neg int64
+	for _, v := range scores {
+		if v < 0 {
+			neg++
+		}
+	}
+	m.scored.Store(int64(len(scores)))
+	m.negative.Store(neg)
 }
 
 func key(i int) *identity.Key {
@@ -141,7 +158,8 @@ func measure(r run, rng *rand.Rand) (sample, error) {
 		}
 		m.host = h
 		defer closers.Go(func() { h.Close() })
-		if m.gossip, err = p2p.NewGossip(ctx, p2p.GossipParams{Host: h, Key: m.key, ChainID: chain, Metrics: metrics, Admission: admit}); err != nil {
+		if m.gossip, err = p2p.NewGossip(ctx, p2p.GossipParams{Host: h, Key: m.key, ChainID: chain, Metrics: metrics, Admission: admit,
+			ScoreInspect: m.inspect, ScoreInspectPeriod: 5 * time.Second}); err != nil {
 			return sample{}, fmt.Errorf("node %d: %w", i, err)
 		}
 	}
@@ -217,8 +235,14 @@ func measure(r run, rng *rand.Rand) (sample, error) {
 		ProcessCPU:  (after.cpu - before.cpu) / wall.Seconds(),
 		MachineBusy: (after.busy - before.busy) / (after.total - before.total),
 	}
+	var scored, negative int64
 	for _, m := range members {
 		s.TopicPeers += float64(len(m.gossip.Offers().ListPeers())) / n
+		scored += m.scored.Load()
+		negative += m.negative.Load()
+	}
+	if scored > 0 {
+		s.NegativeScore = float64(negative) / float64(scored)
 	}
 	s.Contended = s.contended(runtime.NumCPU())
 	return s, nil
@@ -253,7 +277,13 @@ type counters struct {
 }
 
 func snapshot(reg *prometheus.Registry, members []*member) (counters, error) {
+	// The counters that move fastest first, close together: on a loaded
+	// machine this goroutine may wait a while between steps.
 	c := counters{at: time.Now()}
+	for _, m := range members {
+		c.accepted += float64(m.accepted.Load())
+		c.published += float64(m.published.Load())
+	}
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return c, fmt.Errorf("getrusage: %w", err)
@@ -284,10 +314,6 @@ func snapshot(reg *prometheus.Registry, members []*member) (counters, error) {
 				}
 			}
 		}
-	}
-	for _, m := range members {
-		c.accepted += float64(m.accepted.Load())
-		c.published += float64(m.published.Load())
 	}
 	return c, nil
 }
