@@ -30,23 +30,26 @@ import (
 // result is everything the run measured and concluded; report.md and
 // gossip.json are written from it.
 type result struct {
-	When       string          `json:"when"`
-	Go         string          `json:"go"`
-	CPUs       int             `json:"cpus"`
-	IntervalS  float64         `json:"announce_interval_s"`
-	TTLS       float64         `json:"offer_ttl_s"`
-	Degree     int             `json:"degree"`
-	OfferBytes int             `json:"offer_envelope_bytes"` // one signed offer as gossiped
-	WarmupS    float64         `json:"warmup_s"`
-	WindowS    float64         `json:"window_s"`
-	CPUBudget  float64         `json:"cpu_budget_pct_core"`
-	NetBudget  float64         `json:"net_budget_kbit_s"`
-	Samples    []sample        `json:"samples"`
-	FitFrom    []int           `json:"fit_from_nodes"`
-	Fits       map[string]line `json:"fits"` // per node per minute, against offers announced per minute in the market
-	Estimates  []estimate      `json:"estimates"`
-	Suggested  float64         `json:"interval_for_budget_at_10k_s"` // 0: the default interval fits
-	FitBound   bool            `json:"fit_from_cpu_bound_runs"`      // fewer than two runs were not CPU-bound
+	When       string  `json:"when"`
+	Go         string  `json:"go"`
+	CPUs       int     `json:"cpus"`
+	IntervalS  float64 `json:"announce_interval_s"`
+	TTLS       float64 `json:"offer_ttl_s"`
+	Degree     int     `json:"degree"`
+	OfferBytes int     `json:"offer_envelope_bytes"` // one signed offer as gossiped
+	// MessageIDBytes is a gossipsub message ID in an IHAVE: the author's
+	// peer ID, its sequence number, and protobuf's tag and length.
+	MessageIDBytes int             `json:"message_id_bytes"`
+	WarmupS        float64         `json:"warmup_s"`
+	WindowS        float64         `json:"window_s"`
+	CPUBudget      float64         `json:"cpu_budget_pct_core"`
+	NetBudget      float64         `json:"net_budget_kbit_s"`
+	Samples        []sample        `json:"samples"`
+	FitFrom        []int           `json:"fit_from_nodes"`
+	Fits           map[string]line `json:"fits"` // per node per minute, against offers announced per minute in the market
+	Estimates      []estimate      `json:"estimates"`
+	Suggested      float64         `json:"interval_for_budget_at_10k_s"` // 0: the default interval fits
+	FitBound       bool            `json:"fit_from_cpu_bound_runs"`      // fewer than two runs were not CPU-bound
 }
 
 // estimate is the model's figures for a lab machine in a market of Nodes.
@@ -86,6 +89,7 @@ func main() {
 		log.Fatal(err)
 	}
 	res.OfferBytes = len(sealed)
+	res.MessageIDBytes = len(key(0).PeerID()) + 8 + 2
 	rng := rand.New(rand.NewPCG(11, 11))
 	for _, r := range runs {
 		r.Degree = min(*degree, r.Nodes-1)

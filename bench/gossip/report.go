@@ -5,6 +5,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
 )
 
 // tables are the measured runs and the extrapolation, as markdown (they
@@ -42,8 +44,27 @@ func (r *result) tables() string {
 	for _, e := range r.Estimates {
 		fmt.Fprintf(&b, "| %d | %.0f | %.1f | %.1f | %.2f | %.1f | %.0f |\n", e.Nodes, float64(e.Nodes)*60/e.IntervalS, e.SentKbit, e.RecvKbit, e.CPUPct, e.Validated, e.SentMiB)
 	}
+	fmt.Fprintf(&b, "\nIHAVE at a real node's connection count, computed from gossipsub's parameters (not measured): "+
+		"extra kbit/s sent (and received across its peers) beyond the runs' %d connections\n\n", r.Degree)
+	b.WriteString("| machines | 64 connections (ConnLow) | 192 connections (ConnHigh) |\n|---:|---:|---:|\n")
+	for _, n := range []int{1_000, 10_000} {
+		rate := float64(n) * 60 / r.IntervalS
+		extra := func(deg int) float64 { return (r.ihave(deg, rate) - r.ihave(r.Degree, rate)) * 8 / 1000 }
+		fmt.Fprintf(&b, "| %d | +%.0f | +%.0f |\n", n, extra(64), extra(192))
+	}
 	fmt.Fprintf(&b, "\n%s\n", r.verdict())
 	return b.String()
+}
+
+// ihave is the bytes a second a node with deg connections sends in IHAVE
+// message IDs when the market announces rate offers a minute: each
+// heartbeat (1 s) it advertises the IDs of the last HistoryGossip
+// heartbeats (at most MaxIHaveLength) to max(Dlazy, GossipFactor x its
+// peers outside the mesh) peers.
+func (r *result) ihave(deg int, rate float64) float64 {
+	peers := math.Max(float64(pubsub.GossipSubDlazy), pubsub.GossipSubGossipFactor*float64(deg-pubsub.GossipSubD))
+	ids := math.Min(float64(pubsub.GossipSubHistoryGossip)*rate/60, float64(pubsub.GossipSubMaxIHaveLength))
+	return peers * ids * float64(r.MessageIDBytes)
 }
 
 // verdict says whether 10,000 machines fit the budgets at the default
@@ -89,7 +110,7 @@ DeepMarket's scoring, flood publishing, and the validator with ledger admission 
 the registered machines), listening on loopback TCP with Noise and yamux. Each node dials %d/2 random
 others (about %d connections each) and re-announces a signed offer of realistic size (four addresses,
 software versions, a window) from a random phase, every %gs (the node's default announce_interval) or,
-for the largest swarm, a multiple of it so that the swarm fits this machine's cores; the model below
+for the larger swarms, a multiple of it so that they fit this machine's cores; the model below
 accounts for that. After a %gs warm-up, the process is measured for %gs rounded up to whole intervals
 (so every node announces the same number of times in the window, whatever its phase):
 
@@ -135,7 +156,8 @@ Limits:
 - Degree: the runs give each node about %d connections; a real node keeps 64-192 (ConnLow/ConnHigh).
   More connections add gossipsub IHAVE traffic (message IDs to a quarter of the non-mesh peers each
   heartbeat, about 50 bytes per ID) and flood-publish copies of the node's own offer; the mesh (D = 6)
-  that carries the bulk does not grow. The estimate is low by that IHAVE share.
+  that carries the bulk does not grow. The estimate is low by that IHAVE share, computed in the table
+  under the estimate.
 - Loopback: no latency or loss, so fewer IWANT retransmissions than on a WAN; TCP/IP headers (about
   5%% on 1.5 kB segments, more on small frames) are not counted. QUIC was not used.
 - Offers only: bids, withdrawals, the ledger's CometBFT gossip and the DHT are not in these figures.
