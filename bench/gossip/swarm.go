@@ -173,10 +173,11 @@ func measure(r run, rng *rand.Rand) (sample, error) {
 			if j >= i {
 				j++
 			}
-			if seen[[2]int{min(i, j), max(i, j)}] {
+			pair := [2]int{min(i, j), max(i, j)}
+			if seen[pair] {
 				continue
 			}
-			seen[[2]int{min(i, j), max(i, j)}] = true
+			seen[pair] = true
 			links++
 			to := members[j].host
 			dials.Go(func() error {
