@@ -67,11 +67,15 @@ lint: ## gofmt and go vet
 # bench-training and testnet-report are left out: they need root and take
 # about 25 and 20 minutes.
 .PHONY: bench
-bench: bench-p2p bench-ledger bench-storage bench-scheduler bench-jobs bench-tunnel ## Run every benchmark
+bench: bench-p2p bench-gossip bench-ledger bench-storage bench-scheduler bench-jobs bench-tunnel ## Run every benchmark
 
 .PHONY: bench-p2p
 bench-p2p: build ## Gossip: propagation over 50 nodes, validation rate, idle node cost
 	$(GO) run ./bench/p2p -bin $(BIN) -out bench/results/p2p.json
+
+.PHONY: bench-gossip
+bench-gossip: ## Offer gossip per node (bytes, CPU, validations a minute) in 50-300 in-process nodes, extrapolated to 10,000 machines (~6 min); report in bench/results/gossip
+	$(GO) run ./bench/gossip -out bench/results/gossip
 
 .PHONY: bench-ledger
 bench-ledger: ## Ledger vs CometBFT's kvstore: tx/s and commit latency (1 and 4 validators), audit replay rate, per-block time at 10k/100k/1M accounts
