@@ -338,7 +338,9 @@ func TestFashionMNISTDiLoCoAcrossTwoLenders(t *testing.T) {
 	c := startJobCluster(t, py, 2)
 	a := c.sub
 	spec := fashionSpec(t, 2)
-	spec.Training = &p2p.Training{Mode: "diloco", SyncEvery: 20, Compress: "int8"}
+	// The work described (120 steps of the mlp, 101,770 parameters), so
+	// the quote predicts its time from the lenders' links.
+	spec.Training = &p2p.Training{Mode: "diloco", SyncEvery: 20, Compress: "int8", Steps: 120, Params: 101_770, StepMillis: 5}
 	j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: spec, Yes: true})
 	if err != nil {
 		t.Fatal(err)
@@ -347,6 +349,9 @@ func TestFashionMNISTDiLoCoAcrossTwoLenders(t *testing.T) {
 	log := jobLog(t, a, j.ID)
 	if j.State != jobs.Succeeded {
 		t.Fatalf("job %s: %s\n%s", j.State, j.Reason, log)
+	}
+	if p := j.Runs[0].Predicted; p == nil || p.TotalSeconds <= 0 || p.Fewest != 2 || p.SpeedUp <= 1 {
+		t.Errorf("the quote's prediction: %+v", p)
 	}
 	out := filepath.Join(t.TempDir(), "result")
 	if _, err := a.client.DataGet(t.Context(), j.ResultCID, out, nil); err != nil {

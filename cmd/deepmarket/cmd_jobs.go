@@ -159,6 +159,9 @@ func submitOut(j *jobs.Job) map[string]any {
 		out["per_hour"] = r.PerHour
 		out["quoted_total"] = r.Quoted
 		out["workers"] = r.Workers
+		if r.Predicted != nil {
+			out["predicted"] = r.Predicted
+		}
 	}
 	return out
 }
@@ -183,6 +186,23 @@ func showQuote(w io.Writer, j *jobs.Job) {
 	}
 	fmt.Fprintf(w, "price: %s credits an hour; at most %s credits for %s (your max price %s, locked in escrow, the rest refunded)\n\n",
 		units.FormatCredits(r.PerHour), units.FormatCredits(r.Quoted), j.Spec.MaxDuration, units.FormatCredits(j.Spec.MaxPrice))
+	if p := r.Predicted; p != nil {
+		fmt.Fprintf(w, "predicted: %s to train (%s of it exchanging weights), %.0f ms a step, %.2fx one worker's speed",
+			seconds(p.TotalSeconds), seconds(p.CommSeconds), p.StepMillis, p.SpeedUp)
+		if p.Fewest < len(r.Workers) {
+			fmt.Fprintf(w, "; %s would finish sooner", units.Count(p.Fewest, "worker", "workers"))
+		}
+		fmt.Fprint(w, "\n\n")
+	}
+}
+
+// seconds is a prediction's time, rounded as a person reads it.
+func seconds(s float64) time.Duration {
+	d := time.Duration(s * float64(time.Second))
+	if d >= time.Minute {
+		return d.Round(time.Second)
+	}
+	return d.Round(100 * time.Millisecond)
 }
 
 func printJobEnd(w io.Writer, j *jobs.Job) {

@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"time"
+
+	"github.com/deepmarket/deepmarket/p2p"
 )
 
 // State is where a job is in its life on its submitting node.
@@ -91,6 +93,9 @@ type Run struct {
 	SettleTx  string    `json:"settle_tx,omitempty"`
 	Scheduler string    `json:"scheduler,omitempty"`
 	HeldUntil time.Time `json:"held_until,omitzero"`
+	// Predicted is the quote's prediction of the job's time on these
+	// machines, when the spec's [training] gives steps and params.
+	Predicted *p2p.Predicted `json:"predicted,omitempty"`
 }
 
 // Job is a job on its submitting node, as persisted.

@@ -156,7 +156,7 @@ func (m *Manager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.R
 	bid := p2p.Bid{JobID: runID, Workers: uint32(s.Workers),
 		PerWorker: p2p.Resources{Cores: uint32(s.Cores), MemBytes: s.MemBytes, GPUs: uint32(s.GPUs)},
 		MaxPrice:  s.MaxPrice - min(j.Cost, s.MaxPrice), Duration: int64(s.MaxDuration / time.Second),
-		BundleCID: j.BundleCID, DatasetCID: j.DatasetCID, Framework: s.Framework, Site: s.Site}
+		BundleCID: j.BundleCID, DatasetCID: j.DatasetCID, Framework: s.Framework, Site: s.Site, Training: s.Training}
 	if !s.Deadline.IsZero() {
 		bid.Deadline = s.Deadline.Unix()
 	}
@@ -208,7 +208,7 @@ func (m *Manager) gatherQuotes(ctx context.Context, runID string) ([]api.Receive
 // offers among held do.
 func runOf(q *api.ReceivedQuote, held []p2p.Offer) *jobs.Run {
 	r := &jobs.Run{ID: q.JobID, PerHour: q.PerHour, Quoted: q.Total, Scheduler: q.Scheduler,
-		HeldUntil: time.UnixMilli(q.HeldUntil)}
+		HeldUntil: time.UnixMilli(q.HeldUntil), Predicted: q.Predicted}
 	offers := map[string]p2p.Offer{}
 	for _, o := range held {
 		offers[o.Machine] = o
