@@ -106,7 +106,7 @@ type Result struct {
 	Evals [][3]float64 `json:"evals,omitempty"`
 	// Predicted is the scheduler's prediction for this job (see predict).
 	Predicted *Predicted `json:"predicted,omitempty"`
-	Log   string       `json:"log,omitempty"` // where the job's log was saved
+	Log       string     `json:"log,omitempty"` // where the job's log was saved
 }
 
 // Report is the JSON output.
