@@ -205,29 +205,68 @@ type StatusReq struct {
 	Receipt *Receipt `cbor:"receipt,omitempty" json:"receipt,omitempty"`
 }
 
+// WorkerState is where a job's worker is on its machine.
+type WorkerState string
+
 // Worker states a machine reports.
 const (
-	WorkerFetching = "fetching" // bundle and dataset coming
-	WorkerRunning  = "running"
-	WorkerExited   = "exited" // ended by itself; see ExitCode
-	WorkerStopped  = "stopped"
-	WorkerFailed   = "failed" // could not start, or a limit was hit
+	WorkerFetching WorkerState = "fetching" // bundle and dataset coming
+	WorkerRunning  WorkerState = "running"
+	WorkerExited   WorkerState = "exited" // ended by itself; see ExitCode
+	WorkerStopped  WorkerState = "stopped"
+	WorkerFailed   WorkerState = "failed" // could not start, or a limit was hit
 )
+
+// Known reports whether s is one of the states a machine may report.
+func (s WorkerState) Known() bool {
+	switch s {
+	case WorkerFetching, WorkerRunning, WorkerExited, WorkerStopped, WorkerFailed:
+		return true
+	}
+	return false
+}
+
+// Ended reports whether a worker in s does nothing more.
+func (s WorkerState) Ended() bool {
+	return s == WorkerExited || s == WorkerStopped || s == WorkerFailed
+}
 
 // JobStatus is a worker's state on its machine.
 type JobStatus struct {
-	JobID    string `cbor:"job" json:"job_id"`
-	Index    int    `cbor:"index" json:"index"`
-	State    string `cbor:"state" json:"state"`
-	ExitCode int    `cbor:"exit,omitempty" json:"exit_code"`
-	Reason   string `cbor:"reason,omitempty" json:"reason,omitempty"`
-	Started  int64  `cbor:"started,omitempty" json:"started_ms,omitempty"` // unix ms
-	Ended    int64  `cbor:"ended,omitempty" json:"ended_ms,omitempty"`
+	JobID    string      `cbor:"job" json:"job_id"`
+	Index    int         `cbor:"index" json:"index"`
+	State    WorkerState `cbor:"state" json:"state"`
+	ExitCode int         `cbor:"exit,omitempty" json:"exit_code"`
+	Reason   string      `cbor:"reason,omitempty" json:"reason,omitempty"`
+	Started  int64       `cbor:"started,omitempty" json:"started_ms,omitempty"` // unix ms
+	Ended    int64       `cbor:"ended,omitempty" json:"ended_ms,omitempty"`
 	// Result is the CID of the chief's output dir once it exited;
 	// Checkpoint the same when it was stopped (for a re-placed run).
 	Result     string `cbor:"result,omitempty" json:"result_cid,omitempty"`
 	Checkpoint string `cbor:"ckpt,omitempty" json:"checkpoint_cid,omitempty"`
 	LogBytes   int64  `cbor:"log,omitempty" json:"log_bytes"`
+}
+
+// Validate checks a machine's report on worker index of job: a state
+// the protocol knows, for the worker asked about, within bounds. A report
+// that fails it counts as no answer.
+func (s *JobStatus) Validate(job string, index int) error {
+	switch {
+	case s.JobID != job || s.Index != index:
+		return rangeErr("status of worker %d of %.16s, asked about worker %d of %.16s", s.Index, s.JobID, index, job)
+	case !s.State.Known():
+		return rangeErr("worker state %q", s.State)
+	case len(s.Reason) > maxTextLen:
+		return rangeErr("reason of %d bytes", len(s.Reason))
+	case s.LogBytes < 0 || s.Started < 0 || s.Ended < 0:
+		return rangeErr("negative log size or time")
+	}
+	for _, c := range []string{s.Result, s.Checkpoint} {
+		if c != "" && !cidRE.MatchString(c) {
+			return rangeErr("CID %q", c)
+		}
+	}
+	return nil
 }
 
 // LogsReq asks for a worker's output from Offset.

@@ -395,3 +395,25 @@ func TestClip(t *testing.T) {
 		}
 	}
 }
+
+func TestJobStatusValidate(t *testing.T) {
+	job := strings.Repeat("ab", 32)
+	good := JobStatus{JobID: job, Index: 1, State: WorkerExited, Result: "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"}
+	if err := good.Validate(job, 1); err != nil {
+		t.Fatalf("a good report: %v", err)
+	}
+	for name, edit := range map[string]func(*JobStatus){
+		"another worker": func(s *JobStatus) { s.Index = 0 },
+		"another job":    func(s *JobStatus) { s.JobID = strings.Repeat("cd", 32) },
+		"unknown state":  func(s *JobStatus) { s.State = "placed" },
+		"long reason":    func(s *JobStatus) { s.Reason = strings.Repeat("x", maxTextLen+1) },
+		"bad result":     func(s *JobStatus) { s.Result = "../../etc" },
+		"negative log":   func(s *JobStatus) { s.LogBytes = -1 },
+	} {
+		s := good
+		edit(&s)
+		if err := s.Validate(job, 1); !errors.Is(err, ErrOutOfRange) {
+			t.Errorf("%s: %v, want out of range", name, err)
+		}
+	}
+}

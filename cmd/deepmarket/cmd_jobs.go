@@ -281,7 +281,7 @@ func newJobsCmd(c *cli) *cobra.Command {
 		if r := j.Current(); r != nil {
 			rows := make([][]string, 0, len(r.Workers))
 			for i, w := range r.Workers {
-				rows = append(rows, []string{fmt.Sprint(i), orStr(w.Moniker, short(w.Machine)), w.Site, w.State,
+				rows = append(rows, []string{fmt.Sprint(i), orStr(w.Moniker, short(w.Machine)), w.Site, string(w.State),
 					units.FormatCredits(w.PerHour), w.Reason})
 			}
 			fmt.Fprintf(c.out, "run %d of %d:\n", len(j.Runs), 2)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/p2p"
 )
 
 // Server-sent events: what keeps the dashboard live without reloading.
@@ -39,9 +40,9 @@ type JobSummary struct {
 
 // WorkerSummary is a job's worker in the "jobs" event.
 type WorkerSummary struct {
-	Machine  string    `json:"machine"`
-	State    string    `json:"state"`
-	LastSeen time.Time `json:"last_seen,omitzero"`
+	Machine  string          `json:"machine"`
+	State    p2p.WorkerState `json:"state"`
+	LastSeen time.Time       `json:"last_seen,omitzero"`
 }
 
 // OfferSummary is one offer in the "offers" event: what a change of the

@@ -56,17 +56,21 @@ func CanMove(from, to State) bool {
 	return false
 }
 
+// WorkerPlaced is a worker's state from its quote until its machine first
+// reports one of p2p's worker states.
+const WorkerPlaced p2p.WorkerState = "placed"
+
 // Worker is one of a job's workers, as its submitter knows it.
 type Worker struct {
-	Machine  string `json:"machine"` // peer ID
-	Moniker  string `json:"moniker,omitempty"`
-	Site     string `json:"site,omitempty"`
-	Payee    string `json:"payee"` // the machine's ledger address
-	Hold     string `json:"hold"`
-	PerHour  uint64 `json:"per_hour"`
-	State    string `json:"state"`
-	ExitCode int    `json:"exit_code,omitempty"`
-	Reason   string `json:"reason,omitempty"`
+	Machine  string          `json:"machine"` // peer ID
+	Moniker  string          `json:"moniker,omitempty"`
+	Site     string          `json:"site,omitempty"`
+	Payee    string          `json:"payee"` // the machine's ledger address
+	Hold     string          `json:"hold"`
+	PerHour  uint64          `json:"per_hour"`
+	State    p2p.WorkerState `json:"state"` // WorkerPlaced until its machine reports
+	ExitCode int             `json:"exit_code,omitempty"`
+	Reason   string          `json:"reason,omitempty"`
 	// Started and LastSeen bound the time it ran, as the submitter saw
 	// it: what its machine is paid for.
 	Started  time.Time `json:"started,omitzero"`

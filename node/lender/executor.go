@@ -98,7 +98,7 @@ type worker struct {
 	box    string // the sandbox's name
 
 	mu       sync.Mutex
-	state    string
+	state    p2p.WorkerState
 	exit     int
 	reason   string
 	started  time.Time

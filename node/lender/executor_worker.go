@@ -269,7 +269,7 @@ func awaitWorker(proc *sandbox.Process, lease *sandbox.Lease) (sandbox.Exit, err
 // waited for or emptied, so it may be left for the next start to reap).
 // It returns whether the worker had been stopped, whether its checkpoint
 // was asked for, and the state it ended in.
-func (w *worker) recordEnd(exit sandbox.Exit, err error) (stopped, wantCkpt bool, state string) {
+func (w *worker) recordEnd(exit sandbox.Exit, err error) (stopped, wantCkpt bool, state p2p.WorkerState) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.ended = time.Now()

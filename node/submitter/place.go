@@ -216,7 +216,7 @@ func runOf(q *api.ReceivedQuote, held []p2p.Offer) *jobs.Run {
 	for _, w := range q.Workers {
 		o := offers[w.Machine]
 		r.Workers = append(r.Workers, jobs.Worker{Machine: w.Machine, Moniker: o.Moniker, Site: o.Site,
-			Payee: PayeeOf(w.Machine), Hold: w.Hold, PerHour: w.PerHour, State: "placed"})
+			Payee: PayeeOf(w.Machine), Hold: w.Hold, PerHour: w.PerHour, State: jobs.WorkerPlaced})
 	}
 	return r
 }

@@ -108,6 +108,10 @@ func (m *Manager) pollWorker(ctx context.Context, j *jobs.Job, run *jobs.Run, i 
 		p2p.TypeJobStatus, &st); err != nil {
 		return nil
 	}
+	if err := st.Validate(run.ID, i); err != nil {
+		m.p.Logger.Warn("a machine's report on its worker does not check out; taken as no answer", "job", j.ID, "worker", i, "machine", w.Machine, "err", err)
+		return nil
+	}
 	if st.LogBytes > w.LogOffset {
 		var lg p2p.Logs
 		if err := m.p.Machines.Call(cctx, w.Machine, p2p.TypeLogsReq, &p2p.LogsReq{JobID: run.ID, Index: i, Offset: w.LogOffset},
