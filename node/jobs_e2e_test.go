@@ -17,6 +17,7 @@ import (
 
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/node/sandbox/sandboxtest"
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
@@ -40,7 +41,7 @@ func jobPython(t *testing.T) string {
 		}
 		t.Skip("no Python with tensorflow-cpu: run `make deps` (make test does)")
 	}
-	needSandbox(t)
+	sandboxtest.Need(t)
 	return py
 }
 

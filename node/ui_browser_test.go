@@ -33,6 +33,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/node/market"
+	"github.com/deepmarket/deepmarket/node/sandbox/sandboxtest"
 )
 
 // chromium finds the browser ($DM_CHROMIUM if set, else Debian's), or
@@ -313,7 +314,7 @@ func checkNotBlank(b []byte) error {
 // need only python3.
 func uiPython(t *testing.T) string {
 	t.Helper()
-	needSandbox(t) // lending needs it
+	sandboxtest.Need(t) // lending needs it
 	for _, p := range []string{os.Getenv("DM_PYTHON"), "/opt/deepmarket/venv/bin/python3", "/usr/bin/python3"} {
 		if p == "" {
 			continue

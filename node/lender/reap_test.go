@@ -12,6 +12,7 @@ import (
 
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/sandbox"
+	"github.com/deepmarket/deepmarket/node/sandbox/sandboxtest"
 )
 
 // TestReapLeftoverWorkers: a node killed with SIGKILL left a worker
@@ -19,7 +20,7 @@ import (
 // and removes its work dir, keeps what the machine is owed, and leaves
 // alone a worker of another node on the same machine.
 func TestReapLeftoverWorkers(t *testing.T) {
-	needSandbox(t)
+	sandboxtest.Need(t)
 	work := reapWorkDir(t)
 	otherWork := reapWorkDir(t)
 	job, otherJob := randomJobID(t), randomJobID(t)
