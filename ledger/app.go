@@ -47,6 +47,8 @@ type App struct {
 	// Transactions whose signatures CheckTx verified; FinalizeBlock does not
 	// verify them again.
 	verified map[[32]byte]struct{}
+	// committed is closed when the next block is stored (see Committed).
+	committed chan struct{}
 }
 
 var _ abci.Application = (*App)(nil)
@@ -56,7 +58,16 @@ func newApp(st *treeStore, log *slog.Logger) *App {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &App{log: log, store: st, state: NewState(), checkNonce: map[string]uint64{}, checkSpend: map[string]uint64{},
-		pending: map[[32]byte]struct{}{}, verified: map[[32]byte]struct{}{}}
+		pending: map[[32]byte]struct{}{}, verified: map[[32]byte]struct{}{}, committed: make(chan struct{})}
+}
+
+// Committed returns a channel closed when the next block is stored: a
+// reader waiting for a transaction's effect (an escrow, say) looks again
+// then, instead of polling.
+func (app *App) Committed() <-chan struct{} {
+	app.mu.RLock()
+	defer app.mu.RUnlock()
+	return app.committed
 }
 
 // NewMemoryApp returns an app whose state lives in memory only (tests,
@@ -416,6 +427,8 @@ func (app *App) Commit(context.Context, *abci.RequestCommit) (*abci.ResponseComm
 	if len(app.verified) > 100_000 {
 		clear(app.verified)
 	}
+	close(app.committed)
+	app.committed = make(chan struct{})
 	return &abci.ResponseCommit{}, nil
 }
 

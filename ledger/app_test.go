@@ -440,3 +440,23 @@ func TestPrepareProposalOrdersNonces(t *testing.T) {
 		t.Fatalf("byte limit: %d txs", len(small.Txs))
 	}
 }
+
+// TestCommittedWakesOnEachBlock: a reader waiting on Committed wakes when
+// the next block is stored, and only then.
+func TestCommittedWakesOnEachBlock(t *testing.T) {
+	h := newHarness(t, nil, genesis(key(t, 1), nil))
+	for range 2 {
+		next := h.app.Committed()
+		select {
+		case <-next:
+			t.Fatal("woken before the block")
+		default:
+		}
+		h.block()
+		select {
+		case <-next:
+		default:
+			t.Fatal("not woken by the block")
+		}
+	}
+}

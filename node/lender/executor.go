@@ -53,18 +53,20 @@ type Executor struct {
 	store   Store
 	blocks  Blocks
 	ledger  Escrows
-	holds   HoldBook
-	lent    GPULender
-	dial    Dialer
-	home    string // the node's home, hidden from jobs
-	cpuPool []int  // the CPUs workers may be pinned to (all when empty)
-	dir     string
-	root    *os.Root // dir: the workers' dirs
-	logs    *os.Root // dir/logs: one dir per worker, which only the node writes
-	ids     sandbox.IDRange
-	keep    time.Duration // how long logs and dirs of ended workers stay
-	tunnels *tunnel.Service
-	python  string
+	// committed: see ExecutorParams.Committed.
+	committed func() <-chan struct{}
+	holds     HoldBook
+	lent      GPULender
+	dial      Dialer
+	home      string // the node's home, hidden from jobs
+	cpuPool   []int  // the CPUs workers may be pinned to (all when empty)
+	dir       string
+	root      *os.Root // dir: the workers' dirs
+	logs      *os.Root // dir/logs: one dir per worker, which only the node writes
+	ids       sandbox.IDRange
+	keep      time.Duration // how long logs and dirs of ended workers stay
+	tunnels   *tunnel.Service
+	python    string
 	// tag ends this node's sandbox names: nodes sharing a machine share
 	// the cgroup parent, and one must never take another's sandbox for its
 	// own leftover.
@@ -142,9 +144,12 @@ type ExecutorParams struct {
 	Store   Store
 	Blocks  Blocks
 	Ledger  Escrows
-	Holds   HoldBook
-	GPUs    GPULender
-	Dialer  Dialer
+	// Committed, when set, returns a channel closed when this machine's
+	// ledger replica stores its next block (ledger.App.Committed).
+	Committed func() <-chan struct{}
+	Holds     HoldBook
+	GPUs      GPULender
+	Dialer    Dialer
 
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -168,7 +173,7 @@ func NewExecutor(p ExecutorParams) (*Executor, error) {
 		return nil, err
 	}
 	id := p.Host.ID().String()
-	e := &Executor{log: p.Logger, self: id, account: p.Account, store: p.Store, blocks: p.Blocks, ledger: p.Ledger,
+	e := &Executor{log: p.Logger, self: id, account: p.Account, store: p.Store, blocks: p.Blocks, ledger: p.Ledger, committed: p.Committed,
 		holds: p.Holds, lent: p.GPUs, dial: p.Dialer, home: p.Home, cpuPool: p.CPUs,
 		dir: p.Dir, root: root, logs: logs, ids: ids, keep: p.KeepLogs,
 		python: p.Python, tunnels: tunnel.New(p.Host, p.ChainID, p.Logger.With("module", "tunnel")),

@@ -100,9 +100,15 @@ func submitterAddress(from peer.ID) (identity.Address, error) {
 
 // awaitEscrow reads run's escrow from the ledger. The escrow was just
 // committed: this machine's replica of the ledger may be a block behind,
-// so it asks again until ctx ends.
+// so it looks again as each block is stored, until ctx ends (every 200 ms
+// where no block notification is wired, and at least every 5 s anyway).
 func (e *Executor) awaitEscrow(ctx context.Context, run string) (*ledger.Escrow, error) {
 	for {
+		var next <-chan struct{}
+		again := 200 * time.Millisecond
+		if e.committed != nil {
+			next, again = e.committed(), 5*time.Second // taken before the read: a block in between still wakes it
+		}
 		esc, err := e.ledger.Escrow(ctx, run)
 		if err == nil {
 			return esc, nil
@@ -110,7 +116,8 @@ func (e *Executor) awaitEscrow(ctx context.Context, run string) (*ledger.Escrow,
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("no escrow for this job on the ledger: %w", err)
-		case <-time.After(200 * time.Millisecond):
+		case <-next:
+		case <-time.After(again):
 		}
 	}
 }
