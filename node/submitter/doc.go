@@ -23,16 +23,17 @@
 //  4. escrow opens the run's escrow on the ledger (escrowed).
 //  5. launch asks each machine to start its worker (launching).
 //  6. supervise polls the workers (poll, pollWorker), sending signed
-//     receipts now and then (receipts), until survey and judge say the
+//     receipts now and then (receipts), until jobs.Survey and jobs.Judge say the
 //     run ended (running, then its end).
 //  7. windDown stops the workers (stopAll, awaitCheckpoint), settles
-//     (settle, by payPlan) and tells the machines to forget the run
+//     (settle, by jobs.PayPlan) and tells the machines to forget the run
 //     (finalStop).
 //  8. conclude ends the job (succeeded, failed, cancelled), or, a worker
 //     lost, re-places it once: drive goes round again from hold, the
 //     chief resuming from its checkpoint.
 //
-// The decisions along the way (survey, judge, afterRun, payPlan,
-// enoughQuotes, choose, bidAgain) are pure functions in decide.go, tested
-// by tables.
+// The decisions along the way are pure functions tested by tables: the
+// job's (jobs.Survey, jobs.Judge, jobs.AfterRun, jobs.PayPlan) in
+// node/jobs, the submitter's own (enoughQuotes, choose, bidAgain) in
+// decide.go.
 package submitter

@@ -25,8 +25,6 @@ const (
 	quoteWaitMax   = 10 * time.Second // waited at most for a first quote
 	confirmWait    = 10 * time.Minute // an unconfirmed job is dropped after
 	receiptEvery   = 30 * time.Second
-	lostAfter      = 30 * time.Second // a worker not heard from this long is lost
-	maxRuns        = 2                // a job is re-placed at most once
 	commitAttempts = 3
 	rebids         = 8 // bids again when nothing fits, this often
 	rebidEvery     = 2 * time.Second

@@ -19,7 +19,7 @@ import (
 func (m *Manager) drive(ctx context.Context, j *jobs.Job) {
 	k, launched, ok := m.resumeAt(ctx, j)
 	for ; ok; k, launched = k+1, false {
-		var end runEnd
+		var end jobs.RunEnd
 		if !launched {
 			resume := m.checkpoint(j)
 			if !m.hold(ctx, j, k) || !m.escrow(ctx, j, k) {
@@ -27,7 +27,7 @@ func (m *Manager) drive(ctx context.Context, j *jobs.Job) {
 			}
 			if err := m.launch(ctx, j, k, resume); err != nil {
 				m.logf(j, "launch: %v", err)
-				end = runEnd{out: launchFailed, why: "launch failed: " + err.Error()}
+				end = jobs.RunEnd{Out: jobs.LaunchFailed, Why: "launch failed: " + err.Error()}
 			} else {
 				launched = true
 			}
@@ -81,34 +81,34 @@ func (m *Manager) checkpoint(j *jobs.Job) string {
 // forget the run (its holds freed for a re-placed run; the chief's
 // output or checkpoint is already in storage). A run whose launch failed
 // also has its holds released.
-func (m *Manager) windDown(ctx context.Context, j *jobs.Job, k int, end runEnd) {
+func (m *Manager) windDown(ctx context.Context, j *jobs.Job, k int, end jobs.RunEnd) {
 	bg := context.WithoutCancel(ctx)
-	stopReason := end.why
-	if end.out == launchFailed {
+	stopReason := end.Why
+	if end.Out == jobs.LaunchFailed {
 		stopReason = "launch failed"
 	}
-	m.stopAll(bg, j, k, stopReason, end.checkpoint)
-	if end.checkpoint {
+	m.stopAll(bg, j, k, stopReason, end.Checkpoint)
+	if end.Checkpoint {
 		m.awaitCheckpoint(bg, j, k)
 	}
-	m.settle(bg, j, k, end.lost)
+	m.settle(bg, j, k, end.Lost)
 	m.finalStop(bg, j, k)
-	if end.out == launchFailed {
+	if end.Out == jobs.LaunchFailed {
 		m.releaseHolds(bg, &j.Runs[k])
 	}
 }
 
 // conclude moves the job on once run k ended: to its end, or back to
 // quoting for the next run, when it reports true.
-func (m *Manager) conclude(j *jobs.Job, k int, end runEnd) bool {
-	if j.State == jobs.Launching && end.out == succeeded {
+func (m *Manager) conclude(j *jobs.Job, k int, end jobs.RunEnd) bool {
+	if j.State == jobs.Launching && end.Out == jobs.RunSucceeded {
 		m.move(j, jobs.Running, "") // it ran, between two polls
 	}
-	switch afterRun(end.out, k) {
+	switch jobs.AfterRun(end.Out, k) {
 	case jobs.Quoting:
-		if end.out == workerLost { // a failed launch re-places quietly
+		if end.Out == jobs.WorkerLost { // a failed launch re-places quietly
 			m.logf(j, "re-placing the job once on other machines%s", map[bool]string{true: " from the chief's checkpoint", false: ""}[j.Checkpoint != ""])
-			m.move(j, jobs.Quoting, end.why+": re-placing")
+			m.move(j, jobs.Quoting, end.Why+": re-placing")
 		}
 		return true
 	case jobs.Succeeded:
@@ -116,7 +116,7 @@ func (m *Manager) conclude(j *jobs.Job, k int, end runEnd) bool {
 	case jobs.Cancelled:
 		m.move(j, jobs.Cancelled, "cancelled by the submitter")
 	default:
-		m.move(j, jobs.Failed, end.why)
+		m.move(j, jobs.Failed, end.Why)
 	}
 	return false
 }

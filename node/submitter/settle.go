@@ -54,7 +54,7 @@ func (m *Manager) settle(ctx context.Context, j *jobs.Job, k int, lost map[int]b
 	}
 	now := time.Now()
 	m.mu.Lock()
-	pays, total := payPlan(run, lost, now)
+	pays, total := jobs.PayPlan(run, lost, now)
 	m.mu.Unlock()
 	var tx string
 	for attempt := 0; attempt < 5; attempt++ {

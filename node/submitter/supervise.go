@@ -15,7 +15,7 @@ import (
 // supervise polls run k's workers (status, heartbeat, receipts, logs)
 // until the run ends, and says how; false when the node stops first (the
 // job resumes when it restarts).
-func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (runEnd, bool) {
+func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (jobs.RunEnd, bool) {
 	run := &j.Runs[k]
 	m.heardNow(j, run)
 	lastReceipt := time.Time{}
@@ -23,7 +23,7 @@ func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (runEnd, bo
 	for {
 		select {
 		case <-ctx.Done():
-			return runEnd{}, false
+			return jobs.RunEnd{}, false
 		case <-time.After(m.pollInterval(j)):
 		}
 		now := time.Now()
@@ -35,13 +35,13 @@ func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (runEnd, bo
 		if j.State == jobs.Launching && anyRunning(sts) {
 			m.move(j, jobs.Running, "")
 		}
-		f := survey(sts, run.Workers, lost, now)
-		lost = f.lost
-		if f.result != "" {
-			m.save(j, func() { j.ResultCID = f.result })
+		f := jobs.Survey(sts, run.Workers, lost, now)
+		lost = f.Lost
+		if f.Result != "" {
+			m.save(j, func() { j.ResultCID = f.Result })
 		}
-		if end, ended := judge(f, m.cancelled(j.ID), run.Started, j.Spec.MaxDuration, now); ended {
-			m.logf(j, "run ends: %s", map[bool]string{true: end.why, false: "the chief finished"}[end.why != ""])
+		if end, ended := jobs.Judge(f, m.cancelled(j.ID), run.Started, j.Spec.MaxDuration, now); ended {
+			m.logf(j, "run ends: %s", map[bool]string{true: end.Why, false: "the chief finished"}[end.Why != ""])
 			return end, true
 		}
 	}
@@ -173,7 +173,7 @@ func tagLines(tag string, b []byte) string {
 func (m *Manager) receipts(j *jobs.Job, k int, now time.Time) map[string]*p2p.Receipt {
 	run := &j.Runs[k]
 	m.mu.Lock()
-	owed := owedSoFar(run, now)
+	owed := jobs.OwedSoFar(run, now)
 	m.mu.Unlock()
 	out := map[string]*p2p.Receipt{}
 	m.save(j, func() {

@@ -1,0 +1,206 @@
+package jobs
+
+// The decisions of a job's life on its submitter: what one poll of a run's
+// workers means, whether and how the run ended, what the job does next,
+// and what each machine is paid. They read only what they are given (no
+// clock, network, store or lock), so decide_test.go tests them by tables.
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/p2p"
+)
+
+const (
+	// LostAfter is how long a worker may go unheard before it is lost.
+	LostAfter = 30 * time.Second
+	// MaxRuns bounds a job's runs: it is re-placed at most once.
+	MaxRuns = 2
+)
+
+// Outcome is how a run ended.
+type Outcome int
+
+const (
+	RunSucceeded Outcome = iota
+	ProgramFailed
+	WorkerLost
+	RunCancelled
+	TimedOut
+	LaunchFailed
+)
+
+// Fleet is what one poll found of a run's workers.
+type Fleet struct {
+	Over   bool         // every worker answered, and none is still fetching or running
+	Result string       // the chief exited 0 leaving this output
+	Failed string       // why a worker failed (the last one, when several did)
+	Lost   map[int]bool // lost workers, found by this poll or an earlier one
+	Silent bool         // some worker did not answer
+	Chief  bool         // the chief's machine answered
+}
+
+// Survey reads one poll of a run's workers: sts[i] is worker i's status,
+// nil when it did not answer. A worker is lost when its machine stopped it
+// or it has not been heard from for LostAfter; lost holds the ones found
+// lost before, and is not changed.
+func Survey(sts []*p2p.JobStatus, ws []Worker, lost map[int]bool, now time.Time) Fleet {
+	f := Fleet{Over: true, Lost: maps.Clone(lost), Chief: len(sts) > 0 && sts[0] != nil}
+	if f.Lost == nil {
+		f.Lost = map[int]bool{}
+	}
+	for i, st := range sts {
+		w := &ws[i]
+		switch {
+		case st == nil:
+			if now.Sub(w.LastSeen) > LostAfter {
+				f.Lost[i] = true
+			}
+			f.Over, f.Silent = false, true
+		case st.State == p2p.WorkerStopped:
+			f.Lost[i] = true // its machine stopped it: withdrawn or shutting down
+		case st.State == p2p.WorkerFailed:
+			f.Failed = fmt.Sprintf("worker %d on %s failed: %s", i, w.Moniker, st.Reason)
+		case st.State == p2p.WorkerExited && st.ExitCode != 0:
+			f.Failed = fmt.Sprintf("worker %d on %s %s", i, w.Moniker, st.Reason)
+		case st.State == p2p.WorkerExited && i == 0 && st.Result != "":
+			f.Result = st.Result
+		case st.State != p2p.WorkerExited:
+			f.Over = false
+		}
+	}
+	return f
+}
+
+// RunEnd is how a run ended: its outcome and why, the workers lost, and
+// whether the chief is to keep a checkpoint for the next run.
+type RunEnd struct {
+	Out        Outcome
+	Why        string
+	Lost       map[int]bool
+	Checkpoint bool
+}
+
+// Judge says whether a run whose workers are f has ended, and how. The
+// run was launched at started (zero: not yet) with at most maxDuration
+// to run; cancelled is the submitter's cancellation.
+func Judge(f Fleet, cancelled bool, started time.Time, maxDuration time.Duration, now time.Time) (RunEnd, bool) {
+	end := RunEnd{Lost: f.Lost}
+	switch {
+	case f.Failed != "" && f.Silent && len(f.Lost) == 0:
+		// A worker failing while another is unreachable is most likely
+		// the consequence (its collective ops broke): wait to see whether
+		// the unreachable one is lost.
+		return end, false
+	case len(f.Lost) > 0:
+		end.Out, end.Why = WorkerLost, fmt.Sprintf("lost %d worker(s): no answer for %s, or stopped by their machine", len(f.Lost), LostAfter)
+		end.Checkpoint = f.Chief // on a lost worker the chief keeps a checkpoint
+	case f.Failed != "":
+		end.Out, end.Why = ProgramFailed, f.Failed
+	case f.Result != "":
+		end.Out = RunSucceeded
+	case cancelled:
+		end.Out, end.Why = RunCancelled, "cancelled"
+	case !started.IsZero() && now.Sub(started) > maxDuration+time.Minute:
+		end.Out, end.Why = TimedOut, "max duration "+maxDuration.String()+" reached"
+	case f.Over:
+		end.Out, end.Why = ProgramFailed, "every worker exited but the chief left no result"
+	default:
+		return end, false
+	}
+	return end, true
+}
+
+// AfterRun is the state a job goes to once run k (0-based) ended with
+// out: Quoting when it is re-placed on other machines (a lost worker or a
+// failed launch, once), else its terminal state.
+func AfterRun(out Outcome, k int) State {
+	switch {
+	case out == RunSucceeded:
+		return Succeeded
+	case out == RunCancelled:
+		return Cancelled
+	case (out == WorkerLost || out == LaunchFailed) && k+1 < MaxRuns:
+		return Quoting
+	}
+	return Failed
+}
+
+// Used is what worker w of run k has earned by now: its hourly price for
+// the time it ran.
+func Used(run *Run, w *Worker, now time.Time) uint64 {
+	if w.Started.IsZero() {
+		return 0
+	}
+	end := now
+	if !w.Ended.IsZero() {
+		end = w.Ended
+	} else if !w.LastSeen.IsZero() && w.LastSeen.Before(now) {
+		end = w.LastSeen
+	}
+	if end.Before(w.Started) {
+		return 0
+	}
+	return uint64(float64(w.PerHour) * end.Sub(w.Started).Hours())
+}
+
+// PayPlan is what run's settlement pays, one payment per machine in the
+// order the workers list them: each machine its hourly price for the time
+// its workers ran (a lost machine what its receipts cover, marked failed,
+// as is one whose worker failed), all scaled down to the escrow if
+// rounding went over it. total is their sum.
+func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment, total uint64) {
+	owed := map[string]uint64{}
+	failed := map[string]bool{}
+	var order []string
+	for i := range run.Workers {
+		w := &run.Workers[i]
+		if !slices.Contains(order, w.Payee) {
+			order = append(order, w.Payee)
+		}
+		if lost[i] {
+			failed[w.Payee] = true
+			owed[w.Payee] = max(owed[w.Payee], w.Receipt)
+			continue
+		}
+		if w.State == p2p.WorkerFailed {
+			failed[w.Payee] = true
+		}
+		owed[w.Payee] += Used(run, w, now)
+	}
+	for _, p := range order {
+		total += owed[p]
+	}
+	// Never more than the escrow holds: scale down if rounding went over.
+	if total > run.Escrow {
+		for _, p := range order {
+			owed[p] = owed[p] * run.Escrow / total
+		}
+		total = 0
+		for _, p := range order {
+			total += owed[p]
+		}
+	}
+	pays = make([]ledger.Payment, 0, len(order))
+	for _, p := range order {
+		pays = append(pays, ledger.Payment{Machine: p, Amount: owed[p], Failed: failed[p]})
+	}
+	return pays, total
+}
+
+// OwedSoFar is what each machine of run has earned by now, capped at the
+// escrow: what its next receipt covers.
+func OwedSoFar(run *Run, now time.Time) map[string]uint64 {
+	owed := map[string]uint64{}
+	for i := range run.Workers {
+		owed[run.Workers[i].Payee] += Used(run, &run.Workers[i], now)
+	}
+	for p, amount := range owed {
+		owed[p] = min(amount, run.Escrow)
+	}
+	return owed
+}

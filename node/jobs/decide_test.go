@@ -1,0 +1,257 @@
+package jobs
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/p2p"
+)
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func running() *p2p.JobStatus  { return &p2p.JobStatus{State: p2p.WorkerRunning} }
+func fetching() *p2p.JobStatus { return &p2p.JobStatus{State: p2p.WorkerFetching} }
+func stopped() *p2p.JobStatus  { return &p2p.JobStatus{State: p2p.WorkerStopped} }
+func exited(code int, result, reason string) *p2p.JobStatus {
+	return &p2p.JobStatus{State: p2p.WorkerExited, ExitCode: code, Result: result, Reason: reason}
+}
+func failed(reason string) *p2p.JobStatus {
+	return &p2p.JobStatus{State: p2p.WorkerFailed, Reason: reason}
+}
+
+// TestDecideRunEnd tables what a poll of a run's workers means: survey
+// then judge, as supervise calls them.
+func TestDecideRunEnd(t *testing.T) {
+	recent, long := t0.Add(-5*time.Second), t0.Add(-LostAfter-time.Second)
+	tests := []struct {
+		name      string
+		sts       []*p2p.JobStatus
+		lastSeen  []time.Time // default: recent
+		Lost      map[int]bool
+		cancelled bool
+		started   time.Time
+		maxDur    time.Duration
+
+		ended      bool
+		Out        Outcome
+		Why        string // a substring of end.Why; "" means it is empty
+		LostAfter  []int  // the lost workers after the poll
+		result     string
+		Checkpoint bool
+	}{
+		{name: "all running", sts: []*p2p.JobStatus{running(), running()}},
+		{name: "still fetching", sts: []*p2p.JobStatus{fetching(), running()}},
+		{name: "all exited ok, chief left a result", sts: []*p2p.JobStatus{exited(0, "bafyres", ""), exited(0, "", "")},
+			ended: true, Out: RunSucceeded, result: "bafyres"},
+		{name: "the chief finishing ends the run", sts: []*p2p.JobStatus{exited(0, "bafyres", ""), running()},
+			ended: true, Out: RunSucceeded, result: "bafyres"},
+		{name: "a worker's result is not the job's", sts: []*p2p.JobStatus{running(), exited(0, "bafyw1", "")}},
+		{name: "all exited ok, no result", sts: []*p2p.JobStatus{exited(0, "", ""), exited(0, "", "")},
+			ended: true, Out: ProgramFailed, Why: "every worker exited but the chief left no result"},
+		{name: "a worker exited non-zero", sts: []*p2p.JobStatus{running(), exited(3, "", "exited with code 3")},
+			ended: true, Out: ProgramFailed, Why: "worker 1 on m1 exited with code 3"},
+		{name: "a worker failed", sts: []*p2p.JobStatus{running(), failed("out of memory")},
+			ended: true, Out: ProgramFailed, Why: "worker 1 on m1 failed: out of memory"},
+		{name: "the last failure is the reason", sts: []*p2p.JobStatus{failed("first"), failed("second")},
+			ended: true, Out: ProgramFailed, Why: "worker 1 on m1 failed: second"},
+		{name: "a failure beside a silent worker waits", sts: []*p2p.JobStatus{nil, failed("collective op broke")}},
+		{name: "a failure beside a lost worker is a loss", sts: []*p2p.JobStatus{nil, failed("collective op broke")},
+			lastSeen: []time.Time{long, recent},
+			ended:    true, Out: WorkerLost, Why: "lost 1 worker(s)", LostAfter: []int{0}},
+		{name: "silent a little", sts: []*p2p.JobStatus{running(), nil}},
+		{name: "silent too long: lost, the chief checkpoints", sts: []*p2p.JobStatus{running(), nil},
+			lastSeen: []time.Time{recent, long},
+			ended:    true, Out: WorkerLost, Why: "no answer for 30s", LostAfter: []int{1}, Checkpoint: true},
+		{name: "stopped by its machine: lost", sts: []*p2p.JobStatus{running(), stopped()},
+			ended: true, Out: WorkerLost, LostAfter: []int{1}, Why: "lost 1 worker(s)", Checkpoint: true},
+		{name: "the chief lost: no checkpoint", sts: []*p2p.JobStatus{nil, running()}, lastSeen: []time.Time{long, recent},
+			ended: true, Out: WorkerLost, LostAfter: []int{0}, Why: "lost 1 worker(s)"},
+		{name: "lost once, lost for good", sts: []*p2p.JobStatus{running(), running()}, Lost: map[int]bool{1: true},
+			ended: true, Out: WorkerLost, LostAfter: []int{1}, Why: "lost 1 worker(s)", Checkpoint: true},
+		{name: "two lost", sts: []*p2p.JobStatus{running(), nil, stopped()}, lastSeen: []time.Time{recent, long, recent},
+			ended: true, Out: WorkerLost, LostAfter: []int{1, 2}, Why: "lost 2 worker(s)", Checkpoint: true},
+		{name: "a loss wins over success", sts: []*p2p.JobStatus{exited(0, "bafyres", ""), stopped()},
+			ended: true, Out: WorkerLost, LostAfter: []int{1}, result: "bafyres", Why: "lost 1 worker(s)", Checkpoint: true},
+		{name: "a failure wins over success", sts: []*p2p.JobStatus{exited(0, "bafyres", ""), exited(1, "", "exited with code 1")},
+			ended: true, Out: ProgramFailed, result: "bafyres", Why: "worker 1 on m1 exited with code 1"},
+		{name: "cancelled", sts: []*p2p.JobStatus{running(), running()}, cancelled: true,
+			ended: true, Out: RunCancelled, Why: "cancelled"},
+		{name: "success wins over cancellation", sts: []*p2p.JobStatus{exited(0, "bafyres", ""), running()}, cancelled: true,
+			ended: true, Out: RunSucceeded, result: "bafyres"},
+		{name: "a failure wins over cancellation", sts: []*p2p.JobStatus{running(), failed("x")}, cancelled: true,
+			ended: true, Out: ProgramFailed, Why: "failed: x"},
+		{name: "within its max duration", sts: []*p2p.JobStatus{running()},
+			started: t0.Add(-10 * time.Minute), maxDur: 10 * time.Minute},
+		{name: "past its max duration and a minute", sts: []*p2p.JobStatus{running()},
+			started: t0.Add(-11*time.Minute - time.Second), maxDur: 10 * time.Minute,
+			ended: true, Out: TimedOut, Why: "max duration 10m0s reached"},
+		{name: "not launched: no time limit", sts: []*p2p.JobStatus{running()}, maxDur: time.Minute},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ws := make([]Worker, len(tt.sts))
+			for i := range ws {
+				ws[i] = Worker{Machine: "peer" + string(rune('0'+i)), Moniker: "m" + string(rune('0'+i)), LastSeen: recent}
+				if tt.lastSeen != nil {
+					ws[i].LastSeen = tt.lastSeen[i]
+				}
+			}
+			before := maps.Clone(tt.Lost)
+			f := Survey(tt.sts, ws, tt.Lost, t0)
+			end, ended := Judge(f, tt.cancelled, tt.started, tt.maxDur, t0)
+			if !maps.Equal(tt.Lost, before) {
+				t.Errorf("survey changed the lost workers it was given: %v, was %v", tt.Lost, before)
+			}
+			if ended != tt.ended {
+				t.Fatalf("ended = %v (%+v), want %v", ended, end, tt.ended)
+			}
+			if got := slices.Sorted(maps.Keys(f.Lost)); !slices.Equal(got, tt.LostAfter) && len(got)+len(tt.LostAfter) > 0 {
+				t.Errorf("lost = %v, want %v", got, tt.LostAfter)
+			}
+			if !maps.Equal(end.Lost, f.Lost) {
+				t.Errorf("end.Lost = %v, want the survey's %v", end.Lost, f.Lost)
+			}
+			if f.Result != tt.result {
+				t.Errorf("result = %q, want %q", f.Result, tt.result)
+			}
+			if !ended {
+				return
+			}
+			if end.Out != tt.Out {
+				t.Errorf("out = %d, want %d", end.Out, tt.Out)
+			}
+			if (tt.Why == "" && end.Why != "") || !strings.Contains(end.Why, tt.Why) {
+				t.Errorf("why = %q, want it to hold %q", end.Why, tt.Why)
+			}
+			if end.Checkpoint != tt.Checkpoint {
+				t.Errorf("checkpoint = %v, want %v", end.Checkpoint, tt.Checkpoint)
+			}
+		})
+	}
+}
+
+func TestDecideAfterRun(t *testing.T) {
+	tests := []struct {
+		out  Outcome
+		k    int
+		want State
+	}{
+		{RunSucceeded, 0, Succeeded},
+		{RunSucceeded, 1, Succeeded},
+		{RunCancelled, 0, Cancelled},
+		{RunCancelled, 1, Cancelled},
+		{ProgramFailed, 0, Failed},
+		{TimedOut, 0, Failed},
+		{WorkerLost, 0, Quoting},
+		{WorkerLost, MaxRuns - 1, Failed},
+		{LaunchFailed, 0, Quoting},
+		{LaunchFailed, MaxRuns - 1, Failed},
+	}
+	for _, tt := range tests {
+		if got := AfterRun(tt.out, tt.k); got != tt.want {
+			t.Errorf("AfterRun(%d, %d) = %s, want %s", tt.out, tt.k, got, tt.want)
+		}
+		if got := AfterRun(tt.out, tt.k); got != Quoting && !got.Terminal() {
+			t.Errorf("AfterRun(%d, %d) = %s: neither re-placed nor ended", tt.out, tt.k, got)
+		}
+	}
+}
+
+func TestDecideUsed(t *testing.T) {
+	now := t0
+	tests := []struct {
+		name string
+		w    Worker
+		want uint64
+	}{
+		{"never started", Worker{PerHour: 3600}, 0},
+		{"running, seen now", Worker{PerHour: 3600, Started: now.Add(-time.Hour), LastSeen: now}, 3600},
+		{"running, last seen earlier", Worker{PerHour: 3600, Started: now.Add(-time.Hour), LastSeen: now.Add(-30 * time.Minute)}, 1800},
+		{"never seen: up to now", Worker{PerHour: 3600, Started: now.Add(-time.Hour)}, 3600},
+		{"ended", Worker{PerHour: 3600, Started: now.Add(-time.Hour), Ended: now.Add(-45 * time.Minute), LastSeen: now}, 900},
+		{"ended before it started", Worker{PerHour: 3600, Started: now.Add(-time.Hour), Ended: now.Add(-2 * time.Hour)}, 0},
+	}
+	for _, tt := range tests {
+		if got := Used(&Run{}, &tt.w, now); got != tt.want {
+			t.Errorf("%s: used = %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestDecidePayPlan(t *testing.T) {
+	hour := func(payee string, perHour uint64, ran time.Duration) Worker {
+		return Worker{Payee: payee, PerHour: perHour, Started: t0.Add(-ran), Ended: t0, State: p2p.WorkerExited}
+	}
+	tests := []struct {
+		name    string
+		workers []Worker
+		escrow  uint64
+		lost    map[int]bool
+		want    []ledger.Payment
+		total   uint64
+	}{
+		{name: "each machine its time", escrow: 1_000_000,
+			workers: []Worker{hour("B", 1000, time.Hour), hour("A", 2000, 30*time.Minute)},
+			want:    []ledger.Payment{{Machine: "B", Amount: 1000}, {Machine: "A", Amount: 1000}}, total: 2000},
+		{name: "two workers on one machine add up", escrow: 1_000_000,
+			workers: []Worker{hour("A", 1000, time.Hour), hour("B", 1000, time.Hour), hour("A", 500, time.Hour)},
+			want:    []ledger.Payment{{Machine: "A", Amount: 1500}, {Machine: "B", Amount: 1000}}, total: 2500},
+		{name: "a failed worker is paid its time, marked failed", escrow: 1_000_000,
+			workers: []Worker{hour("A", 1000, time.Hour), func() Worker {
+				w := hour("B", 1000, time.Hour)
+				w.State = p2p.WorkerFailed
+				return w
+			}()},
+			want: []ledger.Payment{{Machine: "A", Amount: 1000}, {Machine: "B", Amount: 1000, Failed: true}}, total: 2000},
+		{name: "a lost machine gets what its receipts cover", escrow: 1_000_000, lost: map[int]bool{1: true},
+			workers: []Worker{hour("A", 1000, time.Hour), func() Worker {
+				w := hour("B", 1000, time.Hour)
+				w.Receipt = 400
+				return w
+			}()},
+			want: []ledger.Payment{{Machine: "A", Amount: 1000}, {Machine: "B", Amount: 400, Failed: true}}, total: 1400},
+		{name: "a machine's receipt covers all its workers", escrow: 1_000_000, lost: map[int]bool{0: true, 1: true},
+			workers: func() []Worker {
+				a, b := hour("B", 1000, time.Hour), hour("B", 1000, time.Hour)
+				a.Receipt, b.Receipt = 1500, 1500 // receipts are per machine
+				return []Worker{a, b}
+			}(),
+			want: []ledger.Payment{{Machine: "B", Amount: 1500, Failed: true}}, total: 1500},
+		{name: "never started: nothing", escrow: 1_000_000,
+			workers: []Worker{{Payee: "A", PerHour: 1000}},
+			want:    []ledger.Payment{{Machine: "A", Amount: 0}}, total: 0},
+		{name: "scaled down to the escrow", escrow: 1500,
+			workers: []Worker{hour("A", 1000, time.Hour), hour("B", 2000, time.Hour)},
+			want:    []ledger.Payment{{Machine: "A", Amount: 500}, {Machine: "B", Amount: 1000}}, total: 1500},
+		{name: "scaled down, rounding down", escrow: 1000,
+			workers: []Worker{hour("A", 1000, time.Hour), hour("B", 1000, time.Hour), hour("C", 1000, time.Hour)},
+			want:    []ledger.Payment{{Machine: "A", Amount: 333}, {Machine: "B", Amount: 333}, {Machine: "C", Amount: 333}}, total: 999},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			run := &Run{Workers: tt.workers, Escrow: tt.escrow}
+			pays, total := PayPlan(run, tt.lost, t0)
+			if !slices.Equal(pays, tt.want) || total != tt.total {
+				t.Errorf("payPlan = %+v, %d; want %+v, %d", pays, total, tt.want, tt.total)
+			}
+			if total > tt.escrow {
+				t.Errorf("pays %d, more than the escrow's %d", total, tt.escrow)
+			}
+		})
+	}
+}
+
+func TestDecideOwedSoFar(t *testing.T) {
+	w := func(payee string, perHour uint64) Worker {
+		return Worker{Payee: payee, PerHour: perHour, Started: t0.Add(-time.Hour), LastSeen: t0}
+	}
+	run := &Run{Escrow: 2500, Workers: []Worker{w("A", 1000), w("B", 3000), w("A", 1000), {Payee: "C", PerHour: 9}}}
+	want := map[string]uint64{"A": 2000, "B": 2500, "C": 0}
+	if got := OwedSoFar(run, t0); !maps.Equal(got, want) {
+		t.Errorf("owedSoFar = %v, want %v", got, want)
+	}
+}
