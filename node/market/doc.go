@@ -2,7 +2,8 @@
 // latest offer of each machine, bounded, withdrawals remembered), the log
 // of bids seen, the price history, and the scheduler's view built from the
 // book: the configured subset of machines, less those that could not be
-// reached lately, each with its ledger record of past jobs. It also turns
+// reached lately, each with its ledger record of past jobs, and that view
+// indexed for placements (Indexed, rebuilt when a second old). It also turns
 // the wire's offers and bids into the scheduler's machines and jobs.
 //
 // It needs the offer book filled from gossip, the peers' measured

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/deepmarket/deepmarket/ledger"
@@ -56,6 +57,33 @@ type Market struct {
 
 	mu      sync.Mutex
 	records map[string]ledger.MachineRecord // by machine peer ID
+
+	// changes counts the changes to the view that the offer book does not
+	// see: machines marked unreachable or reachable again, and records
+	// read. An index built before the latest is not served.
+	changes atomic.Uint64
+	// build serializes index builds, so that callers who find the index
+	// stale wait for one build rather than each making their own; indexes
+	// holds the latest of each framework class (see frameworkClass), read
+	// without it.
+	build   sync.Mutex
+	indexes [2]atomic.Pointer[indexed]
+}
+
+// indexMaxAge is how long Indexed serves one index. Offers change
+// constantly at scale (allocations move with every hold), so an index kept
+// in step with the book would be rebuilt for nearly every bid; the holds
+// on the machines are the authority on what is free, so a view a second
+// old costs at most a refused hold and a re-quote.
+const indexMaxAge = time.Second
+
+// indexed is a view and its index, as Indexed serves them.
+type indexed struct {
+	built   time.Time
+	changes uint64 // Market.changes when built
+	x       *scheduler.Index
+	v       scheduler.View
+	offers  []p2p.Offer
 }
 
 // New returns a market over p.Book.
@@ -66,7 +94,18 @@ func New(p Params) *Market {
 // runs reports whether a machine's offer says it can run framework: a
 // TensorFlow job goes only where TensorFlow imports.
 func runs(o p2p.Offer, framework string) bool {
-	return framework != "tensorflow" || o.Software.TensorFlow != ""
+	return frameworkClass(framework) == 0 || o.Software.TensorFlow != ""
+}
+
+// frameworkClass is 1 for the frameworks that need TensorFlow on the
+// machine and 0 for the rest: the frameworks of one class have the same
+// view (runs), and share an index. Two classes, not one per name, because
+// the name comes from the bid.
+func frameworkClass(framework string) int {
+	if framework == "tensorflow" {
+		return 1
+	}
+	return 0
 }
 
 // View turns the offers held into the scheduler's view, limited to the
@@ -102,6 +141,45 @@ func (m *Market) View(now time.Time, framework string) (scheduler.View, []p2p.Of
 		v.Machines[i] = sm
 	}
 	return v, offers
+}
+
+// Indexed is View(now, framework) prepared for placements: an index of
+// the view (priced with scheduler.Params{}), and the view and offers it
+// was built from, which its placements' machine indexes point into. One
+// index serves every caller until it is indexMaxAge old, or a machine was
+// marked unreachable or reachable again, or the ledger records were read
+// anew; then the next caller builds another (a served index is never
+// changed). The three are shared: callers only read them, and copy the
+// view to change it. Other changes to the view (offers, their expiry, an
+// unreachable machine's time running out, the nearest subset's RTTs) show
+// within indexMaxAge.
+func (m *Market) Indexed(now time.Time, framework string) (*scheduler.Index, scheduler.View, []p2p.Offer) {
+	slot := &m.indexes[frameworkClass(framework)]
+	if c := slot.Load(); m.fresh(c, now) {
+		return c.x, c.v, c.offers
+	}
+	m.build.Lock()
+	defer m.build.Unlock()
+	if c := slot.Load(); m.fresh(c, now) {
+		return c.x, c.v, c.offers // another caller built it meanwhile
+	}
+	// Read before the view: a change while it is built makes the next
+	// caller build again rather than keep a view that missed it.
+	changes := m.changes.Load()
+	v, offers := m.View(now, framework)
+	c := &indexed{built: now, changes: changes, x: scheduler.NewIndex(v, scheduler.Params{}), v: v, offers: offers}
+	slot.Store(c)
+	return c.x, c.v, c.offers
+}
+
+// fresh reports whether c may be served at now. Callers' clocks are read
+// a moment apart, so an index built just after now is fresh too.
+func (m *Market) fresh(c *indexed, now time.Time) bool {
+	if c == nil || c.changes != m.changes.Load() {
+		return false
+	}
+	age := now.Sub(c.built)
+	return age < indexMaxAge && age > -indexMaxAge
 }
 
 // subset keeps the offers of the configured subset.
@@ -208,6 +286,7 @@ func (m *Market) Run(ctx context.Context) error {
 		m.mu.Lock()
 		m.records = recs
 		m.mu.Unlock()
+		m.changes.Add(1)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -218,10 +297,17 @@ func (m *Market) Run(ctx context.Context) error {
 
 // MarkUnreachable leaves machine out of the view for a while: it could
 // not be reached (see unreachable).
-func (m *Market) MarkUnreachable(machine string, now time.Time) { m.unreachable.mark(machine, now) }
+func (m *Market) MarkUnreachable(machine string, now time.Time) {
+	m.unreachable.mark(machine, now)
+	m.changes.Add(1)
+}
 
 // Reachable puts back a machine that answered again.
-func (m *Market) Reachable(machine string) { m.unreachable.forget(machine) }
+func (m *Market) Reachable(machine string) {
+	if m.unreachable.forget(machine) {
+		m.changes.Add(1)
+	}
+}
 
 // Unreachable reports whether machine is left out for now.
 func (m *Market) Unreachable(machine string, now time.Time) bool {

@@ -53,9 +53,12 @@ func (f *unreachable) skip(machine string, now time.Time) bool {
 	return ok && now.Before(x.until)
 }
 
-// forget clears a machine that answered again.
-func (f *unreachable) forget(machine string) {
+// forget clears a machine that answered again, and reports whether it
+// was remembered.
+func (f *unreachable) forget(machine string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	_, ok := f.until[machine]
 	delete(f.until, machine)
+	return ok
 }
