@@ -36,13 +36,16 @@ const answerBids = 16
 // its machines (every hold or none: a machine that refuses, because
 // another scheduler took its capacity first, makes this one release what
 // it got and re-quote on what the machines said they have), and returns
-// the quote, or the reason there is none.
+// the quote, or the reason there is none. The first placement is the
+// market's index's, which may be up to a second behind the offers (the
+// holds catch what changed since); the re-quotes are exhaustive, over a
+// copy of its view that believes the refusals.
 func (q *Quoter) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 	b := w.bid
 	now := time.Now()
-	v, offers := q.p.Market.View(now, b.Framework)
+	idx, v, offers := q.p.Market.Indexed(now, b.Framework)
 	if len(v.Machines) == 0 && b.Framework == "tensorflow" {
-		if all, _ := q.p.Market.View(now, ""); len(all.Machines) > 0 {
+		if _, all, _ := q.p.Market.Indexed(now, ""); len(all.Machines) > 0 {
 			return p2p.Quote{JobID: b.JobID, Resource: "framework", Reason: fmt.Sprintf(
 				"none of the %d machines in view has TensorFlow (their owners can point [inventory] python at a virtualenv with tensorflow)", len(all.Machines))}
 		}
@@ -60,7 +63,13 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 			case <-time.After(time.Duration(50+rand.IntN(400*attempt)) * time.Millisecond):
 			}
 		}
-		pl, err := scheduler.Quote(v, job, now, scheduler.Params{})
+		var pl scheduler.Placement
+		var err error
+		if idx != nil {
+			pl, err = idx.Quote(job, now)
+		} else {
+			pl, err = scheduler.Quote(v, job, now, scheduler.Params{})
+		}
 		var rej *scheduler.Rejection
 		if errors.As(err, &rej) {
 			reason := rej.Reason
@@ -86,6 +95,12 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 			return quote
 		}
 		q.releaseHeld(ctx, b.JobID, h, offers)
+		if idx != nil {
+			// The index's view is shared with the other bids: the
+			// refusals go into a copy, which the index does not follow.
+			v = scheduler.View{Machines: slices.Clone(v.Machines), RTT: v.RTT}
+			idx = nil
+		}
 		collided = believeRefusals(&v, offers, h, &refused)
 	}
 	return p2p.Quote{JobID: b.JobID, Resource: "cores", Reason: p2p.Clip(fmt.Sprintf(

@@ -14,9 +14,12 @@ import (
 )
 
 // Market is the market as this node's scheduler sees it, and its memory
-// of machines that could not be reached (*market.Market).
+// of machines that could not be reached (*market.Market). Indexed's index,
+// view and offers are shared with other callers, to read only; its index
+// may be nil, and then every placement is exhaustive (scheduler.Quote on
+// the view).
 type Market interface {
-	View(now time.Time, framework string) (scheduler.View, []p2p.Offer)
+	Indexed(now time.Time, framework string) (*scheduler.Index, scheduler.View, []p2p.Offer)
 	MarkUnreachable(machine string, now time.Time)
 	Reachable(machine string)
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"log/slog"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -92,6 +93,8 @@ func newHarness(t *testing.T) *harness {
 	return h
 }
 
+func first[A, B any](a A, _ B) A { return a }
+
 func (h *harness) quote(t *testing.T, job string) p2p.Quote {
 	t.Helper()
 	bid := p2p.Bid{JobID: job, Workers: 1, PerWorker: p2p.Resources{Cores: 1, MemBytes: 128 << 20},
@@ -118,6 +121,12 @@ func TestAnswerBidHoldsWhatMachinesGrant(t *testing.T) {
 	}
 	if h.mk.Unreachable(h.cheap.String(), time.Now()) {
 		t.Error("a machine that refused is taken for unreachable")
+	}
+	// The refusal went into the quoter's copy, not the view that the
+	// market serves the other bids.
+	now := time.Now()
+	if _, served, _ := h.mk.Indexed(now, ""); !reflect.DeepEqual(served, first(h.mk.View(now, ""))) {
+		t.Errorf("the market serves %+v, its offers say %+v", served.Machines, first(h.mk.View(now, "")).Machines)
 	}
 	h.machines.mu.Lock()
 	defer h.machines.mu.Unlock()
