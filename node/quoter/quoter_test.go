@@ -19,7 +19,7 @@ import (
 	"github.com/deepmarket/deepmarket/scheduler"
 )
 
-func newPeerID(t *testing.T) peer.ID {
+func newPeerID(t testing.TB) peer.ID {
 	t.Helper()
 	_, pub, err := crypto.GenerateEd25519Key(rand.Reader)
 	if err != nil {
