@@ -9,17 +9,7 @@ import (
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
-var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-
-func running() *p2p.JobStatus  { return &p2p.JobStatus{State: p2p.WorkerRunning} }
-func fetching() *p2p.JobStatus { return &p2p.JobStatus{State: p2p.WorkerFetching} }
-func stopped() *p2p.JobStatus  { return &p2p.JobStatus{State: p2p.WorkerStopped} }
-func exited(code int, result, reason string) *p2p.JobStatus {
-	return &p2p.JobStatus{State: p2p.WorkerExited, ExitCode: code, Result: result, Reason: reason}
-}
-func failed(reason string) *p2p.JobStatus {
-	return &p2p.JobStatus{State: p2p.WorkerFailed, Reason: reason}
-}
+func statusOf(s p2p.WorkerState) *p2p.JobStatus { return &p2p.JobStatus{State: s} }
 
 func TestDecideAnyRunning(t *testing.T) {
 	tests := []struct {
@@ -27,9 +17,9 @@ func TestDecideAnyRunning(t *testing.T) {
 		want bool
 	}{
 		{nil, false},
-		{[]*p2p.JobStatus{nil, fetching()}, false},
-		{[]*p2p.JobStatus{fetching(), running()}, true},
-		{[]*p2p.JobStatus{exited(0, "r", "")}, false},
+		{[]*p2p.JobStatus{nil, statusOf(p2p.WorkerFetching)}, false},
+		{[]*p2p.JobStatus{statusOf(p2p.WorkerFetching), statusOf(p2p.WorkerRunning)}, true},
+		{[]*p2p.JobStatus{statusOf(p2p.WorkerExited)}, false},
 	}
 	for i, tt := range tests {
 		if got := anyRunning(tt.sts); got != tt.want {

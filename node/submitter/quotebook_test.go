@@ -12,7 +12,7 @@ import (
 // TestQuoteBookWakesOnArrival: a wait on a bid's quotes ends when one
 // for that bid arrives, not for another bid's.
 func TestQuoteBookWakesOnArrival(t *testing.T) {
-	b := NewQuoteBook()
+	b, t0 := NewQuoteBook(), time.Now()
 	b.Expect("a", t0.Add(time.Minute))
 	b.Expect("b", t0.Add(time.Minute))
 	qs, arrived := b.watch("a")
