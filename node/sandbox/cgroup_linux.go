@@ -21,6 +21,14 @@ const parentCgroup = "deepmarket"
 // is cores × period.
 const cfsPeriod = 100000
 
+// killFreezeTimeout bounds how long a kill or signal round waits for the
+// cgroup to freeze before it signals anyway.
+const killFreezeTimeout = time.Second
+
+// errStillFreezing: the kernel did not finish freezing (or thawing) a
+// cgroup in the time given, as when a task is stuck in the kernel.
+var errStillFreezing = errors.New("the cgroup is still freezing")
+
 // killTimeout bounds how long killing a cgroup may take before giving up:
 // long enough for a fork bomb at its pids limit to be reaped.
 const killTimeout = 30 * time.Second
@@ -38,6 +46,9 @@ type hierarchy interface {
 	// open finds the job cgroup name left by an earlier Start; ok is
 	// false when no dir of it exists on any hierarchy.
 	open(name string) (cg cgroup, ok bool)
+	// jobsCPU is the CPU time every job cgroup under the deepmarket parent
+	// has used, those already removed included; 0 before the first job.
+	jobsCPU() (time.Duration, error)
 }
 
 // cgroup is one job's cgroup.
@@ -54,6 +65,14 @@ type cgroup interface {
 	signal(sig syscall.Signal, skip func(pid int) bool) (int, error)
 	// kill SIGKILLs every process until the cgroup is empty.
 	kill() error
+	// setFrozen freezes (true) or thaws (false) every process in the
+	// cgroup and waits up to timeout for the kernel to finish; past it the
+	// error wraps errStillFreezing.
+	setFrozen(frozen bool, timeout time.Duration) error
+	// frozen reports whether the kernel holds the whole cgroup frozen.
+	frozen() (bool, error)
+	// cpuUsage is the CPU time the cgroup's processes have used.
+	cpuUsage() (time.Duration, error)
 	// stats reads the counters Exit reports; call it before remove.
 	stats() cgroupStats
 	// remove deletes the cgroup; it must be empty.
@@ -283,6 +302,23 @@ func killLoop(list func() ([]int, error), freeze, thaw func() error) error {
 			return kerr
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// awaitFreezer waits until reached reports the freezer state written, for at
+// most timeout. The kernel notifies no change of v1's freezer.state, so
+// both versions poll.
+func awaitFreezer(timeout time.Duration, reached func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := reached()
+		if err != nil || ok {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w after %s", errStillFreezing, timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -106,6 +106,20 @@ func (h *cgroupV1) open(name string) (cgroup, bool) {
 	return nil, false
 }
 
+func (h *cgroupV1) jobsCPU() (time.Duration, error) {
+	m, ok := h.mounts["cpuacct"]
+	if !ok {
+		return 0, fmt.Errorf("%w: CPU accounting needs the cgroup v1 cpuacct controller", ErrUnsupported)
+	}
+	// cpuacct charges every ancestor as it charges a task's cgroup, so the
+	// parent keeps the usage of the jobs whose cgroups are gone.
+	n, err := readUint(filepath.Join(m, parentCgroup, "cpuacct.usage"))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	return time.Duration(n), err
+}
+
 // initCpusetV1 copies cpuset.cpus and cpuset.mems from root into the
 // deepmarket parent: v1 starts a new cpuset empty, and an empty one can hold
 // no task and no child.
@@ -216,31 +230,46 @@ func (cg *cgroupV1Job) pids() ([]int, error) {
 	return readPids(f)
 }
 
-func (cg *cgroupV1Job) freeze() error {
+func (cg *cgroupV1Job) setFrozen(frozen bool, timeout time.Duration) error {
 	state, ok := cg.file("freezer", "freezer.state")
 	if !ok {
-		return errors.New("no freezer")
+		return fmt.Errorf("%w: freezing a job needs the cgroup v1 freezer controller", ErrUnsupported)
 	}
-	if err := writeFile(state, "FROZEN"); err != nil {
+	want := "THAWED"
+	if frozen {
+		want = "FROZEN"
+	}
+	if err := writeFile(state, want); err != nil {
 		return err
 	}
-	// Freezing is asynchronous; a task stuck in the kernel can keep it
-	// FREEZING, and the caller then signals unfrozen tasks, which is no worse
-	// than having no freezer.
-	deadline := time.Now().Add(time.Second)
-	for time.Now().Before(deadline) {
-		if s, err := readString(state); err != nil || s == "FROZEN" {
-			return err
-		}
-		time.Sleep(5 * time.Millisecond)
+	// Freezing is asynchronous: the state reads FREEZING until every task
+	// stopped.
+	return awaitFreezer(timeout, func() (bool, error) {
+		s, err := readString(state)
+		return s == want, err
+	})
+}
+
+func (cg *cgroupV1Job) frozen() (bool, error) {
+	state, ok := cg.file("freezer", "freezer.state")
+	if !ok {
+		return false, nil
+	}
+	s, err := readString(state)
+	return s == "FROZEN", err
+}
+
+// freeze freezes the cgroup for one kill or signal round. A cgroup still
+// FREEZING counts as frozen: the caller then signals some unfrozen tasks,
+// which is no worse than having no freezer, and thaws it after.
+func (cg *cgroupV1Job) freeze() error {
+	if err := cg.setFrozen(true, killFreezeTimeout); err != nil && !errors.Is(err, errStillFreezing) {
+		return err
 	}
 	return nil
 }
 
-func (cg *cgroupV1Job) thaw() error {
-	state, _ := cg.file("freezer", "freezer.state")
-	return writeFile(state, "THAWED")
-}
+func (cg *cgroupV1Job) thaw() error { return cg.setFrozen(false, killFreezeTimeout) }
 
 func (cg *cgroupV1Job) signal(sig syscall.Signal, skip func(int) bool) (int, error) {
 	if _, ok := cg.dirs["freezer"]; ok && cg.freeze() == nil {
@@ -276,15 +305,20 @@ func (cg *cgroupV1Job) stats() cgroupStats {
 			s.pidsLimited = n > 0
 		}
 	}
-	if f, ok := cg.file("cpuacct", "cpuacct.usage"); ok {
-		if n, err := readUint(f); err == nil {
-			s.cpu = time.Duration(n)
-		}
-	}
+	s.cpu, _ = cg.cpuUsage()
 	if f, ok := cg.file("memory", "memory.max_usage_in_bytes"); ok {
 		s.peak, _ = readUint(f)
 	}
 	return s
+}
+
+func (cg *cgroupV1Job) cpuUsage() (time.Duration, error) {
+	f, ok := cg.file("cpuacct", "cpuacct.usage")
+	if !ok {
+		return 0, fmt.Errorf("%w: CPU accounting needs the cgroup v1 cpuacct controller", ErrUnsupported)
+	}
+	n, err := readUint(f)
+	return time.Duration(n), err
 }
 
 func (cg *cgroupV1Job) remove() error {

@@ -105,6 +105,15 @@ func (h *cgroupV2) open(name string) (cgroup, bool) {
 	return cg, true
 }
 
+func (h *cgroupV2) jobsCPU() (time.Duration, error) {
+	// A removed cgroup's usage stays counted in its parent's cpu.stat.
+	parent := &cgroupV2Job{dir: filepath.Join(h.root, parentCgroup)}
+	if _, err := os.Stat(parent.dir); errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	return parent.cpuUsage()
+}
+
 // cgroupV2Job is one job's cgroup in the unified hierarchy.
 type cgroupV2Job struct {
 	dir string
@@ -150,16 +159,34 @@ func (cg *cgroupV2Job) cloneDir() string { return cg.dir }
 
 func (cg *cgroupV2Job) pids() ([]int, error) { return readPids(cg.path("cgroup.procs")) }
 
-func (cg *cgroupV2Job) freeze() error {
-	if err := writeFile(cg.path("cgroup.freeze"), "1"); err != nil {
+func (cg *cgroupV2Job) setFrozen(frozen bool, timeout time.Duration) error {
+	v, want := "0", uint64(0)
+	if frozen {
+		v, want = "1", 1
+	}
+	if err := writeFile(cg.path("cgroup.freeze"), v); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(time.Second)
-	for time.Now().Before(deadline) {
-		if n, ok := readKeyed(cg.path("cgroup.events"), "frozen"); !ok || n == 1 {
-			return nil
+	return awaitFreezer(timeout, func() (bool, error) {
+		n, ok := readKeyed(cg.path("cgroup.events"), "frozen")
+		if !ok {
+			return false, fmt.Errorf("%w: no frozen state in %s (the cgroup v2 freezer needs Linux 5.2)", ErrUnsupported, cg.path("cgroup.events"))
 		}
-		time.Sleep(5 * time.Millisecond)
+		return n == want, nil
+	})
+}
+
+func (cg *cgroupV2Job) frozen() (bool, error) {
+	n, ok := readKeyed(cg.path("cgroup.events"), "frozen")
+	return ok && n == 1, nil
+}
+
+// freeze freezes the cgroup for one kill or signal round; one that is
+// still freezing, or a kernel without the freezer, counts as frozen (see
+// cgroupV1Job.freeze).
+func (cg *cgroupV2Job) freeze() error {
+	if err := cg.setFrozen(true, killFreezeTimeout); err != nil && !errors.Is(err, errStillFreezing) && !errors.Is(err, ErrUnsupported) {
+		return err
 	}
 	return nil
 }
@@ -198,11 +225,17 @@ func (cg *cgroupV2Job) stats() cgroupStats {
 	if n, ok := readKeyed(cg.path("pids.events"), "max"); ok {
 		s.pidsLimited = n > 0
 	}
-	if n, ok := readKeyed(cg.path("cpu.stat"), "usage_usec"); ok {
-		s.cpu = time.Duration(n) * time.Microsecond
-	}
+	s.cpu, _ = cg.cpuUsage()
 	s.peak, _ = readUint(cg.path("memory.peak")) // 5.19+
 	return s
+}
+
+func (cg *cgroupV2Job) cpuUsage() (time.Duration, error) {
+	n, ok := readKeyed(cg.path("cpu.stat"), "usage_usec")
+	if !ok {
+		return 0, fmt.Errorf("no usage_usec in %s", cg.path("cpu.stat"))
+	}
+	return time.Duration(n) * time.Microsecond, nil
 }
 
 func (cg *cgroupV2Job) remove() error { return removeDir(cg.dir) }

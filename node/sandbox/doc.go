@@ -84,6 +84,17 @@
 // before its grace period. When the job's main process exits, whatever it
 // left behind is killed and the cgroup is removed.
 //
+// # Suspending a job
+//
+// Freeze stops every process of a job where it stands, through the cgroup
+// freezer (v2 cgroup.freeze, v1 the freezer controller), so that the
+// machine's owner gets the CPU back while the job keeps its memory; Thaw
+// lets it run on. Freeze waits at most FreezeTimeout for the kernel and
+// leaves the job running when that passes. Stop thaws a frozen job, which
+// gets its grace period as any other. CPUUsage reads a job's CPU time from
+// its cgroup, and JobsCPUUsage that of every job on the machine, ended
+// ones included.
+//
 // A job outlives a node killed with SIGKILL: it runs on in its cgroup,
 // reparented to init. Reap kills such a job by its Spec.Name and removes its
 // cgroup; the node must keep its own record of which names are its own,

@@ -73,6 +73,9 @@ func Probe() Capabilities {
 		c.CgroupVersion = h.version()
 		c.Controllers = h.controllers()
 		c.SwapLimited = h.swapLimited()
+		if h.version() == 1 && !c.Has("freezer") {
+			c.Problems = append(c.Problems, "no cgroup v1 freezer: jobs cannot be suspended when the owner comes back (mount the freezer controller)")
+		}
 		if !c.SwapLimited {
 			c.Problems = append(c.Problems, "swap is not limited: a job may swap beyond its memory limit")
 		}

@@ -23,6 +23,7 @@ type Process struct {
 	cmd     *exec.Cmd
 	started time.Time
 
+	freezeMu     sync.Mutex     // one Freeze or Thaw at a time
 	copiers      sync.WaitGroup // output copy goroutines
 	bg           sync.WaitGroup // disk watchdog and context watcher
 	stopped      atomic.Bool
@@ -189,6 +190,101 @@ func (p *Process) Wait() (Exit, error) {
 	<-p.done
 	p.bg.Wait()
 	return p.exit, p.err
+}
+
+// Freeze stops every process of the job where it stands, through its
+// cgroup's freezer, until Thaw: the job keeps its memory and its dir but
+// uses no CPU, as when the machine's owner comes back. It returns once the
+// kernel reports the whole cgroup frozen; when that takes longer than
+// FreezeTimeout (a task stuck in the kernel) it thaws the job again and
+// returns an error. Stop ends a frozen job too: it thaws the job, which
+// then gets its grace period. A frozen job's clocks run on, so its own
+// timeouts may fire once it is thawed.
+func (p *Process) Freeze() error {
+	p.freezeMu.Lock()
+	defer p.freezeMu.Unlock()
+	if p.ended() {
+		return ErrEnded
+	}
+	err := p.cg.setFrozen(true, FreezeTimeout)
+	if errors.Is(err, errStillFreezing) {
+		err = errors.Join(err, p.cg.setFrozen(false, FreezeTimeout))
+	}
+	if err != nil {
+		return fmt.Errorf("sandbox %s: freeze: %w", p.spec.Name, err)
+	}
+	return nil
+}
+
+// Thaw lets a job stopped by Freeze run on; thawing a job that is not
+// frozen does nothing.
+func (p *Process) Thaw() error {
+	p.freezeMu.Lock()
+	defer p.freezeMu.Unlock()
+	if p.ended() {
+		return ErrEnded
+	}
+	if err := p.cg.setFrozen(false, FreezeTimeout); err != nil {
+		return fmt.Errorf("sandbox %s: thaw: %w", p.spec.Name, err)
+	}
+	return nil
+}
+
+// Frozen reports whether the kernel holds every process of the job frozen.
+func (p *Process) Frozen() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+	}
+	f, err := p.cg.frozen()
+	return err == nil && f
+}
+
+// ended reports whether the job is gone or Stop has begun to end it.
+func (p *Process) ended() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return p.stopped.Load()
+	}
+}
+
+// CPUUsage is the CPU time every process of the job has used so far; once
+// the job is gone, the total that Wait reports.
+func (p *Process) CPUUsage() (time.Duration, error) {
+	select {
+	case <-p.done:
+		return p.exit.CPU, nil
+	default:
+	}
+	d, err := p.cg.cpuUsage()
+	if err != nil {
+		select {
+		case <-p.done: // the cgroup was removed as we read it
+			return p.exit.CPU, nil
+		default:
+		}
+		return 0, fmt.Errorf("sandbox %s: CPU usage: %w", p.spec.Name, err)
+	}
+	return d, nil
+}
+
+// JobsCPUUsage is the CPU time used by every job sandboxed on this machine
+// since the sandboxes' parent cgroup was created, by jobs that have ended
+// and by other nodes' jobs on the machine included. Its growth over an
+// interval is the CPU that lending took from the machine.
+func JobsCPUUsage() (time.Duration, error) {
+	h, err := machine()
+	if err != nil {
+		return 0, err
+	}
+	d, err := h.jobsCPU()
+	if err != nil {
+		return 0, fmt.Errorf("sandbox: jobs' CPU usage: %w", err)
+	}
+	return d, nil
 }
 
 // Pid is the pid of the job's main process, bwrap, outside the sandbox.

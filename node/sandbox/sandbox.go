@@ -14,6 +14,10 @@ const DefaultPids = 512
 // Start's context ends.
 const DefaultStopGrace = 5 * time.Second
 
+// FreezeTimeout bounds how long Freeze waits for the kernel to stop every
+// process of a job.
+const FreezeTimeout = 5 * time.Second
+
 // DiskCheckInterval is how often the watchdog measures a job dir.
 const DiskCheckInterval = 2 * time.Second
 
@@ -26,6 +30,9 @@ var (
 	ErrNoTrampoline = errors.New("sandbox: main must call sandbox.MaybeRunTrampoline() first")
 	// ErrNoFreeID means every uid of an IDRange is leased or in use.
 	ErrNoFreeID = errors.New("sandbox: no free uid in the range")
+	// ErrEnded means the job has ended or is being stopped, so it can no
+	// longer be frozen or thawed.
+	ErrEnded = errors.New("sandbox: the job has ended or is being stopped")
 )
 
 // Limits are the resources one job process (and everything it spawns) may use.

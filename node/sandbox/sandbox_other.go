@@ -29,6 +29,21 @@ func (p *Process) UID() int { return 0 }
 // Stop does nothing outside Linux.
 func (p *Process) Stop(time.Duration) {}
 
+// Freeze fails outside Linux, where no job runs.
+func (p *Process) Freeze() error { return ErrUnsupported }
+
+// Thaw fails outside Linux, where no job runs.
+func (p *Process) Thaw() error { return ErrUnsupported }
+
+// Frozen is false outside Linux.
+func (p *Process) Frozen() bool { return false }
+
+// CPUUsage fails outside Linux, where no job runs.
+func (p *Process) CPUUsage() (time.Duration, error) { return 0, ErrUnsupported }
+
+// JobsCPUUsage fails outside Linux: there are no job cgroups to read.
+func JobsCPUUsage() (time.Duration, error) { return 0, ErrUnsupported }
+
 // Reap finds nothing to kill outside Linux: no job can have started.
 func Reap(string) (int, error) { return 0, nil }
 
