@@ -13,6 +13,9 @@
 //     sandbox (package node/sandbox) with its work dir, capped log, uid and
 //     network namespace, supervised until its submitter is done; and the
 //     claims on escrows its submitters never settled.
+//   - OwnerLoad: the CPU the machine spends on other work than its jobs,
+//     from two CPUSamples (/proc/stat and the jobs' cgroups), the measure
+//     of an owner who came back.
 //
 // What it needs from the node is declared here, where it is used (needs.go,
 // LedgerReads, Owners): a key-value Store, the block store (Blocks), the
