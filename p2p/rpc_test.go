@@ -3,6 +3,8 @@ package p2p
 import (
 	"context"
 	"errors"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,6 +98,29 @@ func TestReserveAndQuoteValidate(t *testing.T) {
 	} {
 		if err := q.Validate(); err == nil {
 			t.Errorf("quote %+v passed", q)
+		}
+	}
+}
+
+// TestQuoteRefusesBadPredictions: a scheduler's prediction must be finite,
+// non-negative and bounded, or the bidder refuses the quote.
+func TestQuoteRefusesBadPredictions(t *testing.T) {
+	job := strings.Repeat("ab", 32)
+	good := Quote{JobID: job, Reason: "none fits", Predicted: &Predicted{StepMillis: 50, TotalSeconds: 60, SpeedUp: 1.8, Fewest: 2}}
+	if err := good.Validate(); err != nil {
+		t.Fatalf("a good prediction: %v", err)
+	}
+	for name, p := range map[string]Predicted{
+		"NaN total":       {TotalSeconds: math.NaN()},
+		"infinite step":   {StepMillis: math.Inf(1)},
+		"negative comm":   {CommSeconds: -1},
+		"absurd speed-up": {SpeedUp: 1e13},
+		"fewest too many": {Fewest: MaxWorkers + 1},
+	} {
+		q := good
+		q.Predicted = &p
+		if err := q.Validate(); !errors.Is(err, ErrOutOfRange) {
+			t.Errorf("%s: %v, want out of range", name, err)
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -106,23 +105,7 @@ func TestFreezeThenStopKillsTheWholeJob(t *testing.T) {
 	if err := p.Freeze(); err != nil {
 		t.Fatal(err)
 	}
-	p.Stop(200 * time.Millisecond)
-	e, err := p.Wait()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !e.Stopped || e.Signal != "SIGKILL" {
-		t.Errorf("exit = %+v, want Stopped by SIGKILL", e)
-	}
-	for _, pid := range before {
-		if err := syscall.Kill(pid, 0); err == nil && procStateOrZ(pid)[0] != 'Z' {
-			t.Errorf("pid %d of the frozen job survived Stop", pid)
-		}
-	}
-	if left := liveProcsOfUID(t, p.UID()); len(left) > 0 {
-		t.Errorf("processes of the job user survive Stop: %v", left)
-	}
-	assertCgroupGone(t, p)
+	stopKillsWhole(t, p, before)
 }
 
 // TestFreezeThenStopGivesTheJobItsGrace: Stop thaws a frozen job, so that its

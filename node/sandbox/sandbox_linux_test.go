@@ -453,23 +453,7 @@ func TestStopKillsDoubleForkedProcess(t *testing.T) {
 	if len(before) < 2 {
 		t.Fatalf("cgroup holds %v, want the job and its daemon", before)
 	}
-	p.Stop(200 * time.Millisecond)
-	e, err := p.Wait()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !e.Stopped || e.Signal != "SIGKILL" {
-		t.Errorf("exit = %+v, want Stopped by SIGKILL", e)
-	}
-	for _, pid := range before {
-		if err := syscall.Kill(pid, 0); err == nil && !strings.HasPrefix(procStateOrZ(pid), "Z") {
-			t.Errorf("pid %d of the job survived Stop", pid)
-		}
-	}
-	if left := liveProcsOfUID(t, p.UID()); len(left) > 0 {
-		t.Errorf("processes of the job user survive Stop: %v", left)
-	}
-	assertCgroupGone(t, p)
+	stopKillsWhole(t, p, before)
 }
 
 func TestStopGivesTheJobItsGrace(t *testing.T) {
@@ -670,4 +654,28 @@ func TestJobOutlivesTheThreadThatStartedIt(t *testing.T) {
 	if err != nil || e.Code != 0 || !strings.Contains(out.String(), "survived") {
 		t.Errorf("exit = %+v, %v, output %q; want the job to finish", e, err, out.String())
 	}
+}
+
+// stopKillsWhole stops p with a short grace and checks that the SIGKILL
+// after it ended the whole job: every process its cgroup held before
+// (before), every process of its user, and the cgroup itself.
+func stopKillsWhole(t *testing.T, p *Process, before []int) {
+	t.Helper()
+	p.Stop(200 * time.Millisecond)
+	e, err := p.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !e.Stopped || e.Signal != "SIGKILL" {
+		t.Errorf("exit = %+v, want Stopped by SIGKILL", e)
+	}
+	for _, pid := range before {
+		if err := syscall.Kill(pid, 0); err == nil && !strings.HasPrefix(procStateOrZ(pid), "Z") {
+			t.Errorf("pid %d of the job survived Stop", pid)
+		}
+	}
+	if left := liveProcsOfUID(t, p.UID()); len(left) > 0 {
+		t.Errorf("processes of the job user survive Stop: %v", left)
+	}
+	assertCgroupGone(t, p)
 }
