@@ -191,6 +191,27 @@ func TestHoldsNeedAFundedBid(t *testing.T) {
 	if a := lender.holds.Allocated(time.Now()); a != (p2p.Resources{}) {
 		t.Fatalf("allocated after every hold lapsed: %+v", a)
 	}
+	// Committed, then a launch with no escrow behind it: refused, and the
+	// hold goes with it, at once rather than never.
+	if r, err := hold("0000000000000009", real.Bid.JobID, raw, by); err != nil || !r.OK {
+		t.Fatalf("hold: %+v %v", r, err)
+	}
+	if r, err := evil.reserve(ctx, machine, p2p.Reserve{Op: p2p.OpCommit, ID: "0000000000000009", JobID: real.Bid.JobID}); err != nil || !r.OK {
+		t.Fatalf("commit: %+v %v", r, err)
+	}
+	launch := p2p.Launch{JobID: real.Bid.JobID, Index: 0, World: []string{machine.String()}, Addrs: [][]string{nil},
+		Hold: "0000000000000009", Framework: "generic", Command: []string{"python3", "job.py"}, Bundle: "bafkqaaa",
+		Res: res, MaxSecs: 60, PerHour: 1}
+	var reply p2p.LaunchReply
+	lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	err = evil.rpc.Call(lctx, machine, p2p.JobProtocol(chain), p2p.TypeLaunch, &launch, p2p.TypeLaunchReply, &reply)
+	cancel()
+	if err == nil && reply.OK {
+		t.Fatal("a launch with no escrow was accepted")
+	}
+	eventually(t, 15*time.Second, "the hold of the refused launch to go", func() bool {
+		return lender.holds.Allocated(time.Now()) == p2p.Resources{}
+	})
 }
 
 // TestFakeMachineFlood: a stranger floods a node with offers of thousands

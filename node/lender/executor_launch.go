@@ -21,11 +21,19 @@ import (
 )
 
 // launch checks a launch request against this machine's hold and the
-// ledger's escrow, then starts the worker in the background.
-func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) error {
+// ledger's escrow, then starts the worker in the background. A launch
+// refused after its hold was taken for it frees the hold, unless another
+// worker of the run already runs on it: a launch that cannot start must
+// not keep the machine's capacity.
+func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) (err error) {
 	if err := e.checkHold(from, l); err != nil {
 		return err
 	}
+	defer func() {
+		if err != nil && !e.holdInUse(l.Hold) {
+			e.holds.Release(l.Hold)
+		}
+	}()
 	if err := e.checkEscrow(ctx, from, l); err != nil {
 		return err
 	}
@@ -33,6 +41,18 @@ func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) error
 		return err
 	}
 	return e.admit(from, l)
+}
+
+// holdInUse reports whether a worker here runs on hold.
+func (e *Executor) holdInUse(hold string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, w := range e.workers {
+		if w.l.Hold == hold {
+			return true
+		}
+	}
+	return false
 }
 
 // checkHold checks that the worker is placed on this machine and that from
