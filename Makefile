@@ -67,7 +67,7 @@ lint: ## gofmt and go vet
 # bench-training and testnet-report are left out: they need root and take
 # about 25 and 20 minutes.
 .PHONY: bench
-bench: bench-p2p bench-gossip bench-ledger bench-storage bench-scheduler bench-jobs bench-tunnel ## Run every benchmark
+bench: bench-p2p bench-gossip bench-ledger bench-storage bench-scheduler bench-jobs bench-tunnel bench-queue ## Run every benchmark
 
 .PHONY: bench-p2p
 bench-p2p: build ## Gossip: propagation over 50 nodes, validation rate, idle node cost
@@ -92,6 +92,11 @@ bench-scheduler: ## Scheduler: placements/s and p99 over 100 to 100,000 machines
 .PHONY: bench-jobs
 bench-jobs: ## Jobs (root): launch latency with 2/4/8 workers; first step and examples/s vs hand-started TF workers; epoch time with 1-3 workers
 	$(GO) run ./bench/jobs -python $(VENV)/bin/python3 -out bench/results/jobs.json
+
+.PHONY: bench-queue
+bench-queue: deps ## Root: 200 one-core jobs of 30 s at once over 20 one-core machines, with the queue and without, side by side: jobs succeeded, makespan vs the ideal (~12 min)
+	DM_PYTHON=$(VENV)/bin/python3 DM_REQUIRE_TF=1 DM_REQUIRE_ROOT=1 DM_BENCH_OUT=$(CURDIR)/bench/results/queue.json \
+		$(GO) test -run '^$$' -bench '^BenchmarkQueue$$' -benchtime 1x -timeout 60m ./node
 
 .PHONY: bench-tunnel
 bench-tunnel: ## Tunnel: a job's TF traffic over libp2p streams vs direct loopback TCP; sandbox overhead on a CPU-bound worker

@@ -53,6 +53,10 @@ type JobsConfig struct {
 	// EscrowSlack is how long a job's escrow outlives its max duration:
 	// the time the submitter has to settle before its lenders may claim.
 	EscrowSlack Duration `toml:"escrow_slack"`
+	// Starvation bounds how long a job waits in this node's queue behind
+	// jobs of more benefit per cost: once it has waited this long it bids
+	// before every job that has waited less.
+	Starvation Duration `toml:"starvation"`
 }
 
 // ExecutorConfig says where lent workers run.
@@ -197,7 +201,7 @@ func DefaultConfig() Config {
 		Prices:    PricesConfig{CoreHour: "0.1", MemGiBHour: "0.02", GPUHour: "1"},
 		Scheduler: SchedulerConfig{Quote: true, Subset: market.SubsetAll, Nearest: 16},
 		Log:       LogConfig{Level: "info", Format: "text", Libp2pLevel: "warn"},
-		Jobs:      JobsConfig{EscrowSlack: Duration{15 * time.Minute}},
+		Jobs:      JobsConfig{EscrowSlack: Duration{15 * time.Minute}, Starvation: Duration{30 * time.Minute}},
 		Market: MarketConfig{MaxOffers: 20_000, MaxOffersPerOwner: 256, HoldsPerBidder: 8, HoldsPerScheduler: 32,
 			LaunchWithin: Duration{2 * time.Minute}},
 	}
@@ -429,6 +433,11 @@ keep_logs = {{lit .Executor.KeepLogs}}
 # node has to settle it (after a crash, say) before its lenders may claim
 # what its receipts owe them.
 escrow_slack = {{lit .Jobs.EscrowSlack}}
+# A job that finds no machines (or only prices above its max price) waits in
+# this node's queue, up to its spec's max_wait (24h unless it says), and bids
+# again as machines free up. Waiting jobs bid in order of benefit per cost;
+# one that has waited this long goes before every job that has waited less.
+starvation = {{lit .Jobs.Starvation}}
 
 [market]
 # The most offers this node keeps of the market, and of one owner's machines

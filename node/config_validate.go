@@ -179,10 +179,13 @@ func (c SchedulerConfig) validateNearestAndMachines() error {
 	return nil
 }
 
-// validate checks [jobs] escrow_slack.
+// validate checks [jobs] escrow_slack and starvation.
 func (c JobsConfig) validate() error {
 	if d := c.EscrowSlack.Duration; d < 10*time.Second || d > 7*24*time.Hour {
 		return configErr("jobs", "escrow_slack", "%s: want 10s to 168h", d)
+	}
+	if d := c.Starvation.Duration; d < time.Minute || d > 7*24*time.Hour {
+		return configErr("jobs", "starvation", "%s: want 1m to 168h", d)
 	}
 	return nil
 }

@@ -178,7 +178,7 @@ func jobProblems(list []jobs.Job, now time.Time, out *api.Overview) {
 		case !j.State.Terminal():
 			out.Estimate.Costs += jobCost24h(&j, now)
 			for i, w := range j.Workers {
-				if (w.State == p2p.WorkerRunning || w.State == p2p.WorkerFetching) && !w.LastSeen.IsZero() && now.Sub(w.LastSeen) > 2*submitter.PollEvery+time.Second {
+				if (w.State == p2p.WorkerRunning || w.State == p2p.WorkerFetching) && !w.LastSeen.IsZero() && now.Sub(w.LastSeen) > submitter.StaleAfter {
 					out.Problems = append(out.Problems, api.Problem{Kind: api.ProblemLostWorker, ID: j.ID, Since: w.LastSeen,
 						Message: fmt.Sprintf("job %s: worker %d on %s not heard from for %s", j.Spec.Name, i, nameOr(w.Moniker, w.Machine),
 							now.Sub(w.LastSeen).Round(time.Second))})

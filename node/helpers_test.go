@@ -18,7 +18,7 @@ import (
 )
 
 // testNet gives the nodes of one test their own network.
-func testNet(t *testing.T) string {
+func testNet(t testing.TB) string {
 	return fmt.Sprintf("deepmarket-test-%d", time.Now().UnixNano())
 }
 
@@ -51,7 +51,7 @@ func initHome(t *testing.T, dir, chain string) Home {
 }
 
 // startNode runs a node from home until the test ends (or stop is called).
-func startNode(t *testing.T, h Home, opts ...nodeOpt) *testNode {
+func startNode(t testing.TB, h Home, opts ...nodeOpt) *testNode {
 	t.Helper()
 	cfg, err := LoadConfig(h.ConfigPath())
 	if err != nil {
@@ -107,7 +107,7 @@ func admit(t *testing.T, issuer, member *testNode) {
 }
 
 // testWriter sends logs through t.Log, so they show only on failure.
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
@@ -115,7 +115,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 }
 
 // eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
@@ -152,14 +152,14 @@ func multicastAvailable() bool {
 }
 
 // freePort returns a loopback TCP port free at the time of asking.
-func freePort(t *testing.T) string { return testutil.FreePort(t) }
+func freePort(t testing.TB) string { return testutil.FreePort(t) }
 
 // initNetwork makes the homes of one network under dir: a genesis in which
 // the first node validates and issues and every node (and every account
 // of members) is a member with starter credits, so the ledger backs every
 // node's machine and bids; the others replicate the first's ledger. Start
 // the first node first.
-func initNetwork(t *testing.T, dir, chain string, names []string, members ...identity.Address) []Home {
+func initNetwork(t testing.TB, dir, chain string, names []string, members ...identity.Address) []Home {
 	t.Helper()
 	keys := make([]*identity.Key, len(names))
 	var balances []ledger.GenesisBalance

@@ -24,7 +24,7 @@ import (
 // jobPython is the interpreter with tensorflow-cpu that workers run
 // (make test sets DM_PYTHON; `make deps` builds it). Without it the
 // end-to-end tests skip, unless DM_REQUIRE_TF says they must run.
-func jobPython(t *testing.T) string {
+func jobPython(t testing.TB) string {
 	t.Helper()
 	py := os.Getenv("DM_PYTHON")
 	if py == "" {
@@ -55,7 +55,7 @@ type jobCluster struct {
 // execOpts returns options that give a test's node name a job work dir
 // of its own (under one dir in /var/tmp, which the job user can reach),
 // the job Python, and CPU cpu to pin workers to.
-func execOpts(t *testing.T, python string) func(name string, cpu int) nodeOpt {
+func execOpts(t testing.TB, python string) func(name string, cpu int) nodeOpt {
 	t.Helper()
 	work, err := os.MkdirTemp("/var/tmp", "deepmarket-test-jobs-")
 	if err != nil {
@@ -150,7 +150,7 @@ func waitJob(t *testing.T, n *testNode, id string, within time.Duration) *jobs.J
 	return nil
 }
 
-func jobLog(t *testing.T, n *testNode, id string) string {
+func jobLog(t testing.TB, n *testNode, id string) string {
 	var b strings.Builder
 	var off int64
 	for {

@@ -29,6 +29,8 @@ func (n *Node) newSubmitter() *submitter.Manager {
 		Store:       n.store,
 		Blocks:      n.blocks,
 		Logger:      n.log.With("module", "submitter"),
+		Reference:   n.cfg.DefaultPrices(),
+		Starvation:  n.cfg.Jobs.Starvation.Duration,
 	})
 }
 

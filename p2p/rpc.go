@@ -129,12 +129,14 @@ type QuotedWorker struct {
 // Quote is a scheduler's answer to a bid: a placement held on the
 // machines and its price, or why there is none.
 type Quote struct {
-	JobID     string         `cbor:"job" json:"job_id"`
-	Workers   []QuotedWorker `cbor:"workers,omitempty" json:"workers,omitempty"`
-	PerHour   uint64         `cbor:"per_hour,omitempty" json:"per_hour,omitempty"`
-	Total     uint64         `cbor:"total,omitempty" json:"total,omitempty"`
-	DoneAt    int64          `cbor:"done,omitempty" json:"done_at,omitempty"`       // unix seconds
-	HeldUntil int64          `cbor:"held,omitempty" json:"held_until_ms,omitempty"` // unix ms
+	JobID   string         `cbor:"job" json:"job_id"`
+	Workers []QuotedWorker `cbor:"workers,omitempty" json:"workers,omitempty"`
+	PerHour uint64         `cbor:"per_hour,omitempty" json:"per_hour,omitempty"`
+	// Total is the most the placement costs; on a refusal for price
+	// (Resource "price") it is what the job would cost now.
+	Total     uint64 `cbor:"total,omitempty" json:"total,omitempty"`
+	DoneAt    int64  `cbor:"done,omitempty" json:"done_at,omitempty"`       // unix seconds
+	HeldUntil int64  `cbor:"held,omitempty" json:"held_until_ms,omitempty"` // unix ms
 	// Resource and Reason say why there is no quote (Workers empty).
 	Resource string `cbor:"resource,omitempty" json:"resource,omitempty"`
 	Reason   string `cbor:"reason,omitempty" json:"reason,omitempty"`

@@ -37,7 +37,7 @@ var stampRE = regexp.MustCompile(`(?m)^\[w(\d+)\] dm-bench started ([0-9.]+)$`)
 //     clock (the same clock: one process);
 //   - Python: until the last worker's Python ran its first line;
 //   - Seen: until client.Job first showed every worker "running" (the
-//     submitter polls starting workers every 0.3 s, running ones every 3 s).
+//     submitter polls starting workers every 0.3 s, running ones every second).
 type launchRun struct {
 	SubmitS  float64 `json:"submit_s"`
 	LaunchS  float64 `json:"to_launch_s"`

@@ -671,3 +671,59 @@ max_duration = "10m"
 		t.Errorf("submit without a node: exit %d, stderr %q", r.code, r.stderr)
 	}
 }
+
+// TestSubmitWaitsInTheQueueCLI: a node lending one core; jobs of two
+// one-core workers cannot run on it. submit says the job waits in the
+// queue, why and where; jobs and jobs show keep saying so; cancel takes
+// it out at no cost.
+func TestSubmitWaitsInTheQueueCLI(t *testing.T) {
+	home := initHome(t)
+	startNodeProcess(t, home)
+	mustRun(t, "lend", "--home", home, "--cores", "1", "--mem", "1GiB")
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "job.py"), []byte("print(1)\n"), 0o644)
+	spec := filepath.Join(dir, "job.toml")
+	os.WriteFile(spec, []byte(`name = "two"
+framework = "generic"
+command = ["python3", "job.py"]
+bundle = "."
+workers = 2
+cores = 1
+memory = "256MiB"
+max_price = "1"
+max_duration = "10m"
+`), 0o644)
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(mustRun(t, "offers", "--home", home), "1") && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	out := mustRun(t, "submit", spec, "--yes", "--home", home)
+	if !strings.Contains(out, "(waiting)") || !strings.Contains(out, "waits in this node's queue, position 1") ||
+		!strings.Contains(out, "no machine can take the job now") || !strings.Contains(out, "nothing is paid while it waits") {
+		t.Fatalf("submit of a job that cannot run now:\n%s", out)
+	}
+	var sub struct {
+		ID    string `json:"job_id"`
+		State string `json:"state"`
+		Queue struct {
+			Position int    `json:"position"`
+			Why      string `json:"why"`
+		} `json:"queue"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "submit", spec, "--yes", "--json", "--home", home)), &sub); err != nil ||
+		sub.State != "waiting" || sub.Queue.Position != 2 || sub.Queue.Why == "" {
+		t.Fatalf("submit --json of a second such job: %+v %v", sub, err)
+	}
+	if out := mustRun(t, "jobs", "--home", home); !strings.Contains(out, "waiting (#1)") || !strings.Contains(out, "waiting (#2)") {
+		t.Fatalf("jobs:\n%s", out)
+	}
+	if out := mustRun(t, "jobs", "show", sub.ID, "--home", home); !strings.Contains(out, "in the queue since") || !strings.Contains(out, "position 2") {
+		t.Fatalf("jobs show:\n%s", out)
+	}
+	if out := mustRun(t, "cancel", sub.ID, "--home", home); !strings.Contains(out, "cancelled; cost 0 credits") || !strings.Contains(out, "nothing was paid") {
+		t.Fatalf("cancel of a waiting job:\n%s", out)
+	}
+	if out := mustRun(t, "jobs", "--home", home); !strings.Contains(out, "waiting (#1)") || strings.Contains(out, "waiting (#2)") {
+		t.Fatalf("jobs after the cancel:\n%s", out)
+	}
+}

@@ -29,7 +29,12 @@ dataset directories to storage, bids on the market, and shows the cheapest
 quote: the machines, their sites, the price per hour and the most the job can
 cost. Once you confirm (or with --yes), the node commits the machines' holds,
 locks the job's max price in escrow on the ledger and launches the workers.
-What the workers use is paid; the rest is refunded when the job ends.`,
+What the workers use is paid; the rest is refunded when the job ends.
+
+When no machine can take the job now, or only above its max price, it waits
+in this node's queue (for up to max_wait, 24h unless the spec says) and bids
+again as machines free up; submit says why it waits and what running it now
+would cost. Nothing is paid while it waits; cancel takes it out.`,
 		Example: `  deepmarket submit job.toml                  # shows the quote, asks to confirm
   deepmarket submit job.toml --yes --wait      # no question; follow the logs to the end
   deepmarket submit job.toml --yes --json`,
@@ -85,8 +90,14 @@ What the workers use is paid; the rest is refunded when the job ends.`,
 				return fmt.Errorf("job %s: %s", short(j.ID), j.Reason)
 			}
 			if !yes {
-				showQuote(c.out, j)
-				fmt.Fprint(c.out, "Submit this job? [y/N] ")
+				question := "Submit this job? [y/N] "
+				if j.State == jobs.Waiting {
+					showWait(c.out, j)
+					question = "Leave it in the queue, to run when machines free up? [y/N] "
+				} else {
+					showQuote(c.out, j)
+				}
+				fmt.Fprint(c.out, question)
 				answers := make(chan string, 1)
 				go func() {
 					a, _ := bufio.NewReader(os.Stdin).ReadString('\n')
@@ -118,6 +129,9 @@ What the workers use is paid; the rest is refunded when the job ends.`,
 			}
 			if !asJSON {
 				fmt.Fprintf(c.out, "job %s submitted (%s)\n", j.ID, j.State)
+				if yes && j.State == jobs.Waiting {
+					showWait(c.out, j)
+				}
 			}
 			if !wait {
 				if !asJSON {
@@ -155,6 +169,9 @@ What the workers use is paid; the rest is refunded when the job ends.`,
 func submitOut(j *jobs.Job) map[string]any {
 	out := map[string]any{"job_id": j.ID, "state": j.State, "max_price": j.Spec.MaxPrice, "reason": j.Reason,
 		"result_cid": j.ResultCID, "cost": j.Cost}
+	if j.Queue != nil {
+		out["queue"] = j.Queue
+	}
 	if r := j.Current(); r != nil {
 		out["per_hour"] = r.PerHour
 		out["quoted_total"] = r.Quoted
@@ -194,6 +211,22 @@ func showQuote(w io.Writer, j *jobs.Job) {
 		}
 		fmt.Fprint(w, "\n\n")
 	}
+}
+
+// showWait says why a job waits in the queue, where, and what running it
+// now would cost.
+func showWait(w io.Writer, j *jobs.Job) {
+	q := j.Queue
+	if q == nil {
+		return
+	}
+	fmt.Fprintf(w, "\njob %s (%s) waits in this node's queue, position %d: %s\n", short(j.ID), j.Spec.Name, q.Position, q.Why)
+	if q.PriceNow > 0 {
+		fmt.Fprintf(w, "it would run now for %s credits; its max price is %s (raise max_price to run it sooner)\n",
+			units.FormatCredits(q.PriceNow), units.FormatCredits(j.Spec.MaxPrice))
+	}
+	fmt.Fprintf(w, "it bids again as machines free up (by %s at the latest), for up to %s; nothing is paid while it waits,\nand deepmarket cancel %s takes it out of the queue\n\n",
+		q.NextBid.Local().Format("15:04:05"), j.Spec.MaxWait, short(j.ID))
 }
 
 // seconds is a prediction's time, rounded as a person reads it.
@@ -253,7 +286,11 @@ func newJobsCmd(c *cli) *cobra.Command {
 		}
 		rows := make([][]string, 0, len(js))
 		for _, j := range js {
-			rows = append(rows, []string{short(j.ID), j.Spec.Name, string(j.State), fmt.Sprint(j.Spec.Workers),
+			state := string(j.State)
+			if j.State == jobs.Waiting && j.Queue != nil && j.Queue.Position > 0 {
+				state = fmt.Sprintf("waiting (#%d)", j.Queue.Position)
+			}
+			rows = append(rows, []string{short(j.ID), j.Spec.Name, state, fmt.Sprint(j.Spec.Workers),
 				units.FormatCredits(j.Cost), j.Created.Local().Format("2006-01-02 15:04"), j.ResultCID})
 		}
 		c.table("JOB\tNAME\tSTATE\tWORKERS\tCOST\tSUBMITTED\tRESULT", rows)
@@ -275,6 +312,14 @@ func newJobsCmd(c *cli) *cobra.Command {
 		fmt.Fprintf(c.out, "job %s (%s): %s", j.ID, j.Spec.Name, j.State)
 		if j.Reason != "" {
 			fmt.Fprintf(c.out, ": %s", j.Reason)
+		}
+		if q := j.Queue; q != nil && j.State == jobs.Waiting {
+			fmt.Fprintf(c.out, "\nin the queue since %s (%s), position %d, %s so far; bids again by %s",
+				q.Since.Local().Format("2006-01-02 15:04:05"), time.Since(q.Since).Round(time.Second), q.Position,
+				units.Count(q.Bids, "bid", "bids"), q.NextBid.Local().Format("15:04:05"))
+			if q.PriceNow > 0 {
+				fmt.Fprintf(c.out, "\nit would run now for %s credits (its max price: %s)", units.FormatCredits(q.PriceNow), units.FormatCredits(j.Spec.MaxPrice))
+			}
 		}
 		fmt.Fprintf(c.out, "\ncommand: %s\nbundle %s, dataset %s\ncost %s credits of at most %s\n", strings.Join(j.Spec.Command, " "),
 			j.BundleCID, orStr(j.DatasetCID, "none"), units.FormatCredits(j.Cost), units.FormatCredits(j.Spec.MaxPrice))
@@ -360,6 +405,9 @@ func newCancelCmd(c *cli) *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(c.out, "job %s %s; cost %s credits\n", short(j.ID), j.State, units.FormatCredits(j.Cost))
+			if j.Reason != "" {
+				fmt.Fprintf(c.out, "%s\n", j.Reason)
+			}
 			return nil
 		},
 	}

@@ -36,6 +36,7 @@ type JobSummary struct {
 	Cost      uint64          `json:"cost"`
 	Updated   time.Time       `json:"updated"`
 	Workers   []WorkerSummary `json:"workers"`
+	Queue     *jobs.Queued    `json:"queue,omitempty"`
 }
 
 // WorkerSummary is a job's worker in the "jobs" event.
@@ -80,7 +81,7 @@ func (s *Server) eventTopics(r *http.Request) map[string]any {
 			sum := make([]JobSummary, 0, len(l))
 			for _, j := range l {
 				js := JobSummary{ID: j.ID, Name: j.Spec.Name, State: j.State, Reason: j.Reason, Confirmed: j.Confirmed, Cost: j.Cost,
-					Updated: j.Updated, Workers: []WorkerSummary{}}
+					Updated: j.Updated, Workers: []WorkerSummary{}, Queue: j.Queue}
 				for _, w := range j.Workers {
 					js.Workers = append(js.Workers, WorkerSummary{Machine: w.Machine, State: w.State, LastSeen: w.LastSeen})
 				}

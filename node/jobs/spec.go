@@ -40,6 +40,11 @@ const (
 	MinDuration = time.Minute
 	MaxDuration = 7 * 24 * time.Hour
 	MaxPrice    = 1_000_000_000_000 // micro-credits: a million credits
+	// DefaultMaxWait is how long a job waits in its submitter's queue for
+	// machines when its spec does not say (max_wait); MaxMaxWait bounds
+	// what it may say.
+	DefaultMaxWait = 24 * time.Hour
+	MaxMaxWait     = 30 * 24 * time.Hour
 )
 
 // File is a job spec as written in TOML.
@@ -58,6 +63,9 @@ type File struct {
 	// Deadline (RFC 3339), when set, makes the job worth nothing if it
 	// would complete later.
 	Deadline string `toml:"deadline" json:"deadline,omitempty"`
+	// MaxWait is how long the job may wait in the queue for machines
+	// (a duration; default 24h; "0s" fails it at once when nothing fits).
+	MaxWait string `toml:"max_wait" json:"max_wait,omitempty"`
 	// Site, when set, is preferred: quotes on other sites cost more.
 	Site string `toml:"site" json:"site,omitempty"`
 	// Training, when set, is how the workers synchronize ([training]
@@ -81,6 +89,7 @@ type Spec struct {
 	MaxPrice    uint64        `json:"max_price"`
 	MaxDuration time.Duration `json:"max_duration_ns"`
 	Deadline    time.Time     `json:"deadline,omitzero"`
+	MaxWait     time.Duration `json:"max_wait_ns"`
 	Site        string        `json:"site,omitempty"`
 	Training    *p2p.Training `json:"training,omitempty"`
 }
@@ -224,6 +233,15 @@ func (f *File) validateTerms(s *Spec) (err error) {
 	if f.Deadline != "" {
 		if s.Deadline, err = time.Parse(time.RFC3339, f.Deadline); err != nil {
 			return bad("deadline", "%v (want RFC 3339, such as 2026-12-01T18:00:00Z)", err)
+		}
+	}
+	s.MaxWait = DefaultMaxWait
+	if f.MaxWait != "" {
+		if s.MaxWait, err = time.ParseDuration(f.MaxWait); err != nil {
+			return bad("max_wait", "%v (want a duration, such as \"2h\"; \"0s\" not to wait)", err)
+		}
+		if s.MaxWait < 0 || s.MaxWait > MaxMaxWait {
+			return bad("max_wait", "%s: want 0s to 720h", f.MaxWait)
 		}
 	}
 	if f.Site != "" && !siteRE.MatchString(f.Site) {

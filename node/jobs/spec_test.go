@@ -70,6 +70,9 @@ func TestSpecErrorsNameTheKey(t *testing.T) {
 		{`max_price = "5"`, ``, "max_price"},
 		{`max_duration = "30m"`, `max_duration = "30s"`, "max_duration"},
 		{`max_duration = "30m"`, `max_duration = "forever"`, "max_duration"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\nmax_wait = \"soon\"", "max_wait"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\nmax_wait = \"-1h\"", "max_wait"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\nmax_wait = \"1000h\"", "max_wait"},
 		{`bundle = "."`, `bundle = "./nowhere"`, "bundle"},
 		{`bundle = "."`, `bundle = "train.py"`, "bundle"},
 		{`command = ["python3", "train.py", "--epochs", "2"]`, `command = []`, "command"},
@@ -126,6 +129,21 @@ func TestCommandProgram(t *testing.T) {
 	}
 }
 
+// TestSpecMaxWait: a job waits 24h for machines unless it says; "0s"
+// means not at all.
+func TestSpecMaxWait(t *testing.T) {
+	dir := bundleDir(t)
+	for _, tc := range []struct {
+		line string
+		want time.Duration
+	}{{"", DefaultMaxWait}, {`max_wait = "2h"`, 2 * time.Hour}, {`max_wait = "0s"`, 0}} {
+		s, err := ParseSpec([]byte(strings.Replace(good, `max_duration = "30m"`, "max_duration = \"30m\"\n"+tc.line, 1)), dir)
+		if err != nil || s.MaxWait != tc.want {
+			t.Errorf("%q: max wait %v (%v), want %s", tc.line, s, err, tc.want)
+		}
+	}
+}
+
 func TestStateMachine(t *testing.T) {
 	path := []State{Submitted, Quoting, Reserving, Escrowed, Launching, Running, Succeeded}
 	for i := 1; i < len(path); i++ {
@@ -138,7 +156,14 @@ func TestStateMachine(t *testing.T) {
 			t.Errorf("%s cannot fail or be cancelled", s)
 		}
 	}
-	for _, bad := range [][2]State{{Submitted, Running}, {Quoting, Escrowed}, {Succeeded, Running}, {Failed, Quoting}, {Escrowed, Succeeded}} {
+	// A job that finds no machines waits, and bids again from there.
+	for _, ok := range [][2]State{{Quoting, Waiting}, {Waiting, Quoting}, {Waiting, Cancelled}, {Waiting, Failed}} {
+		if !CanMove(ok[0], ok[1]) {
+			t.Errorf("%s -> %s refused", ok[0], ok[1])
+		}
+	}
+	for _, bad := range [][2]State{{Submitted, Running}, {Quoting, Escrowed}, {Succeeded, Running}, {Failed, Quoting}, {Escrowed, Succeeded},
+		{Waiting, Reserving}, {Waiting, Running}, {Running, Waiting}, {Cancelled, Waiting}} {
 		if CanMove(bad[0], bad[1]) {
 			t.Errorf("%s -> %s allowed", bad[0], bad[1])
 		}

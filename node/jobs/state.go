@@ -18,6 +18,7 @@ type State string
 const (
 	Submitted State = "submitted" // inputs being added to storage
 	Quoting   State = "quoting"   // bid out, quotes coming; then waiting for confirmation
+	Waiting   State = "waiting"   // in the submitter's queue: nothing fits now, or only above its benefit
 	Reserving State = "reserving" // committing the chosen machines' holds
 	Escrowed  State = "escrowed"  // the max price locked on the ledger
 	Launching State = "launching" // machines fetching inputs and starting workers
@@ -32,7 +33,8 @@ func (s State) Terminal() bool { return s == Succeeded || s == Failed || s == Ca
 
 var next = map[State][]State{
 	Submitted: {Quoting},
-	Quoting:   {Reserving, Quoting},
+	Quoting:   {Reserving, Quoting, Waiting},
+	Waiting:   {Quoting},
 	Reserving: {Escrowed, Quoting},
 	Escrowed:  {Launching},
 	Launching: {Running, Quoting}, // a failed launch may re-place
@@ -121,6 +123,29 @@ type Job struct {
 	Checkpoint string   `json:"checkpoint_cid,omitempty"`
 	// Cost is what the job paid, all runs together (micro-credits).
 	Cost uint64 `json:"cost"`
+	// Queue is the job's place in its submitter's queue while it waits
+	// (and since when it has, while it bids from there).
+	Queue *Queued `json:"queue,omitempty"`
+}
+
+// Queued is what a job waiting in its submitter's queue shows: since
+// when, why, its place, what it would cost now, and when it bids next.
+type Queued struct {
+	Since time.Time `json:"since"`
+	// Why is the market's answer to its last bid (or that jobs ahead of
+	// it bid first).
+	Why string `json:"why"`
+	// Position is its place among this node's waiting jobs, from 1; it is
+	// worked out when the job is read, not stored.
+	Position int `json:"position,omitempty"`
+	// PriceNow is what the job would cost at the prices its last bid was
+	// refused at, when it was refused for costing more than its max price.
+	PriceNow uint64 `json:"price_now,omitempty"`
+	// Bids is how often it has bid from the queue.
+	Bids int `json:"bids"`
+	// NextBid is the latest it bids again; it bids sooner when the
+	// offers it holds show room for it.
+	NextBid time.Time `json:"next_bid,omitzero"`
 }
 
 // Current is the job's latest run (nil before quoting).

@@ -76,7 +76,7 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 			if refused != "" {
 				reason += " (after machines refused holds: " + refused + ")"
 			}
-			return p2p.Quote{JobID: b.JobID, Resource: rej.Resource, Reason: p2p.Clip(reason, 256)}
+			return p2p.Quote{JobID: b.JobID, Resource: rej.Resource, Reason: p2p.Clip(reason, 256), Total: rej.Price}
 		}
 		if err != nil {
 			return p2p.Quote{JobID: b.JobID, Resource: "job", Reason: p2p.Clip(err.Error(), 256)}

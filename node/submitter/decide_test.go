@@ -81,38 +81,22 @@ func TestDecideEnoughQuotes(t *testing.T) {
 	tests := []struct {
 		waited, quiet time.Duration
 		count         int
-		placed        bool
+		placed, all   bool
 		want          bool
 	}{
-		{time.Second, time.Second, 1, true, false},                  // a placement, but wait the usual time
-		{quoteWait, 0, 1, true, true},                               // a placement after the usual wait
-		{quoteWait, 500 * time.Millisecond, 2, false, false},        // refusals still coming
-		{quoteWait, time.Second, 2, false, true},                    // refusals, then a quiet second
-		{quoteWait + time.Second, 5 * time.Second, 0, false, false}, // nothing yet
-		{quoteWaitMax, quoteWaitMax, 0, false, true},                // the limit
+		{time.Second, time.Second, 1, true, false, false},                  // a placement, but wait the usual time
+		{quoteWait, 0, 1, true, false, true},                               // a placement after the usual wait
+		{quoteWait, 500 * time.Millisecond, 2, false, false, false},        // refusals still coming
+		{quoteWait, time.Second, 2, false, false, true},                    // refusals, then a quiet second
+		{quoteWait + time.Second, 5 * time.Second, 0, false, false, false}, // nothing yet
+		{quoteWaitMax, quoteWaitMax, 0, false, false, true},                // the limit
+		{100 * time.Millisecond, 0, 2, true, true, true},                   // every known scheduler answered, one placed
+		{100 * time.Millisecond, 0, 2, false, true, true},                  // every known scheduler refused
+		{100 * time.Millisecond, 0, 0, false, true, false},                 // none known, none answered
 	}
 	for i, tt := range tests {
-		if got := enoughQuotes(tt.waited, tt.quiet, tt.count, tt.placed); got != tt.want {
-			t.Errorf("%d: enoughQuotes(%s, %s, %d, %v) = %v, want %v", i, tt.waited, tt.quiet, tt.count, tt.placed, got, tt.want)
-		}
-	}
-}
-
-func TestDecideBidAgain(t *testing.T) {
-	tests := []struct {
-		why  string
-		bids int
-		want bool
-	}{
-		{"no machine can take the job now: busy", 0, true},
-		{"no machine can take the job now: busy", rebids - 1, true},
-		{"no machine can take the job now: busy", rebids, false},
-		{noScheduler, 0, false},
-		{"publish bid: closed", 0, true},
-	}
-	for _, tt := range tests {
-		if got := bidAgain(tt.why, tt.bids); got != tt.want {
-			t.Errorf("bidAgain(%q, %d) = %v, want %v", tt.why, tt.bids, got, tt.want)
+		if got := enoughQuotes(tt.waited, tt.quiet, tt.count, tt.placed, tt.all); got != tt.want {
+			t.Errorf("%d: enoughQuotes(%s, %s, %d, %v, %v) = %v, want %v", i, tt.waited, tt.quiet, tt.count, tt.placed, tt.all, got, tt.want)
 		}
 	}
 }
@@ -125,7 +109,7 @@ func TestDecideUntilEnough(t *testing.T) {
 		for quiet := time.Duration(0); quiet <= waited; quiet += step {
 			for _, count := range []int{0, 1} {
 				for _, placed := range []bool{false, true} {
-					if placed && count == 0 || enoughQuotes(waited, quiet, count, placed) {
+					if placed && count == 0 || enoughQuotes(waited, quiet, count, placed, false) {
 						continue
 					}
 					d := untilEnough(waited, quiet)
@@ -133,7 +117,7 @@ func TestDecideUntilEnough(t *testing.T) {
 						t.Fatalf("untilEnough(%s, %s) = %s, want > 0", waited, quiet, d)
 					}
 					for later := time.Duration(0); later < d; later += step / 5 {
-						if enoughQuotes(waited+later, quiet+later, count, placed) {
+						if enoughQuotes(waited+later, quiet+later, count, placed, false) {
 							t.Fatalf("enoughQuotes turns true %s after (%s, %s, %d, %v), before untilEnough's %s",
 								later, waited, quiet, count, placed, d)
 						}

@@ -57,7 +57,7 @@ type Blocks interface {
 	Add(ctx context.Context, path string, progress func(storage.Progress)) (storage.Pin, error)
 }
 
-// Params are what New needs; every field is required.
+// Params are what New needs; every field is required but Reference.
 type Params struct {
 	Account     string        // the ledger address jobs are submitted from
 	LogDir      string        // the jobs' logs, one file each
@@ -70,6 +70,12 @@ type Params struct {
 	Store       Store
 	Blocks      Blocks
 	Logger      *slog.Logger
+	// Reference prices weigh a waiting job's resources against its max
+	// price, for its place in the queue (benefit per cost).
+	Reference p2p.Prices
+	// Starvation is how long a job may wait before it bids ahead of every
+	// job that has waited less, whatever their benefit per cost.
+	Starvation time.Duration
 }
 
 var (

@@ -14,12 +14,16 @@
 //  1. Submit validates the spec, records the job (submitted) and starts
 //     drive, its goroutine; Submit returns once the job is quoted.
 //  2. drive: resumeAt adds the inputs to storage (addInputs: quoting).
-//  3. hold: quote publishes a bid (Bids.PublishBid) and gathers the
-//     quotes arriving in the QuoteBook (QuoteBook.Handle, QuoteBook.Add)
-//     until enoughQuotes; choose takes the cheapest, the others' holds
-//     are released (releaseHolds). quoted records the run; awaitConfirm
-//     waits for Confirm (unless submitted with Yes); commit turns the
-//     holds into commitments (reserving).
+//  3. hold: awaitTurn takes the job's turn in the queue (queue.go: at
+//     once when no job waits ahead of it); quote publishes a bid
+//     (Bids.PublishBid) and gathers the quotes arriving in the QuoteBook
+//     (QuoteBook.Handle, QuoteBook.Add) until enoughQuotes; choose takes
+//     the cheapest, the others' holds are released (releaseHolds). With
+//     no placement the job waits in the queue (waiting; wait.go) until
+//     the offers show room for it or its backoff runs out, and bids
+//     again. quoted records the run; awaitConfirm waits for Confirm
+//     (unless submitted with Yes); commit turns the holds into
+//     commitments (reserving).
 //  4. escrow opens the run's escrow on the ledger (escrowed).
 //  5. launch asks each machine to start its worker (launching).
 //  6. supervise polls the workers (poll, pollWorker), sending signed
@@ -34,6 +38,6 @@
 //
 // The decisions along the way are pure functions tested by tables: the
 // job's (jobs.Survey, jobs.Judge, jobs.AfterRun, jobs.PayPlan) in
-// node/jobs, the submitter's own (enoughQuotes, choose, bidAgain) in
-// decide.go.
+// node/jobs, the submitter's own (enoughQuotes, choose; the queue's
+// queueOrder, pickBidders, waitLimit) in decide.go.
 package submitter

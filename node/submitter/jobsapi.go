@@ -21,8 +21,9 @@ import (
 )
 
 // Submit implements api.Jobs: it validates the spec, adds its inputs to
-// storage, bids, and returns once the job has a quote to confirm (or has
-// failed). With Yes the job goes on without confirmation.
+// storage, bids, and returns once the job has a quote to confirm, waits
+// in the queue, or has failed. With Yes the job goes on without
+// confirmation.
 func (m *Manager) Submit(ctx context.Context, req api.SubmitRequest) (*jobs.Job, error) {
 	spec, err := req.Spec.Validate(req.BaseDir)
 	if err != nil {
@@ -56,8 +57,9 @@ func (m *Manager) Submit(ctx context.Context, req api.SubmitRequest) (*jobs.Job,
 	snapshot := m.await(ctx, j, func(j *jobs.Job) bool {
 		st, run := j.State, j.Current()
 		quoted := run != nil && len(run.Workers) > 0 && st == jobs.Quoting
-		return quoted || st.Terminal() || (req.Yes && st != jobs.Submitted && st != jobs.Quoting)
+		return quoted || st == jobs.Waiting || st.Terminal() || (req.Yes && st != jobs.Submitted && st != jobs.Quoting)
 	})
+	placeIn(&snapshot, m.q.positions(time.Now()))
 	return &snapshot, nil
 }
 
@@ -106,6 +108,7 @@ func (m *Manager) Confirm(ctx context.Context, id string) (*jobs.Job, error) {
 		if ch := m.confirm[id]; ch != nil {
 			close(ch)
 		}
+		m.pokeLocked(id) // a waiting job may now wait as long as its spec says
 	}
 	snapshot := copyJob(j)
 	return &snapshot, nil
@@ -124,6 +127,7 @@ func (m *Manager) Cancel(ctx context.Context, id string) (*jobs.Job, error) {
 		return nil, &api.Error{Status: http.StatusConflict, Message: fmt.Sprintf("job %s is already %s", id, j.State)}
 	}
 	m.cancelRq[id] = true
+	m.pokeLocked(id)
 	if ch := m.confirm[id]; ch != nil && !j.Confirmed {
 		j.Confirmed = true // wake a job waiting for confirmation, to end
 		close(ch)
@@ -172,19 +176,31 @@ func (m *Manager) Job(ctx context.Context, id string) (*jobs.Job, error) {
 	if err != nil {
 		return nil, err
 	}
+	pos := m.q.positions(time.Now())
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	snapshot := copyJob(j)
+	placeIn(&snapshot, pos)
 	return &snapshot, nil
+}
+
+// placeIn fills in a waiting job's position in the queue.
+func placeIn(j *jobs.Job, positions map[string]int) {
+	if j.Queue != nil {
+		j.Queue.Position = positions[j.ID]
+	}
 }
 
 // Jobs lists this node's jobs, newest first.
 func (m *Manager) Jobs(ctx context.Context) ([]jobs.Job, error) {
+	pos := m.q.positions(time.Now())
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := make([]jobs.Job, 0, len(m.jobs))
 	for _, j := range m.jobs {
-		out = append(out, copyJob(j))
+		c := copyJob(j)
+		placeIn(&c, pos)
+		out = append(out, c)
 	}
 	slices.SortFunc(out, func(a, b jobs.Job) int { return b.Created.Compare(a.Created) })
 	return out, nil

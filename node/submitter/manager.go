@@ -16,8 +16,13 @@ import (
 )
 
 // PollEvery is how often a running job's workers are asked for their
-// status, heartbeat and logs.
-const PollEvery = 3 * time.Second
+// status, heartbeat and logs: how soon a run's end is noticed, its
+// machines freed and the next job in the queue placed on them.
+const PollEvery = time.Second
+
+// StaleAfter is how long a running worker may go unheard before the
+// dashboard shows it as a problem (it is lost after jobs.LostAfter).
+const StaleAfter = 7 * time.Second
 
 // Submitter timings.
 const (
@@ -26,8 +31,6 @@ const (
 	confirmWait    = 10 * time.Minute // an unconfirmed job is dropped after
 	receiptEvery   = 30 * time.Second
 	commitAttempts = 3
-	rebids         = 8 // bids again when nothing fits, this often
-	rebidEvery     = 2 * time.Second
 	cancelWait     = 40 * time.Second // Cancel waits at most this for the job to end
 	// A stopped chief's checkpoint is waited for this long: the
 	// executor's stop grace and time to store it.
@@ -47,6 +50,8 @@ type Manager struct {
 	confirm  map[string]chan struct{}
 	cancels  map[string]context.CancelFunc
 	cancelRq map[string]bool
+	pokes    map[string]chan struct{} // job -> closed when a cancel asks a waiting job to look
+	q        *queue
 	ctx      context.Context
 	wg       sync.WaitGroup
 }
@@ -55,7 +60,8 @@ type Manager struct {
 // ones, Run drives them.
 func New(p Params) *Manager {
 	return &Manager{p: p, log: p.Logger, jobs: map[string]*jobs.Job{}, changed: map[string]chan struct{}{},
-		confirm: map[string]chan struct{}{}, cancels: map[string]context.CancelFunc{}, cancelRq: map[string]bool{}}
+		confirm: map[string]chan struct{}{}, cancels: map[string]context.CancelFunc{}, cancelRq: map[string]bool{},
+		pokes: map[string]chan struct{}{}, q: newQueue(p.Offers, p.Starvation)}
 }
 
 // Load reads the persisted jobs; it runs before the API serves, so a
@@ -93,7 +99,7 @@ func (m *Manager) Run(ctx context.Context) error {
 		m.log.Info("resuming job after restart", "job", j.ID[:12], "state", j.State)
 		m.start(j)
 	}
-	<-ctx.Done()
+	m.q.run(ctx)
 	m.wg.Wait()
 	return nil
 }
@@ -123,6 +129,10 @@ func copyJob(j *jobs.Job) jobs.Job {
 		c.Runs[i].Workers = slices.Clone(j.Runs[i].Workers)
 	}
 	c.Workers = slices.Clone(j.Workers)
+	if j.Queue != nil {
+		q := *j.Queue
+		c.Queue = &q
+	}
 	return c
 }
 

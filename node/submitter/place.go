@@ -3,7 +3,6 @@ package submitter
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -19,13 +18,15 @@ import (
 )
 
 // hold gets run k of j its machines: it bids, chooses a quote, waits for
-// the job's confirmation and commits the quote's holds, bidding again
-// while nothing fits and re-quoting when holds lapse or a commitment is
+// the job's confirmation and commits the quote's holds. While nothing
+// fits, or only above its benefit, the job waits in the queue and bids
+// again at its turn; it re-quotes when holds lapse or a commitment is
 // refused. It reports false when the job ended instead (cancelled,
-// unconfirmed, or failed), or the node stops.
+// unconfirmed, waited too long, or failed), or the node stops.
 func (m *Manager) hold(ctx context.Context, j *jobs.Job, k int) bool {
 	runID := jobs.RunID(j.ID, k)
-	bids := 0
+	defer m.q.leave(j.ID)
+	var refused *refusal
 	for attempt := 0; ; attempt++ {
 		if m.cancelled(j.ID) {
 			m.move(j, jobs.Cancelled, "cancelled before launch")
@@ -35,22 +36,23 @@ func (m *Manager) hold(ctx context.Context, j *jobs.Job, k int) bool {
 			m.move(j, jobs.Failed, fmt.Sprintf("machines kept refusing to commit their holds (%d tries)", attempt))
 			return false
 		}
+		if !m.awaitTurn(ctx, j, refused) {
+			return false
+		}
 		if j.State != jobs.Quoting && !m.move(j, jobs.Quoting, "") {
 			return false
 		}
-		run, why := m.quote(ctx, j, runID)
-		if run == nil && bidAgain(why, bids) {
-			bids++
-			if !m.bidPause(ctx, j, why) {
-				return false
-			}
+		run, r := m.quote(ctx, j, runID)
+		if ctx.Err() != nil {
+			return false // the node stops: the job bids again after its restart
+		}
+		if run == nil {
+			refused = r
 			attempt--
 			continue
 		}
-		if run == nil {
-			m.move(j, jobs.Failed, why)
-			return false
-		}
+		refused = nil
+		m.q.leave(j.ID)
 		m.quoted(j, k, run)
 		switch m.awaitConfirm(ctx, j, run) {
 		case confirmStop:
@@ -69,22 +71,10 @@ func (m *Manager) hold(ctx context.Context, j *jobs.Job, k int) bool {
 	}
 }
 
-// bidPause waits before a bid again, as capacity frees (other jobs end,
-// or, re-placing, the previous run's workers stop); false when the node
-// stops.
-func (m *Manager) bidPause(ctx context.Context, j *jobs.Job, why string) bool {
-	m.logf(j, "no placement yet (%s): bidding again in %s", why, rebidEvery)
-	select {
-	case <-ctx.Done():
-		return false
-	case <-time.After(rebidEvery + time.Duration(rand.IntN(1000))*time.Millisecond):
-		return true
-	}
-}
-
 // quoted records run as run k of j, the quote the job is to confirm.
 func (m *Manager) quoted(j *jobs.Job, k int, run *jobs.Run) {
 	m.save(j, func() {
+		j.Queue = nil
 		if len(j.Runs) > k {
 			j.Runs[k] = *run
 		} else {
@@ -150,8 +140,9 @@ func machinesOf(r *jobs.Run) string {
 }
 
 // quote publishes run's bid and picks the cheapest placement offered; the
-// other quotes' holds are released.
-func (m *Manager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.Run, string) {
+// other quotes' holds are released. With no placement it says why, and
+// the least price at which one was refused only for costing too much.
+func (m *Manager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.Run, *refusal) {
 	s := &j.Spec
 	bid := p2p.Bid{JobID: runID, Workers: uint32(s.Workers),
 		PerWorker: p2p.Resources{Cores: uint32(s.Cores), MemBytes: s.MemBytes, GPUs: uint32(s.GPUs)},
@@ -160,13 +151,14 @@ func (m *Manager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.R
 	if !s.Deadline.IsZero() {
 		bid.Deadline = s.Deadline.Unix()
 	}
+	fp := m.q.fingerprint()
 	m.p.Quotes.forget(runID) // a bid again: only new quotes count
 	if _, err := m.p.Bids.PublishBid(ctx, api.PublishBidRequest{Bid: bid, TTL: "2m"}); err != nil {
-		return nil, "publish bid: " + err.Error()
+		return nil, &refusal{why: "publish bid: " + err.Error(), on: fp}
 	}
 	qs, ok := m.gatherQuotes(ctx, runID)
 	if !ok {
-		return nil, "stopped"
+		return nil, &refusal{why: "stopped", on: fp}
 	}
 	best, reasons := choose(qs)
 	for i := range qs {
@@ -175,24 +167,25 @@ func (m *Manager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.R
 		}
 	}
 	if best == nil {
-		return nil, noPlacement(reasons)
+		return nil, &refusal{why: noPlacement(reasons), priceNow: priceNow(qs), on: fp}
 	}
-	return runOf(best, m.p.Offers.Offers(time.Now())), ""
+	return runOf(best, m.p.Offers.Offers(time.Now())), nil
 }
 
 // gatherQuotes collects the quotes for a bid just published, looking
-// again as each arrives, until enoughQuotes; false when ctx ends first.
+// again as each arrives, until enoughQuotes (at once when every scheduler
+// heard from lately has answered); false when ctx ends first.
 func (m *Manager) gatherQuotes(ctx context.Context, runID string) ([]api.ReceivedQuote, bool) {
 	start := time.Now()
 	lastNew, count := start, 0
 	for {
-		qs, arrived := m.p.Quotes.watch(runID)
 		now := time.Now()
+		qs, all, arrived := m.p.Quotes.watch(runID, now)
 		if len(qs) > count {
 			count, lastNew = len(qs), now
 		}
 		waited, quiet := now.Sub(start), now.Sub(lastNew)
-		if enoughQuotes(waited, quiet, count, hasPlacement(qs)) {
+		if enoughQuotes(waited, quiet, count, hasPlacement(qs), all) {
 			return qs, true
 		}
 		select {

@@ -22,11 +22,17 @@ type QuoteBook struct {
 	mine    map[string]time.Time // job -> when its bid expires
 	quotes  map[string][]api.ReceivedQuote
 	arrived map[string]chan struct{} // job -> closed at its next quote
+	heard   map[string]time.Time     // scheduler -> when it last sent a quote
 }
+
+// heardWithin is how recently a scheduler must have quoted to count
+// among those a bid waits for.
+const heardWithin = 10 * time.Minute
 
 // NewQuoteBook makes an empty book.
 func NewQuoteBook() *QuoteBook {
-	return &QuoteBook{mine: map[string]time.Time{}, quotes: map[string][]api.ReceivedQuote{}, arrived: map[string]chan struct{}{}}
+	return &QuoteBook{mine: map[string]time.Time{}, quotes: map[string][]api.ReceivedQuote{}, arrived: map[string]chan struct{}{},
+		heard: map[string]time.Time{}}
 }
 
 // Handle takes a scheduler's quote for one of this node's bids (the quote
@@ -87,6 +93,9 @@ func (b *QuoteBook) Add(from peer.ID, q p2p.Quote, now time.Time) {
 	if len(b.quotes[q.JobID]) < 64 {
 		b.quotes[q.JobID] = append(b.quotes[q.JobID], api.ReceivedQuote{Scheduler: from.String(), Quote: q, ReceivedAt: now.UTC()})
 	}
+	if _, ok := b.heard[from.String()]; ok || len(b.heard) < 1024 {
+		b.heard[from.String()] = now
+	}
 	if ch, ok := b.arrived[q.JobID]; ok {
 		close(ch)
 		delete(b.arrived, q.JobID)
@@ -99,9 +108,10 @@ func (b *QuoteBook) list(job string) []api.ReceivedQuote {
 	return slices.Clone(b.quotes[job])
 }
 
-// watch returns the quotes received for job so far, and a channel closed
-// when the next one arrives.
-func (b *QuoteBook) watch(job string) ([]api.ReceivedQuote, <-chan struct{}) {
+// watch returns the quotes received for job so far, whether every
+// scheduler heard from lately is among their senders, and a channel
+// closed when the next one arrives.
+func (b *QuoteBook) watch(job string, now time.Time) ([]api.ReceivedQuote, bool, <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	ch, ok := b.arrived[job]
@@ -109,7 +119,20 @@ func (b *QuoteBook) watch(job string) ([]api.ReceivedQuote, <-chan struct{}) {
 		ch = make(chan struct{})
 		b.arrived[job] = ch
 	}
-	return slices.Clone(b.quotes[job]), ch
+	qs := b.quotes[job]
+	answered := map[string]bool{}
+	for _, q := range qs {
+		answered[q.Scheduler] = true
+	}
+	all := len(answered) > 0
+	for s, at := range b.heard {
+		if now.Sub(at) > heardWithin {
+			delete(b.heard, s)
+		} else if !answered[s] {
+			all = false
+		}
+	}
+	return slices.Clone(qs), all, ch
 }
 
 // Quotes implements api.Scheduling: the quotes received for a job this

@@ -44,9 +44,10 @@ func (m *Manager) drive(ctx context.Context, j *jobs.Job) {
 
 // resumeAt is where drive takes a job up: run k, already launched (the
 // node restarted while it ran) or to be placed; ok is false when the job
-// failed instead. A new job's inputs go to storage first; a job the node
-// restarted with before it was paid for is placed anew if it still may
-// be confirmed, else failed.
+// failed instead. A new job's inputs go to storage first; a waiting job
+// waits on, from its place in the queue; a job the node restarted with
+// while bidding bids again if it was confirmed or may still be; one
+// restarted while committing its holds is failed.
 func (m *Manager) resumeAt(ctx context.Context, j *jobs.Job) (k int, launched, ok bool) {
 	if j.State == jobs.Submitted {
 		if err := m.addInputs(ctx, j); err != nil {
@@ -56,8 +57,14 @@ func (m *Manager) resumeAt(ctx context.Context, j *jobs.Job) (k int, launched, o
 	}
 	switch j.State {
 	case jobs.Quoting, jobs.Reserving:
-		if r := j.Current(); r != nil {
+		if r := j.Current(); r != nil && r.Started.IsZero() {
+			// A quote never launched: its holds go, and it is placed anew
+			// as the same run.
 			m.releaseHolds(context.WithoutCancel(ctx), r)
+			m.save(j, func() { j.Runs = j.Runs[:len(j.Runs)-1] })
+		}
+		if j.State == jobs.Quoting && (j.Confirmed || j.Queue != nil) {
+			break // it bids again, from its place in the queue if it had one
 		}
 		if j.Updated.Before(time.Now().Add(-confirmWait)) || j.State == jobs.Reserving {
 			m.move(j, jobs.Failed, "the submitting node restarted before the job was paid for: submit it again")

@@ -4,11 +4,11 @@ import { h } from "../dom.js";
 
 const jobClass = {
   submitted: "busy", quoting: "busy", reserving: "busy", escrowed: "busy", launching: "busy",
-  running: "good", succeeded: "good", failed: "panic", cancelled: "warn",
+  waiting: "warn", running: "good", succeeded: "good", failed: "panic", cancelled: "warn",
 };
 
 // A worker not heard from for this long (ms) is in trouble; the node polls
-// its workers every 3 s and gives up on one after 30 s.
+// its workers every second and gives up on one after 30 s.
 export const STALE_MS = 10000;
 
 export function staleWorker(w, now = Date.now()) {
@@ -24,7 +24,8 @@ export function isProblemJob(j) {
 }
 
 export function jobState(j) {
-  const text = j.state === "quoting" && j.confirmed === false && (j.workers || []).length ? "awaiting confirmation" : j.state;
+  let text = j.state === "quoting" && j.confirmed === false && (j.workers || []).length ? "awaiting confirmation" : j.state;
+  if (j.state === "waiting" && j.queue && j.queue.position) text = `waiting (#${j.queue.position} in the queue)`;
   const cls = isProblemJob(j) ? "panic" : jobClass[j.state] || "";
   return h("span", { class: `badge ${cls}`, dataset: { state: j.state } }, isProblemJob(j) && j.state !== "failed" ? `${text} ⚠` : text);
 }

@@ -5,7 +5,7 @@ import { api, live } from "../api.js";
 import { h, fill, table, dl } from "../dom.js";
 import { credits, shortPeer, when, ago, size, nsToDuration, joinCommand } from "../format.js";
 import { jobState, workerState, staleWorker } from "./common.js";
-import { quotePanel } from "./jobs.js";
+import { quotePanel, waitPanel } from "./jobs.js";
 
 const TERMINAL = ["succeeded", "failed", "cancelled"];
 const LOG_KEEP = 256 * 1024; // characters of log kept on the page
@@ -66,6 +66,9 @@ export function render(main, { params, navigate }) {
       run.escrow ? ["In escrow", `${credits(run.escrow)} credits`] : null,
       ["Cost so far", h("span", { id: "job-cost" }, `${credits(costSoFar(j))} credits`)],
       (j.runs || []).length > 1 ? ["Runs", `${j.runs.length} (re-placed after a lost worker)`] : null,
+      j.state === "waiting" && j.queue ? ["In the queue", h("span", { id: "job-queue" },
+        `#${j.queue.position || "?"} since ${when(j.queue.since)}, ${j.queue.bids} bids so far` +
+        (j.queue.price_now ? `; it would run now for ${credits(j.queue.price_now)} credits` : ""))] : null,
     ]));
     const ws = j.workers || [];
     fill(workers, table({
@@ -99,6 +102,21 @@ export function render(main, { params, navigate }) {
     const msg = h("p", { class: "error", role: "alert" });
     if (TERMINAL.includes(j.state)) {
       actions.replaceChildren();
+      return;
+    }
+    if (j.state === "waiting" && !j.confirmed) {
+      if (actions.querySelector("#wait")) return;
+      fill(actions, waitPanel(j, {
+        onConfirm: async () => {
+          job = await api("POST", `/jobs/${id}/confirm`);
+          actions.replaceChildren();
+          draw();
+        },
+        onCancel: async () => {
+          job = await api("POST", `/jobs/${id}/cancel`);
+          draw();
+        },
+      }));
       return;
     }
     if (j.state === "quoting" && !j.confirmed && (j.workers || []).length) {

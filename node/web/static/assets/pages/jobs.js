@@ -7,7 +7,7 @@ import { credits, size, shortID, shortPeer, ago, when, splitCommand, joinCommand
 import { field, formError, clearErrors, showError, busy } from "../forms.js";
 import { jobState, isProblemJob, section } from "./common.js";
 
-const SPEC_FIELDS = ["name", "framework", "command", "bundle", "dataset", "workers", "cores", "memory", "gpus", "max_price", "max_duration", "site", "deadline"];
+const SPEC_FIELDS = ["name", "framework", "command", "bundle", "dataset", "workers", "cores", "memory", "gpus", "max_price", "max_duration", "site", "deadline", "max_wait"];
 
 function isCID(s) {
   return /^(Qm[1-9A-HJ-NP-Za-km-z]{44}|b[a-z2-7]{20,})$/.test(s);
@@ -67,6 +67,40 @@ export function quotePanel(job, { onConfirm, onCancel }) {
   return panel;
 }
 
+// waitPanel shows why a job waits in the queue and asks whether to leave
+// it there.
+export function waitPanel(job, { onConfirm, onCancel }) {
+  const q = job.queue || {};
+  const msg = h("p", { class: "error", role: "alert" });
+  const confirm = h("button", { type: "button", id: "wait-confirm" }, "Wait in the queue");
+  const cancel = h("button", { type: "button", class: "secondary", id: "wait-cancel" }, "Cancel the job");
+  const act = (fn) => async () => {
+    confirm.disabled = cancel.disabled = true;
+    try {
+      await fn();
+    } catch (e) {
+      msg.textContent = e.message;
+      confirm.disabled = cancel.disabled = false;
+    }
+  };
+  confirm.addEventListener("click", act(onConfirm));
+  cancel.addEventListener("click", act(onCancel));
+  const heading = h("h2", { id: "wait-h", tabindex: "-1" }, `No machines for ${job.spec.name} now`);
+  const panel = h("section", { id: "wait", class: "notice", "aria-labelledby": "wait-h" },
+    heading,
+    h("p", { id: "wait-why" }, q.why || job.reason || ""),
+    dl([
+      ["Place in the queue", h("span", { id: "wait-position" }, String(q.position || "—"))],
+      q.price_now ? ["It would run now for", h("span", { id: "wait-price-now" }, `${credits(q.price_now)} credits (your limit is ${credits(job.spec.max_price)})`)] : null,
+      q.next_bid ? ["Bids again by", when(q.next_bid)] : null,
+    ]),
+    h("p", { class: "small muted" }, "A waiting job bids again as machines free up or prices fall; nothing is paid while it waits, and you can cancel it at any time."),
+    h("div", { class: "actions" }, confirm, cancel),
+    msg);
+  setTimeout(() => heading.focus(), 0);
+  return panel;
+}
+
 export function render(main, { navigate }) {
   const list = h("div", { id: "job-list" }, h("p", { class: "muted" }, "…"));
   const quoteBox = h("div", { id: "quote-box" });
@@ -95,7 +129,8 @@ export function render(main, { navigate }) {
       field({ name: "max_price", label: "Max price (credits)", value: "5", hint: "The most the whole job may cost." }),
       field({ name: "max_duration", label: "Max duration", value: "30m", hint: "Such as 30m or 2h." }),
       field({ name: "site", label: "Preferred site (optional)" }),
-      field({ name: "deadline", label: "Deadline (optional)", hint: "RFC 3339, e.g. 2026-12-01T18:00:00Z" })),
+      field({ name: "deadline", label: "Deadline (optional)", hint: "RFC 3339, e.g. 2026-12-01T18:00:00Z" }),
+      field({ name: "max_wait", label: "Wait for machines at most", value: "24h", hint: "In the queue, when none is free; 0s: not at all." })),
     h("div", { class: "actions" }, h("button", { type: "submit", id: "get-quote" }, "Get a quote"), progress));
 
   main.append(
@@ -156,7 +191,7 @@ export function render(main, { navigate }) {
       bundle: e.bundle.value.trim(), dataset: e.dataset.value.trim(),
       workers: int(e.workers.value), cores: int(e.cores.value), memory: e.memory.value.trim(), gpus: int(e.gpus.value),
       max_price: e.max_price.value.trim(), max_duration: e.max_duration.value.trim(),
-      site: e.site.value.trim(), deadline: e.deadline.value.trim(),
+      site: e.site.value.trim(), deadline: e.deadline.value.trim(), max_wait: e.max_wait.value.trim(),
     };
     for (const k of ["bundle", "dataset"]) {
       const v = spec[k];
@@ -195,6 +230,19 @@ export function render(main, { navigate }) {
         showError(form, { message: `No quote: ${job.reason}` });
         return;
       }
+      if (job.state === "waiting" && !job.confirmed) {
+        fill(quoteBox, waitPanel(job, {
+          onConfirm: async () => {
+            await api("POST", `/jobs/${job.id}/confirm`);
+            navigate(`/jobs/${job.id}`);
+          },
+          onCancel: async () => {
+            await api("POST", `/jobs/${job.id}/cancel`);
+            fill(quoteBox, h("p", { role: "status", class: "muted" }, `Job ${job.spec.name} taken out of the queue; nothing was paid.`));
+          },
+        }));
+        return;
+      }
       if (job.state !== "quoting" || !(job.workers || []).length) {
         navigate(`/jobs/${job.id}`);
         return;
@@ -219,7 +267,7 @@ export function render(main, { navigate }) {
       rows: jobs.map((j) => [
         h("a", { href: `/jobs/${j.id}`, "data-nav": "" }, j.name),
         h("span", { class: "mono small" }, shortID(j.id)),
-        [jobState(j), j.reason && j.state === "failed" ? h("div", { class: "small" }, j.reason) : null],
+        [jobState(j), j.reason && (j.state === "failed" || j.state === "waiting") ? h("div", { class: "small" }, j.reason) : null],
         String((j.workers || []).length),
         credits(j.cost),
         ago(j.updated),

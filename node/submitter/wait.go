@@ -1,0 +1,159 @@
+package submitter
+
+// A job's wait in the queue, between its bids.
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/units"
+)
+
+// refusal is what a bid that found no placement learned: why, what the
+// job would cost now when it was refused for price, and the offers'
+// fingerprint the bid was made on.
+type refusal struct {
+	why      string
+	priceNow uint64
+	on       uint64
+}
+
+// awaitTurn waits until the job may bid: at once for its first bid when
+// no job ahead of it waits for the room; after a refusal, when the offers
+// show room it was not refused on, or its backoff runs out. It reports
+// false when the job ended instead (cancelled, waited as long as it may,
+// its deadline out of reach) or the node stops; the job then is out of
+// the queue.
+func (m *Manager) awaitTurn(ctx context.Context, j *jobs.Job, r *refusal) bool {
+	now := time.Now()
+	m.mu.Lock()
+	spec, created := j.Spec, j.Created
+	qd := jobs.Queued{Since: now}
+	if j.Queue != nil {
+		qd = *j.Queue // waiting already, before a restart or a bid
+	}
+	m.mu.Unlock()
+	need := shape{workers: spec.Workers, per: p2p.Resources{Cores: uint32(spec.Cores), MemBytes: spec.MemBytes, GPUs: uint32(spec.GPUs)},
+		tensorflow: spec.Framework == "tensorflow"}
+	w := waiter{id: j.ID, since: qd.Since, score: score(spec.MaxPrice, need, spec.MaxDuration, m.p.Reference), need: need, next: now}
+	if r != nil {
+		if spec.MaxWait == 0 {
+			m.move(j, jobs.Failed, r.why)
+			return false
+		}
+		qd.Why, qd.PriceNow = r.why, r.priceNow
+		w.next, w.seen = now.Add(backoff(qd.Bids)), r.on
+	}
+	limits := func() (time.Time, string) {
+		m.mu.Lock()
+		confirmed := j.Confirmed
+		m.mu.Unlock()
+		return waitLimit(qd.Since, created, spec.MaxWait, spec.Deadline, spec.MaxDuration, confirmed)
+	}
+	limit, limitWhy := limits()
+	if !now.Before(limit) {
+		m.move(j, jobs.Failed, limitWhy+": "+orStr(qd.Why, "no placement yet"))
+		return false
+	}
+	turn := m.q.enter(w)
+	select {
+	case <-turn:
+		if r == nil {
+			return true // its first bid, or the first after a restart
+		}
+	default:
+	}
+	if qd.Why == "" {
+		qd.Why = "jobs ahead of it in this node's queue bid first"
+	}
+	qd.NextBid = w.next
+	m.save(j, func() { j.Queue, j.Reason = &qd, qd.Why })
+	if j.State != jobs.Waiting {
+		m.move(j, jobs.Waiting, qd.Why)
+		when := "when the jobs ahead of it have bid"
+		if r != nil {
+			when = "when the offers show room for it, or by " + w.next.UTC().Format("15:04:05")
+		}
+		m.logf(j, "waiting in the queue (position %d)%s; it bids again %s", m.q.positions(now)[j.ID], priceNote(qd.PriceNow, spec.MaxPrice), when)
+	}
+	return m.waitForTurn(ctx, j, turn, limits)
+}
+
+// waitForTurn waits in the queue for turn, until the limit limits gives
+// (then the job fails, for the reason it gives), a cancel, or the node
+// stopping. A confirmation moves the limit.
+func (m *Manager) waitForTurn(ctx context.Context, j *jobs.Job, turn <-chan struct{}, limits func() (time.Time, string)) bool {
+	poke := m.pokeChan(j.ID)
+	limit, limitWhy := limits()
+	timer := time.NewTimer(time.Until(limit))
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false // the node stops: the job waits on after its restart
+		case <-poke:
+			if m.cancelled(j.ID) {
+				m.q.leave(j.ID)
+				m.move(j, jobs.Cancelled, "cancelled while waiting in the queue: nothing was paid")
+				return false
+			}
+			poke = m.pokeChan(j.ID)
+			limit, limitWhy = limits()
+			timer.Reset(time.Until(limit))
+		case <-timer.C:
+			m.q.leave(j.ID)
+			m.mu.Lock()
+			why := j.Queue.Why
+			m.mu.Unlock()
+			m.move(j, jobs.Failed, limitWhy+": "+why)
+			return false
+		case <-turn:
+			var waited time.Duration
+			m.save(j, func() {
+				j.Queue.Bids++
+				waited = time.Since(j.Queue.Since)
+			})
+			m.logf(j, "its turn in the queue after %s: bidding again", waited.Round(time.Second))
+			return true
+		}
+	}
+}
+
+// pokeChan is the channel closed when something is asked of job (a
+// cancel, a confirmation); a new one once closed.
+func (m *Manager) pokeChan(id string) <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ch, ok := m.pokes[id]
+	if !ok {
+		ch = make(chan struct{})
+		m.pokes[id] = ch
+	}
+	return ch
+}
+
+// pokeLocked wakes whatever waits on job's poke channel (m.mu held).
+func (m *Manager) pokeLocked(id string) {
+	if ch, ok := m.pokes[id]; ok {
+		close(ch)
+		delete(m.pokes, id)
+	}
+}
+
+// priceNote says what a job refused for price would cost now.
+func priceNote(now, max uint64) string {
+	if now == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; it would run now for %s credits, above its max price %s", units.FormatCredits(now), units.FormatCredits(max))
+}
+
+func orStr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
