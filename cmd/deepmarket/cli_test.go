@@ -726,4 +726,14 @@ max_duration = "10m"
 	if out := mustRun(t, "jobs", "--home", home); !strings.Contains(out, "waiting (#1)") || strings.Contains(out, "waiting (#2)") {
 		t.Fatalf("jobs after the cancel:\n%s", out)
 	}
+	// One worker fits, but not at a millionth of a credit: it waits for
+	// prices to fall, and says what running it now would cost.
+	cheap := filepath.Join(dir, "cheap.toml")
+	body, _ := os.ReadFile(spec)
+	os.WriteFile(cheap, []byte(strings.NewReplacer("workers = 2", "workers = 1", `max_price = "1"`, `max_price = "0.000001"`).Replace(string(body))), 0o644)
+	out = mustRun(t, "submit", cheap, "--yes", "--home", home)
+	if !strings.Contains(out, "waits in this node's queue") || !strings.Contains(out, "it would run now for") ||
+		!strings.Contains(out, "its max price is 0.000001") {
+		t.Fatalf("submit of a job priced below the market:\n%s", out)
+	}
 }

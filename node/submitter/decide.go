@@ -273,11 +273,13 @@ func score(maxPrice uint64, need shape, duration time.Duration, ref p2p.Prices) 
 }
 
 // priceNow is the least a refusal for price said the job costs now (0
-// when none did).
-func priceNow(qs []api.ReceivedQuote) uint64 {
+// when none did). A refusal for price says the job costs more than
+// maxPrice: a figure that does not is a scheduler's mistake or lie, and
+// is not shown.
+func priceNow(qs []api.ReceivedQuote, maxPrice uint64) uint64 {
 	var least uint64
 	for _, q := range qs {
-		if len(q.Workers) == 0 && q.Resource == "price" && q.Total > 0 && (least == 0 || q.Total < least) {
+		if len(q.Workers) == 0 && q.Resource == "price" && q.Total > maxPrice && (least == 0 || q.Total < least) {
 			least = q.Total
 		}
 	}

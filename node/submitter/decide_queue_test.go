@@ -202,11 +202,11 @@ func TestDecideScoreAndPriceNow(t *testing.T) {
 		}
 		return rq
 	}
-	qs := []api.ReceivedQuote{q("price", 900, 0), q("cores", 0, 0), q("price", 700, 0), q("", 100, 1)}
-	if got := priceNow(qs); got != 700 {
-		t.Errorf("priceNow = %d, want the least refused price 700", got)
+	qs := []api.ReceivedQuote{q("price", 900, 0), q("cores", 0, 0), q("price", 700, 0), q("", 100, 1), q("price", 400, 0)}
+	if got := priceNow(qs, 500); got != 700 {
+		t.Errorf("priceNow = %d, want the least refused price above the max price 500: 700", got)
 	}
-	if got := priceNow(qs[1:2]); got != 0 {
+	if got := priceNow(qs[1:2], 500); got != 0 {
 		t.Errorf("priceNow without price refusals = %d", got)
 	}
 }

@@ -167,7 +167,7 @@ func (m *Manager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.R
 		}
 	}
 	if best == nil {
-		return nil, &refusal{why: noPlacement(reasons), priceNow: priceNow(qs), on: fp}
+		return nil, &refusal{why: noPlacement(reasons), priceNow: priceNow(qs, bid.MaxPrice), on: fp}
 	}
 	return runOf(best, m.p.Offers.Offers(time.Now())), nil
 }
