@@ -10,6 +10,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/deepmarket/deepmarket/node/lender"
 	"github.com/deepmarket/deepmarket/node/market"
 	"github.com/deepmarket/deepmarket/node/sandbox"
 	"github.com/deepmarket/deepmarket/p2p"
@@ -29,6 +30,7 @@ type Config struct {
 	Executor  ExecutorConfig  `toml:"executor"`
 	Jobs      JobsConfig      `toml:"jobs"`
 	Market    MarketConfig    `toml:"market"`
+	Owner     OwnerConfig     `toml:"owner"`
 	Log       LogConfig       `toml:"log"`
 }
 
@@ -46,6 +48,27 @@ type MarketConfig struct {
 	// LaunchWithin is how long a committed hold waits for its job's launch
 	// before it lapses.
 	LaunchWithin Duration `toml:"launch_within"`
+}
+
+// OwnerConfig puts the machine's owner first while it lends (see
+// lender.OwnerPolicy): off unless suspend_above is set, here or by
+// `lend --suspend-above`.
+type OwnerConfig struct {
+	SuspendAbove float64  `toml:"suspend_above"`
+	StartIdle    Duration `toml:"start_idle"`
+	ResumeIdle   Duration `toml:"resume_idle"`
+	VacateAfter  Duration `toml:"vacate_after"`
+}
+
+// Policy is the owner policy, with suspendAbove (lend's setting, when
+// given) over the configured threshold.
+func (c OwnerConfig) Policy(suspendAbove *float64) lender.OwnerPolicy {
+	p := lender.OwnerPolicy{SuspendAbove: c.SuspendAbove, StartIdle: c.StartIdle.Duration, ResumeIdle: c.ResumeIdle.Duration,
+		VacateAfter: c.VacateAfter.Duration}
+	if suspendAbove != nil {
+		p.SuspendAbove = *suspendAbove
+	}
+	return p
 }
 
 // JobsConfig is about the jobs this node submits.
@@ -202,6 +225,7 @@ func DefaultConfig() Config {
 		Scheduler: SchedulerConfig{Quote: true, Subset: market.SubsetAll, Nearest: 16},
 		Log:       LogConfig{Level: "info", Format: "text", Libp2pLevel: "warn"},
 		Jobs:      JobsConfig{EscrowSlack: Duration{15 * time.Minute}, Starvation: Duration{30 * time.Minute}},
+		Owner:     OwnerConfig{StartIdle: Duration{5 * time.Minute}, ResumeIdle: Duration{time.Minute}, VacateAfter: Duration{10 * time.Minute}},
 		Market: MarketConfig{MaxOffers: 20_000, MaxOffersPerOwner: 256, HoldsPerBidder: 8, HoldsPerScheduler: 32,
 			LaunchWithin: Duration{2 * time.Minute}},
 	}
@@ -438,6 +462,20 @@ escrow_slack = {{lit .Jobs.EscrowSlack}}
 # again as machines free up. Waiting jobs bid in order of benefit per cost;
 # one that has waited this long goes before every job that has waited less.
 starvation = {{lit .Jobs.Starvation}}
+
+[owner]
+# Put the machine's owner first while it lends, as HTCondor does on lab
+# desktops: while the owner's own CPU load (not the jobs', not the node's) is
+# above suspend_above cores, the jobs here are suspended (frozen; that time is
+# not paid) and the machine offers nothing; once the owner's load has stayed
+# at or below it for resume_idle they resume, and after start_idle the machine
+# offers itself again. A suspension that lasts vacate_after vacates the jobs:
+# stopped with a checkpoint, their submitters re-place them elsewhere.
+# 0 turns it off (the default); "deepmarket lend --suspend-above" sets it too.
+suspend_above = {{.Owner.SuspendAbove}}
+start_idle = {{lit .Owner.StartIdle}}
+resume_idle = {{lit .Owner.ResumeIdle}}
+vacate_after = {{lit .Owner.VacateAfter}}
 
 [market]
 # The most offers this node keeps of the market, and of one owner's machines

@@ -33,6 +33,7 @@ func (c *Config) Validate() error {
 		c.Scheduler.validateSubset,
 		c.Jobs.validate,
 		c.Market.validate,
+		c.Owner.validate,
 		c.Scheduler.validateNearestAndMachines,
 		c.Log.validate,
 	} {
@@ -175,6 +176,14 @@ func (c SchedulerConfig) validateNearestAndMachines() error {
 		if _, err := peer.Decode(m); err != nil {
 			return configErr("scheduler", "machines", "%q is not a peer ID: %v", m, err)
 		}
+	}
+	return nil
+}
+
+// validate checks [owner]'s policy.
+func (c OwnerConfig) validate() error {
+	if field, err := c.Policy(nil).Validate(); err != nil {
+		return configErr("owner", field, "%v", err)
 	}
 	return nil
 }

@@ -77,8 +77,9 @@ func startJobCluster(t *testing.T, python string, lenders int) *jobCluster {
 	return startJobClusterLending(t, python, lenders, api.LendRequest{Cores: 1, MemBytes: 2 << 30})
 }
 
-// startJobClusterLending is startJobCluster with each lender lending lend.
-func startJobClusterLending(t *testing.T, python string, lenders int, lend api.LendRequest) *jobCluster {
+// startJobClusterLending is startJobCluster with each lender lending
+// lend, and started with opts.
+func startJobClusterLending(t *testing.T, python string, lenders int, lend api.LendRequest, opts ...nodeOpt) *jobCluster {
 	t.Helper()
 	chain := testNet(t)
 	dir := t.TempDir()
@@ -98,7 +99,7 @@ func startJobClusterLending(t *testing.T, python string, lenders int, lend api.L
 		}); err != nil {
 			t.Fatal(err)
 		}
-		n := startNode(t, h, withBootstrap(a.addr()), withExec(name, i+1))
+		n := startNode(t, h, append([]nodeOpt{withBootstrap(a.addr()), withExec(name, i+1)}, opts...)...)
 		admit(t, a, n)
 		if _, err := n.client.SetLend(t.Context(), lend); err != nil {
 			t.Fatal(err)

@@ -413,14 +413,25 @@ func BenchmarkQueue(b *testing.B) {
 		name string
 		r    queueRun
 	}{{"queue", q}, {"no queue", nq}} {
+		if m.r.states[jobs.Succeeded] == 0 {
+			fmt.Printf("%-9s %9d %7d %7d %10s %7.0fs %14s\n", m.name, 0, m.r.states[jobs.Failed], m.r.waited, "-", m.r.ideal().Seconds(), "-")
+			continue
+		}
 		fmt.Printf("%-9s %9d %7d %7d %9.1fs %7.0fs %13.2fx\n", m.name, m.r.states[jobs.Succeeded], m.r.states[jobs.Failed], m.r.waited,
 			m.r.makespan.Seconds(), m.r.ideal().Seconds(), m.r.makespan.Seconds()/m.r.ideal().Seconds())
+		fmt.Printf("%-9s per job: launch to start %s, end to settled %s, settled to the machine's next launch %s\n", "",
+			m.r.launch.Round(10*time.Millisecond), m.r.tail.Round(10*time.Millisecond), m.r.between.Round(10*time.Millisecond))
 	}
 	fmt.Printf("goal: 200 of 200 succeed with the queue, makespan <= 1.5x the ideal\n")
 	if out := os.Getenv("DM_BENCH_OUT"); out != "" {
 		row := func(r queueRun) map[string]any {
-			return map[string]any{"succeeded": r.states[jobs.Succeeded], "failed": r.states[jobs.Failed], "waited": r.waited,
-				"makespan_s": r.makespan.Seconds(), "ideal_s": r.ideal().Seconds(), "ratio": r.makespan.Seconds() / r.ideal().Seconds()}
+			row := map[string]any{"succeeded": r.states[jobs.Succeeded], "failed": r.states[jobs.Failed], "waited": r.waited,
+				"ideal_s": r.ideal().Seconds()}
+			if r.states[jobs.Succeeded] > 0 {
+				row["makespan_s"], row["ratio"] = r.makespan.Seconds(), r.makespan.Seconds()/r.ideal().Seconds()
+				row["launch_s"], row["tail_s"], row["between_s"] = r.launch.Seconds(), r.tail.Seconds(), r.between.Seconds()
+			}
+			return row
 		}
 		doc := map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "cpus": runtime.NumCPU(), "jobs": 200, "machines": 20,
 			"work_s": work.Seconds(), "queue": row(q), "no_queue": row(nq)}

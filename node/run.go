@@ -233,6 +233,7 @@ func (n *Node) runServices(gctx context.Context, g *errgroup.Group, disc *p2p.Di
 	g.Go(func() error { return n.store.Run(gctx) })
 	g.Go(func() error { return n.ledger.Run(gctx) })
 	g.Go(func() error { return n.exec.Run(gctx) })
+	g.Go(func() error { return n.ownerWatch().Run(gctx) })
 	g.Go(func() error { return n.jobs.Run(gctx) })
 	g.Go(func() error { return n.market.Run(gctx) })
 	g.Go(func() error { return n.prices.Run(gctx) })

@@ -102,3 +102,20 @@ func (n *Node) linkTargets() []peer.ID {
 	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
 	return out[:min(len(out), p2p.MaxLinks)]
 }
+
+// ownerWatch puts the machine's owner first: [owner] in config.toml, the
+// threshold lend's settings give over it.
+func (n *Node) ownerWatch() *lender.OwnerWatch {
+	return &lender.OwnerWatch{
+		Policy:   func() lender.OwnerPolicy { return n.cfg.Owner.Policy(n.lender.SuspendAbove()) },
+		Jobs:     n.exec,
+		Offering: n.lender.OwnerOffering,
+		Logger:   n.log.With("module", "owner"),
+		Sample:   ownerSample,
+	}
+}
+
+// ownerSample reads the machine's CPU counters for the owner policy: nil,
+// lender.ReadCPUSample. A test replaces it to count one synthetic owner
+// process rather than the whole machine, which other tests share.
+var ownerSample func() (lender.CPUSample, error)

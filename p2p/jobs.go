@@ -245,6 +245,14 @@ type JobStatus struct {
 	Result     string `cbor:"result,omitempty" json:"result_cid,omitempty"`
 	Checkpoint string `cbor:"ckpt,omitempty" json:"checkpoint_cid,omitempty"`
 	LogBytes   int64  `cbor:"log,omitempty" json:"log_bytes"`
+	// Suspended says the worker is suspended now (its machine's owner
+	// needs the machine); SuspendedMs is how long it has been suspended
+	// in all, which its machine is not paid for.
+	Suspended   bool  `cbor:"susp,omitempty" json:"suspended,omitempty"`
+	SuspendedMs int64 `cbor:"susp_ms,omitempty" json:"suspended_ms,omitempty"`
+	// Vacated says its machine stopped it for the machine's owner (with
+	// a checkpoint): it is paid for the time it ran, and re-placed.
+	Vacated bool `cbor:"vacated,omitempty" json:"vacated,omitempty"`
 }
 
 // Validate checks a machine's report on worker index of job: a state
@@ -258,7 +266,7 @@ func (s *JobStatus) Validate(job string, index int) error {
 		return rangeErr("worker state %q", s.State)
 	case len(s.Reason) > maxTextLen:
 		return rangeErr("reason of %d bytes", len(s.Reason))
-	case s.LogBytes < 0 || s.Started < 0 || s.Ended < 0:
+	case s.LogBytes < 0 || s.Started < 0 || s.Ended < 0 || s.SuspendedMs < 0:
 		return rangeErr("negative log size or time")
 	}
 	for _, c := range []string{s.Result, s.Checkpoint} {

@@ -72,6 +72,7 @@ func newLendCmd(c *cli) *cobra.Command {
 	var cores, gpus int
 	var mem, window, price, release string
 	var stop, asJSON bool
+	var suspendAbove float64
 	cmd := &cobra.Command{
 		Use:   "lend",
 		Short: "Lend this machine's resources, or take them back with --stop",
@@ -89,15 +90,23 @@ a member of the network (an issuer admitted it or granted it credits), or it
 is linked to a member's account (deepmarket ledger link).
 
 Reserve prices are floors in credits per unit-hour (memory per GiB-hour);
-without --price the [prices] of config.toml apply.`,
+without --price the [prices] of config.toml apply.
+
+The owner comes first with --suspend-above CORES: while the machine's own
+load (its owner's programs, not the jobs' or the node's) is above CORES, the
+jobs here are suspended, unpaid, and nothing is offered; they resume once the
+owner has left it alone for a while, and are vacated to other machines if the
+owner stays ([owner] in config.toml has the timings).`,
 		Example: `  deepmarket lend --cores 4 --mem 8GiB
   deepmarket lend --cores 8 --mem 16G --gpus 1 --window 19:00-07:00 --price core=0.2,mem=0.05,gpu=2
+  deepmarket lend --cores 2 --mem 4GiB --suspend-above 0.5   # a desktop: its user first
   deepmarket lend --stop
   deepmarket lend --release 3f2a9c0e11d4b7a6`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := cmd.Flags()
-			setting := f.Changed("cores") || f.Changed("mem") || f.Changed("gpus") || f.Changed("window") || f.Changed("price")
+			setting := f.Changed("cores") || f.Changed("mem") || f.Changed("gpus") || f.Changed("window") || f.Changed("price") ||
+				f.Changed("suspend-above")
 			if stop && setting {
 				return usageError{fmt.Errorf("--stop takes no other lend flags")}
 			}
@@ -128,6 +137,12 @@ without --price the [prices] of config.toml apply.`,
 					}
 				}
 				req = api.LendRequest{Cores: cores, MemBytes: size, GPUs: gpus, Window: window}
+				if f.Changed("suspend-above") {
+					if suspendAbove < 0 {
+						return usageError{fmt.Errorf("--suspend-above %v: cannot be negative (0: never suspend)", suspendAbove)}
+					}
+					req.SuspendAbove = &suspendAbove
+				}
 				if price != "" {
 					if req.Price, err = parsePrices(price); err != nil {
 						return usageError{err}
@@ -170,6 +185,7 @@ without --price the [prices] of config.toml apply.`,
 	f.IntVar(&gpus, "gpus", 0, "GPUs to lend (detected with nvidia-smi)")
 	f.StringVar(&window, "window", "", "daily availability window HH:MM-HH:MM, local time (default: all day)")
 	f.StringVar(&price, "price", "", "reserve prices per unit-hour: core=CREDITS,mem=CREDITS,gpu=CREDITS")
+	f.Float64Var(&suspendAbove, "suspend-above", 0, "suspend the jobs while the owner's own load is above this many cores (0: never; default: [owner] suspend_above)")
 	f.BoolVar(&stop, "stop", false, "stop lending and withdraw the offer")
 	f.StringVar(&release, "release", "", "drop the hold with this ID (one that runs no worker)")
 	f.BoolVar(&asJSON, "json", false, "print as JSON")
@@ -180,6 +196,8 @@ func flagOf(field string) string {
 	switch field {
 	case "mem_bytes":
 		return "mem"
+	case "suspend_above":
+		return "suspend-above"
 	}
 	return field
 }
@@ -203,9 +221,12 @@ func printLendState(c *cli, st api.LendState, stopped bool) {
 		fmt.Fprintf(c.out, "Reserve prices: %s/core-hour, %s/GiB-hour, %s/GPU-hour (credits)\n",
 			units.FormatCredits(s.Price.CoreHour), units.FormatCredits(s.Price.MemGiBHour), units.FormatCredits(s.Price.GPUHour))
 	}
-	if st.Offering {
+	switch {
+	case st.Offering:
 		fmt.Fprintln(c.out, "Offer: announced to the network.")
-	} else {
+	case st.OwnerBusy != "":
+		fmt.Fprintf(c.out, "Offer: none now: %s ([owner] policy; its jobs are suspended meanwhile).\n", st.OwnerBusy)
+	default:
 		fmt.Fprintln(c.out, "Offer: none now (outside the window).")
 	}
 	if st.NextChange != nil {

@@ -97,15 +97,21 @@ type LendRequest struct {
 	GPUs     int         `json:"gpus"`
 	Window   string      `json:"window,omitempty"`
 	Price    *p2p.Prices `json:"price,omitempty"` // nil: the configured defaults
+	// SuspendAbove, when set, is the owner's own CPU load (cores) above
+	// which the jobs here are suspended; 0 never; nil: [owner] suspend_above.
+	SuspendAbove *float64 `json:"suspend_above,omitempty"`
 }
 
 // LendState is what the machine lends now.
 type LendState struct {
-	Lending    bool         `json:"lending"`
-	Settings   *LendRequest `json:"settings,omitempty"`
-	Offering   bool         `json:"offering"`
-	Since      *time.Time   `json:"since,omitempty"`
-	NextChange *time.Time   `json:"next_change,omitempty"` // window opens or closes
+	Lending  bool         `json:"lending"`
+	Settings *LendRequest `json:"settings,omitempty"`
+	Offering bool         `json:"offering"`
+	// OwnerBusy, when set, is why the machine's owner keeps it off the
+	// market now ([owner] policy): its jobs are suspended meanwhile.
+	OwnerBusy  string     `json:"owner_busy,omitempty"`
+	Since      *time.Time `json:"since,omitempty"`
+	NextChange *time.Time `json:"next_change,omitempty"` // window opens or closes
 	// Registered: the ledger backs this machine (a member account, or
 	// linked to one); peers ignore offers of machines it does not.
 	Registered bool   `json:"registered"`

@@ -40,7 +40,12 @@ type Fleet struct {
 	Result string       // the chief exited 0 leaving this output
 	Failed string       // why a worker failed (the last one, when several did)
 	Lost   map[int]bool // lost workers, found by this poll or an earlier one
-	Silent bool         // some worker did not answer
+	// Vacated are the lost workers whose machines stopped them for their
+	// owners (owner first), with the first one's reason: they say when
+	// they ended and are paid for what they ran.
+	Vacated    map[int]bool
+	VacatedWhy string
+	Silent     bool // some worker did not answer
 	Chief  bool         // the chief's machine answered
 }
 
@@ -62,7 +67,14 @@ func Survey(sts []*p2p.JobStatus, ws []Worker, lost map[int]bool, now time.Time)
 			}
 			f.Over, f.Silent = false, true
 		case st.State == p2p.WorkerStopped:
-			f.Lost[i] = true // its machine stopped it: withdrawn or shutting down
+			f.Lost[i] = true // its machine stopped it: withdrawn, shutting down, or its owner's
+			if st.Vacated {
+				if f.Vacated == nil {
+					f.Vacated = map[int]bool{}
+					f.VacatedWhy = fmt.Sprintf("worker %d stopped by its machine %s: %s", i, w.Moniker, st.Reason)
+				}
+				f.Vacated[i] = true
+			}
 		case st.State == p2p.WorkerFailed:
 			f.Failed = fmt.Sprintf("worker %d on %s failed: %s", i, w.Moniker, st.Reason)
 		case st.State == p2p.WorkerExited && st.ExitCode != 0:
@@ -79,17 +91,33 @@ func Survey(sts []*p2p.JobStatus, ws []Worker, lost map[int]bool, now time.Time)
 // RunEnd is how a run ended: its outcome and why, the workers lost, and
 // whether the chief is to keep a checkpoint for the next run.
 type RunEnd struct {
-	Out        Outcome
-	Why        string
-	Lost       map[int]bool
+	Out  Outcome
+	Why  string
+	Lost map[int]bool
+	// Vacated are the lost workers their machines vacated for their
+	// owners: paid for the time they ran, unlike the others, which are
+	// paid what their receipts cover.
+	Vacated    map[int]bool
 	Checkpoint bool
+}
+
+// Unvacated are the lost workers not vacated for their machines' owners:
+// paid only what their receipts cover.
+func (e RunEnd) Unvacated() map[int]bool {
+	out := map[int]bool{}
+	for i := range e.Lost {
+		if !e.Vacated[i] {
+			out[i] = true
+		}
+	}
+	return out
 }
 
 // Judge says whether a run whose workers are f has ended, and how. The
 // run was launched at started (zero: not yet) with at most maxDuration
 // to run; cancelled is the submitter's cancellation.
 func Judge(f Fleet, cancelled bool, started time.Time, maxDuration time.Duration, now time.Time) (RunEnd, bool) {
-	end := RunEnd{Lost: f.Lost}
+	end := RunEnd{Lost: f.Lost, Vacated: f.Vacated}
 	switch {
 	case f.Failed != "" && f.Silent && len(f.Lost) == 0:
 		// A worker failing while another is unreachable is most likely
@@ -98,6 +126,9 @@ func Judge(f Fleet, cancelled bool, started time.Time, maxDuration time.Duration
 		return end, false
 	case len(f.Lost) > 0:
 		end.Out, end.Why = WorkerLost, fmt.Sprintf("lost %d worker(s): no answer for %s, or stopped by their machine", len(f.Lost), LostAfter)
+		if len(f.Vacated) == len(f.Lost) {
+			end.Why = f.VacatedWhy
+		}
 		end.Checkpoint = f.Chief // on a lost worker the chief keeps a checkpoint
 	case f.Failed != "":
 		end.Out, end.Why = ProgramFailed, f.Failed
@@ -131,7 +162,7 @@ func AfterRun(out Outcome, k int) State {
 }
 
 // Used is what worker w of run k has earned by now: its hourly price for
-// the time it ran.
+// the time it ran, less the time its machine's owner had it suspended.
 func Used(run *Run, w *Worker, now time.Time) uint64 {
 	if w.Started.IsZero() {
 		return 0
@@ -142,10 +173,11 @@ func Used(run *Run, w *Worker, now time.Time) uint64 {
 	} else if !w.LastSeen.IsZero() && w.LastSeen.Before(now) {
 		end = w.LastSeen
 	}
-	if end.Before(w.Started) {
+	ran := end.Sub(w.Started) - w.Suspended
+	if ran <= 0 {
 		return 0
 	}
-	return uint64(float64(w.PerHour) * end.Sub(w.Started).Hours())
+	return uint64(float64(w.PerHour) * ran.Hours())
 }
 
 // PayPlan is what run's settlement pays, one payment per machine in the

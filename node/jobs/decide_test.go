@@ -16,6 +16,9 @@ var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 func running() *p2p.JobStatus  { return &p2p.JobStatus{State: p2p.WorkerRunning} }
 func fetching() *p2p.JobStatus { return &p2p.JobStatus{State: p2p.WorkerFetching} }
 func stopped() *p2p.JobStatus  { return &p2p.JobStatus{State: p2p.WorkerStopped} }
+func vacated() *p2p.JobStatus {
+	return &p2p.JobStatus{State: p2p.WorkerStopped, Vacated: true, Reason: "owner busy"}
+}
 func exited(code int, result, reason string) *p2p.JobStatus {
 	return &p2p.JobStatus{State: p2p.WorkerExited, ExitCode: code, Result: result, Reason: reason}
 }
@@ -42,6 +45,7 @@ func TestDecideRunEnd(t *testing.T) {
 		LostAfter  []int  // the lost workers after the poll
 		result     string
 		Checkpoint bool
+		vacated    []int // the lost workers their machines vacated for their owners
 	}{
 		{name: "all running", sts: []*p2p.JobStatus{running(), running()}},
 		{name: "still fetching", sts: []*p2p.JobStatus{fetching(), running()}},
@@ -68,12 +72,16 @@ func TestDecideRunEnd(t *testing.T) {
 			ended:    true, Out: WorkerLost, Why: "no answer for 30s", LostAfter: []int{1}, Checkpoint: true},
 		{name: "stopped by its machine: lost", sts: []*p2p.JobStatus{running(), stopped()},
 			ended: true, Out: WorkerLost, LostAfter: []int{1}, Why: "lost 1 worker(s)", Checkpoint: true},
+		{name: "vacated for its owner: lost, saying why", sts: []*p2p.JobStatus{running(), vacated()},
+			ended: true, Out: WorkerLost, LostAfter: []int{1}, Why: "worker 1 stopped by its machine m1: owner busy", Checkpoint: true, vacated: []int{1}},
 		{name: "the chief lost: no checkpoint", sts: []*p2p.JobStatus{nil, running()}, lastSeen: []time.Time{long, recent},
 			ended: true, Out: WorkerLost, LostAfter: []int{0}, Why: "lost 1 worker(s)"},
 		{name: "lost once, lost for good", sts: []*p2p.JobStatus{running(), running()}, Lost: map[int]bool{1: true},
 			ended: true, Out: WorkerLost, LostAfter: []int{1}, Why: "lost 1 worker(s)", Checkpoint: true},
 		{name: "two lost", sts: []*p2p.JobStatus{running(), nil, stopped()}, lastSeen: []time.Time{recent, long, recent},
 			ended: true, Out: WorkerLost, LostAfter: []int{1, 2}, Why: "lost 2 worker(s)", Checkpoint: true},
+		{name: "one vacated, one unreachable", sts: []*p2p.JobStatus{running(), nil, vacated()}, lastSeen: []time.Time{recent, long, recent},
+			ended: true, Out: WorkerLost, LostAfter: []int{1, 2}, Why: "lost 2 worker(s)", Checkpoint: true, vacated: []int{2}},
 		{name: "a loss wins over success", sts: []*p2p.JobStatus{exited(0, "bafyres", ""), stopped()},
 			ended: true, Out: WorkerLost, LostAfter: []int{1}, result: "bafyres", Why: "lost 1 worker(s)", Checkpoint: true},
 		{name: "a failure wins over success", sts: []*p2p.JobStatus{exited(0, "bafyres", ""), exited(1, "", "exited with code 1")},
@@ -127,6 +135,12 @@ func TestDecideRunEnd(t *testing.T) {
 			if (tt.Why == "" && end.Why != "") || !strings.Contains(end.Why, tt.Why) {
 				t.Errorf("why = %q, want it to hold %q", end.Why, tt.Why)
 			}
+			if got := slices.Sorted(maps.Keys(end.Vacated)); !slices.Equal(got, tt.vacated) {
+				t.Errorf("vacated = %v, want %v", got, tt.vacated)
+			}
+			if got, want := len(end.Unvacated()), len(end.Lost)-len(end.Vacated); got != want {
+				t.Errorf("%d unvacated of %d lost, %d vacated", got, len(end.Lost), len(end.Vacated))
+			}
 			if end.Checkpoint != tt.Checkpoint {
 				t.Errorf("checkpoint = %v, want %v", end.Checkpoint, tt.Checkpoint)
 			}
@@ -174,6 +188,8 @@ func TestDecideUsed(t *testing.T) {
 		{"never seen: up to now", Worker{PerHour: 3600, Started: now.Add(-time.Hour)}, 3600},
 		{"ended", Worker{PerHour: 3600, Started: now.Add(-time.Hour), Ended: now.Add(-45 * time.Minute), LastSeen: now}, 900},
 		{"ended before it started", Worker{PerHour: 3600, Started: now.Add(-time.Hour), Ended: now.Add(-2 * time.Hour)}, 0},
+		{"suspended a quarter of its hour", Worker{PerHour: 3600, Started: now.Add(-time.Hour), LastSeen: now, Suspended: 15 * time.Minute}, 2700},
+		{"suspended longer than it ran", Worker{PerHour: 3600, Started: now.Add(-time.Hour), LastSeen: now, Suspended: 2 * time.Hour}, 0},
 	}
 	for _, tt := range tests {
 		if got := Used(&Run{}, &tt.w, now); got != tt.want {

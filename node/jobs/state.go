@@ -78,6 +78,10 @@ type Worker struct {
 	Started  time.Time `json:"started,omitzero"`
 	LastSeen time.Time `json:"last_seen,omitzero"`
 	Ended    time.Time `json:"ended,omitzero"`
+	// Suspended is how long its machine's owner has had it suspended, not
+	// paid for; SuspendedNow says it is suspended at the last poll.
+	Suspended    time.Duration `json:"suspended_ns,omitempty"`
+	SuspendedNow bool          `json:"suspended,omitempty"`
 	// Receipt is the cumulative amount the latest usage receipt covers.
 	Receipt    uint64 `json:"receipt"`
 	ReceiptSeq uint64 `json:"receipt_seq"`

@@ -121,6 +121,12 @@ type worker struct {
 	boxLeft bool
 	// swept: it ended keep_logs ago and the sweep is forgetting it.
 	swept bool
+	// frozenAt is when the owner's use suspended it (zero: it is not);
+	// frozenFor the time it spent suspended before, not paid for.
+	frozenAt  time.Time
+	frozenFor time.Duration
+	frozenWhy string
+	vacated   bool // stopped for the owner (Vacate)
 }
 
 func workerKey(run string, index int) string { return run + "/" + strconv.Itoa(index) }
@@ -425,6 +431,17 @@ func (w *worker) status(now time.Time) p2p.JobStatus {
 	if w.log != nil {
 		st.LogBytes = w.log.Size()
 	}
+	suspended := w.frozenFor
+	if !w.frozenAt.IsZero() {
+		st.Suspended, st.Reason = true, w.frozenWhy
+		end := now
+		if !w.ended.IsZero() {
+			end = w.ended
+		}
+		suspended += max(end.Sub(w.frozenAt), 0)
+	}
+	st.SuspendedMs = suspended.Milliseconds()
+	st.Vacated = w.vacated && w.state == p2p.WorkerStopped
 	// Output is kept only once the chief has ended: until then a result
 	// or checkpoint CID is not known.
 	if w.l.Index == 0 && (w.state == p2p.WorkerExited || w.state == p2p.WorkerStopped) && w.result == "" && w.ckpt == "" {

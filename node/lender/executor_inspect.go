@@ -17,6 +17,8 @@ type Sandboxed struct {
 	Pid   int
 	UID   int
 	NetNS *sandbox.NetNS
+	// Frozen is what its cgroup's freezer says now.
+	Frozen bool
 }
 
 // Sandboxes lists the workers here whose sandbox has started.
@@ -27,7 +29,7 @@ func (e *Executor) Sandboxes() []Sandboxed {
 	for _, w := range e.workers {
 		w.mu.Lock()
 		if w.proc != nil {
-			s := Sandboxed{Job: w.l.JobID, Index: w.l.Index, Pid: w.proc.Pid(), UID: w.proc.UID()}
+			s := Sandboxed{Job: w.l.JobID, Index: w.l.Index, Pid: w.proc.Pid(), UID: w.proc.UID(), Frozen: w.proc.Frozen()}
 			if rn := e.nets[w.l.JobID]; rn != nil {
 				s.NetNS = rn.ns
 			}

@@ -114,3 +114,75 @@ func (e *Executor) finish(w *worker) {
 	}
 	e.mu.Unlock()
 }
+
+// running lists the workers whose programs run here now.
+func (e *Executor) running() []*worker {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var ws []*worker
+	for _, w := range e.workers {
+		w.mu.Lock()
+		if w.proc != nil && w.state == p2p.WorkerRunning && !w.stopping {
+			ws = append(ws, w)
+		}
+		w.mu.Unlock()
+	}
+	return ws
+}
+
+// Running is how many workers run here now (OwnerJobs).
+func (e *Executor) Running() int { return len(e.running()) }
+
+// Suspend freezes every running worker (the owner needs the machine);
+// the time each stays frozen is not paid for.
+func (e *Executor) Suspend(reason string) {
+	for _, w := range e.running() {
+		w.mu.Lock()
+		proc, frozen := w.proc, !w.frozenAt.IsZero()
+		w.mu.Unlock()
+		if frozen {
+			continue
+		}
+		if err := proc.Freeze(); err != nil {
+			e.log.Warn("cannot suspend a worker", "module", "executor", "job", w.l.JobID[:12], "err", err)
+			continue
+		}
+		w.set(func() { w.frozenAt, w.frozenWhy = time.Now(), reason })
+	}
+}
+
+// Resume thaws every worker Suspend froze.
+func (e *Executor) Resume() {
+	e.mu.Lock()
+	ws := make([]*worker, 0, len(e.workers))
+	for _, w := range e.workers {
+		ws = append(ws, w)
+	}
+	e.mu.Unlock()
+	for _, w := range ws {
+		w.mu.Lock()
+		proc, at := w.proc, w.frozenAt
+		w.mu.Unlock()
+		if at.IsZero() || proc == nil {
+			continue
+		}
+		if err := proc.Thaw(); err != nil {
+			e.log.Warn("cannot resume a worker", "module", "executor", "job", w.l.JobID[:12], "err", err)
+			continue
+		}
+		w.set(func() { w.frozenFor, w.frozenAt, w.frozenWhy = w.frozenFor+time.Since(at), time.Time{}, "" })
+	}
+}
+
+// Vacate stops every running worker with a checkpoint, for reason: its
+// submitter re-places the job elsewhere. A frozen worker is thawed by its
+// stop and gets its grace.
+func (e *Executor) Vacate(reason string) {
+	for _, w := range e.running() {
+		w.set(func() { w.vacated = true })
+		e.stop(w, reason, true)
+		if w.l.Index == 0 {
+			go e.keepCheckpoint(w)
+		}
+	}
+}

@@ -24,6 +24,8 @@ type LendSettings struct {
 	Window   string     `json:"window,omitempty"`
 	Price    p2p.Prices `json:"price"`
 	Since    time.Time  `json:"since"`
+	// SuspendAbove overrides the node's [owner] suspend_above when set.
+	SuspendAbove *float64 `json:"suspend_above,omitempty"`
 }
 
 // LendError is a lend request the inventory cannot satisfy; it names the
@@ -71,7 +73,11 @@ func ValidateLend(req api.LendRequest, inv inventory.Inventory, defaults p2p.Pri
 	if price.CoreHour > p2p.MaxUnitPrice || price.MemGiBHour > p2p.MaxUnitPrice || price.GPUHour > p2p.MaxUnitPrice {
 		return bad("price", "a reserve price may be at most %s credits per unit-hour", units.FormatCredits(p2p.MaxUnitPrice))
 	}
-	return LendSettings{Cores: req.Cores, MemBytes: req.MemBytes, GPUs: req.GPUs, Window: req.Window, Price: price}, nil
+	if a := req.SuspendAbove; a != nil && (*a < 0 || *a > 4096 || *a != *a) {
+		return bad("suspend_above", "%v: want 0 (never suspend) to 4096 cores of the owner's load", *a)
+	}
+	return LendSettings{Cores: req.Cores, MemBytes: req.MemBytes, GPUs: req.GPUs, Window: req.Window, Price: price,
+		SuspendAbove: req.SuspendAbove}, nil
 }
 
 // LenderParams configures a Lender.
@@ -97,6 +103,24 @@ type Lender struct {
 	set   *LendSettings
 	out   bool // an offer of ours is live in the market
 	until time.Time
+	// ownerBusy, when set, is why the machine's owner keeps it off the
+	// market now (OwnerWatch).
+	ownerBusy string
+}
+
+// OwnerOffering tells the lender whether the machine's owner lets it
+// offer itself now, and if not why; a change is announced at once.
+func (l *Lender) OwnerOffering(ok bool, why string) {
+	if ok {
+		why = ""
+	}
+	l.mu.Lock()
+	changed := l.ownerBusy != why
+	l.ownerBusy = why
+	l.mu.Unlock()
+	if changed {
+		l.Refresh()
+	}
 }
 
 // NewLender loads persisted settings.
@@ -117,10 +141,11 @@ func NewLender(p LenderParams) (*Lender, error) {
 func (l *Lender) State(now time.Time) api.LendState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st := api.LendState{Lending: l.set != nil, Offering: l.out}
+	st := api.LendState{Lending: l.set != nil, Offering: l.out, OwnerBusy: l.ownerBusy}
 	if l.set != nil {
 		price := l.set.Price
-		st.Settings = &api.LendRequest{Cores: l.set.Cores, MemBytes: l.set.MemBytes, GPUs: l.set.GPUs, Window: l.set.Window, Price: &price}
+		st.Settings = &api.LendRequest{Cores: l.set.Cores, MemBytes: l.set.MemBytes, GPUs: l.set.GPUs, Window: l.set.Window, Price: &price,
+			SuspendAbove: l.set.SuspendAbove}
 		since := l.set.Since
 		st.Since = &since
 		if w, err := p2p.ParseWindow(l.set.Window); err == nil {
@@ -229,6 +254,8 @@ func (l *Lender) syncLocked(ctx context.Context, now time.Time, force bool) erro
 		inside, until = w.Next(now)
 		want = inside
 	}
+	owner := want && l.ownerBusy != ""
+	want = want && !owner
 	switch {
 	case want:
 		offer := l.p.Offer(*l.set, now)
@@ -246,7 +273,10 @@ func (l *Lender) syncLocked(ctx context.Context, now time.Time, force bool) erro
 		l.p.Logger.Debug("announced offer", "cores", offer.Lent.Cores, "mem", offer.Lent.MemBytes, "ttl", ttl)
 	case l.out || force:
 		reason := "lend stopped"
-		if l.set != nil {
+		switch {
+		case owner:
+			reason = l.ownerBusy
+		case l.set != nil:
 			reason = "outside availability window"
 		}
 		if err := l.p.Topic.Publish(ctx, p2p.TypeWithdrawal, &p2p.Withdrawal{Machine: l.p.Topic.Signer().String(), Reason: reason}, l.p.TTL); err != nil {
@@ -296,4 +326,15 @@ func (l *Lender) Run(ctx context.Context) error {
 		}
 		timer.Reset(next)
 	}
+}
+
+// SuspendAbove is the owner's load threshold the lend settings give, if
+// they give one.
+func (l *Lender) SuspendAbove() *float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.set == nil {
+		return nil
+	}
+	return l.set.SuspendAbove
 }

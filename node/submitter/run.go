@@ -98,7 +98,7 @@ func (m *Manager) windDown(ctx context.Context, j *jobs.Job, k int, end jobs.Run
 	if end.Checkpoint {
 		m.awaitCheckpoint(bg, j, k)
 	}
-	m.settle(bg, j, k, end.Lost)
+	m.settle(bg, j, k, end.Unvacated())
 	m.finalStop(bg, j, k)
 	if end.Out == jobs.LaunchFailed {
 		m.releaseHolds(bg, &j.Runs[k])

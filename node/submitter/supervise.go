@@ -135,6 +135,10 @@ func recordStatuses(j *jobs.Job, run *jobs.Run, sts []*p2p.JobStatus, now time.T
 		}
 		w := &run.Workers[i]
 		w.State, w.ExitCode, w.Reason, w.LastSeen = st.State, st.ExitCode, st.Reason, now
+		// A machine that says its worker was suspended longer only earns
+		// less: the figure is taken as it comes, never below what it said.
+		w.SuspendedNow = st.Suspended
+		w.Suspended = max(w.Suspended, time.Duration(st.SuspendedMs)*time.Millisecond)
 		if st.Started > 0 {
 			w.Started = clampTime(time.UnixMilli(st.Started), run.Started, now)
 		}

@@ -12,6 +12,11 @@ import (
 	"github.com/deepmarket/deepmarket/units"
 )
 
+// MaxTurnWait bounds how long a job that may not wait for machines
+// (max_wait 0) waits for its first turn to bid, behind the jobs ahead of
+// it in the queue.
+const MaxTurnWait = time.Hour
+
 // refusal is what a bid that found no placement learned: why, what the
 // job would cost now when it was refused for price, and the offers'
 // fingerprint the bid was made on.
@@ -47,11 +52,17 @@ func (m *Manager) awaitTurn(ctx context.Context, j *jobs.Job, r *refusal) bool {
 		qd.Why, qd.PriceNow = r.why, r.priceNow
 		w.next, w.seen = now.Add(backoff(qd.Bids)), r.on
 	}
+	maxWait := spec.MaxWait
+	if maxWait == 0 && r == nil {
+		// Not waiting for machines, only for its first turn to bid: a job
+		// with max_wait 0 fails when that bid finds none.
+		maxWait = MaxTurnWait
+	}
 	limits := func() (time.Time, string) {
 		m.mu.Lock()
 		confirmed := j.Confirmed
 		m.mu.Unlock()
-		return waitLimit(qd.Since, created, spec.MaxWait, spec.Deadline, spec.MaxDuration, confirmed)
+		return waitLimit(qd.Since, created, maxWait, spec.Deadline, spec.MaxDuration, confirmed)
 	}
 	limit, limitWhy := limits()
 	if !now.Before(limit) {
