@@ -46,7 +46,7 @@ type Fleet struct {
 	Vacated    map[int]bool
 	VacatedWhy string
 	Silent     bool // some worker did not answer
-	Chief  bool         // the chief's machine answered
+	Chief      bool // the chief's machine answered
 }
 
 // Survey reads one poll of a run's workers: sts[i] is worker i's status,
