@@ -466,7 +466,8 @@ starvation = {{lit .Jobs.Starvation}}
 [owner]
 # Put the machine's owner first while it lends, as HTCondor does on lab
 # desktops: while the owner's own CPU load (not the jobs', not the node's) is
-# above suspend_above cores, the jobs here are suspended (frozen; that time is
+# above suspend_above cores, or someone types at one of its terminals, the
+# jobs here are suspended (frozen; that time is
 # not paid) and the machine offers nothing; once the owner's load has stayed
 # at or below it for resume_idle they resume, and after start_idle the machine
 # offers itself again. A suspension that lasts vacate_after vacates the jobs:

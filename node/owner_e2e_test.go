@@ -93,8 +93,8 @@ func statCPU(line string) time.Duration {
 func TestOwnerComesFirst(t *testing.T) {
 	py := jobPython(t)
 	owner := &syntheticOwner{start: time.Now()}
-	ownerSample = owner.sample
-	t.Cleanup(func() { ownerSample = nil })
+	ownerSample, ownerInput = owner.sample, func() time.Time { return time.Time{} }
+	t.Cleanup(func() { ownerSample, ownerInput = nil, nil })
 	policy := func(c *Config) {
 		c.Owner = OwnerConfig{SuspendAbove: 0.5, ResumeIdle: Duration{2 * time.Second}, VacateAfter: Duration{time.Hour}}
 	}
@@ -190,8 +190,8 @@ func TestOwnerComesFirst(t *testing.T) {
 func TestOwnerStaysVacates(t *testing.T) {
 	py := jobPython(t)
 	owner := &syntheticOwner{start: time.Now()}
-	ownerSample = owner.sample
-	t.Cleanup(func() { ownerSample = nil })
+	ownerSample, ownerInput = owner.sample, func() time.Time { return time.Time{} }
+	t.Cleanup(func() { ownerSample, ownerInput = nil, nil })
 	policy := func(c *Config) {
 		c.Owner = OwnerConfig{SuspendAbove: 0.5, ResumeIdle: Duration{time.Second}, VacateAfter: Duration{3 * time.Second}}
 	}

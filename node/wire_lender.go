@@ -107,11 +107,12 @@ func (n *Node) linkTargets() []peer.ID {
 // threshold lend's settings give over it.
 func (n *Node) ownerWatch() *lender.OwnerWatch {
 	return &lender.OwnerWatch{
-		Policy:   func() lender.OwnerPolicy { return n.cfg.Owner.Policy(n.lender.SuspendAbove()) },
-		Jobs:     n.exec,
-		Offering: n.lender.OwnerOffering,
-		Logger:   n.log.With("module", "owner"),
-		Sample:   ownerSample,
+		Policy:    func() lender.OwnerPolicy { return n.cfg.Owner.Policy(n.lender.SuspendAbove()) },
+		Jobs:      n.exec,
+		Offering:  n.lender.OwnerOffering,
+		Logger:    n.log.With("module", "owner"),
+		Sample:    ownerSample,
+		LastInput: ownerInput,
 	}
 }
 
@@ -119,3 +120,7 @@ func (n *Node) ownerWatch() *lender.OwnerWatch {
 // lender.ReadCPUSample. A test replaces it to count one synthetic owner
 // process rather than the whole machine, which other tests share.
 var ownerSample func() (lender.CPUSample, error)
+
+// ownerInput is when the owner last typed at a terminal: nil,
+// lender.LastTTYInput; a test's synthetic owner does not type.
+var ownerInput func() time.Time

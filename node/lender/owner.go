@@ -14,6 +14,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"syscall"
 	"time"
 )
@@ -67,16 +68,17 @@ type ownerActions struct {
 }
 
 // ownerStep is the policy's decision on one sample: the owner's load at
-// now, given what the watch remembers and whether jobs run here. It is
-// pure, so owner_test.go tests it by tables.
-func ownerStep(p OwnerPolicy, s ownerState, load float64, jobs bool, now time.Time) (ownerState, ownerActions) {
+// now, and whether the owner typed at a terminal since the last sample
+// (input), given what the watch remembers and whether jobs run here. It
+// is pure, so owner_test.go tests it by tables.
+func ownerStep(p OwnerPolicy, s ownerState, load float64, input, jobs bool, now time.Time) (ownerState, ownerActions) {
 	if !p.On() {
 		if !s.suspended.IsZero() {
 			return ownerState{}, ownerActions{offer: true, resume: true}
 		}
 		return ownerState{}, ownerActions{offer: true}
 	}
-	busy := load > p.SuspendAbove
+	busy := load > p.SuspendAbove || input
 	if busy {
 		s.lastBusy = now
 	}
@@ -116,6 +118,9 @@ type OwnerWatch struct {
 	Logger   *slog.Logger
 	// Sample reads the machine's counters (ReadCPUSample when nil).
 	Sample func() (CPUSample, error)
+	// LastInput is when the owner last typed at a terminal of this
+	// machine (LastTTYInput when nil).
+	LastInput func() time.Time
 }
 
 // Run watches until ctx ends, resuming any jobs it suspended.
@@ -128,6 +133,11 @@ func (o *OwnerWatch) Run(ctx context.Context) error {
 	if every <= 0 {
 		every = time.Second
 	}
+	lastInput := o.LastInput
+	if lastInput == nil {
+		lastInput = LastTTYInput
+	}
+	var seenInput time.Time
 	var s ownerState
 	var prev CPUSample
 	var prevNode time.Duration
@@ -144,8 +154,11 @@ func (o *OwnerWatch) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 		p := o.Policy()
-		load := 0.0
+		load, input := 0.0, false
 		if p.On() {
+			in := lastInput()
+			input = in.After(seenInput) && !seenInput.IsZero()
+			seenInput = in
 			cur, err := sample()
 			node := nodeCPU()
 			if err != nil {
@@ -163,9 +176,12 @@ func (o *OwnerWatch) Run(ctx context.Context) error {
 			sampled = false
 		}
 		now := time.Now()
-		next, a := ownerStep(p, s, load, o.Jobs.Running() > 0, now)
+		next, a := ownerStep(p, s, load, input, o.Jobs.Running() > 0, now)
 		s = next
 		why := fmt.Sprintf("the machine's owner is using it (%.1f cores of its own load, above %.1f)", load, p.SuspendAbove)
+		if input {
+			why = "the machine's owner is using it (typing at a terminal)"
+		}
 		switch {
 		case a.suspend:
 			o.Logger.Info("owner busy: suspending jobs", "load", load)
@@ -203,4 +219,25 @@ func nodeCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// LastTTYInput is when someone last typed at a terminal of this machine:
+// the latest access time of its consoles and pseudo-terminals, which the
+// kernel moves on input (as HTCondor's KeyboardIdle reads it), to within
+// 8 s (Linux keeps tty times that coarse). Zero when there are none.
+func LastTTYInput() time.Time {
+	var last time.Time
+	for _, pattern := range []string{"/dev/tty[0-9]*", "/dev/pts/[0-9]*"} {
+		names, _ := filepath.Glob(pattern)
+		for _, name := range names {
+			var st syscall.Stat_t
+			if err := syscall.Stat(name, &st); err != nil {
+				continue
+			}
+			if at := time.Unix(st.Atim.Sec, st.Atim.Nsec); at.After(last) {
+				last = at
+			}
+		}
+	}
+	return last
 }

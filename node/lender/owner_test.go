@@ -10,49 +10,55 @@ func TestOwnerStep(t *testing.T) {
 	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	type step struct {
-		at   time.Duration
-		load float64
-		jobs bool
-		want ownerActions
+		at    time.Duration
+		load  float64
+		jobs  bool
+		want  ownerActions
+		input bool
 	}
 	tests := []struct {
 		name  string
 		p     OwnerPolicy
 		steps []step
 	}{
-		{"off: always offers, never suspends", OwnerPolicy{}, []step{{0, 8, true, ownerActions{offer: true}}}},
-		{"an idle machine offers itself", p, []step{{0, 0.1, false, ownerActions{offer: true}}}},
+		{"off: always offers, never suspends", OwnerPolicy{}, []step{{0, 8, true, ownerActions{offer: true}, false}}},
+		{"an idle machine offers itself", p, []step{{0, 0.1, false, ownerActions{offer: true}, false}}},
 		{"the owner comes: jobs suspended, nothing offered", p, []step{
-			{0, 0.1, true, ownerActions{offer: true}},
-			{time.Second, 1.5, true, ownerActions{suspend: true}},
-			{2 * time.Second, 1.5, true, ownerActions{}},
+			{0, 0.1, true, ownerActions{offer: true}, false},
+			{time.Second, 1.5, true, ownerActions{suspend: true}, false},
+			{2 * time.Second, 1.5, true, ownerActions{}, false},
 		}},
 		{"the owner goes: resumed after resume_idle, offered after start_idle", p, []step{
-			{0, 1.5, true, ownerActions{suspend: true}},
-			{time.Second, 0.1, true, ownerActions{}},
-			{time.Second + time.Minute, 0.1, true, ownerActions{resume: true}},
-			{2 * time.Minute, 0.1, true, ownerActions{}},
-			{time.Second + 5*time.Minute, 0.1, true, ownerActions{offer: true}},
+			{0, 1.5, true, ownerActions{suspend: true}, false},
+			{time.Second, 0.1, true, ownerActions{}, false},
+			{time.Second + time.Minute, 0.1, true, ownerActions{resume: true}, false},
+			{2 * time.Minute, 0.1, true, ownerActions{}, false},
+			{time.Second + 5*time.Minute, 0.1, true, ownerActions{offer: true}, false},
 		}},
 		{"the owner stays: vacated after vacate_after", p, []step{
-			{0, 1.5, true, ownerActions{suspend: true}},
-			{9 * time.Minute, 1.5, true, ownerActions{}},
-			{10 * time.Minute, 1.5, true, ownerActions{vacate: true}},
-			{10*time.Minute + time.Second, 1.5, false, ownerActions{}},
-			{11 * time.Minute, 1.5, false, ownerActions{}},
+			{0, 1.5, true, ownerActions{suspend: true}, false},
+			{9 * time.Minute, 1.5, true, ownerActions{}, false},
+			{10 * time.Minute, 1.5, true, ownerActions{vacate: true}, false},
+			{10*time.Minute + time.Second, 1.5, false, ownerActions{}, false},
+			{11 * time.Minute, 1.5, false, ownerActions{}, false},
 		}},
 		{"the owner busy with no jobs here: nothing to suspend, nothing offered", p, []step{
-			{0, 2, false, ownerActions{}},
-			{4 * time.Minute, 0, false, ownerActions{}},
-			{5 * time.Minute, 0, false, ownerActions{offer: true}},
+			{0, 2, false, ownerActions{}, false},
+			{4 * time.Minute, 0, false, ownerActions{}, false},
+			{5 * time.Minute, 0, false, ownerActions{offer: true}, false},
 		}},
-		{"load at the threshold is not busy", p, []step{{0, 0.5, true, ownerActions{offer: true}}}},
+		{"load at the threshold is not busy", p, []step{{0, 0.5, true, ownerActions{offer: true}, false}}},
+		{"typing at a terminal is busy, whatever the load", p, []step{
+			{0, 0, true, ownerActions{offer: true}, false},
+			{time.Second, 0, true, ownerActions{suspend: true}, true},
+			{time.Second + time.Minute, 0, true, ownerActions{resume: true}, false},
+		}},
 		{"start_idle 0: offered once the owner is not busy, not while", OwnerPolicy{SuspendAbove: 0.5, VacateAfter: time.Minute}, []step{
-			{0, 2, false, ownerActions{}},
-			{time.Second, 0, false, ownerActions{offer: true}},
+			{0, 2, false, ownerActions{}, false},
+			{time.Second, 0, false, ownerActions{offer: true}, false},
 		}},
 		{"turned off while suspended: resumed", p, []step{
-			{0, 1.5, true, ownerActions{suspend: true}},
+			{0, 1.5, true, ownerActions{suspend: true}, false},
 		}},
 	}
 	for _, tt := range tests {
@@ -60,13 +66,13 @@ func TestOwnerStep(t *testing.T) {
 			var s ownerState
 			for i, st := range tt.steps {
 				var a ownerActions
-				s, a = ownerStep(tt.p, s, st.load, st.jobs, at(st.at))
+				s, a = ownerStep(tt.p, s, st.load, st.input, st.jobs, at(st.at))
 				if a != st.want {
 					t.Fatalf("step %d (load %.1f at +%s): %+v, want %+v", i, st.load, st.at, a, st.want)
 				}
 			}
 			if tt.name == "turned off while suspended: resumed" {
-				if _, a := ownerStep(OwnerPolicy{}, s, 2, true, at(time.Second)); a != (ownerActions{offer: true, resume: true}) {
+				if _, a := ownerStep(OwnerPolicy{}, s, 2, false, true, at(time.Second)); a != (ownerActions{offer: true, resume: true}) {
 					t.Fatalf("the policy turned off while jobs were suspended: %+v", a)
 				}
 			}
