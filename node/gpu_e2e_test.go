@@ -17,7 +17,7 @@ import (
 // the jobs overlap.
 const gpuProbe = `import os, time
 print("GPUS=%s" % os.environ.get("CUDA_VISIBLE_DEVICES", "unset"), flush=True)
-time.sleep(4)
+time.sleep(6)
 `
 
 // TestGPUsAreTheWorkersOwn: a lender with two (stub) GPUs runs two GPU
@@ -60,7 +60,7 @@ func TestGPUsAreTheWorkersOwn(t *testing.T) {
 		return
 	}
 	seen := regexp.MustCompile(`GPUS=(\S+)`)
-	var got []string
+	var got, logs []string
 	for _, id := range ids {
 		j := waitJob(t, a, id, 3*time.Minute)
 		log := jobLog(t, a, id)
@@ -71,10 +71,10 @@ func TestGPUsAreTheWorkersOwn(t *testing.T) {
 		if m == nil {
 			t.Fatalf("the worker printed no GPUs:\n%s", log)
 		}
-		got = append(got, m[1])
+		got, logs = append(got, m[1]), append(logs, log)
 	}
 	slices.Sort(got)
 	if !slices.Equal(got, []string{"0", "1"}) {
-		t.Fatalf("the two jobs' workers saw GPUs %v; want one each, 0 and 1", got)
+		t.Fatalf("the two jobs' workers saw GPUs %v; want one each, 0 and 1\n%s\n%s", got, logs[0], logs[1])
 	}
 }

@@ -77,7 +77,9 @@ func (n *Node) onBid(rec *p2p.Received) {
 // node's own quote book when it bid itself.
 func (n *Node) sendQuote(ctx context.Context, bidder peer.ID, q p2p.Quote) error {
 	if bidder == n.host.ID() {
-		n.quotes.Add(n.host.ID(), q, time.Now())
+		if !n.quotes.Add(n.host.ID(), q, time.Now()) {
+			return errors.New("the bid is closed: its bidder has chosen")
+		}
 		return nil
 	}
 	var ack p2p.QuoteAck

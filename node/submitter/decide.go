@@ -239,9 +239,10 @@ func roomsOf(offers []p2p.Offer) ([]room, uint64) {
 }
 
 // backoff is how long after its bids-th bid from the queue a job bids
-// again when the offers show no room for it: 10 s, doubling to 2 min.
+// again when the offers show no room for it: 2 s (a collision with
+// another bid clears that fast), doubling to 2 min.
 func backoff(bids int) time.Duration {
-	return min(10*time.Second<<min(bids, 4), 2*time.Minute)
+	return min(2*time.Second<<min(bids, 6), 2*time.Minute)
 }
 
 // waitLimit is when a job waiting since since must stop waiting, and

@@ -146,7 +146,8 @@ func TestDecideRoomsFingerprint(t *testing.T) {
 }
 
 func TestDecideBackoff(t *testing.T) {
-	want := []time.Duration{10 * time.Second, 20 * time.Second, 40 * time.Second, 80 * time.Second, 2 * time.Minute, 2 * time.Minute}
+	want := []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 32 * time.Second, 64 * time.Second,
+		2 * time.Minute, 2 * time.Minute}
 	for bids, d := range want {
 		if got := backoff(bids); got != d {
 			t.Errorf("backoff(%d) = %s, want %s", bids, got, d)

@@ -153,10 +153,12 @@ func (m *Manager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.R
 	}
 	fp := m.q.fingerprint()
 	m.p.Quotes.forget(runID) // a bid again: only new quotes count
+	known := m.p.Quotes.known(time.Now())
 	if _, err := m.p.Bids.PublishBid(ctx, api.PublishBidRequest{Bid: bid, TTL: "2m"}); err != nil {
 		return nil, &refusal{why: "publish bid: " + err.Error(), on: fp}
 	}
-	qs, ok := m.gatherQuotes(ctx, runID)
+	qs, ok := m.gatherQuotes(ctx, runID, known)
+	m.p.Quotes.close(runID) // later quotes are refused: their holds go
 	if !ok {
 		return nil, &refusal{why: "stopped", on: fp}
 	}
@@ -174,13 +176,15 @@ func (m *Manager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.R
 
 // gatherQuotes collects the quotes for a bid just published, looking
 // again as each arrives, until enoughQuotes (at once when every scheduler
-// heard from lately has answered); false when ctx ends first.
-func (m *Manager) gatherQuotes(ctx context.Context, runID string) ([]api.ReceivedQuote, bool) {
+// of known, those heard from lately, has answered); false when ctx ends
+// first.
+func (m *Manager) gatherQuotes(ctx context.Context, runID string, known []string) ([]api.ReceivedQuote, bool) {
 	start := time.Now()
 	lastNew, count := start, 0
 	for {
 		now := time.Now()
-		qs, all, arrived := m.p.Quotes.watch(runID, now)
+		qs, arrived := m.p.Quotes.watch(runID)
+		all := answeredBy(qs, known)
 		if len(qs) > count {
 			count, lastNew = len(qs), now
 		}

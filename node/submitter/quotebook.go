@@ -23,6 +23,9 @@ type QuoteBook struct {
 	quotes  map[string][]api.ReceivedQuote
 	arrived map[string]chan struct{} // job -> closed at its next quote
 	heard   map[string]time.Time     // scheduler -> when it last sent a quote
+	// closed are bids whose bidder has chosen: quotes for them that come
+	// late are refused, so their schedulers release what they hold.
+	closed map[string]bool
 }
 
 // heardWithin is how recently a scheduler must have quoted to count
@@ -32,7 +35,7 @@ const heardWithin = 10 * time.Minute
 // NewQuoteBook makes an empty book.
 func NewQuoteBook() *QuoteBook {
 	return &QuoteBook{mine: map[string]time.Time{}, quotes: map[string][]api.ReceivedQuote{}, arrived: map[string]chan struct{}{},
-		heard: map[string]time.Time{}}
+		heard: map[string]time.Time{}, closed: map[string]bool{}}
 }
 
 // Handle takes a scheduler's quote for one of this node's bids (the quote
@@ -48,10 +51,9 @@ func (b *QuoteBook) Handle(_ context.Context, from peer.ID, env *p2p.Envelope) (
 	if err := q.Validate(); err != nil {
 		return "", nil, err
 	}
-	if !b.expecting(q.JobID) {
+	if !b.expecting(q.JobID) || !b.Add(from, q, time.Now()) {
 		return p2p.TypeQuoteAck, p2p.QuoteAck{}, nil
 	}
-	b.Add(from, q, time.Now())
 	return p2p.TypeQuoteAck, p2p.QuoteAck{OK: true}, nil
 }
 
@@ -66,9 +68,19 @@ func (b *QuoteBook) Expect(job string, until time.Time) {
 			delete(b.mine, j)
 			delete(b.quotes, j)
 			delete(b.arrived, j)
+			delete(b.closed, j)
 		}
 	}
 	b.mine[job] = until
+	delete(b.closed, job)
+}
+
+// close refuses the quotes for job that come from now on: its bidder has
+// chosen, and their schedulers are to release what they hold for it.
+func (b *QuoteBook) close(job string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed[job] = true
 }
 
 // forget drops the quotes received for job.
@@ -86,10 +98,15 @@ func (b *QuoteBook) expecting(job string) bool {
 }
 
 // Add records a quote from a scheduler (this node's own scheduler hands
-// its quotes here directly), and wakes whoever waits for the job's quotes.
-func (b *QuoteBook) Add(from peer.ID, q p2p.Quote, now time.Time) {
+// its quotes here directly), and wakes whoever waits for the job's
+// quotes. It reports false, recording nothing, for a bid whose bidder has
+// chosen already: the scheduler is to release its holds.
+func (b *QuoteBook) Add(from peer.ID, q p2p.Quote, now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.closed[q.JobID] {
+		return false
+	}
 	if len(b.quotes[q.JobID]) < 64 {
 		b.quotes[q.JobID] = append(b.quotes[q.JobID], api.ReceivedQuote{Scheduler: from.String(), Quote: q, ReceivedAt: now.UTC()})
 	}
@@ -100,6 +117,23 @@ func (b *QuoteBook) Add(from peer.ID, q p2p.Quote, now time.Time) {
 		close(ch)
 		delete(b.arrived, q.JobID)
 	}
+	return true
+}
+
+// known lists the schedulers that sent this node a quote within
+// heardWithin of now: those a bid published now may expect answers from.
+func (b *QuoteBook) known(now time.Time) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for s, at := range b.heard {
+		if now.Sub(at) > heardWithin {
+			delete(b.heard, s)
+		} else {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 func (b *QuoteBook) list(job string) []api.ReceivedQuote {
@@ -108,10 +142,9 @@ func (b *QuoteBook) list(job string) []api.ReceivedQuote {
 	return slices.Clone(b.quotes[job])
 }
 
-// watch returns the quotes received for job so far, whether every
-// scheduler heard from lately is among their senders, and a channel
-// closed when the next one arrives.
-func (b *QuoteBook) watch(job string, now time.Time) ([]api.ReceivedQuote, bool, <-chan struct{}) {
+// watch returns the quotes received for job so far, and a channel closed
+// when the next one arrives.
+func (b *QuoteBook) watch(job string) ([]api.ReceivedQuote, <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	ch, ok := b.arrived[job]
@@ -119,20 +152,25 @@ func (b *QuoteBook) watch(job string, now time.Time) ([]api.ReceivedQuote, bool,
 		ch = make(chan struct{})
 		b.arrived[job] = ch
 	}
-	qs := b.quotes[job]
-	answered := map[string]bool{}
-	for _, q := range qs {
-		answered[q.Scheduler] = true
+	return slices.Clone(b.quotes[job]), ch
+}
+
+// answeredBy reports whether every scheduler of known sent one of qs
+// (false when known is empty: nothing to go by).
+func answeredBy(qs []api.ReceivedQuote, known []string) bool {
+	if len(known) == 0 {
+		return false
 	}
-	all := len(answered) > 0
-	for s, at := range b.heard {
-		if now.Sub(at) > heardWithin {
-			delete(b.heard, s)
-		} else if !answered[s] {
-			all = false
+	from := map[string]bool{}
+	for _, q := range qs {
+		from[q.Scheduler] = true
+	}
+	for _, s := range known {
+		if !from[s] {
+			return false
 		}
 	}
-	return slices.Clone(qs), all, ch
+	return true
 }
 
 // Quotes implements api.Scheduling: the quotes received for a job this

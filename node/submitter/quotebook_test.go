@@ -1,6 +1,7 @@
 package submitter
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ func TestQuoteBookWakesOnArrival(t *testing.T) {
 	b, t0 := NewQuoteBook(), time.Now()
 	b.Expect("a", t0.Add(time.Minute))
 	b.Expect("b", t0.Add(time.Minute))
-	qs, _, arrived := b.watch("a", t0)
+	qs, arrived := b.watch("a")
 	if len(qs) != 0 {
 		t.Fatalf("quotes before any arrived: %v", qs)
 	}
@@ -31,7 +32,7 @@ func TestQuoteBookWakesOnArrival(t *testing.T) {
 	default:
 		t.Fatal("a quote for bid a did not wake the wait on it")
 	}
-	qs, _, again := b.watch("a", t0)
+	qs, again := b.watch("a")
 	if len(qs) != 1 || qs[0].Total != 7 {
 		t.Fatalf("quotes for a = %+v, want the one of total 7", qs)
 	}
@@ -43,28 +44,56 @@ func TestQuoteBookWakesOnArrival(t *testing.T) {
 }
 
 // TestQuoteBookKnowsWhoAnswers: a bid has all its answers once every
-// scheduler heard from in the last ten minutes has answered it.
+// scheduler heard from in the ten minutes before it has answered; one not
+// heard from before does not count, nor does one heard from long ago.
 func TestQuoteBookKnowsWhoAnswers(t *testing.T) {
 	b, t0 := NewQuoteBook(), time.Now()
-	for _, j := range []string{"old", "x", "y"} {
+	for _, j := range []string{"old", "x"} {
 		b.Expect(j, t0.Add(time.Hour))
 	}
-	if _, all, _ := b.watch("x", t0); all {
-		t.Fatal("a bid nobody answered has all its answers")
+	if known := b.known(t0); len(known) != 0 {
+		t.Fatalf("schedulers known before any quote: %v", known)
 	}
 	b.Add(peer.ID("gone"), p2p.Quote{JobID: "old"}, t0.Add(-11*time.Minute))
 	b.Add(peer.ID("s1"), p2p.Quote{JobID: "old"}, t0)
 	b.Add(peer.ID("s2"), p2p.Quote{JobID: "old"}, t0)
+	known := b.known(t0)
+	if len(known) != 2 {
+		t.Fatalf("known = %v, want s1 and s2 (gone was heard from 11 minutes ago)", known)
+	}
 	b.Add(peer.ID("s1"), p2p.Quote{JobID: "x"}, t0)
-	if _, all, _ := b.watch("x", t0); all {
+	b.Add(peer.ID("s3"), p2p.Quote{JobID: "x"}, t0)
+	if qs, _ := b.watch("x"); answeredBy(qs, known) {
 		t.Fatal("s2 has not answered x, yet x has all its answers")
 	}
 	b.Add(peer.ID("s2"), p2p.Quote{JobID: "x"}, t0)
-	if _, all, _ := b.watch("x", t0); !all {
-		t.Fatal("s1 and s2 answered x: a scheduler not heard from in 11 minutes still counts")
+	if qs, _ := b.watch("x"); !answeredBy(qs, known) {
+		t.Fatal("s1 and s2 answered x, yet x waits for more")
 	}
-	b.Add(peer.ID("s3"), p2p.Quote{JobID: "y"}, t0)
-	if _, all, _ := b.watch("x", t0); all {
-		t.Fatal("a newly heard scheduler s3 does not count for x")
+	if answeredBy(nil, nil) {
+		t.Fatal("a first bid, with no scheduler known, has all its answers")
+	}
+}
+
+// TestQuoteBookRefusesLateQuotes: once the bidder has chosen, a quote
+// that comes late is refused (its scheduler then releases its holds),
+// until the job bids again.
+func TestQuoteBookRefusesLateQuotes(t *testing.T) {
+	b, t0 := NewQuoteBook(), time.Now()
+	job := "ab" + strings.Repeat("0", 62)
+	b.Expect(job, t0.Add(time.Minute))
+	if !b.Add(peer.ID("s1"), p2p.Quote{JobID: job}, t0) {
+		t.Fatal("a quote for an open bid was refused")
+	}
+	b.close(job)
+	if b.Add(peer.ID("s2"), p2p.Quote{JobID: job}, t0) {
+		t.Fatal("a quote after the bidder chose was taken")
+	}
+	if qs, _ := b.watch(job); len(qs) != 1 {
+		t.Fatalf("quotes after a late one: %d, want the 1 before", len(qs))
+	}
+	b.Expect(job, t0.Add(time.Minute)) // it bids again
+	if !b.Add(peer.ID("s2"), p2p.Quote{JobID: job}, t0) {
+		t.Fatal("a quote for the job's new bid was refused")
 	}
 }
