@@ -104,24 +104,11 @@ export function render(main, { params, navigate }) {
       actions.replaceChildren();
       return;
     }
-    if (j.state === "waiting" && !j.confirmed) {
-      if (actions.querySelector("#wait")) return;
-      fill(actions, waitPanel(j, {
-        onConfirm: async () => {
-          job = await api("POST", `/jobs/${id}/confirm`);
-          actions.replaceChildren();
-          draw();
-        },
-        onCancel: async () => {
-          job = await api("POST", `/jobs/${id}/cancel`);
-          draw();
-        },
-      }));
-      return;
-    }
-    if (j.state === "quoting" && !j.confirmed && (j.workers || []).length) {
-      if (actions.querySelector("#quote")) return;
-      fill(actions, quotePanel(j, {
+    const waiting = j.state === "waiting" && !j.confirmed;
+    const quoted = j.state === "quoting" && !j.confirmed && (j.workers || []).length;
+    if (waiting || quoted) {
+      if (actions.querySelector(waiting ? "#wait" : "#quote")) return;
+      fill(actions, (waiting ? waitPanel : quotePanel)(j, {
         onConfirm: async () => {
           job = await api("POST", `/jobs/${id}/confirm`);
           actions.replaceChildren();

@@ -26,14 +26,13 @@ function uploadControls(name, label) {
     status);
 }
 
-// quotePanel shows a quoted job's placement and asks to confirm it.
-export function quotePanel(job, { onConfirm, onCancel }) {
-  const run = (job.runs || [])[job.runs.length - 1] || {};
-  const workers = run.workers || job.workers || [];
-  const sites = [...new Set(workers.map((w) => w.site).filter(Boolean))];
+// askPanel is a panel that asks whether a job goes on: its body, then
+// a confirm and a cancel button (ids prefix-confirm, prefix-cancel), and
+// the error of either.
+function askPanel(prefix, title, confirmLabel, body, { onConfirm, onCancel }) {
   const msg = h("p", { class: "error", role: "alert" });
-  const confirm = h("button", { type: "button", id: "quote-confirm" }, "Confirm and run");
-  const cancel = h("button", { type: "button", class: "secondary", id: "quote-cancel" }, "Cancel the job");
+  const confirm = h("button", { type: "button", id: `${prefix}-confirm` }, confirmLabel);
+  const cancel = h("button", { type: "button", class: "secondary", id: `${prefix}-cancel` }, "Cancel the job");
   const act = (fn) => async () => {
     confirm.disabled = cancel.disabled = true;
     try {
@@ -45,9 +44,19 @@ export function quotePanel(job, { onConfirm, onCancel }) {
   };
   confirm.addEventListener("click", act(onConfirm));
   cancel.addEventListener("click", act(onCancel));
-  const heading = h("h2", { id: "quote-h", tabindex: "-1" }, `Quote for ${job.spec.name}`);
-  const panel = h("section", { id: "quote", class: "notice", "aria-labelledby": "quote-h" },
-    heading,
+  const heading = h("h2", { id: `${prefix}-h`, tabindex: "-1" }, title);
+  const panel = h("section", { id: prefix, class: "notice", "aria-labelledby": `${prefix}-h` },
+    heading, ...body, h("div", { class: "actions" }, confirm, cancel), msg);
+  setTimeout(() => heading.focus(), 0);
+  return panel;
+}
+
+// quotePanel shows a quoted job's placement and asks to confirm it.
+export function quotePanel(job, handlers) {
+  const run = (job.runs || [])[job.runs.length - 1] || {};
+  const workers = run.workers || job.workers || [];
+  const sites = [...new Set(workers.map((w) => w.site).filter(Boolean))];
+  return askPanel("quote", `Quote for ${job.spec.name}`, "Confirm and run", [
     table({
       id: "quote-workers",
       columns: [{ label: "Worker", num: true }, { label: "Machine" }, { label: "Site" }, { label: "Price/h", num: true }],
@@ -61,33 +70,14 @@ export function quotePanel(job, { onConfirm, onCancel }) {
       run.held_until ? ["Machines held until", when(run.held_until)] : null,
     ]),
     h("p", { class: "small muted" }, "Confirming locks your maximum price in escrow on the ledger; what the workers do not use comes back."),
-    h("div", { class: "actions" }, confirm, cancel),
-    msg);
-  setTimeout(() => heading.focus(), 0);
-  return panel;
+  ], handlers);
 }
 
 // waitPanel shows why a job waits in the queue and asks whether to leave
 // it there.
-export function waitPanel(job, { onConfirm, onCancel }) {
+export function waitPanel(job, handlers) {
   const q = job.queue || {};
-  const msg = h("p", { class: "error", role: "alert" });
-  const confirm = h("button", { type: "button", id: "wait-confirm" }, "Wait in the queue");
-  const cancel = h("button", { type: "button", class: "secondary", id: "wait-cancel" }, "Cancel the job");
-  const act = (fn) => async () => {
-    confirm.disabled = cancel.disabled = true;
-    try {
-      await fn();
-    } catch (e) {
-      msg.textContent = e.message;
-      confirm.disabled = cancel.disabled = false;
-    }
-  };
-  confirm.addEventListener("click", act(onConfirm));
-  cancel.addEventListener("click", act(onCancel));
-  const heading = h("h2", { id: "wait-h", tabindex: "-1" }, `No machines for ${job.spec.name} now`);
-  const panel = h("section", { id: "wait", class: "notice", "aria-labelledby": "wait-h" },
-    heading,
+  return askPanel("wait", `No machines for ${job.spec.name} now`, "Wait in the queue", [
     h("p", { id: "wait-why" }, q.why || job.reason || ""),
     dl([
       ["Place in the queue", h("span", { id: "wait-position" }, String(q.position || "—"))],
@@ -95,10 +85,7 @@ export function waitPanel(job, { onConfirm, onCancel }) {
       q.next_bid ? ["Bids again by", when(q.next_bid)] : null,
     ]),
     h("p", { class: "small muted" }, "A waiting job bids again as machines free up or prices fall; nothing is paid while it waits, and you can cancel it at any time."),
-    h("div", { class: "actions" }, confirm, cancel),
-    msg);
-  setTimeout(() => heading.focus(), 0);
-  return panel;
+  ], handlers);
 }
 
 export function render(main, { navigate }) {
@@ -230,24 +217,12 @@ export function render(main, { navigate }) {
         showError(form, { message: `No quote: ${job.reason}` });
         return;
       }
-      if (job.state === "waiting" && !job.confirmed) {
-        fill(quoteBox, waitPanel(job, {
-          onConfirm: async () => {
-            await api("POST", `/jobs/${job.id}/confirm`);
-            navigate(`/jobs/${job.id}`);
-          },
-          onCancel: async () => {
-            await api("POST", `/jobs/${job.id}/cancel`);
-            fill(quoteBox, h("p", { role: "status", class: "muted" }, `Job ${job.spec.name} taken out of the queue; nothing was paid.`));
-          },
-        }));
-        return;
-      }
-      if (job.state !== "quoting" || !(job.workers || []).length) {
+      const waiting = job.state === "waiting" && !job.confirmed;
+      if (!waiting && (job.state !== "quoting" || !(job.workers || []).length)) {
         navigate(`/jobs/${job.id}`);
         return;
       }
-      fill(quoteBox, quotePanel(job, {
+      fill(quoteBox, (waiting ? waitPanel : quotePanel)(job, {
         onConfirm: async () => {
           await api("POST", `/jobs/${job.id}/confirm`);
           navigate(`/jobs/${job.id}`);
