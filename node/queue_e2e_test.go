@@ -15,6 +15,7 @@ import (
 
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/p2p"
 )
 
 // sleepBundle is a job bundle whose job.py sleeps argv[1] seconds.
@@ -445,5 +446,45 @@ func BenchmarkQueue(b *testing.B) {
 		if err := os.WriteFile(out, append(data, '\n'), 0o644); err != nil {
 			b.Error(err)
 		}
+	}
+}
+
+// TestLateQuotesAreRefused: once a job's bidder has chosen, a stranger's
+// quote for the job, sent over a real stream, is refused (so a scheduler
+// that answers late releases what it holds) and not kept among the job's
+// quotes.
+func TestLateQuotesAreRefused(t *testing.T) {
+	py := jobPython(t)
+	c := startJobClusterLending(t, py, 1, api.LendRequest{Cores: 1, MemBytes: 1 << 30})
+	sub, lend := c.sub, c.lenders[0]
+	ctx := t.Context()
+	j, err := sub.client.Submit(ctx, api.SubmitRequest{Spec: sleepJob("late-quotes", sleepBundle(t), 1), Yes: true})
+	if err != nil || j.State == jobs.Failed {
+		t.Fatalf("submit: %+v %v", j, err)
+	}
+	evil := newRawPeer(t, ctx, sub.cfg.Node.ChainID, sub)
+	quote := func(q p2p.Quote) p2p.QuoteAck {
+		var ack p2p.QuoteAck
+		if err := evil.rpc.Call(ctx, sub.Host().ID(), p2p.QuoteProtocol(evil.rpc.ChainID), p2p.TypeQuote, &q, p2p.TypeQuoteAck, &ack); err != nil {
+			t.Fatalf("quote: %v", err)
+		}
+		return ack
+	}
+	late := p2p.Quote{JobID: j.ID, PerHour: 1, Total: 1, HeldUntil: time.Now().Add(time.Minute).UnixMilli(),
+		Workers: []p2p.QuotedWorker{{Machine: lend.Host().ID().String(), PerHour: 1, Hold: "00000000000000aa"}}}
+	if ack := quote(late); ack.OK {
+		t.Fatal("a quote after the bidder chose was taken")
+	}
+	qs, err := sub.client.Quotes(ctx, j.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range qs {
+		if q.Scheduler == evil.key.PeerID().String() {
+			t.Fatalf("the late quote is among the job's quotes: %+v", q)
+		}
+	}
+	if done := waitJob(t, sub, j.ID, 2*time.Minute); done.State != jobs.Succeeded {
+		t.Fatalf("the job: %s (%s)", done.State, done.Reason)
 	}
 }
