@@ -155,6 +155,7 @@ type queueRun struct {
 	states         map[jobs.State]int
 	waited         int // jobs that waited in a queue
 	over           string
+	failures       []string // the first few jobs that did not succeed: name, state, reason, the end of the log
 	// Where a machine's time between two jobs went, on average: from the
 	// submitter's launch to the worker's start, from the worker's end to
 	// the settlement, and from a settlement to the machine's next launch.
@@ -318,6 +319,11 @@ func runQueue(t testing.TB, py string, lenders, n int, work time.Duration, maxWa
 		if strings.Contains(log, "waiting in the queue") {
 			r.waited++
 		}
+		if j.State != jobs.Succeeded && len(r.failures) < 5 {
+			lines := strings.Split(strings.TrimSpace(log), "\n")
+			r.failures = append(r.failures, fmt.Sprintf("%s %s (%s), %d runs; its log ends:\n%s", j.Spec.Name, j.State, j.Reason,
+				len(j.Runs), strings.Join(lines[max(0, len(lines)-12):], "\n")))
+		}
 		if testing.Verbose() && i%(n/4) == n/8 {
 			t.Logf("the log of job %s:\n%s", j.Spec.Name, log)
 		}
@@ -373,7 +379,7 @@ func TestQueueServesTwoHundredJobs(t *testing.T) {
 		t.Error("over-committed: " + r.over)
 	}
 	if r.states[jobs.Succeeded] != n {
-		t.Errorf("%v, want all %d succeeded", r.states, n)
+		t.Errorf("%v, want all %d succeeded; the first that did not:\n%s", r.states, n, strings.Join(r.failures, "\n"))
 	}
 	if r.waited == 0 {
 		t.Error("no job waited in a queue: the test did not load the market")
