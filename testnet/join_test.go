@@ -136,9 +136,16 @@ func TestJoinAsNewUniversity(t *testing.T) {
 	if j = waitJob(t, sub, j.ID, 3*time.Minute); j.State != jobs.Succeeded || j.Cost == 0 {
 		t.Fatalf("the job on the new university's machine: %s (%s), cost %d\n%s", j.State, j.Reason, j.Cost, jobLog(t, sub, j.ID))
 	}
-	bal, err := nc.Balance(t.Context(), "")
-	if err != nil || bal.Balance != 10_000_000+j.Cost {
-		t.Fatalf("the new node holds %d (%v), want its grant and the job's %d", bal.Balance, err, j.Cost)
+	// The settlement is on the submitter's replica; the newcomer's may
+	// be a block behind.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		bal, err := nc.Balance(t.Context(), "")
+		if err == nil && bal.Balance == 10_000_000+j.Cost {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the new node holds %+v (%v), want its grant and the job's %d", bal, err, j.Cost)
+		}
 	}
 
 	// Becoming a validator: each validator votes it in (2 of 2: more than
