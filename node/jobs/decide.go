@@ -167,17 +167,23 @@ func Used(run *Run, w *Worker, now time.Time) uint64 {
 	if w.Started.IsZero() {
 		return 0
 	}
-	end := now
-	if !w.Ended.IsZero() {
-		end = w.Ended
-	} else if !w.LastSeen.IsZero() && w.LastSeen.Before(now) {
-		end = w.LastSeen
-	}
-	ran := end.Sub(w.Started) - w.Suspended
+	ran := RanUntil(w, now).Sub(w.Started) - w.Suspended
 	if ran <= 0 {
 		return 0
 	}
 	return uint64(float64(w.PerHour) * ran.Hours())
+}
+
+// RanUntil is the end of worker w's run as counted at now: when it ended,
+// or, while it has not reported an end, when it was last seen running.
+func RanUntil(w *Worker, now time.Time) time.Time {
+	switch {
+	case !w.Ended.IsZero():
+		return w.Ended
+	case !w.LastSeen.IsZero() && w.LastSeen.Before(now):
+		return w.LastSeen
+	}
+	return now
 }
 
 // PayPlan is what run's settlement pays, one payment per machine in the

@@ -195,6 +195,13 @@ func TestDecideUsed(t *testing.T) {
 		if got := Used(&Run{}, &tt.w, now); got != tt.want {
 			t.Errorf("%s: used = %d, want %d", tt.name, got, tt.want)
 		}
+		// A worker recorded as ending where it was counted to is paid the same.
+		if ended := tt.w; !ended.Started.IsZero() {
+			ended.Ended = RanUntil(&tt.w, now)
+			if got := Used(&Run{}, &ended, now.Add(time.Hour)); got != tt.want {
+				t.Errorf("%s, ended at RanUntil: used = %d, want %d", tt.name, got, tt.want)
+			}
+		}
 	}
 }
 

@@ -72,6 +72,13 @@ func (m *Manager) settle(ctx context.Context, j *jobs.Job, k int, lost map[int]b
 		time.Sleep(2 * time.Second)
 	}
 	m.save(j, func() {
+		// A worker whose end no poll saw (its machine slow to stop it, or
+		// lost) is recorded as ending where its pay did.
+		for i := range run.Workers {
+			if w := &run.Workers[i]; !w.Started.IsZero() && w.Ended.IsZero() {
+				w.Ended = jobs.RanUntil(w, now).UTC()
+			}
+		}
 		run.Settled, run.SettleTx, run.Paid, run.Ended = tx != "", tx, total, now.UTC()
 		if tx != "" {
 			j.Cost += total

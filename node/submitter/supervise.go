@@ -214,8 +214,26 @@ func (m *Manager) stopAll(ctx context.Context, j *jobs.Job, k int, reason string
 		}()
 	}
 	wg.Wait()
-	// One more look, to record when each ended.
-	m.poll(ctx, j, k, nil)
+	// Then look until each worker that answers has ended, to record when:
+	// a machine stops its worker after replying, within StopGrace.
+	deadline := time.Now().Add(p2p.StopGrace + 2*time.Second)
+	for {
+		sts := m.poll(ctx, j, k, nil)
+		if allEnded(sts) || !time.Now().Before(deadline) || ctx.Err() != nil {
+			return
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// allEnded: every worker that answered reports an end.
+func allEnded(sts []*p2p.JobStatus) bool {
+	for _, st := range sts {
+		if st != nil && st.Ended == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // awaitCheckpoint waits for the stopped chief's checkpoint CID.
