@@ -43,6 +43,8 @@ type Ledger interface {
 	OpenEscrow(ctx context.Context, m ledger.OpenEscrow) (*ctypes.ResultTx, error)
 	Settle(ctx context.Context, m ledger.Settle) (*ctypes.ResultTx, error)
 	SignReceipt(r ledger.Receipt) ledger.Receipt
+	// Wait waits on a transaction sent before, by its hash.
+	Wait(ctx context.Context, hash string) (*ctypes.ResultTx, error)
 }
 
 // Store persists the jobs, one document each under "jobs/".

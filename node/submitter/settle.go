@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	ctypes "github.com/cometbft/cometbft/rpc/core/types"
+
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/units"
@@ -33,7 +35,7 @@ func (m *Manager) escrow(ctx context.Context, j *jobs.Job, k int) bool {
 	}
 	expiry := time.Now().Add(j.Spec.MaxDuration + m.p.EscrowSlack).Unix()
 	tx, err := m.p.Ledger.OpenEscrow(ctx, ledger.OpenEscrow{Job: jobs.RunID(j.ID, k), Amount: budget, Expiry: expiry, Payees: payees})
-	if err != nil {
+	if tx, err = m.outcome(ctx, tx, err); err != nil {
 		m.releaseHolds(context.WithoutCancel(ctx), run)
 		m.move(j, jobs.Failed, "open escrow: "+ledgerReason(err))
 		return false
@@ -43,6 +45,23 @@ func (m *Manager) escrow(ctx context.Context, j *jobs.Job, k int) bool {
 	m.move(j, jobs.Escrowed, "")
 	return true
 }
+
+// outcome waits on a transaction whose commit did not come in time (a
+// busy ledger), for up to outcomeWaits more commit timeouts, rather than
+// signing another: a second settlement of an escrow the first one
+// settled is refused, and a second escrow would lock the budget twice.
+func (m *Manager) outcome(ctx context.Context, res *ctypes.ResultTx, err error) (*ctypes.ResultTx, error) {
+	var unknown *ledger.UnknownOutcomeError
+	for i := 0; i < outcomeWaits && errors.As(err, &unknown) && ctx.Err() == nil; i++ {
+		wctx, cancel := context.WithTimeout(ctx, ledger.DefaultCommitTimeout)
+		res, err = m.p.Ledger.Wait(wctx, unknown.Hash)
+		cancel()
+	}
+	return res, err
+}
+
+// outcomeWaits bounds outcome.
+const outcomeWaits = 3
 
 // settle pays each machine of run k its hourly price for the time its
 // workers ran (a lost machine what its receipts cover) and refunds the
@@ -59,7 +78,7 @@ func (m *Manager) settle(ctx context.Context, j *jobs.Job, k int, lost map[int]b
 	var tx string
 	for attempt := 0; attempt < 5; attempt++ {
 		res, err := m.p.Ledger.Settle(ctx, ledger.Settle{Job: run.ID, Payments: pays})
-		if err == nil {
+		if res, err = m.outcome(ctx, res, err); err == nil {
 			tx = res.Hash.String()
 			break
 		}
