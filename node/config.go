@@ -71,6 +71,12 @@ func (c OwnerConfig) Policy(suspendAbove *float64) lender.OwnerPolicy {
 	return p
 }
 
+// Pace is the offer's announce pace settings.
+func (c P2PConfig) Pace() lender.PaceParams {
+	return lender.PaceParams{Interval: c.AnnounceInterval.Duration, TTL: c.OfferTTL.Duration, Budget: float64(c.AnnounceBudget),
+		MaxTTL: lender.MaxOfferTTL}
+}
+
 // JobsConfig is about the jobs this node submits.
 type JobsConfig struct {
 	// EscrowSlack is how long a job's escrow outlives its max duration:
@@ -116,6 +122,10 @@ type P2PConfig struct {
 	ConnHigh         int      `toml:"conn_high"`
 	OfferTTL         Duration `toml:"offer_ttl"`
 	AnnounceInterval Duration `toml:"announce_interval"`
+	// AnnounceBudget is how many offer announcements a minute the whole
+	// market may make before machines stretch their announce_interval
+	// and offer_ttl to stay within it (lender.PaceFor); 0 never stretches.
+	AnnounceBudget   int      `toml:"announce_budget"`
 	DiscoverInterval Duration `toml:"discover_interval"`
 	// ProbeInterval is how often a lending machine measures its links to
 	// the machines whose offers it holds (see p2p.LinkMeter); 0 turns it off.
@@ -193,6 +203,12 @@ const (
 	DefaultLedgerRPCListen = "tcp://127.0.0.1:7703"
 )
 
+// DefaultAnnounceBudget is [p2p] announce_budget's default: 600 offers a
+// minute cost a node about 0.9 % of a core and 0.7 Mbit/s each way by
+// the gossip benchmark's model (bench/results/gossip), within the 1 % an
+// idle lending node may spend; the market reaches it at 300 machines.
+const DefaultAnnounceBudget = 600
+
 // DefaultConfig returns the built-in defaults.
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
@@ -211,6 +227,7 @@ func DefaultConfig() Config {
 			ConnHigh:         192,
 			OfferTTL:         Duration{90 * time.Second},
 			AnnounceInterval: Duration{30 * time.Second},
+			AnnounceBudget:   DefaultAnnounceBudget,
 			DiscoverInterval: Duration{30 * time.Second},
 			ProbeInterval:    Duration{15 * time.Minute},
 		},
@@ -385,6 +402,13 @@ offer_ttl = {{lit .P2P.OfferTTL}}
 # How often the offer is re-announced (at most half of offer_ttl); it is
 # also announced at once whenever it changes.
 announce_interval = {{lit .P2P.AnnounceInterval}}
+# Every node hears every offer, so its gossip grows with the announcements
+# the whole market makes. Once the machines in this node's offer book,
+# each re-announcing every announce_interval, would make more than this
+# many a minute, it stretches announce_interval and offer_ttl alike to
+# stay within it (the default costs a node about 1% of a core; see
+# "make bench-gossip"), up to an offer_ttl of 1h. 0 never stretches.
+announce_budget = {{lit .P2P.AnnounceBudget}}
 # How often to look for more peers in the DHT, and to re-dial bootstrap
 # peers when the node has none.
 discover_interval = {{lit .P2P.DiscoverInterval}}

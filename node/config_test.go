@@ -65,6 +65,7 @@ func TestConfigErrorsNameSectionAndKey(t *testing.T) {
 		{`core_hour = "0.1"`, `core_hour = "-1"`, "[prices] core_hour"},
 		{fmt.Sprintf("python = %q", cfg.Inventory.Python), `python = ""`, "[inventory] python"},
 		{`conn_low = 64`, `conn_low = 500`, "conn_low"},
+		{`announce_budget = 600`, `announce_budget = -5`, "[p2p] announce_budget"},
 	} {
 		mod := strings.Replace(string(orig), c.from, c.to, 1)
 		if mod == string(orig) {

@@ -94,6 +94,9 @@ func (c P2PConfig) validate() error {
 		return configErr("p2p", "announce_interval", "%s: want positive and at most half of offer_ttl (%s), so an offer never lapses between announcements",
 			c.AnnounceInterval, c.OfferTTL)
 	}
+	if c.AnnounceBudget < 0 || c.AnnounceBudget > 1_000_000 {
+		return configErr("p2p", "announce_budget", "%d: want 0 (never stretch announce_interval) to 1000000 offers a minute", c.AnnounceBudget)
+	}
 	if d := c.DiscoverInterval.Duration; d < time.Second || d > time.Hour {
 		return configErr("p2p", "discover_interval", "%s: want between 1s and 1h", c.DiscoverInterval)
 	}

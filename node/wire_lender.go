@@ -30,7 +30,7 @@ func (n *Node) startLending() (err error) {
 	}
 	n.lender, err = lender.NewLender(lender.LenderParams{
 		Store: n.store, Topic: n.gossip.Offers(), Offer: src.Build, Inventory: n.Inventory,
-		Defaults: n.cfg.DefaultPrices(), TTL: n.cfg.P2P.OfferTTL.Duration, Interval: n.cfg.P2P.AnnounceInterval.Duration,
+		Defaults: n.cfg.DefaultPrices(), Pace: n.cfg.P2P.Pace(), Machines: n.book.Len,
 		Logger: n.log.With("module", "lender"),
 	})
 	if err != nil {

@@ -1,10 +1,12 @@
 // Command gossip is `make bench-gossip`: it measures what offer gossip
 // costs each node (bytes sent and received, CPU, messages validated, per
 // minute) in swarms of a few hundred real in-process libp2p nodes that
-// re-announce signed offers (at the node's default interval, or a multiple
-// of it for the largest swarm), fits how each figure grows with the offers
-// announced per minute in the market, and extrapolates to 1,000 and
-// 10,000 machines at the default interval. It prints tables and writes report.md and gossip.json to
+// re-announce signed offers at the node's pace (lender.PaceFor: the
+// default interval until the swarm's announcements reach a budget, then
+// stretched to stay within it), fits how each figure grows with the offers
+// announced per minute in the market, and extrapolates to 100,000
+// machines, side by side at a fixed 30 s interval and at the node's
+// default pace. It prints tables and writes report.md and gossip.json to
 // bench/results/gossip/.
 package main
 
@@ -24,6 +26,7 @@ import (
 	"time"
 
 	"github.com/deepmarket/deepmarket/node"
+	"github.com/deepmarket/deepmarket/node/lender"
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
@@ -47,7 +50,11 @@ type result struct {
 	Samples        []sample        `json:"samples"`
 	FitFrom        []int           `json:"fit_from_nodes"`
 	Fits           map[string]line `json:"fits"` // per node per minute, against offers announced per minute in the market
-	Estimates      []estimate      `json:"estimates"`
+	Estimates      []estimate      `json:"estimates"` // every machine re-announcing every announce_interval
+	// Paced is the same at the node's default pace (announce_budget).
+	Paced          []estimate      `json:"estimates_at_default_pace"`
+	AnnounceBudget float64         `json:"announce_budget_per_min"` // the node's default
+	SwarmBudget    float64         `json:"swarm_budget_per_min"`    // what the runs kept to
 	Suggested      float64         `json:"interval_for_budget_at_10k_s"` // 0: the default interval fits
 	FitBound       bool            `json:"fit_from_cpu_bound_runs"`      // fewer than two runs were not CPU-bound
 }
@@ -56,6 +63,7 @@ type result struct {
 type estimate struct {
 	Nodes     int     `json:"nodes"`
 	IntervalS float64 `json:"announce_interval_s"`
+	TTLS      float64 `json:"offer_ttl_s"`
 	SentKbit  float64 `json:"sent_kbit_s"`
 	RecvKbit  float64 `json:"recv_kbit_s"`
 	CPUPct    float64 `json:"cpu_pct_core"`
@@ -65,16 +73,19 @@ type estimate struct {
 
 func main() {
 	def := node.DefaultConfig().P2P
-	spec := flag.String("nodes", "50,100,200x2,300x3", "runs: swarm sizes, comma-separated; NxK re-announces at K times -interval (so a large swarm fits the cores)")
+	spec := flag.String("nodes", "50,100,200,300", "runs: swarm sizes, comma-separated; NxK re-announces at K times -interval instead of the pace -budget gives")
 	degree := flag.Int("degree", 20, "connections per node, on average")
 	interval := flag.Duration("interval", def.AnnounceInterval.Duration, "re-announce interval (the node's default)")
 	warmup := flag.Duration("warmup", 10*time.Second, "after connecting, before measuring")
 	window := flag.Duration("window", 30*time.Second, "how long to measure each run at least, rounded up to whole re-announce intervals")
 	cpuBudget := flag.Float64("cpu-budget", 1, "what a lab machine may spend on offer gossip, % of a core (bench-p2p's idle-node goal)")
 	netBudget := flag.Float64("net-budget", 10_000, "what a lab machine may send or receive for offer gossip, kbit/s (1% of a 1 Gbit/s link)")
+	budget := flag.Float64("budget", 200, "the swarm's announce_budget, offers a minute: the node's default scaled down, so that a swarm that fits these cores reaches it and the runs past it show what stretching the pace holds")
 	out := flag.String("out", "bench/results/gossip", "directory for report.md and gossip.json")
 	flag.Parse()
-	runs, err := parseRuns(*spec, *interval)
+	pace := lender.PaceParams{Interval: *interval, TTL: time.Duration(float64(*interval) * def.OfferTTL.Duration.Seconds() / def.AnnounceInterval.Duration.Seconds()),
+		Budget: *budget, MaxTTL: lender.MaxOfferTTL}
+	runs, err := parseRuns(*spec, pace)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -82,7 +93,7 @@ func main() {
 	res := result{
 		When: time.Now().UTC().Format(time.RFC3339), Go: runtime.Version(), CPUs: runtime.NumCPU(),
 		IntervalS: interval.Seconds(), TTLS: def.OfferTTL.Duration.Seconds(), Degree: *degree, WarmupS: warmup.Seconds(), WindowS: window.Seconds(),
-		CPUBudget: *cpuBudget, NetBudget: *netBudget,
+		CPUBudget: *cpuBudget, NetBudget: *netBudget, AnnounceBudget: float64(def.AnnounceBudget), SwarmBudget: *budget,
 	}
 	sealed, err := p2p.Seal(key(0), chain, p2p.TypeOffer, offer(key(0), 0), 1, time.Now().Add(def.OfferTTL.Duration))
 	if err != nil {
@@ -97,8 +108,6 @@ func main() {
 		// Whole intervals: every node announces the same number of times
 		// in the window, whatever its phase.
 		r.Window = time.Duration(math.Ceil(float64(*window)/float64(r.Interval))) * r.Interval
-		// Every offer lives three intervals, as with the node's defaults.
-		r.TTL = time.Duration(float64(r.Interval) * def.OfferTTL.Duration.Seconds() / interval.Seconds())
 		log.Printf("%d nodes re-announcing every %s: connecting, %s warm-up, %s measured", r.Nodes, r.Interval, r.Warmup, r.Window)
 		s, err := measure(r, rng)
 		if err != nil {
@@ -120,8 +129,9 @@ func main() {
 	fmt.Println("results:", filepath.Join(*out, "report.md"), filepath.Join(*out, "gossip.json"))
 }
 
-// parseRuns reads "50,100,200x2,300x3".
-func parseRuns(spec string, interval time.Duration) ([]run, error) {
+// parseRuns reads "50,100,200,300x3": each swarm re-announces at the
+// pace its size gives, or at K times the interval.
+func parseRuns(spec string, pace lender.PaceParams) ([]run, error) {
 	var runs []run
 	for _, s := range strings.Split(spec, ",") {
 		size, times, scaled := strings.Cut(strings.TrimSpace(s), "x")
@@ -131,9 +141,14 @@ func parseRuns(spec string, interval time.Duration) ([]run, error) {
 			k, err = strconv.Atoi(times)
 		}
 		if err != nil || n < 2 || k < 1 {
-			return nil, fmt.Errorf("-nodes %q: want sizes of 2 or more, each optionally xK, e.g. 50,100,200x2,300x3", spec)
+			return nil, fmt.Errorf("-nodes %q: want sizes of 2 or more, each optionally xK, e.g. 50,100,200,300x3", spec)
 		}
-		runs = append(runs, run{Nodes: n, Interval: time.Duration(k) * interval})
+		p := lender.PaceFor(n, pace)
+		if scaled {
+			// Every offer lives as many intervals as at the node's pace.
+			p = lender.Pace{Interval: time.Duration(k) * pace.Interval, TTL: time.Duration(k) * pace.TTL}
+		}
+		runs = append(runs, run{Nodes: n, Interval: p.Interval, TTL: p.TTL})
 	}
 	return runs, nil
 }
@@ -173,8 +188,10 @@ func (r *result) model() error {
 		r.Fits[name] = l
 	}
 	interval := time.Duration(r.IntervalS * float64(time.Second))
-	for _, n := range []int{100, 1_000, 10_000} {
-		r.Estimates = append(r.Estimates, r.estimate(n, interval))
+	def := node.DefaultConfig().P2P
+	for _, n := range []int{100, 1_000, 10_000, 100_000} {
+		r.Estimates = append(r.Estimates, r.estimate(n, lender.Pace{Interval: interval, TTL: def.OfferTTL.Duration}))
+		r.Paced = append(r.Paced, r.estimate(n, lender.PaceFor(n, def.Pace())))
 	}
 	// The interval that brings 10,000 machines within both budgets.
 	bytesPerMin := r.NetBudget * 1000 / 8 * 60
@@ -190,12 +207,11 @@ func (r *result) model() error {
 	return nil
 }
 
-// estimate is the model for one of n machines re-announcing every
-// interval.
-func (r *result) estimate(n int, interval time.Duration) estimate {
-	at := func(name string) float64 { return r.Fits[name].at(rate(n, interval)) }
+// estimate is the model for one of n machines re-announcing at pace.
+func (r *result) estimate(n int, pace lender.Pace) estimate {
+	at := func(name string) float64 { return r.Fits[name].at(rate(n, pace.Interval)) }
 	return estimate{
-		Nodes: n, IntervalS: interval.Seconds(),
+		Nodes: n, IntervalS: pace.Interval.Seconds(), TTLS: pace.TTL.Seconds(),
 		SentKbit:  at("sent") * 8 / 60 / 1000,
 		RecvKbit:  at("recv") * 8 / 60 / 1000,
 		CPUPct:    at("cpu") / 60 * 100,

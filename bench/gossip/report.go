@@ -7,6 +7,8 @@ import (
 	"time"
 
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
+
+	"github.com/deepmarket/deepmarket/node"
 )
 
 // tables are the measured runs and the extrapolation, as markdown (they
@@ -39,18 +41,25 @@ func (r *result) tables() string {
 	fmt.Fprintf(&b, "\nA signed offer is %d bytes; for each offer announced in the market a node sends %.1f and receives %.1f times that "+
 		"(its mesh copies and duplicates, IHAVE/IWANT, protobuf, Noise and yamux framing).\n",
 		r.OfferBytes, r.Fits["sent"].Slope/float64(r.OfferBytes), r.Fits["recv"].Slope/float64(r.OfferBytes))
-	fmt.Fprintf(&b, "\nEstimate for one lab machine, every machine re-announcing every %gs (the default)\n\n", r.IntervalS)
-	b.WriteString("| machines | R /min | sent kbit/s | received kbit/s | CPU % of a core | validated/s | sent MiB/day |\n|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, e := range r.Estimates {
-		fmt.Fprintf(&b, "| %d | %.0f | %.1f | %.1f | %.2f | %.1f | %.0f |\n", e.Nodes, float64(e.Nodes)*60/e.IntervalS, e.SentKbit, e.RecvKbit, e.CPUPct, e.Validated, e.SentMiB)
+	def := node.DefaultConfig().P2P
+	fmt.Fprintf(&b, "\nEstimate for one lab machine, side by side: every machine re-announcing every %gs (a fixed interval) "+
+		"and at the node's default pace (announce_interval %s, announce_budget %.0f a minute: the interval and TTL stretch once the market would announce more)\n\n",
+		r.IntervalS, def.AnnounceInterval.Duration, r.AnnounceBudget)
+	b.WriteString("| machines | fixed: R /min | sent kbit/s | received kbit/s | CPU % of a core | paced: every | offer kept | R /min | sent kbit/s | received kbit/s | CPU % of a core | validated/s | sent MiB/day | CPU fixed / paced |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for i, e := range r.Estimates {
+		p := r.Paced[i]
+		fmt.Fprintf(&b, "| %d | %.0f | %.1f | %.1f | %.2f | %s | %s | %.0f | %.1f | %.1f | %.2f | %.1f | %.0f | %.1fx |\n",
+			e.Nodes, float64(e.Nodes)*60/e.IntervalS, e.SentKbit, e.RecvKbit, e.CPUPct,
+			secs(p.IntervalS), secs(p.TTLS), float64(p.Nodes)*60/p.IntervalS, p.SentKbit, p.RecvKbit, p.CPUPct, p.Validated, p.SentMiB, e.CPUPct/p.CPUPct)
 	}
-	fmt.Fprintf(&b, "\nIHAVE at a real node's connection count, computed from gossipsub's parameters (not measured): "+
+	fmt.Fprintf(&b, "\nIHAVE at a real node's connection count, at the default pace, computed from gossipsub's parameters (not measured): "+
 		"extra kbit/s sent (and received across its peers) beyond the runs' %d connections\n\n", r.Degree)
 	b.WriteString("| machines | 64 connections (ConnLow) | 192 connections (ConnHigh) |\n|---:|---:|---:|\n")
-	for _, n := range []int{1_000, 10_000} {
-		rate := float64(n) * 60 / r.IntervalS
+	for _, p := range r.Paced {
+		rate := float64(p.Nodes) * 60 / p.IntervalS
 		extra := func(deg int) float64 { return (r.ihave(deg, rate) - r.ihave(r.Degree, rate)) * 8 / 1000 }
-		fmt.Fprintf(&b, "| %d | +%.0f | +%.0f |\n", n, extra(64), extra(192))
+		fmt.Fprintf(&b, "| %d | +%.0f | +%.0f |\n", p.Nodes, extra(64), extra(192))
 	}
 	fmt.Fprintf(&b, "\n%s\n", r.verdict())
 	return b.String()
@@ -68,34 +77,44 @@ func (r *result) ihave(deg int, rate float64) float64 {
 }
 
 // verdict says whether 10,000 machines fit the budgets at the default
-// interval, and if not, what interval would.
+// pace, and at the fixed interval.
 func (r *result) verdict() string {
-	interval := time.Duration(r.IntervalS * float64(time.Second))
-	at10k := r.estimate(10_000, interval)
-	over := []string{}
-	if at10k.CPUPct > r.CPUBudget {
-		over = append(over, fmt.Sprintf("CPU %.1f%% of a core > %.3g%%", at10k.CPUPct, r.CPUBudget))
+	over := func(e estimate) string {
+		var out []string
+		if e.CPUPct > r.CPUBudget {
+			out = append(out, fmt.Sprintf("CPU %.1f%% of a core > %.3g%%", e.CPUPct, r.CPUBudget))
+		}
+		if link := max(e.SentKbit, e.RecvKbit); link > r.NetBudget {
+			out = append(out, fmt.Sprintf("%.0f kbit/s > %.0f kbit/s", link, r.NetBudget))
+		}
+		return strings.Join(out, "; ")
 	}
-	if link := max(at10k.SentKbit, at10k.RecvKbit); link > r.NetBudget {
-		over = append(over, fmt.Sprintf("%.0f kbit/s > %.0f kbit/s", link, r.NetBudget))
+	var fixed, paced estimate
+	for i, e := range r.Estimates {
+		if e.Nodes == 10_000 {
+			fixed, paced = e, r.Paced[i]
+		}
 	}
-	if len(over) == 0 {
-		return fmt.Sprintf("At 10,000 machines and the default %gs interval a lab machine stays within the budgets (%.3g%% of a core, %.0f kbit/s).",
-			r.IntervalS, r.CPUBudget, r.NetBudget)
+	var s string
+	if o := over(paced); o == "" {
+		s = fmt.Sprintf("**At 10,000 machines the default pace keeps a lab machine within the budgets:** each re-announces every %s, "+
+			"kept %s, and a node spends %.2f%% of a core and %.0f/%.0f kbit/s sent/received on offers (%.3g%% and %.0f kbit/s allowed).",
+			secs(paced.IntervalS), secs(paced.TTLS), paced.CPUPct, paced.SentKbit, paced.RecvKbit, r.CPUBudget, r.NetBudget)
+	} else {
+		s = fmt.Sprintf("**At 10,000 machines the default pace (every %s) is over budget:** %s.", secs(paced.IntervalS), o)
 	}
-	s := fmt.Sprintf("**At 10,000 machines the default %gs re-announce interval is too short:** %s.", r.IntervalS, strings.Join(over, "; "))
-	if r.Suggested == 0 {
-		return s + " No interval fixes it: the fixed per-node cost alone exceeds the budget."
+	if o := over(fixed); o != "" {
+		s += fmt.Sprintf(" A fixed %gs interval would not: %s.", r.IntervalS, o)
 	}
-	iv := time.Duration(math.Ceil(r.Suggested/60)) * time.Minute
-	e := r.estimate(10_000, iv)
-	s += fmt.Sprintf(" Re-announcing every %s (with offer_ttl at least %s: announce_interval may be at most half of it) "+
-		"brings it to %.2f%% of a core and %.0f/%.0f kbit/s sent/received by this model", iv, 2*iv, e.CPUPct, e.SentKbit, e.RecvKbit)
-	if 2*iv > time.Hour {
-		s += ", but offer_ttl may be at most 1h"
+	if r.Suggested > 0 {
+		s += fmt.Sprintf(" By this model the budgets allow an interval down to %s at 10,000 machines.", secs(math.Ceil(r.Suggested)))
 	}
-	return s + ". The cost of a longer TTL: a machine that goes away without withdrawing (a crash, a cut cable) stays on the market until its offer expires."
+	return s + " The cost of the stretched TTL: a machine that goes away without withdrawing (a crash, a cut cable) stays on the market until its offer expires; " +
+		"a scheduler whose hold it does not answer sets it aside meanwhile."
 }
+
+// secs prints seconds as a duration.
+func secs(v float64) string { return (time.Duration(v) * time.Second).String() }
 
 // report is report.md: the tables with how they were measured, the model
 // and its limits.
@@ -109,9 +128,11 @@ Each run starts N real libp2p hosts in one process (p2p.NewHost, p2p.NewGossip: 
 DeepMarket's scoring, flood publishing, and the validator with ledger admission answered from a map of
 the registered machines), listening on loopback TCP with Noise and yamux. Each node dials %d/2 random
 others (about %d connections each) and re-announces a signed offer of realistic size (four addresses,
-software versions, a window) from a random phase, every %gs (the node's default announce_interval) or,
-for the larger swarms, a multiple of it so that they fit this machine's cores; the model below
-accounts for that. After a %gs warm-up, the process is measured for %gs rounded up to whole intervals
+software versions, a window) from a random phase, at the node's pace (lender.PaceFor): every %gs (the
+node's default announce_interval) until the swarm's announcements would pass its budget of %.0f a
+minute, then stretched to stay within it. That budget is the node's default (%.0f) scaled down so that
+a swarm that fits this machine's cores reaches it: the runs past it show what a node pays in a market
+that has outgrown announce_interval. After a %gs warm-up, the process is measured for %gs rounded up to whole intervals
 (so every node announces the same number of times in the window, whatever its phase):
 
 - bytes sent and received: the bytes the process wrote to and read from its sockets (/proc/self/io
@@ -127,7 +148,7 @@ accounts for that. After a %gs warm-up, the process is measured for %gs rounded 
   left out of the fit when two or more runs are not. "machine busy" is all processes (/proc/stat):
   other work on the machine slows the swarm but does not inflate CPU time, which counts work done.
 
-`, r.Degree, r.Degree, r.IntervalS, r.WarmupS, r.WindowS)
+`, r.Degree, r.Degree, r.IntervalS, r.SwarmBudget, r.AnnounceBudget, r.WarmupS, r.WindowS)
 	b.WriteString("## Results\n")
 	b.WriteString(r.tables())
 	fmt.Fprintf(&b, `
@@ -141,10 +162,10 @@ machines each node validates R = N x 60 / T offers a minute, receives each over 
 times (gossipsub D = 6, duplicates included) plus IHAVE message IDs on its gossip links, and forwards
 about as much. Per node per minute each figure is then a line in R: a fixed part (heartbeats,
 scoring, the node's own offer flooded to its peers) and a part proportional to R. At a fixed interval
-that is a line in N, as the issue expects; measuring in R lets the largest swarm re-announce more
-slowly (fitting on two cores) and still count, and checks that what a node pays depends on the offers
-it hears rather than on the number of nodes: if so, the largest swarm, re-announcing more slowly, lies
-on the same line as the smaller ones (the fit's R² shows it).
+that is a line in N; measuring in R checks that what a node pays depends on the offers it hears
+rather than on the number of nodes: if so, the swarms past the budget, re-announcing more slowly,
+lie on the same line as the smaller ones (the fit's R² shows it), and a node's cost stops growing
+with the market once its pace stretches (R stays at the budget).
 
 Limits:
 - The runs share %d cores with everything else on the machine. CPU per node is the process's CPU

@@ -223,7 +223,12 @@ func printLendState(c *cli, st api.LendState, stopped bool) {
 	}
 	switch {
 	case st.Offering:
-		fmt.Fprintln(c.out, "Offer: announced to the network.")
+		if st.AnnounceEveryS > 0 {
+			fmt.Fprintf(c.out, "Offer: announced to the network every %s; peers keep it %s.\n",
+				time.Duration(st.AnnounceEveryS)*time.Second, time.Duration(st.OfferTTLS)*time.Second)
+		} else {
+			fmt.Fprintln(c.out, "Offer: announced to the network.")
+		}
 	case st.OwnerBusy != "":
 		fmt.Fprintf(c.out, "Offer: none now: %s ([owner] policy; its jobs are suspended meanwhile).\n", st.OwnerBusy)
 	default:

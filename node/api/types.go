@@ -112,6 +112,11 @@ type LendState struct {
 	OwnerBusy  string     `json:"owner_busy,omitempty"`
 	Since      *time.Time `json:"since,omitempty"`
 	NextChange *time.Time `json:"next_change,omitempty"` // window opens or closes
+	// AnnounceEveryS is how often the offer is re-announced and OfferTTLS
+	// how long peers keep it, seconds: [p2p] announce_interval and
+	// offer_ttl, stretched in a market too big for them (announce_budget).
+	AnnounceEveryS int64 `json:"announce_every_s,omitempty"`
+	OfferTTLS      int64 `json:"offer_ttl_s,omitempty"`
 	// Registered: the ledger backs this machine (a member account, or
 	// linked to one); peers ignore offers of machines it does not.
 	Registered bool   `json:"registered"`

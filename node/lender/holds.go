@@ -38,6 +38,11 @@ type Holds struct {
 	// changed is told when the allocation changes, so the offer that
 	// carries it is re-announced.
 	changed func()
+	// lapse fires at the next hold's expiry, so a lapse is announced when
+	// it happens: in a big market the offer is otherwise re-announced
+	// only every few minutes (lender.PaceFor), and a lapsed hold would
+	// keep the machine looking busy until then.
+	lapse *time.Timer
 }
 
 // HoldLimits bound holds on one machine.
@@ -96,6 +101,39 @@ func (h *Holds) dropExpired(now time.Time) bool {
 	return dropped
 }
 
+// armLocked sets the lapse timer to the earliest expiry of a hold not
+// launched; h.mu must be held.
+func (h *Holds) armLocked(now time.Time) {
+	var next time.Time
+	for _, x := range h.holds {
+		if !x.launched && (next.IsZero() || x.expires.Before(next)) {
+			next = x.expires
+		}
+	}
+	switch {
+	case next.IsZero():
+		if h.lapse != nil {
+			h.lapse.Stop()
+		}
+	case h.lapse == nil:
+		h.lapse = time.AfterFunc(next.Sub(now)+10*time.Millisecond, h.sweep)
+	default:
+		h.lapse.Reset(next.Sub(now) + 10*time.Millisecond)
+	}
+}
+
+// sweep drops the holds that lapsed and tells the offer.
+func (h *Holds) sweep() {
+	h.mu.Lock()
+	now := time.Now()
+	changed := h.dropExpired(now)
+	h.armLocked(now)
+	h.mu.Unlock()
+	if changed && h.changed != nil {
+		h.changed()
+	}
+}
+
 func (h *Holds) allocatedLocked() p2p.Resources {
 	var a p2p.Resources
 	for _, x := range h.holds {
@@ -146,6 +184,9 @@ func (h *Holds) Apply(from peer.ID, r HoldRequest, now time.Time) p2p.ReserveRep
 	reply := h.applyLocked(from, r, lent, now)
 	changed = changed || reply.OK
 	reply.Free = free(lent, h.allocatedLocked())
+	if changed {
+		h.armLocked(now)
+	}
 	h.mu.Unlock()
 	if changed && h.changed != nil {
 		h.changed()

@@ -175,3 +175,52 @@ func TestHoldsAreBoundedAndLapse(t *testing.T) {
 		t.Fatalf("allocated %+v, want the one running core", got)
 	}
 }
+
+// A hold that lapses tells the offer when it lapses, with no request to
+// the machine in between: in a big market the offer is otherwise
+// re-announced only every few minutes.
+func TestHoldLapseIsAnnounced(t *testing.T) {
+	lent := p2p.Resources{Cores: 4, MemBytes: 1 << 30}
+	changed := make(chan struct{}, 16)
+	h := NewHolds(func() p2p.Resources { return lent }, HoldLimits{LaunchWithin: 1500 * time.Millisecond}, func() { changed <- struct{}{} })
+	a := peer.ID("scheduler-a")
+	wait := func(what string, within time.Duration) time.Duration {
+		t.Helper()
+		start := time.Now()
+		select {
+		case <-changed:
+			return time.Since(start)
+		case <-time.After(within):
+			t.Fatalf("the offer was not told %s within %s", what, within)
+			return 0
+		}
+	}
+	if r := h.Apply(a, reserveReq("aaaaaaaaaaaaaaaa", 2, 1), time.Now()); !r.OK {
+		t.Fatal(r.Reason)
+	}
+	if r := h.Apply(a, reserveReq("bbbbbbbbbbbbbbbb", 1, 60), time.Now()); !r.OK {
+		t.Fatal(r.Reason)
+	}
+	wait("of the first hold", 100*time.Millisecond)
+	wait("of the second hold", 100*time.Millisecond)
+	if d := wait("that the 1 s hold lapsed", 3*time.Second); d < 800*time.Millisecond {
+		t.Fatalf("told after %s, before the hold lapsed", d)
+	}
+	if got := h.Allocated(time.Now()); got.Cores != 1 {
+		t.Fatalf("after the lapse %d cores are held, want the second hold's 1", got.Cores)
+	}
+	// A committed hold that no launch follows lapses after LaunchWithin.
+	if r := h.Apply(a, opReq(p2p.OpCommit, "bbbbbbbbbbbbbbbb"), time.Now()); !r.OK {
+		t.Fatal(r.Reason)
+	}
+	wait("of the commit", 100*time.Millisecond)
+	wait("that the committed hold lapsed", 3*time.Second)
+	if got := h.Allocated(time.Now()); got.Cores != 0 {
+		t.Fatalf("after the committed hold lapsed %d cores are held", got.Cores)
+	}
+	select {
+	case <-changed:
+		t.Fatal("told of a change with no hold left")
+	case <-time.After(500 * time.Millisecond):
+	}
+}

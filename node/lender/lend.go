@@ -87,9 +87,11 @@ type LenderParams struct {
 	Offer     func(LendSettings, time.Time) p2p.Offer // builds the offer to announce
 	Inventory func() inventory.Inventory
 	Defaults  p2p.Prices
-	TTL       time.Duration
-	Interval  time.Duration
-	Logger    *slog.Logger
+	Pace      PaceParams
+	// Machines is how many machines the market holds now (this node's
+	// offer book): the pace stretches as it grows.
+	Machines func() int
+	Logger   *slog.Logger
 }
 
 // Lender owns this machine's presence in the market: its lend settings and
@@ -106,6 +108,16 @@ type Lender struct {
 	// ownerBusy, when set, is why the machine's owner keeps it off the
 	// market now (OwnerWatch).
 	ownerBusy string
+	pace      Pace // of the last announcement
+}
+
+// paceNow is the pace for the market's size now.
+func (l *Lender) paceNow() Pace {
+	n := 0
+	if l.p.Machines != nil {
+		n = l.p.Machines()
+	}
+	return PaceFor(n, l.p.Pace)
 }
 
 // OwnerOffering tells the lender whether the machine's owner lets it
@@ -125,7 +137,7 @@ func (l *Lender) OwnerOffering(ok bool, why string) {
 
 // NewLender loads persisted settings.
 func NewLender(p LenderParams) (*Lender, error) {
-	l := &Lender{p: p, wake: make(chan struct{}, 1)}
+	l := &Lender{p: p, wake: make(chan struct{}, 1), pace: PaceFor(0, p.Pace)}
 	var s LendSettings
 	found, err := p.Store.Get(lendKey, &s)
 	if err != nil {
@@ -141,7 +153,8 @@ func NewLender(p LenderParams) (*Lender, error) {
 func (l *Lender) State(now time.Time) api.LendState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st := api.LendState{Lending: l.set != nil, Offering: l.out, OwnerBusy: l.ownerBusy}
+	st := api.LendState{Lending: l.set != nil, Offering: l.out, OwnerBusy: l.ownerBusy,
+		AnnounceEveryS: int64(l.pace.Interval / time.Second), OfferTTLS: int64(l.pace.TTL / time.Second)}
 	if l.set != nil {
 		price := l.set.Price
 		st.Settings = &api.LendRequest{Cores: l.set.Cores, MemBytes: l.set.MemBytes, GPUs: l.set.GPUs, Window: l.set.Window, Price: &price,
@@ -232,7 +245,7 @@ func (l *Lender) withdrawOnStop() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	w := &p2p.Withdrawal{Machine: l.p.Topic.Signer().String(), Reason: "node stopping"}
-	if err := l.p.Topic.Publish(ctx, p2p.TypeWithdrawal, w, l.p.TTL); err != nil {
+	if err := l.p.Topic.Publish(ctx, p2p.TypeWithdrawal, w, l.pace.TTL); err != nil {
 		l.p.Logger.Warn("withdraw offer while stopping", "err", err)
 		return
 	}
@@ -256,13 +269,14 @@ func (l *Lender) syncLocked(ctx context.Context, now time.Time, force bool) erro
 	}
 	owner := want && l.ownerBusy != ""
 	want = want && !owner
+	l.pace = l.paceNow()
 	switch {
 	case want:
 		offer := l.p.Offer(*l.set, now)
 		if !until.IsZero() {
 			offer.AvailableUntil = until.Unix()
 		}
-		ttl := l.p.TTL
+		ttl := l.pace.TTL
 		if !until.IsZero() && until.Sub(now) < ttl {
 			ttl = until.Sub(now) // never advertise past the window
 		}
@@ -270,7 +284,7 @@ func (l *Lender) syncLocked(ctx context.Context, now time.Time, force bool) erro
 			return err
 		}
 		l.out, l.until = true, until
-		l.p.Logger.Debug("announced offer", "cores", offer.Lent.Cores, "mem", offer.Lent.MemBytes, "ttl", ttl)
+		l.p.Logger.Debug("announced offer", "cores", offer.Lent.Cores, "mem", offer.Lent.MemBytes, "ttl", ttl, "next", l.pace.Interval)
 	case l.out || force:
 		reason := "lend stopped"
 		switch {
@@ -279,7 +293,7 @@ func (l *Lender) syncLocked(ctx context.Context, now time.Time, force bool) erro
 		case l.set != nil:
 			reason = "outside availability window"
 		}
-		if err := l.p.Topic.Publish(ctx, p2p.TypeWithdrawal, &p2p.Withdrawal{Machine: l.p.Topic.Signer().String(), Reason: reason}, l.p.TTL); err != nil {
+		if err := l.p.Topic.Publish(ctx, p2p.TypeWithdrawal, &p2p.Withdrawal{Machine: l.p.Topic.Signer().String(), Reason: reason}, l.pace.TTL); err != nil {
 			return err
 		}
 		l.out = false
@@ -306,7 +320,7 @@ func (l *Lender) Run(ctx context.Context) error {
 		if err := l.syncLocked(ctx, now, false); err != nil && ctx.Err() == nil {
 			l.p.Logger.Warn("announce offer", "err", err)
 		}
-		next := l.p.Interval
+		next := l.pace.Interval
 		if !l.until.IsZero() && l.until.Sub(now) < next {
 			next = l.until.Sub(now) + time.Second
 		}

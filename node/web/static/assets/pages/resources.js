@@ -4,7 +4,7 @@
 
 import { api, live } from "../api.js";
 import { h, fill, dl, table } from "../dom.js";
-import { credits, parseCredits, size, resources, shortPeer, when, GiB } from "../format.js";
+import { credits, parseCredits, size, resources, shortPeer, when, duration, GiB } from "../format.js";
 import { field, formError, clearErrors, showError, busy } from "../forms.js";
 import { machineState, section } from "./common.js";
 
@@ -144,6 +144,7 @@ export function render(main) {
           ["Reserve prices", s.price ? `${credits(s.price.core_hour)}/core, ${credits(s.price.mem_gib_hour)}/GiB, ${credits(s.price.gpu_hour)}/GPU per hour` : "defaults"],
           st.since ? ["Since", when(st.since)] : null,
           st.next_change ? ["Window changes", when(st.next_change)] : null,
+          st.offering && st.announce_every_s ? ["Announced", `every ${duration(st.announce_every_s)}; peers keep it ${duration(st.offer_ttl_s)}`] : null,
         ]),
         ...(st.warnings || []).map((w) => h("p", { class: "error", role: "alert" }, w)));
       drawStop();

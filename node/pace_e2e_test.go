@@ -1,0 +1,165 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
+
+	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/lender"
+	"github.com/deepmarket/deepmarket/p2p"
+)
+
+// announcement is one of the lender's offers as a peer received it.
+type announcement struct {
+	at, expires time.Time
+}
+
+// watchOffers records the offers machine announces, as a peer subscribed
+// to the offers topic receives them.
+func watchOffers(ctx context.Context, t *testing.T, sub *pubsub.Subscription, chain, machine string) func(since time.Time) []announcement {
+	var mu sync.Mutex
+	var seen []announcement
+	go func() {
+		for {
+			msg, err := sub.Next(ctx)
+			if err != nil {
+				return
+			}
+			now := time.Now()
+			env, err := p2p.Open(msg.Data, chain, now)
+			if err != nil || env.Type != p2p.TypeOffer || env.SignerID().String() != machine {
+				continue
+			}
+			mu.Lock()
+			seen = append(seen, announcement{at: now, expires: env.ExpiresAt()})
+			mu.Unlock()
+		}
+	}()
+	return func(since time.Time) []announcement {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []announcement
+		for _, a := range seen {
+			if !a.at.Before(since) {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+}
+
+// A lending machine in a market too big for its announce_interval
+// stretches it, and its offer's TTL with it, to keep the market's
+// announcements within announce_budget. The market here is real: forty
+// machines the ledger backs (genesis made their keys members) announce
+// signed offers from a real libp2p peer; a second peer counts the
+// lender's own announcements before and after, and a second node keeps
+// its offer past the configured TTL.
+func TestAnnouncePaceStretchesWithTheMarket(t *testing.T) {
+	if testing.Short() {
+		t.Skip("30 s of gossip")
+	}
+	chain := testNet(t)
+	ctx := t.Context()
+	const machines = 40
+	keys := make([]*identity.Key, machines)
+	members := make([]identity.Address, machines)
+	for i := range keys {
+		k, err := identity.GenerateKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[i], members[i] = k, k.Address()
+	}
+	homes := initNetwork(t, t.TempDir(), chain, []string{"lender", "peer"}, members...)
+	pace := func(c *Config) {
+		c.P2P.AnnounceInterval = Duration{2 * time.Second}
+		c.P2P.OfferTTL = Duration{10 * time.Second}
+		c.P2P.AnnounceBudget = 60 // a minute: stretched past 2 s from 3 machines on
+	}
+	node := startNode(t, homes[0], pace)
+	me := node.Host().ID().String()
+	peerNode := startNode(t, homes[1], pace, withBootstrap(node.addr()))
+	observer := newRawPeer(t, ctx, chain, node)
+	topic, sub := observer.join(t, p2p.OffersTopic(chain))
+	eventually(t, 10*time.Second, "the observer on the lender's offers topic", func() bool { return len(topic.ListPeers()) > 0 })
+	heard := watchOffers(ctx, t, sub, chain, me)
+	if _, err := node.client.SetLend(ctx, api.LendRequest{Cores: 1, MemBytes: 1 << 30}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Alone, it announces every 2 s, each offer kept 10 s.
+	start := time.Now()
+	time.Sleep(9 * time.Second)
+	alone := heard(start)
+	if len(alone) < 3 {
+		t.Fatalf("alone, the lender announced %d times in 9 s; want every 2 s", len(alone))
+	}
+	for _, a := range alone {
+		if ttl := a.expires.Sub(a.at); ttl > 11*time.Second {
+			t.Fatalf("alone, an offer lives %s; want offer_ttl, 10 s", ttl)
+		}
+	}
+	st, err := node.client.Lend(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.AnnounceEveryS != 2 || st.OfferTTLS != 10 {
+		t.Fatalf("alone, lend reports every %d s, TTL %d s; want 2 and 10", st.AnnounceEveryS, st.OfferTTLS)
+	}
+
+	// Forty more machines come: 41 announcing every 2 s would make 1,230
+	// a minute; at 60 a minute each announces every 41 s.
+	flood := time.Now()
+	exp := flood.Add(time.Hour)
+	for i, k := range keys {
+		o := &p2p.Offer{Machine: k.PeerID().String(), Owner: string(k.Address()), Moniker: fmt.Sprint("lab", i), Site: "lab-a",
+			Lent: p2p.Resources{Cores: 4, MemBytes: 8 << 30}, Addrs: []string{"/ip4/127.0.0.1/tcp/9/p2p/" + k.PeerID().String()},
+			Software: p2p.Software{OS: "linux"}}
+		data, err := p2p.Seal(k, chain, p2p.TypeOffer, o, 1, exp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := topic.Publish(ctx, data, pubsub.WithSecretKeyAndPeerId(k.PrivKey(), k.PeerID())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 20*time.Second, "the lender's book to hold the forty machines", func() bool { return node.book.Len() >= machines })
+	want := lender.PaceFor(node.book.Len(), node.cfg.P2P.Pace())
+	if want.Interval < 40*time.Second {
+		t.Fatalf("PaceFor(%d machines) = %s: the test's market is too small to stretch the pace", node.book.Len(), want.Interval)
+	}
+	eventually(t, 30*time.Second, "lend to report the stretched pace", func() bool {
+		st, err := node.client.Lend(ctx)
+		return err == nil && time.Duration(st.AnnounceEveryS)*time.Second == want.Interval && time.Duration(st.OfferTTLS)*time.Second == want.TTL
+	})
+	time.Sleep(time.Second) // the announcement that took the new pace
+	quiet := time.Now()
+	time.Sleep(15 * time.Second)
+	if got := heard(quiet); len(got) > 0 {
+		t.Fatalf("the lender announced %d times in 15 s with %d machines in its book; want every %s", len(got), node.book.Len(), want.Interval)
+	}
+	// The announcement that took the new pace carries the stretched TTL,
+	// so peers keep the offer between announcements.
+	var last *announcement
+	for _, a := range heard(flood) {
+		if a.expires.Sub(a.at) > 11*time.Second {
+			last = &a
+		}
+	}
+	if last == nil {
+		t.Fatal("no announcement since the market grew carries a stretched TTL")
+	}
+	if ttl := last.expires.Sub(last.at); ttl < want.TTL-2*time.Second || ttl > want.TTL+time.Second {
+		t.Fatalf("the stretched offer lives %s; want %s", ttl, want.TTL)
+	}
+	if time.Since(last.at) < 12*time.Second || !hasOffer(peerNode, me) {
+		t.Fatalf("a peer dropped the lender's offer %s after its last announcement", time.Since(last.at).Round(time.Second))
+	}
+}
