@@ -49,14 +49,14 @@ type result struct {
 	NetBudget      float64         `json:"net_budget_kbit_s"`
 	Samples        []sample        `json:"samples"`
 	FitFrom        []int           `json:"fit_from_nodes"`
-	Fits           map[string]line `json:"fits"` // per node per minute, against offers announced per minute in the market
+	Fits           map[string]line `json:"fits"`      // per node per minute, against offers announced per minute in the market
 	Estimates      []estimate      `json:"estimates"` // every machine re-announcing every announce_interval
 	// Paced is the same at the node's default pace (announce_budget).
-	Paced          []estimate      `json:"estimates_at_default_pace"`
-	AnnounceBudget float64         `json:"announce_budget_per_min"` // the node's default
-	SwarmBudget    float64         `json:"swarm_budget_per_min"`    // what the runs kept to
-	Suggested      float64         `json:"interval_for_budget_at_10k_s"` // 0: the default interval fits
-	FitBound       bool            `json:"fit_from_cpu_bound_runs"`      // fewer than two runs were not CPU-bound
+	Paced          []estimate `json:"estimates_at_default_pace"`
+	AnnounceBudget float64    `json:"announce_budget_per_min"`      // the node's default
+	SwarmBudget    float64    `json:"swarm_budget_per_min"`         // what the runs kept to
+	Suggested      float64    `json:"interval_for_budget_at_10k_s"` // 0: the default interval fits
+	FitBound       bool       `json:"fit_from_cpu_bound_runs"`      // fewer than two runs were not CPU-bound
 }
 
 // estimate is the model's figures for a lab machine in a market of Nodes.
