@@ -1,13 +1,17 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/deepmarket/deepmarket/identity"
 	"github.com/deepmarket/deepmarket/node/api"
@@ -162,4 +166,106 @@ func TestAnnouncePaceStretchesWithTheMarket(t *testing.T) {
 	if time.Since(last.at) < 12*time.Second || !hasOffer(peerNode, me) {
 		t.Fatalf("a peer dropped the lender's offer %s after its last announcement", time.Since(last.at).Round(time.Second))
 	}
+}
+
+// A node that joins a market whose machines announce slowly copies the
+// offer book of the peers it meets, instead of waiting for each machine's
+// next announcement. Thirty machines the ledger backs announced once,
+// before it started, and never again; a hostile peer serves a book of
+// forged, altered, expired and foreign offers whose pages never end. The
+// newcomer holds the thirty, and nothing of the hostile book.
+func TestNewNodeCopiesTheOfferBook(t *testing.T) {
+	chain := testNet(t)
+	ctx := t.Context()
+	const machines = 30
+	keys := make([]*identity.Key, machines)
+	members := make([]identity.Address, machines)
+	for i := range keys {
+		k, err := identity.GenerateKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[i], members[i] = k, k.Address()
+	}
+	homes := initNetwork(t, t.TempDir(), chain, []string{"first", "newcomer"}, members...)
+	first := startNode(t, homes[0])
+	pub := newRawPeer(t, ctx, chain, first)
+	topic, _ := pub.join(t, p2p.OffersTopic(chain))
+	eventually(t, 10*time.Second, "the machines' peer on the first node's offers topic", func() bool { return len(topic.ListPeers()) > 0 })
+	offerOf := func(k *identity.Key, moniker string) *p2p.Offer {
+		return &p2p.Offer{Machine: k.PeerID().String(), Owner: string(k.Address()), Moniker: moniker, Site: "lab-a",
+			Lent: p2p.Resources{Cores: 4, MemBytes: 8 << 30}, Addrs: []string{"/ip4/127.0.0.1/tcp/9/p2p/" + k.PeerID().String()},
+			Software: p2p.Software{OS: "linux"}}
+	}
+	for i, k := range keys {
+		data, err := p2p.Seal(k, chain, p2p.TypeOffer, offerOf(k, fmt.Sprint("lab", i)), 1, time.Now().Add(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := topic.Publish(ctx, data, pubsub.WithSecretKeyAndPeerId(k.PrivKey(), k.PeerID())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 20*time.Second, "the first node to hold the thirty machines", func() bool { return first.book.Len() == machines })
+
+	// The hostile peer's book: a machine the ledger does not back, a
+	// backed machine's offer altered after signing, one expired, one
+	// signed for another network; page after page, never past "1".
+	evil := newRawPeer(t, ctx, chain)
+	stranger, _ := identity.GenerateKey()
+	seal := func(k *identity.Key, chainID, moniker string, seq uint64, exp time.Time) []byte {
+		data, err := p2p.Seal(k, chainID, p2p.TypeOffer, offerOf(k, moniker), seq, exp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	altered := bytes.Replace(seal(keys[0], chain, "forged-moniker", 9, time.Now().Add(time.Hour)), []byte("forged-moniker"), []byte("FORGED-moniker"), 1)
+	hostile := [][]byte{
+		seal(stranger, chain, "forged-stranger", 1, time.Now().Add(time.Hour)),
+		altered,
+		seal(keys[1], chain, "forged-expired", 9, time.Now().Add(-time.Minute)),
+		seal(keys[2], "another-network", "forged-foreign", 9, time.Now().Add(time.Hour)),
+	}
+	var served atomic.Int32
+	evil.rpc.Handle(p2p.BookProtocol(chain), func(context.Context, peer.ID, *p2p.Envelope) (string, any, error) {
+		served.Add(1)
+		return p2p.TypeBookPage, p2p.BookPage{Offers: hostile, Next: "1"}, nil
+	})
+
+	late := startNode(t, homes[1], withBootstrap(first.addr()))
+	if err := evil.rpc.Host.Connect(ctx, peer.AddrInfo{ID: late.Host().ID(), Addrs: late.Host().Addrs()}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the newcomer to copy the thirty machines", func() bool { return late.book.Len() >= machines })
+	eventually(t, 30*time.Second, "the newcomer to ask the hostile peer too", func() bool { return served.Load() > 0 })
+	time.Sleep(time.Second)
+	if n := served.Load(); n > 2 {
+		t.Errorf("the newcomer fetched %d pages of a book that made no progress; want it to stop after the second", n)
+	}
+	held := late.Offers()
+	if len(held) != machines {
+		t.Errorf("the newcomer holds %d offers, want the %d machines'", len(held), machines)
+	}
+	for _, o := range held {
+		if strings.HasPrefix(o.Moniker, "forged") || strings.HasPrefix(o.Moniker, "FORGED") {
+			t.Errorf("the newcomer holds the hostile book's %+v", o)
+		}
+	}
+	// Gossip still works after the copy: a machine's next announcement
+	// (a later sequence) replaces the copied one, and is not taken for a
+	// replay.
+	k := keys[3]
+	data := seal(k, chain, "lab3-renamed", 2, time.Now().Add(time.Hour))
+	if err := topic.Publish(ctx, data, pubsub.WithSecretKeyAndPeerId(k.PrivKey(), k.PeerID())); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "the newcomer to take the machine's next announcement", func() bool {
+		for _, o := range late.Offers() {
+			if o.Moniker == "lab3-renamed" {
+				return true
+			}
+		}
+		return false
+	})
 }

@@ -173,6 +173,7 @@ func (n *Node) startMarket(psCtx context.Context) (err error) {
 	n.rpc = &p2p.RPC{Host: n.host, Key: n.key, ChainID: n.cfg.Node.ChainID, Logger: n.log.With("module", "rpc")}
 	n.rpc.Handle(p2p.ReserveProtocol(n.cfg.Node.ChainID), n.desk.Handle)
 	n.rpc.Handle(p2p.QuoteProtocol(n.cfg.Node.ChainID), n.quotes.Handle)
+	n.serveBook()
 	return nil
 }
 
@@ -228,6 +229,7 @@ func (n *Node) runServices(gctx context.Context, g *errgroup.Group, disc *p2p.Di
 			n.onBid(r)
 		})
 	})
+	g.Go(func() error { return n.syncBook(gctx) })
 	g.Go(func() error { return n.lender.Run(gctx) })
 	g.Go(func() error { return n.quoter.Run(gctx) })
 	g.Go(func() error { return n.store.Run(gctx) })

@@ -7,6 +7,7 @@ package node
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"time"
 
 	"github.com/deepmarket/deepmarket/ledger"
@@ -93,3 +94,68 @@ func (n *Node) sendQuote(ctx context.Context, bidder peer.ID, q p2p.Quote) error
 }
 
 var _ api.Scheduling = (*Node)(nil)
+
+// bookPagesPerMinute is what one peer may fetch of this node's offer book:
+// a book of 20,000 offers is about 300 pages.
+const bookPagesPerMinute = 600
+
+// serveBook answers peers' book requests (p2p.BookServer).
+func (n *Node) serveBook() {
+	srv := &p2p.BookServer{Entries: n.book.Entries, PagesPerMinute: bookPagesPerMinute}
+	n.rpc.Handle(p2p.BookProtocol(n.cfg.Node.ChainID), srv.Handle)
+}
+
+// bookSources is how many peers' books a starting node copies.
+const bookSources = 2
+
+// syncBook fills the offer book of a node that just started from the
+// books of up to two peers that serve theirs: in a big market machines
+// re-announce only every few minutes (lender.PaceFor), so gossip alone
+// would take that long to show the market. Each offer is checked as a
+// gossiped one is; a peer may withhold offers, not forge them. It tries
+// for two minutes, as peers connect.
+func (n *Node) syncBook(ctx context.Context) error {
+	proto := p2p.BookProtocol(n.cfg.Node.ChainID)
+	tried := map[peer.ID]bool{}
+	synced := 0
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	for deadline := time.Now().Add(2 * time.Minute); synced < bookSources && time.Now().Before(deadline); t.Reset(3 * time.Second) {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		peers := n.host.Network().Peers()
+		rand.Shuffle(len(peers), func(i, j int) { peers[i], peers[j] = peers[j], peers[i] })
+		for _, p := range peers {
+			if synced >= bookSources || tried[p] {
+				continue
+			}
+			if ok, _ := n.host.Peerstore().SupportsProtocols(p, proto); len(ok) == 0 {
+				continue // not (yet) identified as a node
+			}
+			tried[p] = true
+			added, bad := 0, 0
+			got, err := p2p.FetchBook(ctx, n.rpc, p, n.cfg.Market.MaxOffers, func(raw []byte) {
+				now := time.Now()
+				rec, err := n.gossip.CheckOffer(raw, now)
+				if err != nil {
+					bad++
+					return
+				}
+				if n.book.Apply(rec, now) {
+					added++
+				}
+			})
+			log := n.log.With("module", "market", "peer", p, "offers", got, "kept", added, "refused", bad)
+			if err != nil {
+				log.Warn("copying a peer's offer book", "err", err)
+				continue
+			}
+			log.Info("copied a peer's offer book")
+			synced++
+		}
+	}
+	return nil
+}

@@ -337,3 +337,9 @@ func (d *deliveries) score(p peer.ID) float64 {
 // Tracked is how many signers' sequences the validators remember (tests
 // and diagnostics: keys the ledger does not back must add none).
 func (g *Gossip) Tracked() int { return g.validator.Tracked() }
+
+// CheckOffer checks an offer from a peer's offer book as the offers
+// topic's validator would (Validator.CheckOffer).
+func (g *Gossip) CheckOffer(data []byte, now time.Time) (*Received, error) {
+	return g.validator.CheckOffer(data, now)
+}

@@ -190,6 +190,33 @@ func NewValidator(chainID string, admit Admission) *Validator {
 // and before anything is remembered of the signer, so messages of keys it
 // does not back cost a decode and a lookup, and no memory.
 func (v *Validator) Validate(topic string, data []byte, author peer.ID, now time.Time) (*Received, error) {
+	rec, err := v.check(topic, data, author, now)
+	if err != nil {
+		return nil, err
+	}
+	if err := v.advance(seqKey{topic, rec.Signer}, rec.Seq, now); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// CheckOffer checks an offer that did not come by gossip (a peer's offer
+// book, see FetchBook) as Validate would, but records nothing: the same
+// offer may still arrive by gossip, from a peer that must not be scored
+// for a replay. The book that applies it ignores a sequence it has seen.
+func (v *Validator) CheckOffer(data []byte, now time.Time) (*Received, error) {
+	rec, err := v.check(OffersTopic(v.chainID), data, "", now)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Type != TypeOffer {
+		return nil, fmt.Errorf("%w: %q in an offer book", ErrUnknownType, rec.Type)
+	}
+	return rec, nil
+}
+
+// check is Validate without the replay check.
+func (v *Validator) check(topic string, data []byte, author peer.ID, now time.Time) (*Received, error) {
 	kinds, ok := v.kinds[topic]
 	if !ok {
 		return nil, fmt.Errorf("%w: topic %q", ErrUnknownType, topic)
@@ -225,9 +252,6 @@ func (v *Validator) Validate(topic string, data []byte, author peer.ID, now time
 		if err := kind.admit(v.admit, env, payload); err != nil {
 			return nil, err
 		}
-	}
-	if err := v.advance(seqKey{topic, signer}, env.Seq, now); err != nil {
-		return nil, err
 	}
 	return &Received{Topic: topic, Signer: signer, Type: env.Type, Seq: env.Seq, Expiry: env.ExpiresAt(), Payload: payload, Raw: data}, nil
 }

@@ -16,6 +16,7 @@ type HeldOffer struct {
 	Seq      uint64
 	Expires  time.Time
 	Received time.Time
+	Raw      []byte // the signed offer as it came, for peers syncing their books
 }
 
 // OfferBook is the market as this node sees it: the latest valid offer of
@@ -69,7 +70,7 @@ func (b *OfferBook) Apply(rec *p2p.Received, now time.Time) bool {
 		}
 		delete(b.withdrawn, rec.Signer)
 		b.removeLocked(rec.Signer)
-		b.offers[rec.Signer] = HeldOffer{Offer: *m, Seq: rec.Seq, Expires: rec.Expiry, Received: now}
+		b.offers[rec.Signer] = HeldOffer{Offer: *m, Seq: rec.Seq, Expires: rec.Expiry, Received: now, Raw: rec.Raw}
 		b.owners[m.Owner]++
 	case *p2p.Withdrawal:
 		if cur, ok := b.offers[rec.Signer]; ok && cur.Seq < rec.Seq {
@@ -105,6 +106,19 @@ func (b *OfferBook) Len() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return len(b.offers)
+}
+
+// Entries are the live offers as signed, sorted by machine: what a peer
+// syncing its book is served (p2p.BookServer).
+func (b *OfferBook) Entries(now time.Time) []p2p.BookEntry {
+	held := b.List(now)
+	out := make([]p2p.BookEntry, 0, len(held))
+	for _, o := range held {
+		if len(o.Raw) > 0 {
+			out = append(out, p2p.BookEntry{Machine: o.Offer.Machine, Raw: o.Raw})
+		}
+	}
+	return out
 }
 
 // Refused counts the offers refused for lack of room.
