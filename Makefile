@@ -74,7 +74,7 @@ bench-p2p: build ## Gossip: propagation over 50 nodes, validation rate, idle nod
 	$(GO) run ./bench/p2p -bin $(BIN) -out bench/results/p2p.json
 
 .PHONY: bench-gossip
-bench-gossip: ## Offer gossip per node (bytes, CPU, validations a minute) in 50-300 in-process nodes, extrapolated to 10,000 machines (~6 min); report in bench/results/gossip
+bench-gossip: ## Offer gossip per node (bytes, CPU, validations a minute) in 50-300 in-process nodes at the node's pace, extrapolated to 10,000 machines beside a fixed 30 s interval; how soon a newcomer sees the market, gossip alone vs copying books (~8 min); report in bench/results/gossip
 	$(GO) run ./bench/gossip -out bench/results/gossip
 
 .PHONY: bench-ledger

@@ -112,8 +112,9 @@ const bookSources = 2
 // books of up to two peers that serve theirs: in a big market machines
 // re-announce only every few minutes (lender.PaceFor), so gossip alone
 // would take that long to show the market. Each offer is checked as a
-// gossiped one is; a peer may withhold offers, not forge them. It tries
-// for two minutes, as peers connect.
+// gossiped one is; a peer may withhold offers, not forge them, and one
+// whose book gave nothing valid does not count. It tries for two
+// minutes, as peers connect.
 func (n *Node) syncBook(ctx context.Context) error {
 	proto := p2p.BookProtocol(n.cfg.Node.ChainID)
 	tried := map[peer.ID]bool{}
@@ -137,24 +138,29 @@ func (n *Node) syncBook(ctx context.Context) error {
 			}
 			tried[p] = true
 			added, bad := 0, 0
-			got, err := p2p.FetchBook(ctx, n.rpc, p, n.cfg.Market.MaxOffers, func(raw []byte) {
+			got, err := p2p.FetchBook(ctx, n.rpc, p, n.cfg.Market.MaxOffers, func(raw []byte) bool {
 				now := time.Now()
 				rec, err := n.gossip.CheckOffer(raw, now)
 				if err != nil {
 					bad++
-					return
+					return bad < 64 || bad < added // a peer serving mostly junk is left
 				}
 				if n.book.Apply(rec, now) {
 					added++
 				}
+				return true
 			})
 			log := n.log.With("module", "market", "peer", p, "offers", got, "kept", added, "refused", bad)
-			if err != nil {
+			switch {
+			case err != nil:
 				log.Warn("copying a peer's offer book", "err", err)
-				continue
+			case added == 0:
+				// An empty book, or one of junk: another peer may do better.
+				log.Info("a peer's offer book gave nothing")
+			default:
+				log.Info("copied a peer's offer book")
+				synced++
 			}
-			log.Info("copied a peer's offer book")
-			synced++
 		}
 	}
 	return nil

@@ -71,17 +71,21 @@ func PageAfter(entries []BookEntry, after string) BookPage {
 }
 
 // BookServer answers book requests from a node's offer book, with a
-// budget per peer so nobody makes the node page through its book
-// without end.
+// budget per peer and one for all peers together, so nobody makes the
+// node page through its book without end (peer IDs cost nothing).
 type BookServer struct {
 	// Entries is the book now, sorted by machine.
 	Entries func(now time.Time) []BookEntry
 	// PagesPerMinute each peer may fetch (with a burst of as many); a
-	// whole book of 20,000 offers is about 300 pages.
+	// whole book of 20,000 offers is about 300 pages. All peers together
+	// may fetch twice as many.
 	PagesPerMinute int
 
-	mu    sync.Mutex
-	peers map[peer.ID]*rate.Limiter
+	mu      sync.Mutex
+	peers   map[peer.ID]*rate.Limiter
+	all     *rate.Limiter
+	entries []BookEntry // the book as of built, for a second
+	built   time.Time
 }
 
 // maxBookPeers bounds the per-peer budgets remembered.
@@ -96,32 +100,45 @@ func (b *BookServer) Handle(_ context.Context, from peer.ID, env *Envelope) (str
 	if err := Unmarshal(env.Payload, &req); err != nil {
 		return "", nil, err
 	}
-	if !b.allow(from) {
-		return "", nil, errors.New("book pages over this peer's budget")
+	entries, ok := b.allow(from, time.Now())
+	if !ok {
+		return "", nil, errors.New("book pages over budget")
 	}
-	return TypeBookPage, PageAfter(b.Entries(time.Now()), req.After), nil
+	return TypeBookPage, PageAfter(entries, req.After), nil
 }
 
-func (b *BookServer) allow(p peer.ID) bool {
+// allow spends a page of p's budget and of everyone's, and returns the
+// book: a copy at most a second old, so paging through it does not sort
+// the book for every page.
+func (b *BookServer) allow(p peer.ID, now time.Time) ([]BookEntry, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	per := max(b.PagesPerMinute, 1)
 	if b.peers == nil || len(b.peers) >= maxBookPeers {
 		b.peers = map[peer.ID]*rate.Limiter{}
 	}
+	if b.all == nil {
+		b.all = rate.NewLimiter(rate.Limit(float64(2*per)/60), 2*per)
+	}
 	l, ok := b.peers[p]
 	if !ok {
-		per := max(b.PagesPerMinute, 1)
 		l = rate.NewLimiter(rate.Limit(float64(per)/60), per)
 		b.peers[p] = l
 	}
-	return l.Allow()
+	if !l.AllowN(now, 1) || !b.all.AllowN(now, 1) {
+		return nil, false
+	}
+	if b.entries == nil || now.Sub(b.built) > time.Second {
+		b.entries, b.built = b.Entries(now), now
+	}
+	return b.entries, true
 }
 
 // FetchBook pages through p's offer book, handing each signed offer to
-// each, until the book ends, max offers came or p stops making progress
-// (a page whose Next is not past its After). It reports how many offers
-// came.
-func FetchBook(ctx context.Context, rpc *RPC, p peer.ID, max int, each func(raw []byte)) (int, error) {
+// each, until the book ends, max offers came, each returns false, or p
+// stops making progress (a page whose Next is not past its After). It
+// reports how many offers came.
+func FetchBook(ctx context.Context, rpc *RPC, p peer.ID, max int, each func(raw []byte) bool) (int, error) {
 	after, got := "", 0
 	for {
 		var page BookPage
@@ -132,8 +149,10 @@ func FetchBook(ctx context.Context, rpc *RPC, p peer.ID, max int, each func(raw 
 			if got >= max {
 				return got, nil
 			}
-			each(raw)
 			got++
+			if !each(raw) {
+				return got, nil
+			}
 		}
 		if page.Next == "" {
 			return got, nil

@@ -83,20 +83,34 @@ func TestFetchBook(t *testing.T) {
 		}
 	}
 	var got [][]byte
-	n, err := FetchBook(t.Context(), client, server.Host.ID(), 1000, func(raw []byte) { got = append(got, raw) })
+	n, err := FetchBook(t.Context(), client, server.Host.ID(), 1000, func(raw []byte) bool { got = append(got, raw); return true })
 	if err != nil || n != len(book) || len(got) != len(book) {
 		t.Fatalf("fetched %d offers (%d handed on), %v; want %d", n, len(got), err, len(book))
 	}
 	// The budget: as many pages a minute as the book has, spent above.
-	if _, err := FetchBook(t.Context(), client, server.Host.ID(), 1000, func([]byte) {}); err == nil {
+	if _, err := FetchBook(t.Context(), client, server.Host.ID(), 1000, func([]byte) bool { return true }); err == nil {
 		t.Fatal("a peer fetched more pages than its budget")
 	}
+	// All peers together may fetch twice one peer's budget: fresh keys
+	// cost nothing.
+	small := &BookServer{Entries: func(time.Time) []BookEntry { return book[:1] }, PagesPerMinute: 1}
+	server.Handle(BookProtocol(testChain), small.Handle)
+	for i, c := range []*RPC{client, rpcHost(t, 4), rpcHost(t, 5)} {
+		if err := c.Host.Connect(t.Context(), peer.AddrInfo{ID: server.Host.ID(), Addrs: server.Host.Addrs()}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := FetchBook(t.Context(), c, server.Host.ID(), 1000, func([]byte) bool { return true })
+		if (err == nil) != (i < 2) {
+			t.Fatalf("peer %d of 3 with one page a minute each, two in all: %v", i+1, err)
+		}
+	}
 	// max bounds what one peer may hand over.
-	srv.PagesPerMinute, srv.peers = 100, nil
-	if n, err := FetchBook(t.Context(), client, server.Host.ID(), 10, func([]byte) {}); err != nil || n != 10 {
+	server.Handle(BookProtocol(testChain), srv.Handle)
+	srv.PagesPerMinute, srv.peers, srv.all = 100, nil, nil
+	if n, err := FetchBook(t.Context(), client, server.Host.ID(), 10, func([]byte) bool { return true }); err != nil || n != 10 {
 		t.Fatalf("fetched %d offers with max 10: %v", n, err)
 	}
-	n, err = FetchBook(t.Context(), client, loop.Host.ID(), 1000, func([]byte) {})
+	n, err = FetchBook(t.Context(), client, loop.Host.ID(), 1000, func([]byte) bool { return true })
 	if !errors.Is(err, ErrOutOfRange) || calls != 2 || n != 2 {
 		t.Fatalf("a peer that makes no progress: %d offers in %d calls, %v", n, calls, err)
 	}

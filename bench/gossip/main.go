@@ -56,6 +56,7 @@ type result struct {
 	AnnounceBudget float64    `json:"announce_budget_per_min"`      // the node's default
 	SwarmBudget    float64    `json:"swarm_budget_per_min"`         // what the runs kept to
 	Suggested      float64    `json:"interval_for_budget_at_10k_s"` // 0: the default interval fits
+	Joined         *joined    `json:"newcomer,omitempty"`           // the largest run's newcomers
 	FitBound       bool       `json:"fit_from_cpu_bound_runs"`      // fewer than two runs were not CPU-bound
 }
 
@@ -102,16 +103,22 @@ func main() {
 	res.OfferBytes = len(sealed)
 	res.MessageIDBytes = len(key(0).PeerID()) + 8 + 2
 	rng := rand.New(rand.NewPCG(11, 11))
-	for _, r := range runs {
+	for i, r := range runs {
+		r.Join = i == len(runs)-1
 		r.Degree = min(*degree, r.Nodes-1)
 		r.Warmup = *warmup
 		// Whole intervals: every node announces the same number of times
 		// in the window, whatever its phase.
 		r.Window = time.Duration(math.Ceil(float64(*window)/float64(r.Interval))) * r.Interval
 		log.Printf("%d nodes re-announcing every %s: connecting, %s warm-up, %s measured", r.Nodes, r.Interval, r.Warmup, r.Window)
-		s, err := measure(r, rng)
+		s, j, err := measure(r, rng)
 		if err != nil {
 			log.Fatalf("%d nodes: %v", r.Nodes, err)
+		}
+		if j != nil {
+			res.Joined = j
+			log.Printf("a newcomer to %d nodes held 95%% of the offers after %.1f s by gossip, %.2f s copying two books (%d offers, %.1f ms a page)",
+				r.Nodes, j.GossipS, j.CopyS, j.Copied, j.CopyPage)
 		}
 		log.Printf("%d nodes: %.0f KiB sent, %.2f CPU s, %.0f validated per node per minute; delivered %.1f%%, process %.2f cores, machine %.0f%% busy",
 			r.Nodes, s.SentBytes/1024, s.CPUSeconds, s.Validated, 100*s.Delivered, s.ProcessCPU, 100*s.MachineBusy)

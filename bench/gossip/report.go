@@ -9,6 +9,7 @@ import (
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
 
 	"github.com/deepmarket/deepmarket/node"
+	"github.com/deepmarket/deepmarket/p2p"
 )
 
 // tables are the measured runs and the extrapolation, as markdown (they
@@ -62,6 +63,9 @@ func (r *result) tables() string {
 		fmt.Fprintf(&b, "| %d | +%.0f | +%.0f |\n", p.Nodes, extra(64), extra(192))
 	}
 	fmt.Fprintf(&b, "\n%s\n", r.verdict())
+	if j := r.Joined; j != nil {
+		b.WriteString(r.joinedTable(j))
+	}
 	return b.String()
 }
 
@@ -111,6 +115,41 @@ func (r *result) verdict() string {
 	}
 	return s + " The cost of the stretched TTL: a machine that goes away without withdrawing (a crash, a cut cable) stays on the market until its offer expires; " +
 		"a scheduler whose hold it does not answer sets it aside meanwhile."
+}
+
+// joinedTable is how soon a newcomer sees the market, measured and at
+// the default pace.
+func (r *result) joinedTable(j *joined) string {
+	var b strings.Builder
+	show := func(v float64) string {
+		if v < 0 {
+			return "not within the wait"
+		}
+		return fmt.Sprintf("%.2f s", v)
+	}
+	fmt.Fprintf(&b, "\nJoining the market: two nodes join the %d-node swarm at once (re-announcing every %s), side by side: "+
+		"one by gossip alone, one also copying two peers' offer books as a starting node does. Time until each held 95%% of the machines' offers:\n\n",
+		j.Nodes, secs(j.IntervalS))
+	b.WriteString("| | gossip alone | copying two books | ratio |\n|---|---:|---:|---:|\n")
+	ratio := "-"
+	if j.GossipS > 0 && j.CopyS > 0 {
+		ratio = fmt.Sprintf("%.0fx", j.GossipS/j.CopyS)
+	}
+	fmt.Fprintf(&b, "| measured, %d machines | %s | %s | %s |\n", j.Nodes, show(j.GossipS), show(j.CopyS), ratio)
+	for _, p := range r.Paced {
+		if p.Nodes != 10_000 { // past 20,000 (max_offers) no book holds the market
+			continue
+		}
+		// Gossip alone: 95% of the machines announce within 0.95 of an
+		// interval. The copy: one book's pages, at the measured time a page.
+		perPage := float64(p2p.MaxEnvelopeSize-4<<10) / float64(r.OfferBytes+8)
+		copyS := math.Ceil(float64(p.Nodes)/perPage) * j.CopyPage / 1000
+		fmt.Fprintf(&b, "| estimated, %d machines at the default pace (every %s) | %s | %.1f s | %.0fx |\n",
+			p.Nodes, secs(p.IntervalS), secs(math.Round(0.95*p.IntervalS)), copyS, 0.95*p.IntervalS/copyS)
+	}
+	fmt.Fprintf(&b, "\nThe copy took %.1f ms a page (about %d offers) over loopback; over a WAN add a round trip a page. "+
+		"The estimate at 10,000 machines is that time a page for one book's pages.\n", j.CopyPage, int(float64(p2p.MaxEnvelopeSize-4<<10)/float64(r.OfferBytes+8)))
+	return b.String()
 }
 
 // secs prints seconds as a duration.

@@ -32,6 +32,7 @@ type run struct {
 	TTL      time.Duration
 	Warmup   time.Duration // after every node is connected, before measuring
 	Window   time.Duration // how long to measure
+	Join     bool          // then have two newcomers join (see newcomers)
 }
 
 // sample is what one run measured, per node and per minute of the window.
@@ -137,7 +138,7 @@ func offer(k *identity.Key, i int) *p2p.Offer {
 // connections each), has every node re-announce its offer every
 // r.Interval from a random phase, and measures the process over r.Window
 // after r.Warmup.
-func measure(r run, rng *rand.Rand) (sample, error) {
+func measure(r run, rng *rand.Rand) (sample, *joined, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	reg := prometheus.NewRegistry()
@@ -154,13 +155,13 @@ func measure(r run, rng *rand.Rand) (sample, error) {
 	for i, m := range members {
 		h, err := p2p.NewHost(p2p.HostParams{Key: m.key, Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Version: "bench"})
 		if err != nil {
-			return sample{}, fmt.Errorf("node %d: %w", i, err)
+			return sample{}, nil, fmt.Errorf("node %d: %w", i, err)
 		}
 		m.host = h
 		defer closers.Go(func() { h.Close() })
 		if m.gossip, err = p2p.NewGossip(ctx, p2p.GossipParams{Host: h, Key: m.key, ChainID: chain, Metrics: metrics, Admission: admit,
 			ScoreInspect: m.inspect, ScoreInspectPeriod: 5 * time.Second}); err != nil {
-			return sample{}, fmt.Errorf("node %d: %w", i, err)
+			return sample{}, nil, fmt.Errorf("node %d: %w", i, err)
 		}
 	}
 	links := 0
@@ -186,18 +187,33 @@ func measure(r run, rng *rand.Rand) (sample, error) {
 		}
 	}
 	if err := dials.Wait(); err != nil {
-		return sample{}, fmt.Errorf("connect: %w", err)
+		return sample{}, nil, fmt.Errorf("connect: %w", err)
 	}
 
 	var loops sync.WaitGroup
 	defer loops.Wait()
 	defer cancel() // runs before loops.Wait
+	// Two members keep their books as signed and serve them, for the
+	// newcomers.
+	books := []*keeper{{seen: map[string][]byte{}}, {seen: map[string][]byte{}}}
+	for i, b := range books {
+		m := members[i]
+		rpc := &p2p.RPC{Host: m.host, Key: m.key, ChainID: chain}
+		rpc.Handle(p2p.BookProtocol(chain), (&p2p.BookServer{Entries: b.entries, PagesPerMinute: 600}).Handle)
+	}
 	for i, m := range members {
 		self := m.key.PeerID()
+		var book *keeper
+		if i < len(books) {
+			book = books[i]
+		}
 		loops.Go(func() {
 			m.gossip.Offers().Run(ctx, func(rec *p2p.Received) {
 				if rec.Signer != self {
 					m.accepted.Add(1)
+				}
+				if book != nil {
+					book.add(rec)
 				}
 			})
 		})
@@ -209,12 +225,12 @@ func measure(r run, rng *rand.Rand) (sample, error) {
 
 	before, err := snapshot(reg, members)
 	if err != nil {
-		return sample{}, err
+		return sample{}, nil, err
 	}
 	time.Sleep(r.Window)
 	after, err := snapshot(reg, members)
 	if err != nil {
-		return sample{}, err
+		return sample{}, nil, err
 	}
 
 	n := float64(r.Nodes)
@@ -246,7 +262,14 @@ func measure(r run, rng *rand.Rand) (sample, error) {
 		s.NegativeScore = float64(negative) / float64(scored)
 	}
 	s.Contended = s.contended(runtime.NumCPU())
-	return s, nil
+	if !r.Join {
+		return s, nil, nil
+	}
+	j, err := newcomers(ctx, r, members, books, admit, rng, r.Interval+r.Interval/5+10*time.Second)
+	if err != nil {
+		return s, nil, fmt.Errorf("newcomers: %w", err)
+	}
+	return s, &j, nil
 }
 
 // announce publishes o every interval, the first time after phase, until
