@@ -72,15 +72,7 @@ func TestAnnouncePaceStretchesWithTheMarket(t *testing.T) {
 	chain := testNet(t)
 	ctx := t.Context()
 	const machines = 40
-	keys := make([]*identity.Key, machines)
-	members := make([]identity.Address, machines)
-	for i := range keys {
-		k, err := identity.GenerateKey()
-		if err != nil {
-			t.Fatal(err)
-		}
-		keys[i], members[i] = k, k.Address()
-	}
+	keys, members := memberKeys(t, machines)
 	homes := initNetwork(t, t.TempDir(), chain, []string{"lender", "peer"}, members...)
 	pace := func(c *Config) {
 		c.P2P.AnnounceInterval = Duration{2 * time.Second}
@@ -123,16 +115,7 @@ func TestAnnouncePaceStretchesWithTheMarket(t *testing.T) {
 	flood := time.Now()
 	exp := flood.Add(time.Hour)
 	for i, k := range keys {
-		o := &p2p.Offer{Machine: k.PeerID().String(), Owner: string(k.Address()), Moniker: fmt.Sprint("lab", i), Site: "lab-a",
-			Lent: p2p.Resources{Cores: 4, MemBytes: 8 << 30}, Addrs: []string{"/ip4/127.0.0.1/tcp/9/p2p/" + k.PeerID().String()},
-			Software: p2p.Software{OS: "linux"}}
-		data, err := p2p.Seal(k, chain, p2p.TypeOffer, o, 1, exp)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := topic.Publish(ctx, data, pubsub.WithSecretKeyAndPeerId(k.PrivKey(), k.PeerID())); err != nil {
-			t.Fatal(err)
-		}
+		announceAs(t, topic, k, sealedOffer(t, k, chain, fmt.Sprint("lab", i), 1, exp))
 	}
 	eventually(t, 20*time.Second, "the lender's book to hold the forty machines", func() bool { return node.book.Len() >= machines })
 	want := lender.PaceFor(node.book.Len(), node.cfg.P2P.Pace())
@@ -178,33 +161,14 @@ func TestNewNodeCopiesTheOfferBook(t *testing.T) {
 	chain := testNet(t)
 	ctx := t.Context()
 	const machines = 30
-	keys := make([]*identity.Key, machines)
-	members := make([]identity.Address, machines)
-	for i := range keys {
-		k, err := identity.GenerateKey()
-		if err != nil {
-			t.Fatal(err)
-		}
-		keys[i], members[i] = k, k.Address()
-	}
+	keys, members := memberKeys(t, machines)
 	homes := initNetwork(t, t.TempDir(), chain, []string{"first", "newcomer"}, members...)
 	first := startNode(t, homes[0])
 	pub := newRawPeer(t, ctx, chain, first)
 	topic, _ := pub.join(t, p2p.OffersTopic(chain))
 	eventually(t, 10*time.Second, "the machines' peer on the first node's offers topic", func() bool { return len(topic.ListPeers()) > 0 })
-	offerOf := func(k *identity.Key, moniker string) *p2p.Offer {
-		return &p2p.Offer{Machine: k.PeerID().String(), Owner: string(k.Address()), Moniker: moniker, Site: "lab-a",
-			Lent: p2p.Resources{Cores: 4, MemBytes: 8 << 30}, Addrs: []string{"/ip4/127.0.0.1/tcp/9/p2p/" + k.PeerID().String()},
-			Software: p2p.Software{OS: "linux"}}
-	}
 	for i, k := range keys {
-		data, err := p2p.Seal(k, chain, p2p.TypeOffer, offerOf(k, fmt.Sprint("lab", i)), 1, time.Now().Add(time.Hour))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := topic.Publish(ctx, data, pubsub.WithSecretKeyAndPeerId(k.PrivKey(), k.PeerID())); err != nil {
-			t.Fatal(err)
-		}
+		announceAs(t, topic, k, sealedOffer(t, k, chain, fmt.Sprint("lab", i), 1, time.Now().Add(time.Hour)))
 	}
 	eventually(t, 20*time.Second, "the first node to hold the thirty machines", func() bool { return first.book.Len() == machines })
 
@@ -213,19 +177,12 @@ func TestNewNodeCopiesTheOfferBook(t *testing.T) {
 	// signed for another network; page after page, never past "1".
 	evil := newRawPeer(t, ctx, chain)
 	stranger, _ := identity.GenerateKey()
-	seal := func(k *identity.Key, chainID, moniker string, seq uint64, exp time.Time) []byte {
-		data, err := p2p.Seal(k, chainID, p2p.TypeOffer, offerOf(k, moniker), seq, exp)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return data
-	}
-	altered := bytes.Replace(seal(keys[0], chain, "forged-moniker", 9, time.Now().Add(time.Hour)), []byte("forged-moniker"), []byte("FORGED-moniker"), 1)
+	altered := bytes.Replace(sealedOffer(t, keys[0], chain, "forged-moniker", 9, time.Now().Add(time.Hour)), []byte("forged-moniker"), []byte("FORGED-moniker"), 1)
 	hostile := [][]byte{
-		seal(stranger, chain, "forged-stranger", 1, time.Now().Add(time.Hour)),
+		sealedOffer(t, stranger, chain, "forged-stranger", 1, time.Now().Add(time.Hour)),
 		altered,
-		seal(keys[1], chain, "forged-expired", 9, time.Now().Add(-time.Minute)),
-		seal(keys[2], "another-network", "forged-foreign", 9, time.Now().Add(time.Hour)),
+		sealedOffer(t, keys[1], chain, "forged-expired", 9, time.Now().Add(-time.Minute)),
+		sealedOffer(t, keys[2], "another-network", "forged-foreign", 9, time.Now().Add(time.Hour)),
 	}
 	var served atomic.Int32
 	evil.rpc.Handle(p2p.BookProtocol(chain), func(context.Context, peer.ID, *p2p.Envelope) (string, any, error) {
@@ -256,10 +213,7 @@ func TestNewNodeCopiesTheOfferBook(t *testing.T) {
 	// (a later sequence) replaces the copied one, and is not taken for a
 	// replay.
 	k := keys[3]
-	data := seal(k, chain, "lab3-renamed", 2, time.Now().Add(time.Hour))
-	if err := topic.Publish(ctx, data, pubsub.WithSecretKeyAndPeerId(k.PrivKey(), k.PeerID())); err != nil {
-		t.Fatal(err)
-	}
+	announceAs(t, topic, k, sealedOffer(t, k, chain, "lab3-renamed", 2, time.Now().Add(time.Hour)))
 	eventually(t, 20*time.Second, "the newcomer to take the machine's next announcement", func() bool {
 		for _, o := range late.Offers() {
 			if o.Moniker == "lab3-renamed" {
@@ -268,4 +222,41 @@ func TestNewNodeCopiesTheOfferBook(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// memberKeys are n machine keys whose accounts genesis makes members, so
+// the ledger backs their machines.
+func memberKeys(t *testing.T, n int) ([]*identity.Key, []identity.Address) {
+	t.Helper()
+	keys := make([]*identity.Key, n)
+	members := make([]identity.Address, n)
+	for i := range keys {
+		k, err := identity.GenerateKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[i], members[i] = k, k.Address()
+	}
+	return keys, members
+}
+
+// sealedOffer is machine k's offer signed for chainID.
+func sealedOffer(t *testing.T, k *identity.Key, chainID, moniker string, seq uint64, exp time.Time) []byte {
+	t.Helper()
+	o := &p2p.Offer{Machine: k.PeerID().String(), Owner: string(k.Address()), Moniker: moniker, Site: "lab-a",
+		Lent: p2p.Resources{Cores: 4, MemBytes: 8 << 30}, Addrs: []string{"/ip4/127.0.0.1/tcp/9/p2p/" + k.PeerID().String()},
+		Software: p2p.Software{OS: "linux"}}
+	data, err := p2p.Seal(k, chainID, p2p.TypeOffer, o, seq, exp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// announceAs publishes data on topic as machine k's own message.
+func announceAs(t *testing.T, topic *pubsub.Topic, k *identity.Key, data []byte) {
+	t.Helper()
+	if err := topic.Publish(t.Context(), data, pubsub.WithSecretKeyAndPeerId(k.PrivKey(), k.PeerID())); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
 
@@ -55,8 +56,9 @@ const bookPageBytes = MaxEnvelopeSize - 4<<10
 func PageAfter(entries []BookEntry, after string) BookPage {
 	var page BookPage
 	size, last := 0, ""
-	for _, e := range entries {
-		if e.Machine <= after || len(e.Raw)+8 > bookPageBytes {
+	from := sort.Search(len(entries), func(i int) bool { return entries[i].Machine > after })
+	for _, e := range entries[from:] {
+		if len(e.Raw)+8 > bookPageBytes {
 			continue
 		}
 		if size+len(e.Raw)+8 > bookPageBytes {

@@ -102,7 +102,7 @@ func newcomers(ctx context.Context, r run, members []*member, books []*keeper, a
 			copier := sides[1]
 			pages := 0
 			began := time.Now()
-			for _, b := range members[:len(books)] {
+			for bi, b := range members[:len(books)] {
 				_, err := p2p.FetchBook(ctx, rpcs[1], b.host.ID(), 20_000, func(raw []byte) bool {
 					rec, err := g.CheckOffer(raw, time.Now())
 					if err != nil {
@@ -120,7 +120,7 @@ func newcomers(ctx context.Context, r run, members []*member, books []*keeper, a
 				if err != nil {
 					return res, fmt.Errorf("copy a book: %w", err)
 				}
-				pages += pagesOf(books[0].entries(time.Now()))
+				pages += pagesOf(books[bi].entries(time.Now()))
 			}
 			res.CopyPage = float64(time.Since(began).Milliseconds()) / float64(max(pages, 1))
 		}
