@@ -130,6 +130,19 @@ type P2PConfig struct {
 	// ProbeInterval is how often a lending machine measures its links to
 	// the machines whose offers it holds (see p2p.LinkMeter); 0 turns it off.
 	ProbeInterval Duration `toml:"probe_interval"`
+	// NATTraversal turns libp2p's NAT traversal on (AutoNAT, relays, hole
+	// punching: p2p.NewHost).
+	NATTraversal bool `toml:"nat_traversal"`
+	// RelayService is auto (relay for members once AutoNAT finds this node
+	// public), on or off.
+	RelayService string `toml:"relay_service"`
+	// Relays are the static relays a private node reserves a slot on;
+	// empty means the bootstrap peers (the network's seeds).
+	Relays []string `toml:"relays"`
+	// TestnetPublic lists private IPv4 ranges that this node's libp2p
+	// treats as public: for a testnet whose emulated internet uses private
+	// addresses (testnet run --profile nat). Leave it empty elsewhere.
+	TestnetPublic []string `toml:"testnet_public"`
 }
 
 // LedgerConfig configures this node's replica of the credit ledger (an
@@ -230,6 +243,8 @@ func DefaultConfig() Config {
 			AnnounceBudget:   DefaultAnnounceBudget,
 			DiscoverInterval: Duration{30 * time.Second},
 			ProbeInterval:    Duration{15 * time.Minute},
+			NATTraversal:     true,
+			RelayService:     p2p.RelayAuto,
 		},
 		API: APIConfig{Listen: DefaultAPIListen},
 		Ledger: LedgerConfig{
@@ -416,6 +431,21 @@ discover_interval = {{lit .P2P.DiscoverInterval}}
 # machines it sees (up to 32, 256 KiB each) and publishes them in its
 # offer, so quotes can predict a training job's time; "0s" turns it off.
 probe_interval = {{lit .P2P.ProbeInterval}}
+# Behind a NAT (a campus network), libp2p's own traversal lets peers reach
+# this machine: AutoNAT tells whether it is reachable, a private node
+# reserves a slot on a public node's relay and advertises it, and a hole
+# punch turns a relayed connection direct. Only small control messages
+# cross a relay; datasets and training traffic wait for a direct path.
+nat_traversal = {{lit .P2P.NATTraversal}}
+# Relay for the network's members (machines the ledger backs), within
+# limits: "auto" once AutoNAT finds this node public, "on", or "off".
+relay_service = {{lit .P2P.RelayService}}
+# Relays a private node reserves a slot on (multiaddrs with /p2p/ID);
+# empty uses the bootstrap peers, the network's public nodes.
+relays = {{lit .P2P.Relays}}
+# Testnets only: private IPv4 ranges to treat as public addresses, for an
+# emulated internet (testnet run --profile nat). Leave empty.
+testnet_public = {{lit .P2P.TestnetPublic}}
 
 [ledger]
 # This node's replica of the credit ledger, a CometBFT node in the same

@@ -103,6 +103,17 @@ func (c P2PConfig) validate() error {
 	if d := c.ProbeInterval.Duration; d != 0 && (d < 10*time.Second || d > 24*time.Hour) {
 		return configErr("p2p", "probe_interval", "%s: want 0 (off) or between 10s and 24h", c.ProbeInterval)
 	}
+	switch c.RelayService {
+	case p2p.RelayAuto, p2p.RelayOn, p2p.RelayOff:
+	default:
+		return configErr("p2p", "relay_service", "%q: want auto, on or off", c.RelayService)
+	}
+	if _, err := p2p.AddrInfos(c.Relays); err != nil {
+		return configErr("p2p", "relays", "%v", err)
+	}
+	if _, err := c.testnetPublic(); err != nil {
+		return configErr("p2p", "testnet_public", "%v", err)
+	}
 	return nil
 }
 
@@ -305,4 +316,20 @@ func checkMultiaddr(s string) error {
 		return fmt.Errorf("%q is not a multiaddr: %v (e.g. /ip4/0.0.0.0/tcp/7701)", s, err)
 	}
 	return nil
+}
+
+// testnetPublic parses [p2p] testnet_public.
+func (c P2PConfig) testnetPublic() ([]*net.IPNet, error) {
+	var out []*net.IPNet
+	for _, s := range c.TestnetPublic {
+		_, n, err := net.ParseCIDR(s)
+		if err != nil {
+			return nil, fmt.Errorf("%q: want an IPv4 range such as 10.77.0.0/24", s)
+		}
+		if n.IP.To4() == nil || !n.IP.IsPrivate() {
+			return nil, fmt.Errorf("%q: only private IPv4 ranges may be treated as public", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }

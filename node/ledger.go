@@ -53,6 +53,8 @@ func (n *Node) startLedger() error {
 	}
 	n.ledgerApp = app
 	n.reads = app
+	var reads lenderReads = app
+	n.machines.Store(&reads)
 	n.ledger = ledger.NewClient(n.chain.Client(), n.key, n.cfg.Node.ChainID, ledger.WithOutbox(storeOutbox{n.store}))
 	return nil
 }

@@ -63,6 +63,9 @@ type Node struct {
 	exec      *lender.Executor
 	jobs      *submitter.Manager
 	reads     lender.LedgerReads
+	// machines is reads for the relay service's goroutines, which ask
+	// before the ledger has started.
+	machines atomic.Pointer[lenderReads]
 	market    *market.Market
 	prices    *market.PriceHistory
 	mine      myMachines
@@ -111,6 +114,7 @@ func (n *Node) Status() api.Status {
 		Lending: lend.Lending, Offering: lend.Offering, API: n.apiURL,
 		Moniker: n.cfg.Node.Moniker, Site: n.cfg.Node.Site, Version: Version,
 		UptimeS: int64(time.Since(n.started).Seconds()), Offers: len(n.book.List(time.Now())),
+		NAT: p2p.NATOf(n.host),
 	}
 }
 
@@ -136,6 +140,7 @@ func (n *Node) Lend() api.LendState {
 	if n.Inventory().TensorFlow != "" {
 		st.Frameworks = append(st.Frameworks, "tensorflow")
 	}
+	st.NAT = p2p.NATOf(n.host)
 	st.Holds = n.holds.List(now)
 	return st
 }
@@ -250,6 +255,7 @@ func (n *Node) Peers() []api.Peer {
 		out = append(out, api.Peer{
 			PeerID: p.ID.String(), Moniker: p.Moniker, Site: p.Site, Version: p.Version, DeepMarket: p.DeepMkt,
 			LatencyMS: float64(p.Latency.Microseconds()) / 1000, Score: p.Score, Direction: p.Direction, Addrs: p.Addrs,
+			Connection: map[bool]string{false: "direct", true: "relayed"}[p.Relayed],
 		})
 	}
 	return out
@@ -263,3 +269,6 @@ var (
 	_ api.Lending      = (*Node)(nil)
 	_ api.Market       = (*Node)(nil)
 )
+
+// lenderReads is lender.LedgerReads, named for the atomic pointer.
+type lenderReads = lender.LedgerReads

@@ -8,13 +8,16 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/deepmarket/deepmarket/identity"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/inventory"
 	"github.com/deepmarket/deepmarket/node/lender"
@@ -114,9 +117,13 @@ func (n *Node) openStores(ctx context.Context, undo *cleanups) (err error) {
 	undo.add(func() { n.store.Close() })
 	quick := inventory.Detect(ctx, n.home.Dir, "") // no python: the TF probe runs later, off the start-up path
 	n.inv.Store(&quick)
+	nat, err := n.natParams()
+	if err != nil {
+		return err
+	}
 	n.host, err = p2p.NewHost(p2p.HostParams{
 		Key: n.key, Listen: n.cfg.P2P.Listen, Version: Version, Site: n.cfg.Node.Site, Moniker: n.cfg.Node.Moniker,
-		ConnLow: n.cfg.P2P.ConnLow, ConnHigh: n.cfg.P2P.ConnHigh, Registerer: n.reg,
+		ConnLow: n.cfg.P2P.ConnLow, ConnHigh: n.cfg.P2P.ConnHigh, Registerer: n.reg, NAT: nat,
 	})
 	if err != nil {
 		if strings.Contains(err.Error(), "address already in use") {
@@ -140,6 +147,50 @@ func (n *Node) openStores(ctx context.Context, undo *cleanups) (err error) {
 	}
 	undo.add(n.stopLedger)
 	return nil
+}
+
+// natParams is how the host crosses NATs, from [p2p]: the relays are the
+// configured ones or else the bootstrap peers, and the relay serves the
+// machines this node's ledger replica backs (none until it has started).
+func (n *Node) natParams() (p2p.NATParams, error) {
+	public, err := n.cfg.P2P.testnetPublic()
+	if err != nil {
+		return p2p.NATParams{}, err
+	}
+	if len(public) > 0 {
+		if err := p2p.TreatAsPublic(public); err != nil {
+			return p2p.NATParams{}, err
+		}
+		n.log.Warn("testnet: treating private ranges as public addresses ([p2p] testnet_public)", "ranges", n.cfg.P2P.TestnetPublic)
+	}
+	relays := n.cfg.P2P.Relays
+	if len(relays) == 0 {
+		relays = n.cfg.P2P.Bootstrap
+	}
+	infos, err := p2p.AddrInfos(relays) // validated with the config
+	if err != nil {
+		return p2p.NATParams{}, err
+	}
+	infos = slices.DeleteFunc(infos, func(ai peer.AddrInfo) bool { return ai.ID == n.key.PeerID() })
+	return p2p.NATParams{
+		Off: !n.cfg.P2P.NATTraversal, Relays: infos, RelayService: n.cfg.P2P.RelayService,
+		Member: func(p peer.ID) bool {
+			reads := n.machines.Load()
+			if reads == nil {
+				return false
+			}
+			key, err := p.ExtractPublicKey()
+			if err != nil {
+				return false
+			}
+			raw, err := key.Raw()
+			if err != nil {
+				return false
+			}
+			_, ok := (*reads).MachineOwner(identity.AddressOf(raw))
+			return ok
+		},
+	}, nil
 }
 
 // startMarket joins the gossip topics (the router lives until psCtx ends)

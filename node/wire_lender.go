@@ -27,6 +27,7 @@ func (n *Node) startLending() (err error) {
 		Inventory: n.Inventory, Owners: n.reads,
 		Allocated: func(now time.Time) p2p.Resources { return n.holds.Allocated(now) },
 		Links:     n.links.Samples,
+		Reach:     func() string { return p2p.ReachOf(n.host) },
 	}
 	n.lender, err = lender.NewLender(lender.LenderParams{
 		Store: n.store, Topic: n.gossip.Offers(), Offer: src.Build, Inventory: n.Inventory,

@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -9,13 +10,18 @@ import (
 	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/host/autorelay"
 	"github.com/libp2p/go-libp2p/p2p/host/peerstore/pstoremem"
 	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
+	relayv2 "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
+	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
 	noise "github.com/libp2p/go-libp2p/p2p/security/noise"
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 	quic "github.com/libp2p/go-libp2p/p2p/transport/quic"
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
+	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/deepmarket/deepmarket/identity"
@@ -33,17 +39,83 @@ type HostParams struct {
 	ConnLow, ConnHigh int
 	// Registerer receives libp2p's metrics; nil disables them.
 	Registerer prometheus.Registerer
+	// NAT says how the host crosses NATs; the zero value is on, with the
+	// relay service where AutoNAT finds the node public.
+	NAT NATParams
 }
 
-// NewHost builds the node's libp2p host: TCP and QUIC, Noise and TLS, the
-// resource manager with libp2p's auto-scaled default limits, and a
-// connection manager that trims idle connections.
+// NATParams configures libp2p's own NAT traversal (see NewHost).
+type NATParams struct {
+	// Off turns all of it off: no AutoNAT service, no relays (client or
+	// service), no hole punching. For tests of what it brings.
+	Off bool
+	// Relays are the static relays a private node reserves a slot on: the
+	// network's public nodes (its seeds).
+	Relays []peer.AddrInfo
+	// RelayService is RelayAuto (serve once AutoNAT finds this node
+	// public), RelayOn (serve at once, e.g. a validator known to be
+	// public) or RelayOff.
+	RelayService string
+	// Member says whether a peer is a machine the ledger backs. The relay
+	// service reserves slots for members only, and relays only to them:
+	// a stranger with a fresh key cannot use it. Nil refuses everyone.
+	Member func(peer.ID) bool
+	// Resources overrides the relay's limits (DefaultRelayResources).
+	Resources *relayv2.Resources
+}
+
+// Relay service modes of NATParams.RelayService and [p2p] relay_service.
+const (
+	RelayAuto = "auto"
+	RelayOn   = "on"
+	RelayOff  = "off"
+)
+
+// DefaultRelayResources are the relay service's limits. A relayed
+// connection carries the market's small control streams (quote, reserve,
+// launch, status, receipts) and the hole punch that replaces it; bulk
+// traffic never crosses a relay. So each relayed connection is cut after
+// 10 min or 1 MiB each way (libp2p's defaults, 2 min and 128 KiB, are made
+// for the hole punch alone), a member may hold 8 relayed connections at
+// once, and the relay holds 128 reservations, 8 per IP address.
+func DefaultRelayResources() relayv2.Resources {
+	r := relayv2.DefaultResources()
+	r.Limit = &relayv2.RelayLimit{Duration: 10 * time.Minute, Data: 1 << 20}
+	r.MaxCircuits = 8
+	r.ReservationTTL = 30 * time.Minute
+	return r
+}
+
+// NewHost builds the node's libp2p host: TCP (with port reuse, which TCP
+// hole punching needs) and QUIC, Noise and TLS, the resource manager with
+// libp2p's auto-scaled default limits, a connection manager that trims
+// idle connections, and libp2p's NAT traversal unless p.NAT.Off:
+//   - AutoNAT v1 and v2, client and service: the node learns whether it is
+//     reachable and at which public addresses, and tells its peers;
+//   - circuit relay v2: the relay service on public nodes (members only,
+//     DefaultRelayResources), auto-relay with p.NAT.Relays as static relays
+//     on private ones, which then advertise their relay addresses;
+//   - DCUtR hole punching, which turns a relayed connection direct.
+//
+// Loopback addresses are advertised only by a host that has no other.
 func NewHost(p HostParams) (host.Host, error) {
 	if p.ConnLow == 0 {
 		p.ConnLow = 64
 	}
 	if p.ConnHigh == 0 {
 		p.ConnHigh = 192
+	}
+	switch p.NAT.RelayService {
+	case "":
+		p.NAT.RelayService = RelayAuto
+	case RelayAuto, RelayOn, RelayOff:
+	default:
+		return nil, fmt.Errorf("relay service %q: want auto, on or off", p.NAT.RelayService)
+	}
+	// With SO_REUSEPORT a second node on the same port would silently share
+	// it with the first: check it is free first, without the option.
+	if err := checkPortsFree(p.Listen); err != nil {
+		return nil, err
 	}
 	limits := rcmgr.DefaultLimits
 	libp2p.SetDefaultServiceLimits(&limits)
@@ -59,12 +131,11 @@ func NewHost(p HostParams) (host.Host, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peerstore: %w", err)
 	}
+	nh := &Host{punches: &punchCounter{}}
 	opts := []libp2p.Option{
 		libp2p.Identity(p.Key.PrivKey()),
 		libp2p.ListenAddrStrings(p.Listen...),
-		// Without SO_REUSEPORT a second node on the same port fails at once
-		// instead of silently sharing the port with the first.
-		libp2p.Transport(tcp.NewTCPTransport, tcp.DisableReuseport()),
+		libp2p.Transport(tcp.NewTCPTransport),
 		libp2p.Transport(quic.NewTransport),
 		libp2p.Security(noise.ID, noise.New),
 		libp2p.Security(libp2ptls.ID, libp2ptls.New),
@@ -72,6 +143,27 @@ func NewHost(p HostParams) (host.Host, error) {
 		libp2p.ConnectionManager(cm),
 		libp2p.Peerstore(ps),
 		libp2p.UserAgent(UserAgent(p.Version, p.Site, p.Moniker)),
+		libp2p.AddrsFactory(advertised),
+	}
+	if p.NAT.Off {
+		opts = append(opts, libp2p.DisableRelay())
+	} else {
+		acl := memberACL{member: p.NAT.Member}
+		res := DefaultRelayResources()
+		if p.NAT.Resources != nil {
+			res = *p.NAT.Resources
+		}
+		nh.relayOpts = []relayv2.Option{relayv2.WithResources(res), relayv2.WithACL(acl)}
+		opts = append(opts,
+			libp2p.EnableNATService(),
+			libp2p.EnableAutoNATv2(),
+			libp2p.EnableHolePunching(holepunch.WithTracer(nh.punches)),
+			libp2p.EnableAutoRelayWithStaticRelays(p.NAT.Relays, autorelay.WithNumRelays(min(2, max(1, len(p.NAT.Relays)))),
+				autorelay.WithBootDelay(0), autorelay.WithBackoff(30*time.Second)),
+		)
+		if p.NAT.RelayService == RelayAuto {
+			opts = append(opts, libp2p.EnableRelayService(nh.relayOpts...))
+		}
 	}
 	if p.Registerer != nil {
 		opts = append(opts, libp2p.PrometheusRegisterer(p.Registerer))
@@ -83,7 +175,62 @@ func NewHost(p HostParams) (host.Host, error) {
 		rm.Close()
 		return nil, fmt.Errorf("start libp2p host: %w", err)
 	}
-	return h, nil
+	nh.Host = h
+	if err := nh.start(p.NAT); err != nil {
+		h.Close()
+		return nil, err
+	}
+	return nh, nil
+}
+
+// checkPortsFree binds each fixed TCP port of listen without SO_REUSEPORT
+// and lets it go: it fails, with the port named, when another process
+// holds it.
+func checkPortsFree(listen []string) error {
+	for _, s := range listen {
+		a, err := ma.NewMultiaddr(s)
+		if err != nil {
+			return fmt.Errorf("listen address %q: %w", s, err)
+		}
+		network, addr, err := manet.DialArgs(a)
+		if err != nil || !strings.HasPrefix(network, "tcp") || strings.HasSuffix(addr, ":0") {
+			continue
+		}
+		ln, err := net.Listen(network, addr)
+		if err != nil {
+			return fmt.Errorf("listen %s: %w", s, err)
+		}
+		ln.Close()
+	}
+	return nil
+}
+
+// advertised is what the host tells peers it listens on: loopback
+// addresses only when it has nothing else (a node alone, or a testnet on
+// one machine), since a remote peer that dials one reaches itself.
+func advertised(addrs []ma.Multiaddr) []ma.Multiaddr {
+	out := make([]ma.Multiaddr, 0, len(addrs))
+	for _, a := range addrs {
+		if !manet.IsIPLoopback(a) {
+			out = append(out, a)
+		}
+	}
+	if len(out) == 0 {
+		return addrs
+	}
+	return out
+}
+
+// memberACL lets only machines the ledger backs reserve a relay slot, and
+// relays only between members.
+type memberACL struct{ member func(peer.ID) bool }
+
+func (a memberACL) ok(p peer.ID) bool { return a.member != nil && a.member(p) }
+
+func (a memberACL) AllowReserve(p peer.ID, _ ma.Multiaddr) bool { return a.ok(p) }
+
+func (a memberACL) AllowConnect(src peer.ID, _ ma.Multiaddr, dst peer.ID) bool {
+	return a.ok(src) && a.ok(dst)
 }
 
 const agentPrefix = "deepmarket/"

@@ -143,7 +143,11 @@ func (s *ProbeServer) handle(st network.Stream) {
 func Probe(ctx context.Context, h host.Host, chainID string, p peer.ID) (Link, error) {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	st, err := h.NewStream(network.WithAllowLimitedConn(ctx, "probe"), p, ProbeProtocol(chainID))
+	// Direct connections only: a probe's bulk must not cross a relay, and
+	// a link measured through one would be the relay's. Over a relayed
+	// connection NewStream waits for the hole punch; a machine it cannot
+	// reach directly gets no link, and placement sees that.
+	st, err := h.NewStream(ctx, p, ProbeProtocol(chainID))
 	if err != nil {
 		return Link{}, err
 	}

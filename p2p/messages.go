@@ -93,6 +93,9 @@ type Offer struct {
 	// Links are the machine's own measurements of its paths to other
 	// machines (see LinkMeter), for schedulers predicting a job's time.
 	Links []LinkSample `cbor:"links,omitempty" json:"links,omitempty"`
+	// Reach is how other machines reach this one (ReachOf): ReachPublic,
+	// ReachNAT, ReachRelay, or empty while the machine does not know.
+	Reach string `cbor:"reach,omitempty" json:"reach,omitempty"`
 }
 
 // Withdrawal takes a machine's offer off the market at once.
@@ -162,6 +165,11 @@ func (o *Offer) Validate(signer peer.ID) error {
 	id, err := peer.Decode(o.Machine)
 	if err != nil {
 		return rangeErr("machine %q is not a peer ID", o.Machine)
+	}
+	switch o.Reach {
+	case "", ReachPublic, ReachNAT, ReachRelay:
+	default:
+		return rangeErr("reach %q: want public, nat or relay", o.Reach)
 	}
 	if id != signer {
 		return fmt.Errorf("%w: offer for machine %s signed by %s", ErrSignerMismatch, id, signer)

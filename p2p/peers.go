@@ -22,6 +22,7 @@ type PeerInfo struct {
 	Latency   time.Duration // zero when not yet measured
 	Score     float64       // gossipsub score
 	Direction string        // inbound or outbound
+	Relayed   bool          // the only connections go through a relay
 }
 
 // PeerWatcher measures connected peers' latency and keeps their gossip
@@ -96,9 +97,11 @@ func (w *PeerWatcher) Peers() []PeerInfo {
 				info.Version, info.Site, info.Moniker, info.DeepMkt = ParseUserAgent(agent)
 			}
 		}
+		info.Relayed = true
 		for _, c := range w.h.Network().ConnsToPeer(p) {
 			info.Addrs = append(info.Addrs, c.RemoteMultiaddr().String())
 			info.Direction = c.Stat().Direction.String()
+			info.Relayed = info.Relayed && Relayed(c)
 		}
 		out = append(out, info)
 	}

@@ -203,7 +203,10 @@ type RPC struct {
 func (r *RPC) Call(ctx context.Context, p peer.ID, proto protocol.ID, typ string, req any, replyType string, reply any) error {
 	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
 	defer cancel()
-	s, err := r.Host.NewStream(ctx, p, proto)
+	// Requests and replies are small and bounded (maxFrame): they may
+	// cross a relay while the two machines have no direct connection, as
+	// between labs behind NATs before (or without) a hole punch.
+	s, err := r.Host.NewStream(network.WithAllowLimitedConn(ctx, "deepmarket rpc"), p, proto)
 	if err != nil {
 		return fmt.Errorf("%s to %s: %w", typ, p, err)
 	}

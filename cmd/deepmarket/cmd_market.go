@@ -32,8 +32,35 @@ func newStatusCmd(c *cli) *cobra.Command {
 		for _, a := range s.Addrs {
 			fmt.Fprintf(c.out, "addr:      %s\n", a)
 		}
+		fmt.Fprintf(c.out, "reachable: %s\n", reachability(s.NAT))
+		for _, a := range s.NAT.PublicAddrs {
+			fmt.Fprintf(c.out, "public:    %s\n", a)
+		}
 		return nil
 	})
+}
+
+// reachability says in words how peers reach this node.
+func reachability(n p2p.NATStatus) string {
+	var s string
+	switch n.Reachability {
+	case "public":
+		s = "yes, directly (AutoNAT)"
+	case "private":
+		s = "behind a NAT: peers reach it through a relay, then a hole punch"
+		if len(n.RelayAddrs) == 0 {
+			s += " (no relay slot yet)"
+		}
+	default:
+		s = "not known yet (AutoNAT has not answered)"
+	}
+	if n.Relaying {
+		s += "; relays for members"
+	}
+	if n.HolePunches > 0 {
+		s += fmt.Sprintf("; hole punches %d of %d succeeded", n.HolePunchesWon, n.HolePunches)
+	}
+	return s
 }
 
 // parsePrices reads --price "core=0.5,mem=0.1,gpu=2" (credits per
@@ -240,6 +267,7 @@ func printLendState(c *cli, st api.LendState, stopped bool) {
 	if len(st.Frameworks) > 0 {
 		fmt.Fprintf(c.out, "Runs: %s jobs\n", strings.Join(st.Frameworks, " and "))
 	}
+	fmt.Fprintf(c.out, "Reachable: %s\n", reachability(st.NAT))
 	for _, w := range st.Warnings {
 		fmt.Fprintln(c.out, "Warning: "+w)
 	}
@@ -312,9 +340,9 @@ func newPeersCmd(c *cli) *cobra.Command {
 			if p.LatencyMS > 0 {
 				lat = strconv.FormatFloat(p.LatencyMS, 'f', 1, 64) + " ms"
 			}
-			rows = append(rows, []string{p.PeerID, p.Moniker, p.Site, lat, strconv.FormatFloat(p.Score, 'f', 1, 64), p.Direction})
+			rows = append(rows, []string{p.PeerID, p.Moniker, p.Site, lat, strconv.FormatFloat(p.Score, 'f', 1, 64), p.Direction, p.Connection})
 		}
-		c.table("PEER\tNAME\tSITE\tLATENCY\tSCORE\tDIRECTION", rows)
+		c.table("PEER\tNAME\tSITE\tLATENCY\tSCORE\tDIRECTION\tCONNECTION", rows)
 		return nil
 	})
 }

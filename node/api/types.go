@@ -30,6 +30,10 @@ type Status struct {
 	// ledger nodes list it as LedgerNodeID@host:port, auditors read LedgerRPC.
 	LedgerNodeID string `json:"ledger_node_id"`
 	LedgerRPC    string `json:"ledger_rpc"`
+	// NAT is how peers reach this node: whether AutoNAT found it public or
+	// private, its public and relay addresses, whether it relays, and the
+	// hole punches tried.
+	NAT p2p.NATStatus `json:"nat"`
 }
 
 // Balance is `ledger balance --json`.
@@ -127,6 +131,9 @@ type LendState struct {
 	// Frameworks are what jobs this machine runs: generic always,
 	// tensorflow when its Python imports TensorFlow.
 	Frameworks []string `json:"frameworks,omitempty"`
+	// NAT is how peers reach this machine (as in Status): a private one is
+	// reached through a relay and a hole punch.
+	NAT p2p.NATStatus `json:"nat"`
 	// Holds are the reservations schedulers hold on this machine now.
 	Holds []Hold `json:"holds"`
 }
@@ -181,6 +188,9 @@ type Peer struct {
 	LatencyMS  float64  `json:"latency_ms"`
 	Score      float64  `json:"score"`
 	Direction  string   `json:"direction"`
+	// Connection is "direct", or "relayed" while the only connection goes
+	// through a relay (control messages only).
+	Connection string   `json:"connection"`
 	Addrs      []string `json:"addrs"`
 }
 

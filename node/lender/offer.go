@@ -28,6 +28,8 @@ type OfferSource struct {
 	Allocated func(now time.Time) p2p.Resources
 	// Links, when set, are this machine's measured links to others.
 	Links func() []p2p.LinkSample
+	// Reach, when set, says how other machines reach this one (p2p.ReachOf).
+	Reach func() string
 }
 
 // Build turns lend settings into the offer this machine announces.
@@ -50,8 +52,13 @@ func (o OfferSource) Build(s LendSettings, now time.Time) p2p.Offer {
 	if o.Links != nil {
 		links = o.Links()
 	}
+	reach := ""
+	if o.Reach != nil {
+		reach = o.Reach()
+	}
 	return p2p.Offer{
 		Links:   links,
+		Reach:   reach,
 		Machine: o.Host.ID().String(), Owner: string(owner),
 		Moniker: o.Moniker, Site: o.Site,
 		Lent:      lent,

@@ -81,6 +81,16 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 		if err != nil {
 			return p2p.Quote{JobID: b.JobID, Resource: "job", Reason: p2p.Clip(err.Error(), 256)}
 		}
+		if !market.AllReachable(offers, pl.Machines) {
+			// Workers behind NATs that admit no hole punch: place the job
+			// within machines that all reach each other, from now on.
+			var rej *scheduler.Rejection
+			pl, v, offers, rej = placeReachable(v, offers, job, now)
+			idx = nil
+			if rej != nil {
+				return p2p.Quote{JobID: b.JobID, Resource: rej.Resource, Reason: p2p.Clip(rej.Reason, 256), Total: rej.Price}
+			}
+		}
 		predicted, rej := predict(b, v, offers, pl)
 		if rej != nil {
 			return p2p.Quote{JobID: b.JobID, Resource: rej.Resource, Reason: p2p.Clip(rej.Reason, 256), Predicted: predicted}
@@ -105,6 +115,45 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 	}
 	return p2p.Quote{JobID: b.JobID, Resource: "cores", Reason: p2p.Clip(fmt.Sprintf(
 		"machines refused holds %d times (other schedulers took their capacity): %s", quoteAttempts, refused), 256)}
+}
+
+// placeReachable places job within each group of machines that all reach
+// each other directly (market.ReachClasses) and keeps the cheapest, with
+// the group's view and offers; or says why no group can take it.
+func placeReachable(v scheduler.View, offers []p2p.Offer, job scheduler.Job, now time.Time) (scheduler.Placement, scheduler.View, []p2p.Offer, *scheduler.Rejection) {
+	var best scheduler.Placement
+	var bestV scheduler.View
+	var bestO []p2p.Offer
+	var last *scheduler.Rejection
+	found := false
+	for _, class := range market.ReachClasses(offers) {
+		cv, co := market.Restrict(v, offers, class)
+		pl, err := scheduler.Quote(cv, job, now, scheduler.Params{})
+		if err != nil {
+			errors.As(err, &last)
+			continue
+		}
+		if !found || pl.Total < best.Total {
+			best, bestV, bestO, found = pl, cv, co, true
+		}
+	}
+	if found {
+		return best, bestV, bestO, nil
+	}
+	relay := 0
+	for _, o := range offers {
+		if o.Reach == p2p.ReachRelay {
+			relay++
+		}
+	}
+	rej := &scheduler.Rejection{Resource: "network", Reason: fmt.Sprintf(
+		"no %d machines that can all reach each other directly: %d of the %d in view are behind NATs that admit no hole punch (symmetric), so they take single-worker jobs or work with public machines and their own network's",
+		job.Workers, relay, len(offers))}
+	if last != nil {
+		rej.Reason += " (" + last.Reason + ")"
+		rej.Price = last.Price
+	}
+	return scheduler.Placement{}, v, offers, rej
 }
 
 // predict is the job's predicted time on the placement's machines, when

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/event"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
@@ -105,6 +106,7 @@ func (s *Service) startDirect() {
 		return
 	}
 	s.directLn = ln.(*net.TCPListener)
+	s.followReachability()
 	s.h.SetStreamHandler(s.dproto, s.handlePortQuery)
 	s.bg.Add(1)
 	go s.acceptDirect()
@@ -142,13 +144,50 @@ func (s *Service) handlePortQuery(st network.Stream) {
 	}
 	defer s.handlers.Done()
 	var b [2]byte
-	binary.BigEndian.PutUint16(b[:], uint16(s.directLn.Addr().(*net.TCPAddr).Port))
+	if s.reachableFrom(st.Conn().RemoteMultiaddr()) {
+		binary.BigEndian.PutUint16(b[:], uint16(s.directLn.Addr().(*net.TCPAddr).Port))
+	} // else port 0: the asker's direct dial would die in this machine's NAT
+
 	st.SetWriteDeadline(time.Now().Add(headerTimeout))
 	if _, err := st.Write(b[:]); err != nil {
 		st.Reset()
 		return
 	}
 	st.Close()
+}
+
+// followReachability keeps s.private up to date with AutoNAT's verdict on
+// this host, until the Service closes.
+func (s *Service) followReachability() {
+	sub, err := s.h.EventBus().Subscribe(new(event.EvtLocalReachabilityChanged))
+	if err != nil {
+		return
+	}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		defer sub.Close()
+		for {
+			select {
+			case <-s.ctx.Done():
+				return
+			case e, ok := <-sub.Out():
+				if !ok {
+					return
+				}
+				s.private.Store(e.(event.EvtLocalReachabilityChanged).Reachability == network.ReachabilityPrivate)
+			}
+		}
+	}()
+}
+
+// reachableFrom says whether a peer at remote can dial the direct
+// listener: always from a private address (the same campus), and from a
+// public one unless AutoNAT found this machine behind a NAT, which
+// forwards nothing to the listener's port. Such a peer's connections go
+// over streams of the nodes' (hole-punched) libp2p connection instead.
+func (s *Service) reachableFrom(remote ma.Multiaddr) bool {
+	return !s.private.Load() || !manet.IsPublicAddr(remote)
 }
 
 // enterHandler counts a handler in, unless the Service is closed.

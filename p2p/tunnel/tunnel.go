@@ -83,7 +83,8 @@ type Service struct {
 	handshakes chan struct{}    // direct connections being authenticated
 	frameBufs  framePools       // direct links' buffers
 	dialDirect dialer
-	bg         sync.WaitGroup // the direct listener's accept loop
+	bg         sync.WaitGroup // the direct listener's accept loop, the reachability follower
+	private    atomic.Bool    // AutoNAT found this host behind a NAT
 
 	// ctx ends with Close: it cuts short stream opens, direct handshakes,
 	// local dials and header reads.

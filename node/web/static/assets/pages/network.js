@@ -42,6 +42,8 @@ export function render(main) {
       ["Peer ID", h("span", { class: "mono small" }, st.peer_id)],
       ["Account", h("span", { class: "mono small" }, st.account)],
       ["Ledger node", h("span", { class: "mono small" }, `${st.ledger_node_id} (RPC ${st.ledger_rpc})`)],
+      ["Reachable", h("span", { id: "reachability" }, reachability(st.nat))],
+      ["Public addresses", h("ul", { class: "small mono", id: "public-addrs" }, ((st.nat && st.nat.public_addrs) || []).map((a) => h("li", null, a)))],
       ["Addresses", h("ul", { class: "small mono" }, (st.addrs || []).map((a) => h("li", null, a)))],
       ["Version", `${st.version}, up ${duration(st.uptime_s + (Date.now() - started) / 1000)}`],
     ], { id: "node-info" }));
@@ -100,13 +102,14 @@ export function render(main) {
     peerList.sort((a, b) => (a.site || "").localeCompare(b.site || "") || (a.moniker || "").localeCompare(b.moniker || ""));
     fill(peers, table({
       id: "peers-table",
-      columns: [{ label: "Peer" }, { label: "Site" }, { label: "Latency", num: true }, { label: "Score", num: true }, { label: "Direction" }, { label: "Version" }],
+      columns: [{ label: "Peer" }, { label: "Site" }, { label: "Latency", num: true }, { label: "Score", num: true }, { label: "Direction" }, { label: "Connection" }, { label: "Version" }],
       rows: peerList.map((p) => [
         [p.moniker || shortPeer(p.peer_id), p.deepmarket ? null : h("span", { class: "tag" }, "not DeepMarket"), h("div", { class: "muted small mono" }, shortPeer(p.peer_id))],
         p.site || "",
         p.latency_ms ? `${p.latency_ms.toFixed(1)} ms` : "—",
         p.score.toFixed(1),
         p.direction,
+        p.connection === "relayed" ? h("span", { class: "tag", title: "through a relay: control messages only, until a hole punch" }, "relayed") : "direct",
         p.version || "",
       ]),
       empty: "No peers connected: check the bootstrap addresses in config.toml.",
@@ -163,4 +166,16 @@ export function render(main) {
     clearInterval(tick);
     stops.forEach((s) => s());
   };
+}
+
+// reachability says in words how peers reach this node (status.nat).
+function reachability(nat) {
+  if (!nat) return "—";
+  let s = {
+    public: "yes, directly",
+    private: "behind a NAT: through a relay, then a hole punch",
+  }[nat.reachability] || "not known yet";
+  if (nat.relaying) s += "; relays for members";
+  if (nat.hole_punches) s += `; hole punches ${nat.hole_punches_won} of ${nat.hole_punches} succeeded`;
+  return s;
 }

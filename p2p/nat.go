@@ -1,0 +1,331 @@
+package p2p
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/libp2p/go-libp2p/core/event"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/host/eventbus"
+	relayv2 "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
+	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
+	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
+)
+
+// Host is the node's libp2p host with what its NAT traversal knows: the
+// reachability AutoNAT found, the relay service when this node runs one,
+// and the hole punches tried. NewHost returns one.
+type Host struct {
+	host.Host
+	relayOpts []relayv2.Option
+	punches   *punchCounter
+
+	reach   atomic.Int32 // network.Reachability
+	mu      sync.Mutex
+	relay   *relayv2.Relay // while this node relays for others
+	relayOn bool           // RelayOn: serve whatever AutoNAT says
+	sub     event.Subscription
+	done    chan struct{}
+}
+
+// start follows AutoNAT's verdict and, for RelayOn, starts the relay
+// service at once. It also tells auto-relay that reachability is unknown
+// right away, so that a private node reserves a relay slot at start
+// rather than after AutoNAT's first probe (15 s and more); a node found
+// public drops its reservations then.
+func (h *Host) start(p NATParams) error {
+	h.done = make(chan struct{})
+	if p.Off {
+		close(h.done)
+		return nil
+	}
+	sub, err := h.EventBus().Subscribe(new(event.EvtLocalReachabilityChanged), eventbus.Name("deepmarket nat"))
+	if err != nil {
+		return err
+	}
+	h.sub = sub
+	if p.RelayService == RelayOn {
+		h.relayOn = true
+		if err := h.startRelay(); err != nil {
+			sub.Close()
+			return err
+		}
+	}
+	em, err := h.EventBus().Emitter(new(event.EvtLocalReachabilityChanged), eventbus.Stateful)
+	if err == nil {
+		em.Emit(event.EvtLocalReachabilityChanged{Reachability: network.ReachabilityUnknown})
+		em.Close()
+	}
+	go func() {
+		defer close(h.done)
+		for e := range sub.Out() {
+			r := e.(event.EvtLocalReachabilityChanged).Reachability
+			h.reach.Store(int32(r))
+		}
+	}()
+	return nil
+}
+
+func (h *Host) startRelay() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.relay != nil {
+		return nil
+	}
+	r, err := relayv2.New(h.Host, h.relayOpts...)
+	if err != nil {
+		return err
+	}
+	h.relay = r
+	return nil
+}
+
+// Close stops the relay service and the host.
+func (h *Host) Close() error {
+	h.mu.Lock()
+	if h.relay != nil {
+		h.relay.Close()
+		h.relay = nil
+	}
+	h.mu.Unlock()
+	if h.sub != nil {
+		h.sub.Close()
+	}
+	err := h.Host.Close()
+	<-h.done
+	return err
+}
+
+// NATStatus is what a node knows of how it is reached.
+type NATStatus struct {
+	// Reachability is AutoNAT's verdict: "public" (peers can dial this
+	// node), "private" (behind a NAT or firewall: peers reach it through a
+	// relay, then a hole punch) or "unknown" (not probed yet, or NAT
+	// traversal is off).
+	Reachability string `json:"reachability"`
+	// PublicAddrs are this node's addresses the internet sees, confirmed
+	// or observed by peers (a NATed node's are its NAT's mapping).
+	PublicAddrs []string `json:"public_addrs"`
+	// RelayAddrs are the relayed addresses this node advertises while it is
+	// private: /p2p/RELAY/p2p-circuit.
+	RelayAddrs []string `json:"relay_addrs"`
+	// Relaying says whether this node runs the relay service for members.
+	Relaying bool `json:"relaying"`
+	// HolePunches counts the hole punches tried since start, and how many
+	// turned a relayed connection direct.
+	HolePunches    int64 `json:"hole_punches"`
+	HolePunchesWon int64 `json:"hole_punches_won"`
+}
+
+// NATOf reports h's NAT status; a host NewHost did not build reports
+// unknown reachability and its addresses.
+func NATOf(h host.Host) NATStatus {
+	st := NATStatus{Reachability: "unknown", PublicAddrs: []string{}, RelayAddrs: []string{}}
+	var hp interface {
+		HolePunchAddrs() []ma.Multiaddr
+	}
+	nh, ok := h.(*Host)
+	if ok {
+		st.Reachability = reachabilityName(network.Reachability(nh.reach.Load()))
+		nh.mu.Lock()
+		st.Relaying = nh.relay != nil || nh.relayRunning()
+		nh.mu.Unlock()
+		st.HolePunches, st.HolePunchesWon = nh.punches.tried.Load(), nh.punches.won.Load()
+		hp, _ = nh.Host.(interface{ HolePunchAddrs() []ma.Multiaddr })
+	}
+	public := map[string]bool{}
+	for _, a := range h.Addrs() {
+		if isRelayAddr(a) {
+			st.RelayAddrs = append(st.RelayAddrs, a.String())
+		} else if manet.IsPublicAddr(a) {
+			public[a.String()] = true
+		}
+	}
+	if hp != nil {
+		for _, a := range hp.HolePunchAddrs() {
+			public[a.String()] = true
+		}
+	}
+	for a := range public {
+		st.PublicAddrs = append(st.PublicAddrs, a)
+	}
+	slices.Sort(st.PublicAddrs)
+	return st
+}
+
+// relayRunning says whether libp2p's own relay manager (RelayAuto) serves:
+// it does while AutoNAT finds this node public.
+func (h *Host) relayRunning() bool {
+	return !h.relayOn && len(h.relayOpts) > 0 && network.Reachability(h.reach.Load()) == network.ReachabilityPublic &&
+		slices.Contains(h.Mux().Protocols(), "/libp2p/circuit/relay/0.2.0/hop")
+}
+
+func reachabilityName(r network.Reachability) string {
+	switch r {
+	case network.ReachabilityPublic:
+		return "public"
+	case network.ReachabilityPrivate:
+		return "private"
+	}
+	return "unknown"
+}
+
+func isRelayAddr(a ma.Multiaddr) bool {
+	_, err := a.ValueForProtocol(ma.P_CIRCUIT)
+	return err == nil
+}
+
+// Relayed says whether c goes through a relay: a limited connection, for
+// the market's small control streams only.
+func Relayed(c network.Conn) bool { return c.Stat().Limited || isRelayAddr(c.RemoteMultiaddr()) }
+
+// Direct says whether h has a direct (not relayed) connection to p.
+func Direct(h host.Host, p peer.ID) bool {
+	for _, c := range h.Network().ConnsToPeer(p) {
+		if !Relayed(c) {
+			return true
+		}
+	}
+	return false
+}
+
+// TreatAsPublic makes libp2p count the IPv4 ranges cidrs, which must lie
+// in private space (10/8, 100.64/10, 172.16/12, 192.168/16), as public
+// addresses, in this whole process: for a testnet whose emulated internet
+// uses private addresses, so that AutoNAT, relays and hole punching act on
+// it as on the real one. Call it before NewHost. Production nodes never
+// call it.
+func TreatAsPublic(cidrs []*net.IPNet) error {
+	for _, c := range cidrs {
+		if c.IP.To4() == nil {
+			return fmt.Errorf("treat %s as public: IPv4 ranges only", c)
+		}
+		inside := false
+		for _, r := range manet.Private4 {
+			ro, _ := r.Mask.Size()
+			co, _ := c.Mask.Size()
+			if r.Contains(c.IP) && co >= ro && !r.IP.IsLoopback() && !r.IP.IsLinkLocalUnicast() {
+				inside = true
+			}
+		}
+		if !inside {
+			return fmt.Errorf("treat %s as public: only a part of a private range (10/8, 100.64/10, 172.16/12, 192.168/16) may be", c)
+		}
+	}
+	out := manet.Private4
+	for _, c := range cidrs {
+		var next []*net.IPNet
+		for _, r := range out {
+			next = append(next, subtract(r, c)...)
+		}
+		out = next
+	}
+	manet.Private4 = out
+	return nil
+}
+
+// subtract is r less c, as CIDRs: r itself when they do not overlap, none
+// when c covers r, else the sibling of each prefix on the way from r down
+// to c.
+func subtract(r, c *net.IPNet) []*net.IPNet {
+	ro, _ := r.Mask.Size()
+	co, _ := c.Mask.Size()
+	if !r.Contains(c.IP) && !c.Contains(r.IP) {
+		return []*net.IPNet{r}
+	}
+	if co <= ro {
+		return nil
+	}
+	ip := binary.BigEndian.Uint32(c.IP.To4())
+	var out []*net.IPNet
+	for bits := ro + 1; bits <= co; bits++ {
+		mask := net.CIDRMask(bits, 32)
+		sib := (ip &^ (1 << (32 - bits))) | (^ip & (1 << (32 - bits)))
+		b := make(net.IP, 4)
+		binary.BigEndian.PutUint32(b, sib&binary.BigEndian.Uint32(mask))
+		out = append(out, &net.IPNet{IP: b, Mask: mask})
+	}
+	return out
+}
+
+// punchCounter counts hole punches from libp2p's hole punching events.
+type punchCounter struct{ tried, won atomic.Int64 }
+
+var _ holepunch.EventTracer = (*punchCounter)(nil)
+
+func (c *punchCounter) Trace(e *holepunch.Event) {
+	if end, ok := e.Evt.(*holepunch.EndHolePunchEvt); ok {
+		c.tried.Add(1)
+		if end.Success {
+			c.won.Add(1)
+		}
+	}
+}
+
+// How a machine is reached, as its offer says (Offer.Reach).
+const (
+	// ReachPublic: peers dial it.
+	ReachPublic = "public"
+	// ReachNAT: behind a NAT that keeps one public mapping for all peers
+	// (endpoint-independent mapping): a hole punch turns a relayed
+	// connection direct.
+	ReachNAT = "nat"
+	// ReachRelay: behind a NAT that maps each peer to a new port
+	// (symmetric), or with no public mapping seen: only a relay, a public
+	// machine it dials, or a machine of its own network reach it.
+	ReachRelay = "relay"
+)
+
+// ReachOf classifies how other machines reach h, from AutoNAT's verdict
+// and the public addresses its peers observe: a private host whose peers
+// see one port per address is ReachNAT, one they see at several ports of
+// one IP (a new mapping per peer) or at none is ReachRelay. Empty while
+// AutoNAT has not answered.
+func ReachOf(h host.Host) string {
+	st := NATOf(h)
+	switch st.Reachability {
+	case "public":
+		return ReachPublic
+	case "private":
+	default:
+		return ""
+	}
+	ports := map[string]map[string]bool{} // IP and transport -> ports seen
+	for _, s := range st.PublicAddrs {
+		a, err := ma.NewMultiaddr(s)
+		if err != nil {
+			continue
+		}
+		ip, err1 := manet.ToIP(a)
+		tr, port := "tcp", ""
+		if p, err := a.ValueForProtocol(ma.P_TCP); err == nil {
+			port = p
+		} else if p, err := a.ValueForProtocol(ma.P_UDP); err == nil {
+			tr, port = "udp", p
+		}
+		if err1 != nil || port == "" {
+			continue
+		}
+		k := tr + " " + ip.String()
+		if ports[k] == nil {
+			ports[k] = map[string]bool{}
+		}
+		ports[k][port] = true
+	}
+	if len(ports) == 0 {
+		return ReachRelay
+	}
+	for _, ps := range ports {
+		if len(ps) > 1 {
+			return ReachRelay
+		}
+	}
+	return ReachNAT
+}
