@@ -66,10 +66,10 @@ type Node struct {
 	// machines is reads for the relay service's goroutines, which ask
 	// before the ledger has started.
 	machines atomic.Pointer[lenderReads]
-	market    *market.Market
-	prices    *market.PriceHistory
-	mine      myMachines
-	times     blockTimes
+	market   *market.Market
+	prices   *market.PriceHistory
+	mine     myMachines
+	times    blockTimes
 }
 
 // New loads the key and token from home; it opens nothing.

@@ -180,14 +180,14 @@ type Offer struct {
 
 // Peer is one entry of `peers --json`.
 type Peer struct {
-	PeerID     string   `json:"peer_id"`
-	Moniker    string   `json:"moniker,omitempty"`
-	Site       string   `json:"site,omitempty"`
-	Version    string   `json:"version,omitempty"`
-	DeepMarket bool     `json:"deepmarket"`
-	LatencyMS  float64  `json:"latency_ms"`
-	Score      float64  `json:"score"`
-	Direction  string   `json:"direction"`
+	PeerID     string  `json:"peer_id"`
+	Moniker    string  `json:"moniker,omitempty"`
+	Site       string  `json:"site,omitempty"`
+	Version    string  `json:"version,omitempty"`
+	DeepMarket bool    `json:"deepmarket"`
+	LatencyMS  float64 `json:"latency_ms"`
+	Score      float64 `json:"score"`
+	Direction  string  `json:"direction"`
 	// Connection is "direct", or "relayed" while the only connection goes
 	// through a relay (control messages only).
 	Connection string   `json:"connection"`
