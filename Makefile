@@ -43,9 +43,10 @@ install: build ## Install the deepmarket binary into $(PREFIX)/bin
 	@case ":$$PATH:" in *":$(PREFIX)/bin:"*) ;; *) echo "note: $(PREFIX)/bin is not on your PATH";; esac
 
 .PHONY: deps
-deps: ## Install what the tests need: Go modules, the job sandbox (bubblewrap), Fashion-MNIST, a tensorflow-cpu virtualenv ($(VENV)), chromium
+deps: ## Install what the tests need: Go modules, the job sandbox (bubblewrap), nftables (emulated NATs), Fashion-MNIST, a tensorflow-cpu virtualenv ($(VENV)), chromium
 	$(GO) mod download
 	scripts/sandbox-env.sh
+	scripts/netlab-env.sh
 	DM_VENV=$(VENV) scripts/python-env.sh
 	scripts/browser-env.sh
 

@@ -30,6 +30,39 @@
 // reaches every node through it, and nodes reach the host at 10.B.255.1
 // (Lab.HostIP).
 //
+// # Sites behind a NAT
+//
+// Config.NAT puts sites behind campus NATs (site k, for k up to
+// MaxNATSite). The nodes of such a site keep their private addresses,
+// their default route via 10.B.k.1 and their bridge, but that gateway is
+// in a router namespace of the site's own, T-rK, at the far end of the
+// uplink, and the router reaches the core through a link that is not
+// shaped:
+//
+//	T-core   rK 10.B.254.(4k+1)/30                  no gwK, no route to 10.B.k.0/24
+//	          | veth, not shaped
+//	T-rK     wan 10.B.254.(4k+2)/30, default via 10.B.254.(4k+1); ip_forward=1
+//	         gwK 10.B.k.1/24
+//	          | uplink: WAN[k]
+//	         upK [brK] sKn0 sKn1 ...               in the core, as for a public site
+//
+// nftables in the router masquerades what leaves through wan to the wan
+// address (Lab.PublicIP), keeping the source port when it is free:
+// endpoint-independent mapping with address-and-port-dependent filtering,
+// a port-restricted cone NAT (NATCone). NATSymmetric adds fully-random, a
+// random external port for each new flow. The router forwards what comes
+// from the site and, from wan, only what conntrack takes for replies
+// (established or related); anything else that arrives on wan, for the
+// router or through it, is dropped without an RST or ICMP error, as real
+// NATs do, so TCP simultaneous open and UDP hole punching work through
+// cone NATs. The core has no route to a NATed site's /24: outside the
+// site, nothing reaches its nodes but replies, and the rest of the lab
+// sees them at their router's address. Lab.PublicCIDRs lists the ranges
+// a node can reach unasked, the lab's "internet": each public site's /24,
+// 10.B.254.0/24 and the host's /30. Round trips are as for a public site
+// (the router and its veth add no delay); the router's conntrack and
+// forwarding add some microseconds.
+//
 // # Shaping: a star
 //
 // Every link is shaped at both of its egresses, so both directions are.
@@ -83,8 +116,8 @@
 // # Partition
 //
 // Lab.Partition(k) adds policy-routing rules in the core: packets routed
-// from or to site k's /24 are blackholed, unless they come from or go to
-// the host. Packets between nodes of site k are bridged, never routed, so
+// from or to site k's /24 (for a site behind a NAT, its router's wan /30)
+// are blackholed, unless they come from or go to the host. Packets between nodes of site k are bridged, never routed, so
 // no rule sees them. Packets across the cut vanish, as on a cut cable (no
 // ICMP error: TCP times out rather than failing fast). Lab.Heal(k) deletes
 // the rules. No iptables is needed.
@@ -93,7 +126,9 @@
 //
 // Root, iproute2 (ip, and tc for netem), and a kernel with network
 // namespaces, veth, bridges and either sch_netem or TAP devices; Available
-// says which is missing. IPv4 only: nodes have IPv6 link-local addresses
+// says which is missing. Sites behind a NAT also need nftables' nft and a
+// kernel with nf_tables, conntrack and masquerade; AvailableNAT checks
+// those too, and scripts/netlab-env.sh installs nftables. IPv4 only: nodes have IPv6 link-local addresses
 // but no IPv6 routes. Create serializes on /run/netlab.lock while it picks
 // the octet. Close removes everything; after a crash, Cleanup(tag) does,
 // by name.

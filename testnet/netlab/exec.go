@@ -9,20 +9,22 @@ import (
 	"strings"
 )
 
-// tools holds the paths of the iproute2 programs the lab drives.
+// tools holds the paths of the programs the lab drives: iproute2's, and
+// nftables' for NAT routers.
 type tools struct {
-	ip string
-	tc string // empty when tc is not installed; only netem needs it
+	ip  string
+	tc  string // empty when tc is not installed; only netem needs it
+	nft string // nftables' nft; empty when not installed; only NAT sites need it
 }
 
-// findTools locates ip and tc. Root's PATH normally has /usr/sbin, but
+// findTools locates ip, tc and nft. Root's PATH normally has /usr/sbin, but
 // `sudo` with a trimmed PATH may not, so the usual places are tried too.
 func findTools() (tools, error) {
 	ip := lookTool("ip")
 	if ip == "" {
 		return tools{}, fmt.Errorf("%w: iproute2's ip is not installed: install iproute2", ErrUnavailable)
 	}
-	return tools{ip: ip, tc: lookTool("tc")}, nil
+	return tools{ip: ip, tc: lookTool("tc"), nft: lookTool("nft")}, nil
 }
 
 func lookTool(name string) string {
@@ -42,8 +44,8 @@ func lookTool(name string) string {
 // made.
 var beforeCommand func(args []string) error
 
-// run runs one ip or tc command. Its error names the command and carries its
-// stderr, which is where iproute2 says what went wrong.
+// run runs one ip, tc or nft command. Its error names the command and
+// carries its stderr, which is where these tools say what went wrong.
 func run(ctx context.Context, path string, args ...string) error {
 	_, err := output(ctx, path, args...)
 	return err

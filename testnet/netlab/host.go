@@ -22,7 +22,8 @@ var errNotRoot = fmt.Errorf("%w: network profiles need root: run with sudo", Err
 // hostLink is the name of the lab's one interface in the root namespace.
 func hostLink(tag string) string { return tag + "h" }
 
-// labNamespaces lists the namespaces named after tag, nodes before the core.
+// labNamespaces lists the namespaces named after tag, nodes and NAT routers
+// before the core.
 func labNamespaces(tag string) ([]string, error) {
 	entries, err := os.ReadDir(netnsDir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -31,7 +32,7 @@ func labNamespaces(tag string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	re := regexp.MustCompile(`^` + regexp.QuoteMeta(tag) + `-(core|s[0-9]+n[0-9]+)$`)
+	re := regexp.MustCompile(`^` + regexp.QuoteMeta(tag) + `-(core|s[0-9]+n[0-9]+|r[0-9]+)$`)
 	var names []string
 	for _, e := range entries {
 		if re.MatchString(e.Name()) {

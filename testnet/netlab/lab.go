@@ -62,9 +62,10 @@ const firstOctet, lastOctet = 77, 99
 // Config describes a lab.
 type Config struct {
 	// Tag prefixes the name of everything the lab makes: its namespaces
-	// are TAG-core and TAG-sKnI, its one interface in the root namespace
-	// TAGh. 1 to 12 lowercase letters and digits, starting with a
-	// letter; unique among the labs that run at once.
+	// are TAG-core, TAG-sKnI and, for a site behind a NAT, TAG-rK, its
+	// one interface in the root namespace TAGh. 1 to 12 lowercase
+	// letters and digits, starting with a letter; unique among the labs
+	// that run at once.
 	Tag string
 	// Octet is B in the lab's addresses, 10.B.0.0/16. 0 picks the first
 	// of 77 to 99 whose /16 no route of this host overlaps.
@@ -75,6 +76,10 @@ type Config struct {
 	Profile Profile
 	// Shaper says how to shape links; the zero value is ShaperAuto.
 	Shaper Shaper
+	// NAT holds the NAT each site sits behind: empty for every site
+	// public, else one entry per site. Only sites 0 to MaxNATSite can be
+	// behind a NAT. A lab with NAT sites needs nftables (AvailableNAT).
+	NAT []NAT
 }
 
 var tagPattern = regexp.MustCompile(`^[a-z][a-z0-9]{0,11}$`)
@@ -100,7 +105,7 @@ func (c *Config) validate() error {
 	if c.Shaper < ShaperAuto || c.Shaper > ShaperUserspace {
 		return fmt.Errorf("netlab: Config.Shaper %v is not a shaper", c.Shaper)
 	}
-	return nil
+	return c.validateNAT()
 }
 
 // A Lab is a running network of namespaces; see the package documentation
@@ -109,6 +114,7 @@ type Lab struct {
 	tag    string
 	octet  int
 	sites  []int
+	nat    []NAT // nil: every site public
 	tools  tools
 	shaper Shaper
 	links  []*link
@@ -153,6 +159,13 @@ func Create(ctx context.Context, cfg Config) (*Lab, error) {
 	if err != nil {
 		return nil, err
 	}
+	var nat []NAT
+	if cfg.hasNAT() {
+		if t.nft == "" {
+			return nil, errNoNft
+		}
+		nat = append([]NAT(nil), cfg.NAT...)
+	}
 	unlock, err := lockHost(ctx)
 	if err != nil {
 		return nil, err
@@ -169,6 +182,7 @@ func Create(ctx context.Context, cfg Config) (*Lab, error) {
 		tag:         cfg.Tag,
 		octet:       octet,
 		sites:       append([]int(nil), cfg.Sites...),
+		nat:         nat,
 		tools:       t,
 		shaper:      cfg.Shaper,
 		profile:     cfg.Profile,
@@ -214,22 +228,35 @@ func (l *Lab) build(ctx context.Context) error {
 
 	for k, n := range l.sites {
 		br, gw, up := "br"+strconv.Itoa(k), "gw"+strconv.Itoa(k), "up"+strconv.Itoa(k)
+		// The site's gateway: the core's gwK, or its NAT router's.
+		gwNS := core
+		if l.NATOf(k) != NATNone {
+			gwNS = l.routerNS(k)
+			if err := l.addRouter(ctx, k); err != nil {
+				return err
+			}
+		}
 		if err := ip("-n", core, "link", "add", "name", br, "type", "bridge"); err != nil {
 			return err
 		}
 		if err := ip("-n", core, "link", "set", "dev", br, "up"); err != nil {
 			return err
 		}
-		if err := l.addLink(ctx, &link{a: end{core, gw}, b: end{core, up}, site: k, uplink: true}); err != nil {
+		if err := l.addLink(ctx, &link{a: end{gwNS, gw}, b: end{core, up}, site: k, uplink: true}); err != nil {
 			return err
 		}
 		for _, s := range [][]string{
 			{"-n", core, "link", "set", "dev", up, "master", br, "up"},
-			{"-n", core, "addr", "add", l.gateway(k).String() + "/24", "dev", gw},
-			{"-n", core, "link", "set", "dev", gw, "up"},
+			{"-n", gwNS, "addr", "add", l.gateway(k).String() + "/24", "dev", gw},
+			{"-n", gwNS, "link", "set", "dev", gw, "up"},
 		} {
 			if err := ip(s...); err != nil {
 				return err
+			}
+		}
+		if gwNS != core {
+			if err := loadNAT(ctx, l.tools, gwNS, natRules(l.NATOf(k), gw)); err != nil {
+				return fmt.Errorf("nftables rules of %s: %w", gwNS, err)
 			}
 		}
 		for i := range n {
@@ -381,7 +408,10 @@ func (l *Lab) Do(site, i int, f func() error) error {
 
 // Partition cuts site k off from the other sites: packets between them are
 // dropped silently, as on a cut link, while the site's nodes still reach one
-// another and the host. Partitioning a partitioned site does nothing.
+// another and the host. For a site behind a NAT the cut is between its
+// router and the core; the router keeps its conntrack entries, so flows go
+// on after Heal unless their mappings timed out meanwhile. Partitioning a
+// partitioned site does nothing.
 func (l *Lab) Partition(site int) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -429,10 +459,15 @@ const commandTimeout = 30 * time.Second
 // partitionRules are the core's policy-routing rules that cut site k off.
 // Traffic within a site is bridged and never routed, so no rule sees it;
 // traffic to or from other sites is routed by the core, and blackholed
-// unless it is the host's.
+// unless it is the host's. A NATed site's traffic reaches the core from
+// its router's public address, so the rules name the router's /30 rather
+// than the site's /24.
 func (l *Lab) partitionRules(site int) [][]string {
 	b := strconv.Itoa(l.octet)
 	subnet := "10." + b + "." + strconv.Itoa(site) + ".0/24"
+	if l.NATOf(site) != NATNone {
+		subnet = l.wanNet(site)
+	}
 	hostNet := "10." + b + ".255.0/30"
 	prio := func(j int) string { return strconv.Itoa(partitionPrio + 4*site + j) }
 	return [][]string{

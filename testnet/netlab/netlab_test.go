@@ -22,15 +22,32 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// needRoot skips a test that makes namespaces where it can't.
+// needRoot skips a test that makes namespaces where it can't, and fails it
+// there under DM_REQUIRE_ROOT=1.
 func needRoot(t *testing.T) {
 	t.Helper()
+	need(t, Available)
+}
+
+// need skips t unless it runs as root on a machine where available returns
+// nil. Under DM_REQUIRE_ROOT=1, which `make test` sets, it fails t instead,
+// as internal/testutil.NeedRoot does (netlab imports no DeepMarket
+// package, its tests included): a suite must not pass by not running.
+func need(t *testing.T, available func() error) {
+	t.Helper()
+	why := ""
 	if os.Geteuid() != 0 {
-		t.Skip("netlab: this test makes network namespaces and needs root: run `sudo go test ./testnet/netlab/`")
+		why = "this test makes network namespaces and needs root: run `sudo go test ./testnet/netlab/`"
+	} else if err := available(); err != nil {
+		why = fmt.Sprintf("this machine can't run a lab: %v", err)
 	}
-	if err := Available(); err != nil {
-		t.Skipf("netlab: this machine can't run a lab: %v", err)
+	if why == "" {
+		return
 	}
+	if os.Getenv("DM_REQUIRE_ROOT") == "1" {
+		t.Fatalf("netlab: DM_REQUIRE_ROOT=1, but %s", why)
+	}
+	t.Skip("netlab: " + why)
 }
 
 // newTag returns a fresh tag whose leftovers are removed when the test
@@ -340,6 +357,10 @@ func TestCreateBadConfig(t *testing.T) {
 		{"negative delay", Config{Tag: "nltbad", Sites: []int{1}, Profile: neg}, "WAN[0]: delay -1ms is negative"},
 		{"octet", Config{Tag: "nltbad", Octet: 300, Sites: []int{1}, Profile: lan}, "Config.Octet 300"},
 		{"shaper", Config{Tag: "nltbad", Sites: []int{1}, Profile: lan, Shaper: 7}, "Config.Shaper"},
+		{"nat length", Config{Tag: "nltbad", Sites: []int{1, 1}, Profile: lan, NAT: []NAT{NATCone}}, "Config.NAT has 1 entries for 2 sites"},
+		{"nat kind", Config{Tag: "nltbad", Sites: []int{1}, Profile: lan, NAT: []NAT{3}}, "Config.NAT[0] is NAT(3)"},
+		{"nat site", Config{Tag: "nltbad", Sites: slices.Repeat([]int{1}, MaxNATSite+2), Profile: lan,
+			NAT: append(make([]NAT, MaxNATSite+1), NATCone)}, "Config.NAT[64] is cone: only sites 0 to 63"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			l, err := Create(t.Context(), c.cfg)
@@ -360,15 +381,35 @@ func TestCreateBadConfig(t *testing.T) {
 }
 
 // TestCreateFailsCleanly fails Create at several of its commands and checks
-// that each time nothing is left.
+// that each time nothing is left; with a NAT site, among them the router's
+// first command and its nft.
 func TestCreateFailsCleanly(t *testing.T) {
-	needRoot(t)
 	lan, _ := ProfileByName("lan")
+	t.Run("public", func(t *testing.T) {
+		needRoot(t)
+		testCreateFailsCleanly(t, Config{Sites: []int{2, 1}, Profile: lan})
+	})
+	t.Run("nat", func(t *testing.T) {
+		needNAT(t)
+		testCreateFailsCleanly(t, Config{Sites: []int{2, 1}, Profile: lan, NAT: []NAT{NATNone, NATCone}})
+	})
+}
+
+func testCreateFailsCleanly(t *testing.T, cfg Config) {
 	var count atomic.Int64
 	t.Cleanup(func() { beforeCommand = nil })
-	beforeCommand = func([]string) error { count.Add(1); return nil }
+	var points []int // the commands that make a NAT router, and its rules
+	beforeCommand = func(args []string) error {
+		n := int(count.Add(1))
+		if slices.ContainsFunc(args, func(a string) bool { return strings.HasSuffix(a, "-r1") }) || strings.HasPrefix(args[0], "table ip netlab") {
+			points = append(points, n)
+		}
+		return nil
+	}
 	tag := newTag(t)
-	l, err := Create(t.Context(), Config{Tag: tag, Sites: []int{2, 1}, Profile: lan})
+	cfg.Tag = tag
+	l, err := Create(t.Context(), cfg)
+	beforeCommand = nil
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,8 +417,15 @@ func TestCreateFailsCleanly(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
+	failAt := []int{1, 2, 3, 5, 8, total / 2, total - 1, total}
+	if cfg.NAT != nil {
+		if len(points) == 0 {
+			t.Fatal("no command made a NAT router")
+		}
+		failAt = append(failAt, points[0], points[len(points)-1])
+	}
 	injected := errors.New("injected failure")
-	for _, n := range []int{1, 2, 3, 5, 8, total / 2, total - 1, total} {
+	for _, n := range failAt {
 		count.Store(0)
 		beforeCommand = func([]string) error {
 			if int(count.Add(1)) == n {
@@ -385,7 +433,7 @@ func TestCreateFailsCleanly(t *testing.T) {
 			}
 			return nil
 		}
-		l, err := Create(t.Context(), Config{Tag: tag, Sites: []int{2, 1}, Profile: lan})
+		l, err := Create(t.Context(), cfg)
 		beforeCommand = nil
 		if err == nil {
 			l.Close()
