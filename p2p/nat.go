@@ -12,6 +12,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
 	"github.com/libp2p/go-libp2p/p2p/host/eventbus"
 	relayv2 "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
 	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
@@ -25,6 +26,7 @@ import (
 type Host struct {
 	host.Host
 	relayOpts []relayv2.Option
+	relays    []peer.AddrInfo // the static relays
 	punches   *punchCounter
 
 	reach   atomic.Int32 // network.Reachability
@@ -33,7 +35,21 @@ type Host struct {
 	relayOn bool           // RelayOn: serve whatever AutoNAT says
 	sub     event.Subscription
 	done    chan struct{}
+
+	// observed are the last addresses peers saw this host's direct
+	// connections come from (identify), newest last.
+	omu      sync.Mutex
+	observed []observation
 }
+
+// observation is one peer's view of this host's address.
+type observation struct {
+	addr string // the address the peer saw
+	peer peer.ID
+}
+
+// maxObservations bounds what the host keeps of its peers' views.
+const maxObservations = 32
 
 // start follows AutoNAT's verdict and, for RelayOn, starts the relay
 // service at once. It also tells auto-relay that reachability is unknown
@@ -46,7 +62,8 @@ func (h *Host) start(p NATParams) error {
 		close(h.done)
 		return nil
 	}
-	sub, err := h.EventBus().Subscribe(new(event.EvtLocalReachabilityChanged), eventbus.Name("deepmarket nat"))
+	sub, err := h.EventBus().Subscribe([]any{new(event.EvtLocalReachabilityChanged), new(event.EvtPeerIdentificationCompleted)},
+		eventbus.Name("deepmarket nat"))
 	if err != nil {
 		return err
 	}
@@ -66,8 +83,12 @@ func (h *Host) start(p NATParams) error {
 	go func() {
 		defer close(h.done)
 		for e := range sub.Out() {
-			r := e.(event.EvtLocalReachabilityChanged).Reachability
-			h.reach.Store(int32(r))
+			switch e := e.(type) {
+			case event.EvtLocalReachabilityChanged:
+				h.reach.Store(int32(e.Reachability))
+			case event.EvtPeerIdentificationCompleted:
+				h.observe(e)
+			}
 		}
 	}()
 	return nil
@@ -85,6 +106,37 @@ func (h *Host) startRelay() error {
 	}
 	h.relay = r
 	return nil
+}
+
+// observe keeps what a peer saw of a direct connection from this host's
+// listening port: a public address there is the host's NAT mapping.
+func (h *Host) observe(e event.EvtPeerIdentificationCompleted) {
+	o := e.ObservedAddr
+	if o == nil || e.Conn == nil || Relayed(e.Conn) || !manet.IsPublicAddr(o) || isRelayAddr(o) {
+		return
+	}
+	if !slices.ContainsFunc(h.Network().ListenAddresses(), func(l ma.Multiaddr) bool { return samePort(l, e.Conn.LocalMultiaddr()) }) {
+		return // an ephemeral port: its mapping says nothing of the listener's
+	}
+	h.omu.Lock()
+	defer h.omu.Unlock()
+	h.observed = slices.DeleteFunc(h.observed, func(x observation) bool { return x.peer == e.Peer })
+	h.observed = append(h.observed, observation{addr: o.String(), peer: e.Peer})
+	if len(h.observed) > maxObservations {
+		h.observed = h.observed[1:]
+	}
+}
+
+// samePort says whether a and b are the same transport and port.
+func samePort(a, b ma.Multiaddr) bool {
+	for _, code := range []int{ma.P_TCP, ma.P_UDP} {
+		pa, errA := a.ValueForProtocol(code)
+		pb, errB := b.ValueForProtocol(code)
+		if errA == nil || errB == nil {
+			return errA == nil && errB == nil && pa == pb
+		}
+	}
+	return false
 }
 
 // Close stops the relay service and the host.
@@ -128,9 +180,7 @@ type NATStatus struct {
 // unknown reachability and its addresses.
 func NATOf(h host.Host) NATStatus {
 	st := NATStatus{Reachability: "unknown", PublicAddrs: []string{}, RelayAddrs: []string{}}
-	var hp interface {
-		HolePunchAddrs() []ma.Multiaddr
-	}
+	var observed []string
 	nh, ok := h.(*Host)
 	if ok {
 		st.Reachability = reachabilityName(network.Reachability(nh.reach.Load()))
@@ -138,7 +188,11 @@ func NATOf(h host.Host) NATStatus {
 		st.Relaying = nh.relay != nil || nh.relayRunning()
 		nh.mu.Unlock()
 		st.HolePunches, st.HolePunchesWon = nh.punches.tried.Load(), nh.punches.won.Load()
-		hp, _ = nh.Host.(interface{ HolePunchAddrs() []ma.Multiaddr })
+		nh.omu.Lock()
+		for _, o := range nh.observed {
+			observed = append(observed, o.addr)
+		}
+		nh.omu.Unlock()
 	}
 	public := map[string]bool{}
 	for _, a := range h.Addrs() {
@@ -148,10 +202,8 @@ func NATOf(h host.Host) NATStatus {
 			public[a.String()] = true
 		}
 	}
-	if hp != nil {
-		for _, a := range hp.HolePunchAddrs() {
-			public[a.String()] = true
-		}
+	for _, a := range observed {
+		public[a] = true
 	}
 	for a := range public {
 		st.PublicAddrs = append(st.PublicAddrs, a)
@@ -328,4 +380,28 @@ func ReachOf(h host.Host) string {
 		}
 	}
 	return ReachNAT
+}
+
+// AddRelayAddrs gives p an address through each of h's static relays
+// (the network's public nodes) when h knows no address of p: a machine
+// behind a NAT that this node never met is reached through the relay it
+// holds a slot on. Dials through relays where p holds none fail at once.
+func AddRelayAddrs(h host.Host, p peer.ID) {
+	nh, ok := h.(*Host)
+	if !ok || len(nh.relays) == 0 || p == h.ID() || len(h.Peerstore().Addrs(p)) > 0 {
+		return
+	}
+	for _, r := range nh.relays {
+		if r.ID == p {
+			continue
+		}
+		for _, a := range r.Addrs {
+			c, err := ma.NewMultiaddr("/p2p/" + r.ID.String() + "/p2p-circuit")
+			if err != nil {
+				continue
+			}
+			h.Peerstore().AddAddr(p, a.Encapsulate(c), peerstore.TempAddrTTL)
+		}
+		h.Peerstore().AddAddrs(r.ID, r.Addrs, peerstore.TempAddrTTL)
+	}
 }

@@ -149,8 +149,9 @@ func applyAddrs(m *Manifest, i int, a Addrs, cfg *node.Config) {
 	}
 }
 
-// configure rewrites every node's addresses for a run on a.
-func configure(dir string, m *Manifest, a Addrs) error {
+// configure rewrites every node's addresses for a run on a, and applies
+// extra (when set) to each node's config.
+func configure(dir string, m *Manifest, a Addrs, extra func(i int, cfg *node.Config)) error {
 	for i, n := range m.Nodes {
 		h := node.Home{Dir: filepath.Join(dir, n.Home)}
 		cfg, err := node.LoadConfig(h.ConfigPath())
@@ -158,6 +159,9 @@ func configure(dir string, m *Manifest, a Addrs) error {
 			return fmt.Errorf("%s: %w", n.Name, err)
 		}
 		applyAddrs(m, i, a, &cfg)
+		if extra != nil {
+			extra(i, &cfg)
+		}
 		if err := node.SaveConfig(h.ConfigPath(), cfg); err != nil {
 			return fmt.Errorf("%s: %w", n.Name, err)
 		}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/deepmarket/deepmarket/node"
 	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/testnet/netlab"
 )
 
@@ -25,7 +26,10 @@ type RunOptions struct {
 	// Binary is the deepmarket executable (default: this one).
 	Binary string
 	// Profile is a network profile (lan, wifi, multi-dc): each node in its
-	// own network namespace behind tc netem. Empty runs on loopback.
+	// own network namespace behind tc netem. Empty runs on loopback. The
+	// NAT profiles nat and nat-symmetric are lan with every university's
+	// machines behind a NAT of its own (NATProfiles), its validators
+	// outside, on the emulated internet.
 	Profile string
 	// Tag names the namespaces (default from the chain ID); at most 6
 	// characters.
@@ -48,6 +52,7 @@ type Network struct {
 	Lab      *netlab.Lab // nil on loopback
 
 	opts    RunOptions
+	pos     []labPos // each node's place in the lab
 	mu      sync.Mutex
 	procs   []*exec.Cmd
 	exited  []chan struct{}
@@ -78,7 +83,7 @@ func Start(ctx context.Context, dir string, opts RunOptions) (*Network, error) {
 			return nil, err
 		}
 	}
-	if err := configure(dir, m, n.Addrs); err != nil {
+	if err := configure(dir, m, n.Addrs, n.natConfig); err != nil {
 		n.Close()
 		return nil, err
 	}
@@ -101,9 +106,13 @@ func Start(ctx context.Context, dir string, opts RunOptions) (*Network, error) {
 }
 
 func (n *Network) makeLab(ctx context.Context) error {
-	p, err := netlab.ProfileByName(n.opts.Profile)
+	name, nat := n.opts.Profile, netlab.NATNone
+	if k, ok := NATProfiles[name]; ok {
+		name, nat = "lan", k
+	}
+	p, err := netlab.ProfileByName(name)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w (or a NAT profile: nat, nat-symmetric)", err)
 	}
 	if err := netlab.Available(); err != nil {
 		return fmt.Errorf("--profile %s: %w", n.opts.Profile, err)
@@ -113,22 +122,21 @@ func (n *Network) makeLab(ctx context.Context) error {
 		tag = "dm" + n.Manifest.ChainID[max(0, len(n.Manifest.ChainID)-4):]
 	}
 	_ = netlab.Cleanup(tag) // what a crashed run left
-	sites := make([]int, len(n.Manifest.Sites))
-	for i := range n.Manifest.Nodes {
-		sites[n.Manifest.SiteIndex(i)]++
-	}
-	lab, err := netlab.Create(ctx, netlab.Config{Tag: tag, Sites: sites, Profile: p})
+	var sites []int
+	var nats []netlab.NAT
+	sites, nats, n.pos = layout(n.Manifest, nat)
+	lab, err := netlab.Create(ctx, netlab.Config{Tag: tag, Sites: sites, Profile: p, NAT: nats})
 	if err != nil {
 		return err
 	}
 	n.Lab = lab
 	for i, nd := range n.Manifest.Nodes {
-		s := n.Manifest.SiteIndex(i)
-		n.Addrs[i] = lab.IP(s, nd.Index).String()
+		at := n.pos[i]
+		n.Addrs[i] = lab.IP(at.site, at.index).String()
 		// The API and the ledger RPC listen on the node's own loopback;
 		// the host reaches them through these proxies on its loopback.
 		for _, port := range []int{nd.Ports.API, nd.Ports.LedgerRPC} {
-			px, err := newProxy(lab, s, nd.Index, port)
+			px, err := newProxy(lab, at.site, at.index, port)
 			if err != nil {
 				n.Close()
 				return fmt.Errorf("%s: %w", nd.Name, err)
@@ -137,6 +145,65 @@ func (n *Network) makeLab(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// NATProfiles are the profiles that put every university's machines
+// behind a NAT of its own: lan links, and a NAT that keeps one mapping per
+// machine (nat: as Linux masquerade, which hole punches cross) or maps
+// every destination anew (nat-symmetric: which they do not).
+var NATProfiles = map[string]netlab.NAT{"nat": netlab.NATCone, "nat-symmetric": netlab.NATSymmetric}
+
+// labPos is a node's place in the lab: its lab site and index there.
+type labPos struct{ site, index int }
+
+// layout places the nodes in the lab. Without NAT a lab site is a
+// university. With it, lab site 0 is the emulated internet, where every
+// validator sits (a university's public servers), and lab site k+1 holds
+// university k's other machines behind its NAT; a university with no
+// other machines gets no lab site.
+func layout(m *Manifest, nat netlab.NAT) (sites []int, nats []netlab.NAT, pos []labPos) {
+	pos = make([]labPos, len(m.Nodes))
+	if nat == netlab.NATNone {
+		sites = make([]int, len(m.Sites))
+		for i := range m.Nodes {
+			s := m.SiteIndex(i)
+			pos[i] = labPos{s, sites[s]}
+			sites[s]++
+		}
+		return sites, nil, pos
+	}
+	sites, nats = []int{0}, []netlab.NAT{netlab.NATNone}
+	labOf := map[int]int{}
+	for i, nd := range m.Nodes {
+		s := 0
+		if !nd.Validator {
+			u := m.SiteIndex(i)
+			if _, ok := labOf[u]; !ok {
+				labOf[u] = len(sites)
+				sites, nats = append(sites, 0), append(nats, nat)
+			}
+			s = labOf[u]
+		}
+		pos[i] = labPos{s, sites[s]}
+		sites[s]++
+	}
+	return sites, nats, pos
+}
+
+// natConfig sets what a node behind the lab's NATs needs: libp2p counts
+// the lab's internet as public, and the validators, public servers, relay
+// for members from the start.
+func (n *Network) natConfig(i int, cfg *node.Config) {
+	cfg.P2P.TestnetPublic, cfg.P2P.RelayService = nil, node.DefaultConfig().P2P.RelayService
+	if _, ok := NATProfiles[n.opts.Profile]; !ok || n.Lab == nil {
+		return
+	}
+	for _, c := range n.Lab.PublicCIDRs() {
+		cfg.P2P.TestnetPublic = append(cfg.P2P.TestnetPublic, c.String())
+	}
+	if n.Manifest.Nodes[i].Validator {
+		cfg.P2P.RelayService = p2p.RelayOn
+	}
 }
 
 func (n *Network) progress(format string, args ...any) {
@@ -175,7 +242,7 @@ func (n *Network) launch(i int) error {
 		// Forked from a thread inside the node's network namespace. Not
 		// `ip netns exec`: it remounts /sys, which hides the cgroup
 		// hierarchies the node's sandbox needs.
-		start = func() error { return n.Lab.Do(n.Manifest.SiteIndex(i), nd.Index, cmd.Start) }
+		start = func() error { return n.Lab.Do(n.pos[i].site, n.pos[i].index, cmd.Start) }
 	}
 	if err := start(); err != nil {
 		logf.Close()
@@ -318,7 +385,7 @@ func (n *Network) Partition(site int) error {
 		return errors.New("partitions need a network profile (testnet run --profile)")
 	}
 	n.progress("partitioning %s from the other sites", n.Manifest.Sites[site])
-	return n.Lab.Partition(site)
+	return n.Lab.Partition(n.labSite(site))
 }
 
 // Heal ends a partition.
@@ -327,7 +394,18 @@ func (n *Network) Heal(site int) error {
 		return errors.New("partitions need a network profile (testnet run --profile)")
 	}
 	n.progress("healing %s", n.Manifest.Sites[site])
-	return n.Lab.Heal(site)
+	return n.Lab.Heal(n.labSite(site))
+}
+
+// labSite is the lab site of university site's machines: under a NAT
+// profile its NATed lab (its validators stay on the internet).
+func (n *Network) labSite(site int) int {
+	for i := range n.Manifest.Nodes {
+		if n.Manifest.SiteIndex(i) == site && !n.Manifest.Nodes[i].Validator {
+			return n.pos[i].site
+		}
+	}
+	return site
 }
 
 // Close stops every node (in parallel, each with SIGTERM then SIGKILL)

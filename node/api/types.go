@@ -172,10 +172,13 @@ type Offer struct {
 	Addrs          []string      `json:"addrs"`
 	Software       p2p.Software  `json:"software"`
 	// Links are the machine's measured paths to other machines.
-	Links      []p2p.LinkSample `json:"links,omitempty"`
-	ExpiresAt  time.Time        `json:"expires_at"`
-	ReceivedAt time.Time        `json:"received_at"`
-	Self       bool             `json:"self"`
+	Links []p2p.LinkSample `json:"links,omitempty"`
+	// Reach is how other machines reach this one: public, nat (behind a
+	// NAT a hole punch crosses) or relay (only through a relay).
+	Reach      string    `json:"reach,omitempty"`
+	ExpiresAt  time.Time `json:"expires_at"`
+	ReceivedAt time.Time `json:"received_at"`
+	Self       bool      `json:"self"`
 }
 
 // Peer is one entry of `peers --json`.
