@@ -1,0 +1,146 @@
+package p2p
+
+import (
+	"context"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
+	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/client"
+	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
+)
+
+func natHost(t *testing.T, b byte, nat NATParams) host.Host {
+	t.Helper()
+	h, err := NewHost(HostParams{Key: testKey(t, b), Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Version: "test", NAT: nat})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+// TestRelayServesMembersOnly: a real stranger (a fresh key) can neither
+// reserve a slot on a node's relay nor reach a member through it; a
+// member can, and a relayed connection is cut at the relay's data limit,
+// so the relay is no free bandwidth sink.
+func TestRelayServesMembersOnly(t *testing.T) {
+	memberA, memberB := testKey(t, 2).PeerID(), testKey(t, 3).PeerID()
+	res := DefaultRelayResources()
+	res.Limit.Data = 64 << 10
+	relay := natHost(t, 1, NATParams{RelayService: RelayOn, Resources: &res,
+		Member: func(p peer.ID) bool { return p == memberA || p == memberB }})
+	a := natHost(t, 2, NATParams{RelayService: RelayOff})
+	b := natHost(t, 3, NATParams{RelayService: RelayOff})
+	stranger := natHost(t, 9, NATParams{RelayService: RelayOff})
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	ri := peer.AddrInfo{ID: relay.ID(), Addrs: relay.Addrs()}
+	for _, h := range []host.Host{a, b, stranger} {
+		if err := h.Connect(ctx, ri); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := client.Reserve(ctx, stranger, ri); err == nil {
+		t.Fatal("a stranger reserved a slot on the relay")
+	}
+	if _, err := client.Reserve(ctx, b, ri); err != nil {
+		t.Fatalf("a member could not reserve a slot: %v", err)
+	}
+	if !NATOf(relay).Relaying {
+		t.Fatal("the relay does not say it relays")
+	}
+	circuit := ma.StringCast("/p2p/" + relay.ID().String() + "/p2p-circuit")
+	var via []ma.Multiaddr
+	for _, ad := range relay.Addrs() {
+		via = append(via, ad.Encapsulate(circuit))
+	}
+
+	// The stranger cannot reach member b through the relay.
+	stranger.Peerstore().AddAddrs(b.ID(), via, peerstore.TempAddrTTL)
+	if err := stranger.Connect(network.WithAllowLimitedConn(ctx, "test"), peer.AddrInfo{ID: b.ID()}); err == nil {
+		t.Fatal("a stranger reached a member through the relay")
+	}
+
+	// Member a reaches member b through it, within the data limit.
+	const proto = "/deepmarket-test/sink/1"
+	got := make(chan int64, 1)
+	b.SetStreamHandler(proto, func(s network.Stream) {
+		n, _ := io.Copy(io.Discard, s)
+		got <- n
+	})
+	a.Peerstore().AddAddrs(b.ID(), via, peerstore.TempAddrTTL)
+	s, err := a.NewStream(network.WithAllowLimitedConn(ctx, "test"), b.ID(), proto)
+	if err != nil {
+		t.Fatalf("a member could not reach another through the relay: %v", err)
+	}
+	if !Relayed(s.Conn()) {
+		t.Fatalf("the stream went over %s, not the relay", s.Conn().RemoteMultiaddr())
+	}
+	buf := make([]byte, 8<<10)
+	var sent int64
+	for sent < 1<<20 {
+		s.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		n, err := s.Write(buf)
+		sent += int64(n)
+		if err != nil {
+			break
+		}
+	}
+	s.Reset()
+	select {
+	case n := <-got:
+		if n > res.Limit.Data {
+			t.Fatalf("the relay carried %d bytes, over its limit of %d", n, res.Limit.Data)
+		}
+		t.Logf("sent %d bytes, the relay carried %d before cutting the connection", sent, n)
+	case <-ctx.Done():
+		t.Fatal("the relayed stream never ended")
+	}
+
+	// A bulk stream (not allowed over a limited connection) is refused.
+	c, cancel2 := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel2()
+	if _, err := a.NewStream(c, b.ID(), proto); err == nil && !Direct(a, b.ID()) {
+		t.Fatal("a bulk stream opened over the relay")
+	}
+}
+
+func TestTreatAsPublic(t *testing.T) {
+	saved := manet.Private4
+	t.Cleanup(func() { manet.Private4 = saved })
+	_, lab, _ := net.ParseCIDR("10.77.254.0/24")
+	if err := TreatAsPublic([]*net.IPNet{lab}); err != nil {
+		t.Fatal(err)
+	}
+	for addr, public := range map[string]bool{
+		"/ip4/10.77.254.6/tcp/1": true, "/ip4/10.77.253.6/tcp/1": false, "/ip4/10.1.2.3/tcp/1": false,
+		"/ip4/127.0.0.1/tcp/1": false, "/ip4/192.168.1.1/tcp/1": false, "/ip4/8.8.8.8/tcp/1": true,
+	} {
+		if got := manet.IsPublicAddr(ma.StringCast(addr)); got != public {
+			t.Errorf("%s: public %v, want %v", addr, got, public)
+		}
+	}
+	for _, bad := range []string{"127.0.0.0/8", "8.8.8.0/24", "169.254.0.0/16"} {
+		_, n, _ := net.ParseCIDR(bad)
+		if err := TreatAsPublic([]*net.IPNet{n}); err == nil {
+			t.Errorf("TreatAsPublic(%s) was taken", bad)
+		}
+	}
+}
+
+func TestAdvertisedDropsLoopback(t *testing.T) {
+	lo, lan := ma.StringCast("/ip4/127.0.0.1/tcp/1"), ma.StringCast("/ip4/10.0.0.2/tcp/1")
+	if got := advertised([]ma.Multiaddr{lo, lan}); len(got) != 1 || !got[0].Equal(lan) {
+		t.Errorf("advertised(loopback, lan) = %v, want the LAN address only", got)
+	}
+	if got := advertised([]ma.Multiaddr{lo}); len(got) != 1 {
+		t.Errorf("a host on loopback only advertises %v", got)
+	}
+}

@@ -1,0 +1,223 @@
+package testnet
+
+import (
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deepmarket/deepmarket/internal/testutil"
+	"github.com/deepmarket/deepmarket/node"
+	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/testnet/netlab"
+)
+
+// natNet runs three universities under a NAT profile: val0..val2 on the
+// emulated internet, node0..node2 (indexes 3..5) each behind its
+// university's NAT.
+func natNet(t *testing.T, profile string) *Network {
+	testutil.NeedRoot(t, netlab.AvailableNAT)
+	return startNet(t, Params{Validators: 3, Nodes: 3, Sites: 3, Python: jobPython(),
+		Configure: func(_ *Node, c *node.Config) {
+			c.P2P.DiscoverInterval = node.Duration{Duration: 5 * time.Second}
+			c.P2P.AnnounceInterval = node.Duration{Duration: 5 * time.Second}
+			c.P2P.OfferTTL = node.Duration{Duration: 30 * time.Second}
+		}},
+		RunOptions{Profile: profile, StartTimeout: 2 * time.Minute})
+}
+
+// waitReach waits until node i's offer, as node obs holds it, says how
+// the machine is reached.
+func waitReach(t *testing.T, n *Network, obs int, lenders []int, reach string, within time.Duration) {
+	t.Helper()
+	c, _ := n.Client(obs)
+	deadline := time.Now().Add(within)
+	for {
+		offers, err := c.Offers(t.Context())
+		got := map[string]string{}
+		for _, o := range offers {
+			got[o.Machine] = o.Reach
+		}
+		ok := err == nil
+		for _, i := range lenders {
+			ok = ok && got[n.Manifest.Nodes[i].PeerID] == reach
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: offers' reach %v after %s, want %q for nodes %v (%v)", n.Manifest.Nodes[obs].Name, got, within, reach, lenders, err)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// relayedBytes is what the validators' relays carried in all.
+func relayedBytes(t *testing.T, n *Network) float64 {
+	var sum float64
+	for i, nd := range n.Manifest.Nodes {
+		if !nd.Validator {
+			continue
+		}
+		c, _ := n.Client(i)
+		text, err := c.Metrics(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(text, "\n") {
+			if strings.HasPrefix(line, "libp2p_relaysvc_data_transferred_bytes_total") {
+				f := strings.Fields(line)
+				v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+				sum += v
+			}
+		}
+	}
+	return sum
+}
+
+// TestJobsAcrossCampusNATs: labs behind three NATs (profile nat) learn
+// that they are private, reserve relay slots on the validators and
+// advertise them; a 1-worker job and a 2-worker TensorFlow job from one
+// lab run on the two others, whose connections end direct (hole
+// punched), and the relays carry the control traffic only.
+func TestJobsAcrossCampusNATs(t *testing.T) {
+	n := natNet(t, "nat")
+	const submitter, lenderA, lenderB = 3, 4, 5
+	for _, i := range []int{submitter, lenderA, lenderB} {
+		c, _ := n.Client(i)
+		deadline := time.Now().Add(90 * time.Second)
+		for {
+			st, err := c.Status(t.Context())
+			if err == nil && st.NAT.Reachability == "private" && len(st.NAT.RelayAddrs) > 0 && len(st.NAT.PublicAddrs) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not found private with a relay slot and a public mapping: %+v (%v)", n.Manifest.Nodes[i].Name, st.NAT, err)
+			}
+			time.Sleep(time.Second)
+		}
+	}
+	for _, i := range []int{lenderA, lenderB} {
+		c, _ := n.Client(i)
+		if _, err := c.SetLend(t.Context(), api.LendRequest{Cores: 1, MemBytes: 3 << 30}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitReach(t, n, submitter, []int{lenderA, lenderB}, "nat", 90*time.Second)
+	sc, _ := n.Client(submitter)
+
+	one, err := sc.Submit(t.Context(), api.SubmitRequest{Spec: workSpec(workBundle(t), 3, "0.5", "5m"), Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j := waitJob(t, sc, one.ID, 3*time.Minute); j.State != jobs.Succeeded {
+		t.Fatalf("a 1-worker job on a lab behind a NAT: %s (%s)\n%s", j.State, j.Reason, jobLog(t, sc, one.ID))
+	}
+	before := relayedBytes(t, n)
+	two, err := sc.Submit(t.Context(), api.SubmitRequest{Spec: fashionSpec(t, 2), Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := waitJob(t, sc, two.ID, 8*time.Minute)
+	if j.State != jobs.Succeeded {
+		t.Fatalf("a 2-worker TensorFlow job across two NATs: %s (%s)\n%s", j.State, j.Reason, jobLog(t, sc, two.ID))
+	}
+	machines := map[int]bool{}
+	for _, w := range j.Current().Workers {
+		machines[machineIndex(n, w.Machine)] = true
+	}
+	if !machines[lenderA] || !machines[lenderB] {
+		t.Fatalf("the 2-worker job ran on %v, want both labs", machines)
+	}
+	relayed := relayedBytes(t, n) - before
+	t.Logf("the relays carried %.0f bytes during the TensorFlow job", relayed)
+	if relayed > 1<<20 {
+		t.Fatalf("the relays carried %.0f bytes during the TensorFlow job: the bulk went through them", relayed)
+	}
+	for _, pair := range [][2]int{{lenderA, lenderB}, {submitter, lenderA}, {submitter, lenderB}} {
+		c, _ := n.Client(pair[0])
+		peers, err := c.Peers(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := ""
+		for _, p := range peers {
+			if p.PeerID == n.Manifest.Nodes[pair[1]].PeerID {
+				found = p.Connection
+			}
+		}
+		if found != "direct" {
+			t.Errorf("%s's connection to %s is %q, want direct (hole punched)", n.Manifest.Nodes[pair[0]].Name, n.Manifest.Nodes[pair[1]].Name, found)
+		}
+	}
+	n.check(t, all(n), true)
+}
+
+// TestSymmetricNATsKeepJobsApart: labs behind symmetric NATs (profile
+// nat-symmetric) cannot be hole punched to each other. A 1-worker job
+// from a public node runs on one; a 2-worker job waits in the queue,
+// saying why, rather than be spread over two labs that cannot reach each
+// other; once a public machine lends, it runs there and on one lab.
+func TestSymmetricNATsKeepJobsApart(t *testing.T) {
+	n := natNet(t, "nat-symmetric")
+	const submitter, public, lenderA, lenderB = 0, 1, 4, 5
+	lend(t, n, lenderA, 1)
+	lend(t, n, lenderB, 1)
+	waitReach(t, n, submitter, []int{lenderA, lenderB}, "relay", 2*time.Minute)
+	sc, _ := n.Client(submitter)
+	bundle := workBundle(t)
+	one, err := sc.Submit(t.Context(), api.SubmitRequest{Spec: workSpec(bundle, 3, "0.5", "5m"), Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j := waitJob(t, sc, one.ID, 3*time.Minute); j.State != jobs.Succeeded {
+		t.Fatalf("a 1-worker job on a lab behind a symmetric NAT: %s (%s)\n%s", j.State, j.Reason, jobLog(t, sc, one.ID))
+	}
+	spec := workSpec(bundle, 3, "0.5", "5m")
+	spec.Workers = 2
+	two, err := sc.Submit(t.Context(), api.SubmitRequest{Spec: spec, Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		j, err := sc.Job(t.Context(), two.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.State.Terminal() || j.State == jobs.Running {
+			t.Fatalf("a 2-worker job over two symmetric NATs: %s (%s), want it waiting\n%s", j.State, j.Reason, jobLog(t, sc, two.ID))
+		}
+		if j.State == jobs.Waiting && j.Queue != nil && strings.Contains(j.Queue.Why, "reach each other") {
+			t.Logf("waiting: %s", j.Queue.Why)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the 2-worker job is %s (%+v), want waiting for machines that reach each other", j.State, j.Queue)
+		}
+		time.Sleep(time.Second)
+	}
+	lend(t, n, public, 1)
+	j := waitJob(t, sc, two.ID, 4*time.Minute)
+	if j.State != jobs.Succeeded {
+		t.Fatalf("the 2-worker job once a public machine lends: %s (%s)\n%s", j.State, j.Reason, jobLog(t, sc, two.ID))
+	}
+	if machineIndex(n, j.Current().Workers[0].Machine) != public && machineIndex(n, j.Current().Workers[1].Machine) != public {
+		t.Fatalf("the 2-worker job ran on %s and %s, neither public", j.Current().Workers[0].Machine, j.Current().Workers[1].Machine)
+	}
+	n.check(t, all(n), true)
+}
+
+// fashionSpec is a short real training run of examples/fashion-mnist.
+func fashionSpec(t *testing.T, workers int) jobs.File {
+	bundle, err := filepath.Abs("../examples/fashion-mnist")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return jobs.File{Name: "fashion-nat", Framework: "tensorflow",
+		Command: []string{"python3", "train.py", "--epochs", "1", "--steps-per-epoch", "40"}, Bundle: bundle,
+		Dataset: "/usr/share/datasets/fashion-mnist", Workers: workers, Cores: 1, Memory: "2GiB",
+		MaxPrice: "5", MaxDuration: "15m"}
+}
