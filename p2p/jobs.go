@@ -231,6 +231,10 @@ func (s WorkerState) Ended() bool {
 	return s == WorkerExited || s == WorkerStopped || s == WorkerFailed
 }
 
+// MaxReasonLen bounds a JobStatus's Reason: a machine clips a longer one
+// (Clip) before it sends, since a report past it counts as no answer.
+const MaxReasonLen = maxTextLen
+
 // JobStatus is a worker's state on its machine.
 type JobStatus struct {
 	JobID    string      `cbor:"job" json:"job_id"`
@@ -264,7 +268,7 @@ func (s *JobStatus) Validate(job string, index int) error {
 		return rangeErr("status of worker %d of %.16s, asked about worker %d of %.16s", s.Index, s.JobID, index, job)
 	case !s.State.Known():
 		return rangeErr("worker state %q", s.State)
-	case len(s.Reason) > maxTextLen:
+	case len(s.Reason) > MaxReasonLen:
 		return rangeErr("reason of %d bytes", len(s.Reason))
 	case s.LogBytes < 0 || s.Started < 0 || s.Ended < 0 || s.SuspendedMs < 0:
 		return rangeErr("negative log size or time")

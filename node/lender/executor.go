@@ -441,6 +441,10 @@ func (w *worker) status(now time.Time) p2p.JobStatus {
 		suspended += max(end.Sub(w.frozenAt), 0)
 	}
 	st.SuspendedMs = suspended.Milliseconds()
+	// The reason is often an error's whole chain (a tunnel that could not
+	// connect, a fetch that failed): clipped, so the report still checks
+	// out and the submitter learns why.
+	st.Reason = p2p.Clip(st.Reason, p2p.MaxReasonLen)
 	st.Vacated = w.vacated && w.state == p2p.WorkerStopped
 	// Output is kept only once the chief has ended: until then a result
 	// or checkpoint CID is not known.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"strconv"
@@ -44,6 +45,7 @@ func (w *worker) fail(reason string) {
 // fails ends the worker failed, with that step's reason.
 func (e *Executor) run(ctx context.Context, w *worker) {
 	log := e.log.With("module", "executor", "job", w.l.JobID[:12], "worker", w.l.Index)
+	defer logFailure(log, w)
 	spec, lease, err := e.prepare(ctx, w)
 	if err != nil {
 		w.fail(err.Error())
@@ -64,6 +66,18 @@ func (e *Executor) run(ctx context.Context, w *worker) {
 	if w.l.Index == 0 && ((!stopped && exit.Code == 0 && err == nil) || wantCkpt) {
 		// The chief's output dir is the job's result (or its checkpoint).
 		e.collectOutput(ctx, w, stopped)
+	}
+}
+
+// logFailure tells the machine's owner why a worker failed here, whatever
+// step failed: the submitter sees the reason clipped (p2p.MaxReasonLen),
+// and only if it still asks.
+func logFailure(log *slog.Logger, w *worker) {
+	w.mu.Lock()
+	state, reason, exit := w.state, w.reason, w.exit
+	w.mu.Unlock()
+	if state == p2p.WorkerFailed || (state == p2p.WorkerExited && reason != "") {
+		log.Warn("worker failed", "state", state, "exit", exit, "reason", reason)
 	}
 }
 

@@ -36,18 +36,20 @@ const answerBids = 16
 // its machines (every hold or none: a machine that refuses, because
 // another scheduler took its capacity first, makes this one release what
 // it got and re-quote on what the machines said they have), and returns
-// the quote, or the reason there is none. The first placement is the
-// market's index's, which may be up to a second behind the offers (the
-// holds catch what changed since); the re-quotes are exhaustive, over a
-// copy of its view that believes the refusals.
-func (q *Quoter) answerBid(ctx context.Context, w bidWork) p2p.Quote {
+// the quote, or the reason there is none, with the holds taken for it
+// (none without a quote), which the caller releases if the quote does not
+// reach its bidder. The first placement is the market's index's, which
+// may be up to a second behind the offers (the holds catch what changed
+// since); the re-quotes are exhaustive, over a copy of its view that
+// believes the refusals.
+func (q *Quoter) answerBid(ctx context.Context, w bidWork) (p2p.Quote, []holdRef) {
 	b := w.bid
 	now := time.Now()
 	idx, v, offers := q.p.Market.Indexed(now, b.Framework)
 	if len(v.Machines) == 0 && b.Framework == "tensorflow" {
 		if _, all, _ := q.p.Market.Indexed(now, ""); len(all.Machines) > 0 {
 			return p2p.Quote{JobID: b.JobID, Resource: "framework", Reason: fmt.Sprintf(
-				"none of the %d machines in view has TensorFlow (their owners can point [inventory] python at a virtualenv with tensorflow)", len(all.Machines))}
+				"none of the %d machines in view has TensorFlow (their owners can point [inventory] python at a virtualenv with tensorflow)", len(all.Machines))}, nil
 		}
 	}
 	job := market.SchedulerJob(b)
@@ -59,7 +61,7 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 			// random pause lets one of them take what is free first.
 			select {
 			case <-ctx.Done():
-				return p2p.Quote{JobID: b.JobID, Resource: "job", Reason: "the scheduler is stopping"}
+				return p2p.Quote{JobID: b.JobID, Resource: "job", Reason: "the scheduler is stopping"}, nil
 			case <-time.After(time.Duration(50+rand.IntN(400*attempt)) * time.Millisecond):
 			}
 		}
@@ -76,10 +78,10 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 			if refused != "" {
 				reason += " (after machines refused holds: " + refused + ")"
 			}
-			return p2p.Quote{JobID: b.JobID, Resource: rej.Resource, Reason: p2p.Clip(reason, 256), Total: rej.Price}
+			return p2p.Quote{JobID: b.JobID, Resource: rej.Resource, Reason: p2p.Clip(reason, 256), Total: rej.Price}, nil
 		}
 		if err != nil {
-			return p2p.Quote{JobID: b.JobID, Resource: "job", Reason: p2p.Clip(err.Error(), 256)}
+			return p2p.Quote{JobID: b.JobID, Resource: "job", Reason: p2p.Clip(err.Error(), 256)}, nil
 		}
 		if !market.AllReachable(offers, pl.Machines) {
 			// Workers behind NATs that admit no hole punch: place the job
@@ -88,12 +90,12 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 			pl, v, offers, rej = placeReachable(v, offers, job, now)
 			idx = nil
 			if rej != nil {
-				return p2p.Quote{JobID: b.JobID, Resource: rej.Resource, Reason: p2p.Clip(rej.Reason, 256), Total: rej.Price}
+				return p2p.Quote{JobID: b.JobID, Resource: rej.Resource, Reason: p2p.Clip(rej.Reason, 256), Total: rej.Price}, nil
 			}
 		}
 		predicted, rej := predict(b, v, offers, pl)
 		if rej != nil {
-			return p2p.Quote{JobID: b.JobID, Resource: rej.Resource, Reason: p2p.Clip(rej.Reason, 256), Predicted: predicted}
+			return p2p.Quote{JobID: b.JobID, Resource: rej.Resource, Reason: p2p.Clip(rej.Reason, 256), Predicted: predicted}, nil
 		}
 		h := q.holdPlacement(ctx, w, job, &pl, offers, attempt)
 		if len(h.failed) == 0 {
@@ -102,9 +104,9 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 			for w, i := range pl.Machines {
 				quote.Workers = append(quote.Workers, p2p.QuotedWorker{Machine: offers[i].Machine, PerHour: pl.Worker[w], Hold: h.ids[i]})
 			}
-			return quote
+			return quote, h.held(offers)
 		}
-		q.releaseHeld(ctx, b.JobID, h, offers)
+		q.release(ctx, b.JobID, h.held(offers))
 		if idx != nil {
 			// The index's view is shared with the other bids: the
 			// refusals go into a copy, which the index does not follow.
@@ -114,7 +116,7 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) p2p.Quote {
 		collided = believeRefusals(&v, offers, h, &refused)
 	}
 	return p2p.Quote{JobID: b.JobID, Resource: "cores", Reason: p2p.Clip(fmt.Sprintf(
-		"machines refused holds %d times (other schedulers took their capacity): %s", quoteAttempts, refused), 256)}
+		"machines refused holds %d times (other schedulers took their capacity): %s", quoteAttempts, refused), 256)}, nil
 }
 
 // placeReachable places job within each group of machines that all reach
@@ -187,6 +189,21 @@ type heldPlacement struct {
 	replies   map[int]p2p.ReserveReply
 	failed    []int // sorted
 	heldUntil int64
+	// lost are the machines whose reply never came (a timeout, a dropped
+	// connection): each may have granted the hold all the same.
+	lost map[int]bool
+}
+
+// held lists the holds of h that machines granted, or may have granted
+// (lost), with where each machine listens.
+func (h heldPlacement) held(offers []p2p.Offer) []holdRef {
+	var out []holdRef
+	for i, r := range h.replies {
+		if r.OK || h.lost[i] {
+			out = append(out, holdRef{machine: offers[i].Machine, addrs: offers[i].Addrs, id: h.ids[i], unsure: !r.OK})
+		}
+	}
+	return out
 }
 
 // holdPlacement asks each machine of pl to hold its workers, one hold per
@@ -208,7 +225,7 @@ func (q *Quoter) holdPlacement(ctx context.Context, w bidWork, job scheduler.Job
 		order = append(order, i)
 	}
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(offers[a].Machine, offers[b].Machine) })
-	h := heldPlacement{ids: map[int]string{}, replies: map[int]p2p.ReserveReply{}}
+	h := heldPlacement{ids: map[int]string{}, replies: map[int]p2p.ReserveReply{}, lost: map[int]bool{}}
 	for _, i := range order {
 		id := holdID(w.bid.JobID, q.p.Self, offers[i].Machine, attempt)
 		h.ids[i] = id
@@ -223,6 +240,7 @@ func (q *Quoter) holdPlacement(ctx context.Context, w bidWork, job scheduler.Job
 			// reached must not fail every quote that would use it.
 			q.p.Market.MarkUnreachable(offers[i].Machine, time.Now())
 			reply = p2p.ReserveReply{Reason: "unreachable: " + err.Error()}
+			h.lost[i] = true
 		} else {
 			q.p.Market.Reachable(offers[i].Machine)
 		}
@@ -240,16 +258,6 @@ func (q *Quoter) holdPlacement(ctx context.Context, w bidWork, job scheduler.Job
 	}
 	slices.Sort(h.failed)
 	return h
-}
-
-// releaseHeld gives back the holds of h that were granted.
-func (q *Quoter) releaseHeld(ctx context.Context, job string, h heldPlacement, offers []p2p.Offer) {
-	for i, r := range h.replies {
-		if r.OK {
-			machine, _ := peer.Decode(offers[i].Machine)
-			q.p.Holds.Reserve(ctx, machine, offers[i].Addrs, p2p.Reserve{Op: p2p.OpRelease, ID: h.ids[i], JobID: job})
-		}
-	}
 }
 
 // believeRefusals updates the view with what the machines that refused

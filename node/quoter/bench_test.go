@@ -64,7 +64,7 @@ func BenchmarkAnswerBid(b *testing.B) {
 			}
 			answer := func(q *Quoter, w bidWork) (p2p.Quote, time.Duration) {
 				start := time.Now()
-				quote := q.answerBid(b.Context(), w)
+				quote, _ := q.answerBid(b.Context(), w)
 				d := time.Since(start)
 				if len(quote.Workers) != 4 {
 					b.Fatalf("no quote: %s", quote.Reason)

@@ -2,6 +2,7 @@ package quoter
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -115,14 +116,95 @@ func (q *Quoter) priceBids(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case w := <-q.queue:
-			quote := q.answerBid(ctx, w)
-			if err := q.p.Quotes.SendQuote(ctx, w.bidder, quote); err != nil {
-				q.p.Logger.Debug("quote not delivered", "job", w.bid.JobID, "bidder", w.bidder, "err", err)
-				for _, qw := range quote.Workers { // nobody will commit them
-					machine, _ := peer.Decode(qw.Machine)
-					q.p.Holds.Reserve(ctx, machine, nil, p2p.Reserve{Op: p2p.OpRelease, ID: qw.Hold, JobID: quote.JobID})
-				}
+			q.answer(ctx, w)
+		}
+	}
+}
+
+// answer prices a bid and sends its bidder the quote. A quote that does
+// not reach the bidder (it cannot be dialled, it refused the quote, the
+// send timed out, the node is stopping) has its holds released before
+// answer returns: nobody will commit them, and until they lapse the
+// machines would refuse everyone else.
+func (q *Quoter) answer(ctx context.Context, w bidWork) {
+	quote, held := q.answerBid(ctx, w)
+	if err := q.p.Quotes.SendQuote(ctx, w.bidder, quote); err != nil {
+		q.p.Logger.Debug("quote not delivered", "job", w.bid.JobID, "bidder", w.bidder, "holds", len(held), "err", err)
+		q.release(ctx, quote.JobID, held)
+	}
+}
+
+// holdRef is a hold this scheduler asked a machine for: the machine, where
+// its offer says it listens, and the hold's ID. Unsure: the machine's
+// reply never came, so the hold may or may not exist.
+type holdRef struct {
+	machine string
+	addrs   []string
+	id      string
+	unsure  bool
+}
+
+// Releasing: each hold is asked releaseTries times at most, releasePause
+// apart, each try bounded by reserveTimeout.
+const (
+	releaseTries = 3
+	releasePause = 250 * time.Millisecond
+)
+
+// release gives back holds of job, all at once, and returns when each is
+// released or given up on. A release is sent even when ctx has ended (the
+// node is stopping: what it holds must not block the machines until it
+// lapses) and at the machine's offered addresses, since the connection
+// that carried the hold may be gone and the machine's addresses with it
+// (identify drops the ones learnt from its offer). A failed release is
+// tried again while ctx lasts, then logged: the hold lapses by itself.
+// An unsure hold is tried once (its machine did not answer the first
+// time).
+func (q *Quoter) release(ctx context.Context, job string, holds []holdRef) {
+	var wg sync.WaitGroup
+	for _, h := range holds {
+		wg.Go(func() {
+			err := q.releaseOne(ctx, job, h)
+			switch {
+			case err == nil:
+			case h.unsure:
+				q.p.Logger.Debug("a hold whose grant was not heard of could not be released", "job", job, "machine", h.machine, "hold", h.id, "err", err)
+			default:
+				q.p.Logger.Warn("could not release a hold: it lapses by itself", "job", job, "machine", h.machine, "hold", h.id,
+					"lapses_in", holdTTL, "err", err)
 			}
+		})
+	}
+	wg.Wait()
+}
+
+// releaseOne releases one hold, trying again (see release) until the
+// machine answers.
+func (q *Quoter) releaseOne(ctx context.Context, job string, h holdRef) error {
+	machine, err := peer.Decode(h.machine)
+	if err != nil {
+		return err
+	}
+	tries := releaseTries
+	if h.unsure {
+		tries = 1
+	}
+	for try := 1; ; try++ {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reserveTimeout)
+		reply, err := q.p.Holds.Reserve(rctx, machine, h.addrs, p2p.Reserve{Op: p2p.OpRelease, ID: h.id, JobID: job})
+		cancel()
+		switch {
+		case err == nil && reply.OK:
+			return nil
+		case err == nil:
+			return errors.New(reply.Reason) // refused: asking again changes nothing
+		case try == tries || ctx.Err() != nil:
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(releasePause):
 		}
 	}
 }

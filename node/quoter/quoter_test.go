@@ -34,11 +34,13 @@ func newPeerID(t testing.TB) peer.ID {
 
 // machines answer hold requests as lending machines do: a hold that fits
 // what is free is granted, one that does not is refused with what is free;
-// a machine marked down cannot be reached.
+// a machine marked down cannot be reached, and one marked late does what
+// it is asked but its reply comes after the scheduler stopped waiting.
 type machines struct {
 	mu   sync.Mutex
 	free map[peer.ID]p2p.Resources
 	down map[peer.ID]bool
+	late map[peer.ID]bool
 	held map[string]peer.ID // hold ID -> machine
 }
 
@@ -48,21 +50,29 @@ func (m *machines) Reserve(_ context.Context, machine peer.ID, _ []string, r p2p
 	if m.down[machine] {
 		return p2p.ReserveReply{}, errors.New("no route to host")
 	}
+	reply := m.apply(machine, r)
+	if m.late[machine] {
+		return p2p.ReserveReply{}, context.DeadlineExceeded
+	}
+	return reply, nil
+}
+
+func (m *machines) apply(machine peer.ID, r p2p.Reserve) p2p.ReserveReply {
 	f := m.free[machine]
 	switch r.Op {
 	case p2p.OpRelease:
 		delete(m.held, r.ID)
-		return p2p.ReserveReply{OK: true, Free: f}, nil
+		return p2p.ReserveReply{OK: true, Free: f}
 	case p2p.OpReserve:
 		if r.Res.Cores > f.Cores || r.Res.MemBytes > f.MemBytes || r.Res.GPUs > f.GPUs {
-			return p2p.ReserveReply{Reason: "taken", Free: f}, nil
+			return p2p.ReserveReply{Reason: "taken", Free: f}
 		}
 		f.Cores, f.MemBytes, f.GPUs = f.Cores-r.Res.Cores, f.MemBytes-r.Res.MemBytes, f.GPUs-r.Res.GPUs
 		m.free[machine] = f
 		m.held[r.ID] = machine
-		return p2p.ReserveReply{OK: true, Expires: time.Now().Add(time.Minute).UnixMilli(), Free: f}, nil
+		return p2p.ReserveReply{OK: true, Expires: time.Now().Add(time.Minute).UnixMilli(), Free: f}
 	}
-	return p2p.ReserveReply{Reason: "unknown op"}, nil
+	return p2p.ReserveReply{Reason: "unknown op"}
 }
 
 // harness is a quoter over a market of two machines that lend 2 cores
@@ -99,7 +109,8 @@ func (h *harness) quote(t *testing.T, job string) p2p.Quote {
 	t.Helper()
 	bid := p2p.Bid{JobID: job, Workers: 1, PerWorker: p2p.Resources{Cores: 1, MemBytes: 128 << 20},
 		MaxPrice: 10_000_000, Duration: 600, Framework: "generic"}
-	return h.q.answerBid(t.Context(), bidWork{bid: bid, bidder: newPeerID(t)})
+	quote, _ := h.q.answerBid(t.Context(), bidWork{bid: bid, bidder: newPeerID(t)})
+	return quote
 }
 
 // TestAnswerBidHoldsWhatMachinesGrant: a bid is quoted on the cheap
@@ -157,6 +168,25 @@ func TestAnswerBidSkipsUnreachableMachines(t *testing.T) {
 	q = h.quote(t, "second")
 	if len(q.Workers) != 0 || q.Resource == "" || !strings.Contains(q.Reason, "taken") {
 		t.Fatalf("with no machine free: %+v", q)
+	}
+}
+
+// TestAnswerBidReleasesHoldsWhoseReplyWasLost: a machine that grants the
+// hold but answers too late is skipped like an unreachable one, and the
+// hold it granted is released: only the quoted machine holds anything,
+// where the lost hold used to keep the cheap machine's cores until it
+// lapsed.
+func TestAnswerBidReleasesHoldsWhoseReplyWasLost(t *testing.T) {
+	h := newHarness(t)
+	h.machines.late = map[peer.ID]bool{h.cheap: true}
+	q := h.quote(t, "first")
+	if len(q.Workers) != 1 || q.Workers[0].Machine != h.dear.String() {
+		t.Fatalf("with the cheap machine answering late: %+v", q)
+	}
+	h.machines.mu.Lock()
+	defer h.machines.mu.Unlock()
+	if len(h.machines.held) != 1 || h.machines.held[q.Workers[0].Hold] != h.dear {
+		t.Errorf("holds on the machines: %v; want only the quoted one, %s on %s", h.machines.held, q.Workers[0].Hold, h.dear)
 	}
 }
 
@@ -225,8 +255,9 @@ func TestQuotesPredictTrainingTime(t *testing.T) {
 	q := New(Params{Self: newPeerID(t), Market: market.New(market.Params{Book: book, Subset: market.SubsetAll}), Holds: ms,
 		Quotes: SendFunc(func(context.Context, peer.ID, p2p.Quote) error { return nil }), Logger: slog.New(slog.DiscardHandler)})
 	bid := func(tr p2p.Training) p2p.Quote {
-		return q.answerBid(t.Context(), bidWork{bidder: newPeerID(t), bid: p2p.Bid{JobID: "job-" + tr.Mode, Workers: 2,
+		quote, _ := q.answerBid(t.Context(), bidWork{bidder: newPeerID(t), bid: p2p.Bid{JobID: "job-" + tr.Mode, Workers: 2,
 			PerWorker: lent, MaxPrice: 10_000_000, Duration: 600, Framework: "generic", Training: &tr}})
+		return quote
 	}
 
 	// 1,000 steps of 100 ms; 400 kB of weights. Sync: 500 steps of 0.1 s
