@@ -15,6 +15,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/deepmarket/deepmarket/identity"
@@ -257,9 +258,34 @@ func (n *Node) newAPIServer() (*api.Server, error) {
 		Token: n.token, Status: n, Lending: n, Market: n, Ledger: n, Data: n, Sched: n, Jobs: n.jobs,
 		Dashboard: n, Validators: n, UI: web.FS(), UploadDir: filepath.Join(n.home.Dir, "data", "uploads"),
 		// CometBFT registers its metrics process-wide; serve them beside ours.
-		Gatherer: prometheus.Gatherers{n.reg, prometheus.DefaultGatherer},
+		Gatherer: firstWins{n.reg, prometheus.DefaultGatherer},
 		Logger:   n.log.With("module", "api"),
 	})
+}
+
+// firstWins gathers from each gatherer in turn and keeps the first family
+// of each name. libp2p's AutoNAT builds inner hosts that register libp2p's
+// package-wide collectors process-wide as well as in the node's registry;
+// prometheus.Gatherers refuses such a duplicate, and serves nothing.
+type firstWins []prometheus.Gatherer
+
+func (g firstWins) Gather() ([]*dto.MetricFamily, error) {
+	seen := map[string]bool{}
+	var out []*dto.MetricFamily
+	for _, x := range g {
+		mfs, err := x.Gather()
+		if err != nil {
+			return nil, err
+		}
+		for _, mf := range mfs {
+			if !seen[mf.GetName()] {
+				seen[mf.GetName()] = true
+				out = append(out, mf)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b *dto.MetricFamily) int { return strings.Compare(a.GetName(), b.GetName()) })
+	return out, nil
 }
 
 // runServices starts every long-running service in g; they stop when gctx

@@ -43,10 +43,14 @@ func sameLAN(a, b []string) bool {
 	return false
 }
 
-// lan is the private /24 of an advertised IPv4 address.
+// lan is the private /24 of an advertised IPv4 address; a relayed
+// address names the relay's, not the machine's.
 func lan(s string) (string, bool) {
 	m, err := ma.NewMultiaddr(s)
 	if err != nil {
+		return "", false
+	}
+	if _, err := m.ValueForProtocol(ma.P_CIRCUIT); err == nil {
 		return "", false
 	}
 	ip, err := manet.ToIP(m)

@@ -14,7 +14,10 @@ func TestReachable(t *testing.T) {
 	natB := off(p2p.ReachNAT, "/ip4/10.77.2.10/tcp/7701")
 	symA := off(p2p.ReachRelay, "/ip4/10.77.1.11/tcp/7701")
 	symA2 := off(p2p.ReachRelay, "/ip4/10.77.1.12/tcp/7701", "/ip4/127.0.0.1/tcp/7701")
-	symB := off(p2p.ReachRelay, "/ip4/10.77.2.11/tcp/7701")
+	// Both hold a slot on one relay: its address is no LAN of theirs.
+	via := "/ip4/10.77.0.10/tcp/7701/p2p/12D3KooWD2hEUFdLdWjT6pu87yDEcVf8biXS6iVSdgcqVWvKAuuY/p2p-circuit"
+	symA.Addrs = append(symA.Addrs, via)
+	symB := off(p2p.ReachRelay, via, "/ip4/10.77.2.11/tcp/7701")
 	unknown := off("", "/ip4/127.0.0.1/tcp/7701")
 	for _, c := range []struct {
 		name string
