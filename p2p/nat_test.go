@@ -74,9 +74,15 @@ func TestRelayServesMembersOnly(t *testing.T) {
 	b.SetStreamHandler(proto, func(s network.Stream) {
 		// The relay's cut reaches b as a reset, or not at all when the
 		// relayed connection is torn down first: a deadline ends either.
-		s.SetReadDeadline(time.Now().Add(8 * time.Second))
+		s.SetDeadline(time.Now().Add(8 * time.Second))
+		var one [1]byte
+		if _, err := io.ReadFull(s, one[:]); err != nil {
+			got <- -1
+			return
+		}
+		s.Write(one[:])
 		n, _ := io.Copy(io.Discard, s)
-		got <- n
+		got <- n + 1
 	})
 	a.Peerstore().AddAddrs(b.ID(), via, peerstore.TempAddrTTL)
 	s, err := a.NewStream(network.WithAllowLimitedConn(ctx, "test"), b.ID(), proto)
@@ -85,6 +91,14 @@ func TestRelayServesMembersOnly(t *testing.T) {
 	}
 	if !Relayed(s.Conn()) {
 		t.Fatalf("the stream went over %s, not the relay", s.Conn().RemoteMultiaddr())
+	}
+	s.SetDeadline(time.Now().Add(5 * time.Second))
+	var echo [1]byte
+	if _, err := s.Write([]byte{1}); err != nil {
+		t.Fatalf("write through the relay: %v", err)
+	}
+	if _, err := io.ReadFull(s, echo[:]); err != nil {
+		t.Fatalf("no echo through the relay: %v", err)
 	}
 	buf := make([]byte, 8<<10)
 	var sent int64
@@ -99,6 +113,9 @@ func TestRelayServesMembersOnly(t *testing.T) {
 	s.Reset()
 	select {
 	case n := <-got:
+		if n < 0 {
+			t.Fatal("the sink got nothing through the relay")
+		}
 		if n > res.Limit.Data {
 			t.Fatalf("the relay carried %d bytes, over its limit of %d", n, res.Limit.Data)
 		}
