@@ -35,6 +35,13 @@ func newRawPeer(t *testing.T, ctx context.Context, chain string, connect ...*tes
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newRawPeerWith(t, ctx, chain, k, connect...)
+}
+
+// newRawPeerWith is newRawPeer run by key k (a member's, for a greedy
+// member rather than a stranger).
+func newRawPeerWith(t *testing.T, ctx context.Context, chain string, k *identity.Key, connect ...*testNode) *rawPeer {
+	t.Helper()
 	h, err := p2p.NewHost(p2p.HostParams{Key: k, Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Version: "evil"})
 	if err != nil {
 		t.Fatal(err)
@@ -78,16 +85,22 @@ func jobIDOf(s string) string {
 
 // TestHoldsNeedAFundedBid: a stranger with a fresh key, talking the
 // reserve protocol to a lending machine over a real libp2p stream, holds
-// nothing without a bid the machine can check, nothing for a bid of a key
-// that is not a member or of more than the bidder holds, and nothing for
-// someone else's bid it forged. With a real member's bid (overheard on
-// gossip) it holds only within the caps, and what it holds lapses: an
-// uncommitted hold after its TTL, a committed one when no launch follows.
-// The owner sees every hold and releases one.
+// nothing: not without a bid the machine can check, not for its own bid,
+// and not with a real member's bid it overheard on gossip (only machines
+// the ledger backs schedule). A greedy member's machine that overheard the
+// bid holds nothing for a bid of a key that is not a member, of more than
+// the bidder holds, or that it forged, and with the real bid holds only
+// within the caps and the quote window: it cannot commit (only the bidder
+// does), so what it holds lapses after its TTL. The owner sees every hold
+// and releases one.
 func TestHoldsNeedAFundedBid(t *testing.T) {
 	chain := testNet(t)
 	ctx := t.Context()
-	homes := initNetwork(t, t.TempDir(), chain, []string{"bidder", "lender"})
+	greedyKey, err := identity.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	homes := initNetwork(t, t.TempDir(), chain, []string{"bidder", "lender"}, greedyKey.Address())
 	bidder := startNode(t, homes[0], func(c *Config) { c.Scheduler.Quote = false })
 	lender := startNode(t, homes[1], withBootstrap(bidder.addr()), func(c *Config) {
 		c.Scheduler.Quote = false
@@ -97,33 +110,41 @@ func TestHoldsNeedAFundedBid(t *testing.T) {
 	if _, err := lender.client.SetLend(ctx, api.LendRequest{Cores: 1, MemBytes: 1 << 30}); err != nil {
 		t.Fatal(err)
 	}
-	evil := newRawPeer(t, ctx, chain, lender, bidder)
+	stranger := newRawPeer(t, ctx, chain, lender, bidder)
+	evil := newRawPeerWith(t, ctx, chain, greedyKey, lender, bidder)
 	machine := lender.Host().ID()
 	_, bids := evil.join(t, p2p.BidsTopic(chain))
 
 	res := p2p.Resources{Cores: 1, MemBytes: 128 << 20}
-	hold := func(id, job string, bid []byte, by peer.ID) (p2p.ReserveReply, error) {
-		return evil.reserve(ctx, machine, p2p.Reserve{Op: p2p.OpReserve, ID: id, JobID: job, Res: res, TTL: 5,
+	holdBy := func(p *rawPeer, id, job string, bid []byte, by peer.ID) (p2p.ReserveReply, error) {
+		return p.reserve(ctx, machine, p2p.Reserve{Op: p2p.OpReserve, ID: id, JobID: job, Res: res, TTL: 5,
 			Bidder: by.String(), Bid: bid})
+	}
+	hold := func(id, job string, bid []byte, by peer.ID) (p2p.ReserveReply, error) {
+		return holdBy(evil, id, job, bid, by)
 	}
 	job := jobIDOf(chain + "evil")
 	// No bid at all: the request is malformed, the stream is reset.
 	if _, err := evil.reserve(ctx, machine, p2p.Reserve{Op: p2p.OpReserve, ID: "0000000000000001", JobID: job, Res: res, TTL: 5, Bidder: evil.key.PeerID().String()}); err == nil {
 		t.Fatal("a hold without a bid was answered")
 	}
-	// The stranger's own bid: it is not a member.
-	own := p2p.Bid{JobID: job, Submitter: string(evil.key.Address()), Workers: 1, PerWorker: res, MaxPrice: 1, Duration: 60, Framework: "generic"}
-	sealed, err := p2p.Seal(evil.key, chain, p2p.TypeBid, &own, 1, time.Now().Add(time.Minute))
+	// A bid of a key that is not a member.
+	own := p2p.Bid{JobID: job, Submitter: string(stranger.key.Address()), Workers: 1, PerWorker: res, MaxPrice: 1, Duration: 60, Framework: "generic"}
+	sealed, err := p2p.Seal(stranger.key, chain, p2p.TypeBid, &own, 1, time.Now().Add(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, err := hold("0000000000000002", job, sealed, evil.key.PeerID()); err != nil || r.OK || !strings.Contains(r.Reason, "not a member") {
+	if r, err := hold("0000000000000002", job, sealed, stranger.key.PeerID()); err != nil || r.OK || !strings.Contains(r.Reason, "not a member") {
 		t.Fatalf("a hold for a non-member's bid: %+v %v", r, err)
 	}
-	// A bid naming the bidder's rich account, signed by the stranger.
+	// The stranger, for its own bid: it schedules nothing.
+	if r, err := holdBy(stranger, "0000000000000012", job, sealed, stranger.key.PeerID()); err != nil || r.OK || !strings.Contains(r.Reason, "ledger backs") {
+		t.Fatalf("a stranger's hold for its own bid: %+v %v", r, err)
+	}
+	// A bid naming the bidder's rich account, signed by another key.
 	forged := own
 	forged.Submitter = string(bidder.key.Address())
-	sealed, _ = p2p.Seal(evil.key, chain, p2p.TypeBid, &forged, 2, time.Now().Add(time.Minute))
+	sealed, _ = p2p.Seal(stranger.key, chain, p2p.TypeBid, &forged, 2, time.Now().Add(time.Minute))
 	if r, err := hold("0000000000000003", job, sealed, evil.key.PeerID()); err != nil || r.OK {
 		t.Fatalf("a hold for a bid spending another account: %+v %v", r, err)
 	}
@@ -152,7 +173,11 @@ func TestHoldsNeedAFundedBid(t *testing.T) {
 		}
 	}
 	by := bidder.Host().ID()
-	// It may not hold more than the bid's workers need...
+	// The stranger, with the overheard bid: it schedules nothing.
+	if r, err := holdBy(stranger, "0000000000000013", real.Bid.JobID, raw, by); err != nil || r.OK || !strings.Contains(r.Reason, "ledger backs") {
+		t.Fatalf("a stranger's hold with an overheard bid: %+v %v", r, err)
+	}
+	// The greedy member may not hold more than the bid's workers need...
 	big := p2p.Reserve{Op: p2p.OpReserve, ID: "0000000000000004", JobID: real.Bid.JobID, Res: p2p.Resources{Cores: 3, MemBytes: 1 << 20}, TTL: 5, Bidder: by.String(), Bid: raw}
 	if r, err := evil.reserve(ctx, machine, big); err != nil || r.OK {
 		t.Fatalf("a hold beyond the bid: %+v %v", r, err)
@@ -172,32 +197,31 @@ func TestHoldsNeedAFundedBid(t *testing.T) {
 	if st, err = lender.client.ReleaseHold(ctx, "0000000000000006"); err != nil || len(st.Holds) != 0 {
 		t.Fatalf("the owner released the hold: %+v %v", st.Holds, err)
 	}
-	// Committed, and no launch comes: it lapses after launch_within.
+	// It cannot commit what it holds: only the bidder does. The hold
+	// lapses after its TTL (5 s); the lent core is held meanwhile.
 	if r, err := hold("0000000000000007", real.Bid.JobID, raw, by); err != nil || !r.OK {
 		t.Fatalf("hold: %+v %v", r, err)
 	}
-	if r, err := evil.reserve(ctx, machine, p2p.Reserve{Op: p2p.OpCommit, ID: "0000000000000007", JobID: real.Bid.JobID}); err != nil || !r.OK {
-		t.Fatalf("commit: %+v %v", r, err)
+	if r, err := evil.reserve(ctx, machine, p2p.Reserve{Op: p2p.OpCommit, ID: "0000000000000007", JobID: real.Bid.JobID}); err != nil || r.OK {
+		t.Fatalf("a scheduler that overheard the bid committed its hold: %+v %v", r, err)
 	}
-	// An uncommitted one lapses after its TTL (5 s); the scheduler cap (2)
-	// holds meanwhile.
 	if r, err := hold("0000000000000008", real.Bid.JobID, raw, by); err != nil || r.OK {
-		t.Fatalf("a hold beyond the per-scheduler cap or the lent core: %+v %v", r, err)
+		t.Fatalf("a hold beyond the lent core: %+v %v", r, err)
 	}
-	eventually(t, 20*time.Second, "the committed, never launched hold to lapse", func() bool {
+	eventually(t, 20*time.Second, "the uncommitted hold to lapse", func() bool {
 		st, err := lender.client.Lend(ctx)
 		return err == nil && len(st.Holds) == 0
 	})
 	if a := lender.holds.Allocated(time.Now()); a != (p2p.Resources{}) {
 		t.Fatalf("allocated after every hold lapsed: %+v", a)
 	}
-	// Committed, then a launch with no escrow behind it: refused, and the
-	// hold goes with it, at once rather than never.
+	// Committed by the bidder, then a launch with no escrow behind it:
+	// refused, and the hold goes with it, at once rather than never.
 	if r, err := hold("0000000000000009", real.Bid.JobID, raw, by); err != nil || !r.OK {
 		t.Fatalf("hold: %+v %v", r, err)
 	}
-	if r, err := evil.reserve(ctx, machine, p2p.Reserve{Op: p2p.OpCommit, ID: "0000000000000009", JobID: real.Bid.JobID}); err != nil || !r.OK {
-		t.Fatalf("commit: %+v %v", r, err)
+	if r, err := bidder.reserve(ctx, machine, nil, p2p.Reserve{Op: p2p.OpCommit, ID: "0000000000000009", JobID: real.Bid.JobID}); err != nil || !r.OK {
+		t.Fatalf("the bidder's commit: %+v %v", r, err)
 	}
 	launch := p2p.Launch{JobID: real.Bid.JobID, Index: 0, World: []string{machine.String()}, Addrs: [][]string{nil},
 		Hold: "0000000000000009", Framework: "generic", Command: []string{"python3", "job.py"}, Bundle: "bafkqaaa",

@@ -50,15 +50,17 @@ const rpcTTL = time.Minute
 
 // Reservation operations. A machine is the only authority over its
 // capacity: a scheduler holds capacity with OpReserve (the hold lapses
-// after TTL unless committed), then OpCommit or OpRelease.
+// after TTL unless committed), then the bidder commits it (OpCommit) or
+// either releases it (OpRelease).
 const (
 	OpReserve = "reserve"
 	OpCommit  = "commit"
 	OpRelease = "release"
 )
 
-// MaxHoldTTL bounds an uncommitted hold.
-const MaxHoldTTL = 5 * time.Minute
+// MaxHoldTTL bounds an uncommitted hold: the quote window. Only the
+// bidder's commit (its acceptance of the quote) keeps a machine longer.
+const MaxHoldTTL = time.Minute
 
 var reservationIDRE = regexp.MustCompile(`^[0-9a-f]{16,64}$`)
 
@@ -206,6 +208,7 @@ func (r *RPC) Call(ctx context.Context, p peer.ID, proto protocol.ID, typ string
 	// Requests and replies are small and bounded (maxFrame): they may
 	// cross a relay while the two machines have no direct connection, as
 	// between labs behind NATs before (or without) a hole punch.
+	AddRelayAddrs(r.Host, p)
 	s, err := r.Host.NewStream(network.WithAllowLimitedConn(ctx, "deepmarket rpc"), p, proto)
 	if err != nil {
 		return fmt.Errorf("%s to %s: %w", typ, p, err)

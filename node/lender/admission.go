@@ -58,6 +58,24 @@ func (a *Admission) canPay(acct identity.Address, maxPrice uint64) error {
 	return nil
 }
 
+// Scheduler checks, with a lookup and before any signature, that a
+// scheduler asking for a hold is a machine the ledger backs: a stranger
+// with a fresh key, holding a bid it overheard, holds nothing.
+func (a *Admission) Scheduler(p peer.ID) error {
+	key, err := p.ExtractPublicKey()
+	if err != nil {
+		return fmt.Errorf("scheduler %s: no key in its peer ID", p)
+	}
+	raw, err := key.Raw()
+	if err != nil {
+		return fmt.Errorf("scheduler %s: %w", p, err)
+	}
+	if _, ok := a.Machine(raw); !ok {
+		return fmt.Errorf("scheduler %s is not a machine the ledger backs: only members' machines hold capacity for bids", p)
+	}
+	return nil
+}
+
 // CheckBid is what a machine checks before holding capacity for a
 // scheduler: the bid the request carries is signed by its bidder, for this
 // job, by a member whose balance (on this machine's own replica) covers
@@ -119,6 +137,11 @@ func (d *Desk) Handle(_ context.Context, from peer.ID, env *p2p.Envelope) (strin
 // holds; a request whose bid does not hold up is refused with the reason.
 // A scheduler on this machine calls it directly.
 func (d *Desk) Apply(from peer.ID, r *p2p.Reserve, now time.Time) p2p.ReserveReply {
+	if r.Op == p2p.OpReserve {
+		if err := d.adm.Scheduler(from); err != nil {
+			return p2p.ReserveReply{Reason: p2p.Clip(err.Error(), 256)}
+		}
+	}
 	req, err := d.adm.CheckBid(r, now)
 	if err != nil {
 		return p2p.ReserveReply{Reason: p2p.Clip(err.Error(), 256)}

@@ -47,8 +47,10 @@ type Holds struct {
 
 // HoldLimits bound holds on one machine.
 type HoldLimits struct {
-	// PerBidder is how many holds one bidder account may have here at once
-	// (default 8).
+	// PerBidder is how many committed holds (the bidder accepted their
+	// quote) one bidder account may have here at once (default 8).
+	// Tentative holds do not count: a scheduler that overheard a bid could
+	// otherwise use up its bidder's slots.
 	PerBidder int
 	// PerScheduler is how many holds one scheduler may have asked for and
 	// not yet seen launched (default 32).
@@ -83,6 +85,12 @@ type hold struct {
 	committed bool
 	launched  bool
 }
+
+// MaxTentativePerJob bounds the uncommitted holds one bid may have on a
+// machine: several schedulers may place the same bid at once, each
+// holding for its quote, but a bid does not buy a machine's capacity
+// many times over.
+const MaxTentativePerJob = 4
 
 // NewHolds makes an empty book over the capacity lent reports.
 func NewHolds(lent func() p2p.Resources, limits HoldLimits, changed func()) *Holds {
@@ -207,17 +215,23 @@ func (h *Holds) applyLocked(from peer.ID, r HoldRequest, lent p2p.Resources, now
 		if r.Res.Cores > r.Most.Cores || r.Res.MemBytes > r.Most.MemBytes || r.Res.GPUs > r.Most.GPUs {
 			return p2p.ReserveReply{Reason: "the hold asks for more than the bid's workers need"}
 		}
-		bidder, scheduler := 0, 0
+		bidder, scheduler, job := 0, 0, 0
 		for _, o := range h.holds {
-			if o.account == r.Account {
+			if o.account == r.Account && o.committed {
 				bidder++
 			}
 			if o.from == from && !o.launched {
 				scheduler++
 			}
+			if o.job == r.JobID && !o.committed {
+				job++
+			}
 		}
 		if bidder >= h.limits.PerBidder {
 			return p2p.ReserveReply{Reason: fmt.Sprintf("account %s already holds %d reservations here, the most one bidder may", r.Account, bidder)}
+		}
+		if job >= MaxTentativePerJob {
+			return p2p.ReserveReply{Reason: fmt.Sprintf("job %s already has %d tentative holds here, the most one bid may", r.JobID, job)}
 		}
 		if scheduler >= h.limits.PerScheduler {
 			return p2p.ReserveReply{Reason: fmt.Sprintf("this scheduler already has %d holds here waiting for launch, the most one may", scheduler)}
@@ -237,6 +251,12 @@ func (h *Holds) applyLocked(from peer.ID, r HoldRequest, lent p2p.Resources, now
 	case p2p.OpCommit:
 		if !exists {
 			return p2p.ReserveReply{Reason: "no such hold (it lapsed or was released): re-quote"}
+		}
+		// Only the party that pays keeps a machine past the quote window:
+		// the bidder, accepting the quote. A scheduler that overheard the
+		// bid holds for the hold's short TTL at most.
+		if from != x.bidder {
+			return p2p.ReserveReply{Reason: "only the job's bidder commits a hold"}
 		}
 		if !x.committed {
 			x.committed, x.expires = true, now.Add(h.limits.LaunchWithin)

@@ -15,10 +15,22 @@ import (
 
 const testJob = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
+// testBidder is the peer that bid, and alone may commit the holds.
+var testBidder = peer.ID(mustDecode("12D3KooWD2hEUFdLdWjT6pu87yDEcVf8biXS6iVSdgcqVWvKAuuY"))
+
+func mustDecode(s string) peer.ID {
+	p, err := peer.Decode(s)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
 // reserveReq is a hold request whose bid (checked by Node.checkBid in the
-// node) came from account "dm1test" and allows up to 8 cores.
+// node) came from testBidder, account "dm1test", and allows up to 8 cores.
 func reserveReq(id string, cores uint32, ttl int64) HoldRequest {
-	return HoldRequest{Reserve: &p2p.Reserve{Op: p2p.OpReserve, ID: id, JobID: testJob, Res: p2p.Resources{Cores: cores, MemBytes: 1 << 20}, TTL: ttl},
+	return HoldRequest{Reserve: &p2p.Reserve{Op: p2p.OpReserve, ID: id, JobID: testJob, Res: p2p.Resources{Cores: cores, MemBytes: 1 << 20}, TTL: ttl,
+		Bidder: testBidder.String()},
 		Account: "dm1test", Most: p2p.Resources{Cores: 8, MemBytes: 1 << 30}}
 }
 
@@ -45,7 +57,10 @@ func TestHoldsLifecycle(t *testing.T) {
 	if r := h.Apply(b, opReq(p2p.OpRelease, "aaaaaaaaaaaaaaaa"), now); r.OK {
 		t.Fatalf("another scheduler released a's hold: %+v", r)
 	}
-	if r := h.Apply(a, opReq(p2p.OpCommit, "aaaaaaaaaaaaaaaa"), now); !r.OK {
+	if r := h.Apply(a, opReq(p2p.OpCommit, "aaaaaaaaaaaaaaaa"), now); r.OK {
+		t.Fatalf("the scheduler, not the bidder, committed the hold: %+v", r)
+	}
+	if r := h.Apply(testBidder, opReq(p2p.OpCommit, "aaaaaaaaaaaaaaaa"), now); !r.OK {
 		t.Fatalf("commit: %+v", r)
 	}
 	// Uncommitted holds lapse; committed ones stay.
@@ -80,7 +95,9 @@ func TestHoldsConcurrentNeverOverCommit(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := h.Apply(peer.ID(fmt.Sprint("s", i%3)), reserveReq(fmt.Sprintf("%016x", i), 1, 60), time.Now())
+			req := reserveReq(fmt.Sprintf("%016x", i), 1, 60)
+			req.JobID = fmt.Sprintf("%064x", i)
+			r := h.Apply(peer.ID(fmt.Sprint("s", i%3)), req, time.Now())
 			if r.OK {
 				mu.Lock()
 				granted++
@@ -115,6 +132,12 @@ func TestHoldsAreBoundedAndLapse(t *testing.T) {
 	if r := h.Apply(b, reserveReq("0000000000000003", 1, 60), now); !r.OK {
 		t.Fatal(r.Reason)
 	}
+	// Tentative holds do not count against the bidder, committed ones do.
+	for _, id := range []string{"0000000000000002", "0000000000000003"} {
+		if r := h.Apply(testBidder, opReq(p2p.OpCommit, id), now); !r.OK {
+			t.Fatal(r.Reason)
+		}
+	}
 	if r := h.Apply(b, reserveReq("0000000000000004", 1, 60), now); r.OK || !strings.Contains(r.Reason, "bidder") {
 		t.Fatalf("a third hold of one bidder account: %+v", r)
 	}
@@ -134,10 +157,10 @@ func TestHoldsAreBoundedAndLapse(t *testing.T) {
 
 	// Committed, then launched in time: it stays. Committed and never
 	// launched: it lapses after LaunchWithin.
-	if r := h.Apply(a, opReq(p2p.OpCommit, "0000000000000002"), now); !r.OK {
+	if r := h.Apply(testBidder, opReq(p2p.OpCommit, "0000000000000002"), now); !r.OK {
 		t.Fatal(r.Reason)
 	}
-	if r := h.Apply(b, opReq(p2p.OpCommit, "0000000000000003"), now); !r.OK {
+	if r := h.Apply(testBidder, opReq(p2p.OpCommit, "0000000000000003"), now); !r.OK {
 		t.Fatal(r.Reason)
 	}
 	if _, ok := h.Launch("0000000000000002", testJob, a, now.Add(30*time.Second)); !ok {
@@ -222,5 +245,43 @@ func TestHoldLapseIsAnnounced(t *testing.T) {
 	case <-changed:
 		t.Fatal("told of a change with no hold left")
 	case <-time.After(500 * time.Millisecond):
+	}
+}
+
+// TestCapturedBidHoldsOnlyForItsQuote: a scheduler holding a bid it
+// overheard holds only within the quote window: it cannot commit (only the
+// bidder does), its tentative holds use none of the bidder's committed
+// slots, and one bid gets at most MaxTentativePerJob tentative holds here.
+func TestCapturedBidHoldsOnlyForItsQuote(t *testing.T) {
+	lent := p2p.Resources{Cores: 16, MemBytes: 16 << 30}
+	h := NewHolds(func() p2p.Resources { return lent }, HoldLimits{PerBidder: 2, PerScheduler: 100}, nil)
+	now := time.Now()
+	thief := peer.ID("thief")
+	for i := range MaxTentativePerJob {
+		if r := h.Apply(thief, reserveReq(fmt.Sprintf("%016x", i+1), 1, 60), now); !r.OK {
+			t.Fatalf("tentative hold %d: %+v", i, r)
+		}
+	}
+	if r := h.Apply(thief, reserveReq("00000000000000ff", 1, 60), now); r.OK || !strings.Contains(r.Reason, "tentative") {
+		t.Fatalf("a tentative hold past the bid's cap: %+v", r)
+	}
+	if r := h.Apply(thief, opReq(p2p.OpCommit, "0000000000000001"), now); r.OK {
+		t.Fatalf("the thief committed a hold: %+v", r)
+	}
+	// The bidder's own scheduler still holds and commits: the thief's
+	// tentative holds took none of its slots.
+	for i, id := range []string{"00000000000000a1", "00000000000000a2"} {
+		req := reserveReq(id, 1, 60)
+		req.JobID = fmt.Sprintf("%064x", i+100)
+		if r := h.Apply(testBidder, req, now); !r.OK {
+			t.Fatalf("the bidder's hold %s: %+v", id, r)
+		}
+		if r := h.Apply(testBidder, opReq(p2p.OpCommit, id), now); !r.OK {
+			t.Fatalf("the bidder's commit %s: %+v", id, r)
+		}
+	}
+	// The thief's holds lapse with the quote window.
+	if got := h.Allocated(now.Add(61 * time.Second)); got.Cores != 2 {
+		t.Fatalf("after the quote window, allocated %+v: want the bidder's 2 committed cores", got)
 	}
 }
