@@ -686,7 +686,7 @@ max_duration = "5m"
 		{"/jobs", "jobs", `document.querySelector("#jobs-table")?.textContent.includes("dash-e2e")`},
 		{"/market", "market", `document.querySelector("#offers-table") && document.querySelector("#price-history svg polyline") && document.querySelector("#rejection-reason")?.textContent.includes("code 3")`},
 		{"/ledger", "ledger", `document.querySelector("#history-table")?.textContent.includes("settled")`},
-		{"/network", "network", `document.querySelector("#validators-table") && document.querySelector("#peers-table")?.textContent.includes("lender") && document.querySelector("#health")?.textContent === "healthy"`},
+		{"/network", "network", `document.querySelector("#validators-table") && document.querySelector("#peers-table")?.textContent.includes("lender") && document.querySelector("#peers-table")?.textContent.includes("direct") && document.querySelector("#health")?.textContent === "healthy" && document.querySelector("#reachability")?.textContent.length > 0`},
 	}
 	for _, p := range pages {
 		dash.nav(p.path, p.page)
