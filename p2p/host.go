@@ -154,6 +154,10 @@ func NewHost(p HostParams) (host.Host, error) {
 			res = *p.NAT.Resources
 		}
 		nh.relayOpts = []relayv2.Option{relayv2.WithResources(res), relayv2.WithACL(acl)}
+		if p.Registerer != nil {
+			nh.relayOpts = append(nh.relayOpts, relayv2.WithMetricsTracer(relayv2.NewMetricsTracer(relayv2.WithRegisterer(p.Registerer))))
+		}
+		nh.relays = p.NAT.Relays
 		opts = append(opts,
 			libp2p.EnableNATService(),
 			libp2p.EnableAutoNATv2(),
