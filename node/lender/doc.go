@@ -11,8 +11,11 @@
 //     protocol that grants holds only for bids that check out.
 //   - Executor: the workers launched on committed holds, each in its own
 //     sandbox (package node/sandbox) with its work dir, capped log, uid and
-//     network namespace, supervised until its submitter is done; and the
-//     claims on escrows its submitters never settled.
+//     network namespace, supervised until its submitter is done; the
+//     chief's output, kept only once nothing of the job is left and only
+//     within the job's disk bound in apparent size and entries (output.go),
+//     in the worker's paid time; and the claims on escrows its submitters
+//     never settled.
 //   - OwnerLoad: the CPU the machine spends on other work than its jobs,
 //     from two CPUSamples (/proc/stat and the jobs' cgroups), the measure
 //     of an owner who came back.

@@ -58,7 +58,8 @@ func (e *Executor) Reclaim(grace time.Duration) {
 
 // keepCheckpoint adds a chief's output dir to storage as the run's
 // checkpoint once it has ended, if it left none (it may have exited on
-// its own when a peer vanished, before being asked to stop).
+// its own when a peer vanished, before being asked to stop). As in
+// collectOutput, the time it takes counts in the worker's.
 func (e *Executor) keepCheckpoint(w *worker) {
 	<-w.done
 	w.mu.Lock()
@@ -69,6 +70,7 @@ func (e *Executor) keepCheckpoint(w *worker) {
 	}
 	pin, err := e.addOutput(context.Background(), w)
 	w.mu.Lock()
+	w.ended = time.Now()
 	if err == nil {
 		w.ckpt = pin.CID.String()
 	}

@@ -3,6 +3,7 @@ package lender
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -63,8 +64,9 @@ func (e *Executor) run(ctx context.Context, w *worker) {
 	exit, err := awaitWorker(proc, lease)
 	stopped, wantCkpt, state := w.recordEnd(exit, err)
 	log.Info("worker ended", "exit", exit.Code, "signal", exit.Signal, "state", state, "cpu", exit.CPU)
-	if w.l.Index == 0 && ((!stopped && exit.Code == 0 && err == nil) || wantCkpt) {
-		// The chief's output dir is the job's result (or its checkpoint).
+	if w.l.Index == 0 && err == nil && (!stopped && exit.Code == 0 || wantCkpt) {
+		// The chief's output dir is the job's result (or its checkpoint),
+		// read only once nothing of the job is left to change it.
 		e.collectOutput(ctx, w, stopped)
 	}
 }
@@ -242,12 +244,17 @@ func (e *Executor) sandboxSpec(w *worker, argv, env []string, jl *workerLog, ns 
 		Argv: argv, Env: env, Stdout: jl, Stderr: jl, NetNS: ns, UID: uid,
 		Limits: sandbox.Limits{
 			CPUs: w.cpus, Cores: float64(max(l.Res.Cores, 1)), MemBytes: l.Res.MemBytes,
-			// The logs count against the worker's disk bound.
-			Pids: 512, DiskBytes: max(10<<30, 2*l.Res.MemBytes) - WorkerLogBytes, GPUs: w.gpus,
+			Pids: 512, DiskBytes: workerDiskBytes(l), GPUs: w.gpus,
 		},
 		ReadOnly: readOnlyFor(e.python),
 		Hide:     []string{e.home},
 	}
+}
+
+// workerDiskBytes bounds a worker's dir, and what the node reads of its
+// output. The logs count against the worker's disk bound.
+func workerDiskBytes(l p2p.Launch) uint64 {
+	return max(10<<30, 2*l.Res.MemBytes) - WorkerLogBytes
 }
 
 // startWorker starts the worker's sandbox and marks it running. A worker
@@ -311,34 +318,65 @@ func (w *worker) recordEnd(exit sandbox.Exit, err error) (stopped, wantCkpt bool
 
 // collectOutput adds the chief's output dir to storage: the job's result,
 // or its checkpoint when it was stopped. A worker that cannot keep its
-// result fails.
+// result, or whose output is refused (outputRefusal), fails. The time it
+// takes is the job's: the worker's end, which its pay runs until, moves
+// to when it is done.
 func (e *Executor) collectOutput(ctx context.Context, w *worker, stopped bool) {
 	pin, err := e.addOutput(context.WithoutCancel(ctx), w)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.ended = time.Now()
+	var refused outputRefusal
 	switch {
+	case errors.As(err, &refused):
+		w.reason = refused.Error()
 	case err != nil:
 		w.reason = "could not keep the output: " + err.Error()
-		if !stopped {
-			w.state = p2p.WorkerFailed
-		}
 	case stopped:
 		w.ckpt = pin.CID.String()
 	default:
 		w.result = pin.CID.String()
 	}
+	if err != nil && !stopped {
+		w.state = p2p.WorkerFailed
+	}
 }
 
 // addOutput adds the chief's output dir to storage. The job chose what is
-// in it, links included: the import resolves every name beneath the
-// worker's dir and reads nothing outside it.
+// in it, links included: it is measured first, with lstat alone, and
+// refused when it passes the bounds in output.go; the import then
+// resolves every name beneath the worker's dir and reads nothing outside
+// it, and stops should it read more than was measured. Neither runs while
+// the worker's sandbox may hold a process of the job.
 func (e *Executor) addOutput(ctx context.Context, w *worker) (storage.Pin, error) {
+	w.mu.Lock()
+	left := w.boxLeft
+	w.mu.Unlock()
+	if left {
+		return storage.Pin{}, errors.New("the job's sandbox could not be emptied: its output is not read")
+	}
 	dir, err := e.root.OpenRoot(w.name)
 	if err != nil {
 		return storage.Pin{}, err
 	}
 	defer dir.Close()
-	return e.blocks.AddFrom(ctx, dir, "out", nil)
+	lim := outputLimits{bytes: workerDiskBytes(w.l), holes: maxOutputHoles, entries: maxOutputEntries, depth: maxOutputDepth}
+	size, err := measureOutput(dir, "out", lim)
+	if err != nil {
+		return storage.Pin{}, err
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	overread := func(p storage.Progress) {
+		if p.Done > int64(size) {
+			cancel(fmt.Errorf("read %d bytes of an output measured at %d", p.Done, size))
+		}
+	}
+	pin, err := e.blocks.AddFrom(ctx, dir, "out", overread)
+	if cause := context.Cause(ctx); err != nil && cause != nil {
+		err = cause
+	}
+	return pin, err
 }
 
 // readOnlyFor lists what a job may read beyond its dir: the Python

@@ -233,7 +233,7 @@ func TestHoldLapseIsAnnounced(t *testing.T) {
 		t.Fatalf("after the lapse %d cores are held, want the second hold's 1", got.Cores)
 	}
 	// A committed hold that no launch follows lapses after LaunchWithin.
-	if r := h.Apply(a, opReq(p2p.OpCommit, "bbbbbbbbbbbbbbbb"), time.Now()); !r.OK {
+	if r := h.Apply(testBidder, opReq(p2p.OpCommit, "bbbbbbbbbbbbbbbb"), time.Now()); !r.OK {
 		t.Fatal(r.Reason)
 	}
 	wait("of the commit", 100*time.Millisecond)

@@ -49,11 +49,14 @@ func defaultHidden() []string {
 
 // bwrapView is the filesystem and namespaces a job gets.
 type bwrapView struct {
-	Dir        string
-	Cwd        string // where the job starts; Dir when empty
-	ReadOnly   []string
-	Hide       []string
-	GPUs       []int // the GPUs whose device nodes the job gets
+	Dir      string
+	Cwd      string // where the job starts; Dir when empty
+	ReadOnly []string
+	Hide     []string
+	GPUs     []int // the GPUs whose device nodes the job gets
+	// Cgroups maps each cgroup hierarchy's mount point to the job's
+	// cgroup dir in it (hierarchy.jobDirs): all the job sees of cgroups.
+	Cgroups    map[string]string
 	OwnNet     bool  // a network namespace of its own (else the one the trampoline joined)
 	SeccompFDs []int // the fds bwrap reads seccomp filters from
 }
@@ -73,6 +76,7 @@ func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 	args := append([]string{bwrap}, namespaceArgs(v.OwnNet)...)
 	sysArgs, visible := systemDirArgs()
 	args = append(args, sysArgs...)
+	args = append(args, cgroupArgs(cgroupRoot, v.Cgroups)...)
 	args = append(args, deviceArgs(v.GPUs)...)
 	// /tmp and /var/tmp are the job's own, inside its dir so that the disk
 	// bound covers them and they go with it.
@@ -132,6 +136,38 @@ func systemDirArgs() (args, visible []string) {
 		}
 	}
 	return args, visible
+}
+
+// cgroupArgs replace, in the job's /sys, the host's cgroup tree at root
+// (cgroupRoot), which lists every job's cgroup by name (a job ID's prefix
+// and a piece of the lender's peer ID), with the job's own cgroup alone:
+// each hierarchy mounted at or under root shows the job's dir in it (own:
+// mount point -> that dir), read-only, and nothing else is left there. A
+// reader that looks for its CPU quota or memory limit where a container's
+// would (v1 /sys/fs/cgroup/cpu/cpu.cfs_quota_us, v2 /sys/fs/cgroup/cpu.max),
+// as /proc/self/cgroup ("/" in the job's cgroup namespace) leads it,
+// finds the job's own.
+func cgroupArgs(root string, own map[string]string) []string {
+	if _, err := os.Stat(root); err != nil {
+		return nil // not there on the host: not in the job's /sys either
+	}
+	if dir, ok := own[root]; ok {
+		return []string{"--ro-bind", dir, root} // v2: one hierarchy, at the root
+	}
+	args := []string{"--tmpfs", root}
+	entries, _ := os.ReadDir(root)
+	for _, e := range entries {
+		p := filepath.Join(root, e.Name())
+		if dir, ok := own[p]; ok {
+			args = append(args, "--ro-bind", dir, p)
+			continue
+		}
+		// Another name of a co-mounted hierarchy: cpu -> cpu,cpuacct.
+		if target, err := os.Readlink(p); err == nil && filepath.IsLocal(target) && own[filepath.Join(root, target)] != "" {
+			args = append(args, "--symlink", target, p)
+		}
+	}
+	return append(args, "--remount-ro", root)
 }
 
 // deviceArgs give the job its own /proc (of its pid namespace), /dev (null,

@@ -43,6 +43,9 @@ type hierarchy interface {
 	// create makes the job cgroup name with the limits written, ready to
 	// receive the job.
 	create(name string, l Limits) (cgroup, error)
+	// jobDirs maps each hierarchy's mount point to job cgroup name's dir
+	// in it: what the job sees of cgroups.
+	jobDirs(name string) map[string]string
 	// open finds the job cgroup name left by an earlier Start; ok is
 	// false when no dir of it exists on any hierarchy.
 	open(name string) (cg cgroup, ok bool)

@@ -52,6 +52,14 @@ func (h *cgroupV1) dirs(name string) map[string]string {
 	return d
 }
 
+func (h *cgroupV1) jobDirs(name string) map[string]string {
+	d := map[string]string{}
+	for _, m := range h.mounts {
+		d[m] = filepath.Join(m, parentCgroup, name) // co-mounted controllers share one
+	}
+	return d
+}
+
 func (h *cgroupV1) create(name string, l Limits) (cgroup, error) {
 	for _, c := range []string{"memory", "pids"} {
 		if _, ok := h.mounts[c]; !ok {

@@ -97,6 +97,10 @@ func (h *cgroupV2) create(name string, l Limits) (cgroup, error) {
 	return cg, nil
 }
 
+func (h *cgroupV2) jobDirs(name string) map[string]string {
+	return map[string]string{h.root: filepath.Join(h.root, parentCgroup, name)}
+}
+
 func (h *cgroupV2) open(name string) (cgroup, bool) {
 	cg := &cgroupV2Job{dir: filepath.Join(h.root, parentCgroup, name)}
 	if _, err := os.Stat(cg.dir); err != nil {

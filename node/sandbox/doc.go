@@ -40,7 +40,10 @@
 //     ReadOnly paths, the job dir (read-write) and a /tmp and /var/tmp
 //     backed by <dir>/tmp exist, over a read-only root; /proc, /dev and
 //     /dev/shm are its own; /run, /var, the homes, /root and the Hide paths
-//     are absent, so no host socket is reachable by path;
+//     are absent, so no host socket is reachable by path; /sys/fs/cgroup
+//     holds the job's own cgroup alone, where a container's would be, so
+//     that no other job's cgroup name shows and the job reads its own CPU
+//     quota and memory limit there;
 //   - pid, ipc and uts namespaces: it sees and signals its own processes
 //     only;
 //   - a network namespace: Spec.NetNS, or one of its own with only

@@ -411,6 +411,39 @@ func TestHostileCPUQuota(t *testing.T) {
 	}
 }
 
+// TestHostileCgroupNames: a job lists every cgroup it can find under
+// /sys/fs/cgroup and /proc/self/mountinfo while another job runs, and
+// finds no other job's cgroup name (job ID prefixes and a piece of the
+// lender's peer ID), nor any cgroup but its own; where a container's
+// reader looks, it reads its own CPU quota and memory limit.
+func TestHostileCgroupNames(t *testing.T) {
+	needRoot(t)
+	_, vs := startVictim(t, "x", "y")
+	victim, _ := sanitizeName(vs.Name)
+	s := spec(t, nil, "sh", "-c", `find /sys/fs/cgroup /sys/fs/cgroup/*/ 2>&1; cat /proc/self/mountinfo
+echo QUOTA $(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu.max 2>/dev/null)
+echo MEMORY $(cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max 2>/dev/null)`)
+	s.Limits = Limits{Cores: 0.5, MemBytes: 256 << 20}
+	_, out := runOut(t, s)
+	if !strings.Contains(out, "/sys/fs/cgroup") {
+		t.Fatalf("the job listed nothing:\n%s", out)
+	}
+	for _, leak := range []string{victim, "/" + parentCgroup + "/", "system.slice", "user.slice"} {
+		if strings.Contains(out, leak) {
+			t.Errorf("the job sees %q:\n%s", leak, out)
+		}
+	}
+	wantQuota := "QUOTA 50000"
+	if h, err := machine(); err == nil && h.version() == 2 {
+		wantQuota = "QUOTA 50000 100000"
+	}
+	for _, want := range []string{wantQuota + "\n", "MEMORY " + strconv.Itoa(256<<20) + "\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the job does not read %q where a container's reader looks:\n%s", want, out)
+		}
+	}
+}
+
 // TestHostileDiskReservations: fallocate, with or without KEEP_SIZE, on
 // files and on the job's output, reserves nothing, and its emulation stops
 // at the disk bound; truncating stdout does nothing to the node's log,

@@ -128,7 +128,7 @@ func (p *Process) setUp(h hierarchy, name, bw, cwd string, progs [][]byte) error
 	if err := prepareDir(p.spec.Dir, p.uid); err != nil {
 		return err
 	}
-	cfg := p.newTrampolineConfig(bw, cwd, len(progs))
+	cfg := p.newTrampolineConfig(bw, cwd, len(progs), h.jobDirs(name))
 	var err error
 	if p.cg, err = h.create(name, p.spec.Limits); err != nil {
 		return fmt.Errorf("create cgroup: %w", err)
@@ -147,16 +147,17 @@ func (p *Process) setUp(h hierarchy, name, bw, cwd string, progs [][]byte) error
 
 // newTrampolineConfig says how the trampoline runs the job: as its uid,
 // under its file size bound, from cwd, through bwrap (bw) with the job's
-// view of the filesystem, its environment and filters seccomp filters read
-// from firstSeccompFD on. The cgroup fields are the caller's to fill in.
-func (p *Process) newTrampolineConfig(bw, cwd string, filters int) trampolineConfig {
+// view of the filesystem (where cgroups are concerned, its own cgroup
+// dirs alone), its environment and filters seccomp filters read from
+// firstSeccompFD on. The cgroup fields are the caller's to fill in.
+func (p *Process) newTrampolineConfig(bw, cwd string, filters int, cgroups map[string]string) trampolineConfig {
 	s := p.spec
 	var scFDs []int
 	for i := range filters {
 		scFDs = append(scFDs, firstSeccompFD+i)
 	}
 	view := bwrapView{Dir: s.Dir, Cwd: cwd, ReadOnly: s.ReadOnly, Hide: append(defaultHidden(), s.Hide...),
-		GPUs: s.Limits.GPUs, OwnNet: s.NetNS == nil, SeccompFDs: scFDs}
+		GPUs: s.Limits.GPUs, Cgroups: cgroups, OwnNet: s.NetNS == nil, SeccompFDs: scFDs}
 	return trampolineConfig{
 		UID: p.uid, GID: p.uid, FSize: s.Limits.DiskBytes, Dir: cwd,
 		Path: bw, Argv: bwrapArgs(bw, view, s.Argv), Env: buildEnv(s),

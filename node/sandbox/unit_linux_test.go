@@ -416,3 +416,35 @@ func TestDeviceArgsBindTheJobsGPUsOnly(t *testing.T) {
 		t.Fatalf("no GPUs: %s", args)
 	}
 }
+
+// TestCgroupArgs: a job's cgroup tree is its own cgroup alone: on v2 its
+// dir at the root; on v1 its dir in each hierarchy at that hierarchy's
+// mount point, a co-mounted hierarchy's other name kept as a link, over
+// an empty read-only tmpfs that hides the rest.
+func TestCgroupArgs(t *testing.T) {
+	root := t.TempDir()
+	if got, want := cgroupArgs(root, map[string]string{root: root + "/deepmarket/j"}), []string{"--ro-bind", root + "/deepmarket/j", root}; !slices.Equal(got, want) {
+		t.Errorf("v2: %q, want %q", got, want)
+	}
+	for _, d := range []string{"cpu,cpuacct", "memory", "unified", "systemd"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for link, target := range map[string]string{"cpu": "cpu,cpuacct", "cpuacct": "cpu,cpuacct", "elsewhere": "/sys/fs/cgroup/memory"} {
+		if err := os.Symlink(target, filepath.Join(root, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := &cgroupV1{mounts: map[string]string{"cpu": root + "/cpu,cpuacct", "cpuacct": root + "/cpu,cpuacct", "memory": root + "/memory"}}
+	got := cgroupArgs(root, h.jobDirs("j"))
+	want := []string{"--tmpfs", root,
+		"--symlink", "cpu,cpuacct", root + "/cpu",
+		"--ro-bind", root + "/cpu,cpuacct/deepmarket/j", root + "/cpu,cpuacct",
+		"--symlink", "cpu,cpuacct", root + "/cpuacct",
+		"--ro-bind", root + "/memory/deepmarket/j", root + "/memory",
+		"--remount-ro", root}
+	if !slices.Equal(got, want) {
+		t.Errorf("v1:\n%q\nwant\n%q", got, want)
+	}
+}
