@@ -20,8 +20,8 @@ import (
 func (n *Node) startLending() (err error) {
 	n.links = p2p.NewLinkMeter(n.host, n.cfg.Node.ChainID)
 	// Others' probes are answered whether or not this machine probes: at
-	// most one a minute from each peer.
-	p2p.ServeProbes(n.host, n.cfg.Node.ChainID, time.Minute)
+	// most one a minute from each machine the ledger backs.
+	p2p.ServeProbes(n.host, n.cfg.Node.ChainID, time.Minute, n.admission)
 	src := lender.OfferSource{
 		Host: n.host, Account: n.key.Address(), Moniker: n.cfg.Node.Moniker, Site: n.cfg.Node.Site, Version: Version,
 		Inventory: n.Inventory, Owners: n.reads,

@@ -95,14 +95,14 @@ func (n *Node) sendQuote(ctx context.Context, bidder peer.ID, q p2p.Quote) error
 
 var _ api.Scheduling = (*Node)(nil)
 
-// bookPagesPerMinute is what one peer may fetch of this node's offer book:
-// a book of 20,000 offers is about 300 pages.
+// bookPagesPerMinute is what one member (with its machines) may fetch of
+// this node's offer book: a book of 20,000 offers is about 300 pages.
 const bookPagesPerMinute = 600
 
 // serveBook answers peers' book requests (p2p.BookServer).
 func (n *Node) serveBook() {
-	srv := &p2p.BookServer{Entries: n.book.Entries, PagesPerMinute: bookPagesPerMinute}
-	n.rpc.Handle(p2p.BookProtocol(n.cfg.Node.ChainID), srv.Handle)
+	srv := &p2p.BookServer{Entries: n.book.Entries, PagesPerMinute: bookPagesPerMinute, Admission: n.admission}
+	srv.Serve(n.rpc)
 }
 
 // bookSources is how many peers' books a starting node copies.

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 	"golang.org/x/time/rate"
@@ -72,68 +73,155 @@ func PageAfter(entries []BookEntry, after string) BookPage {
 	return page
 }
 
-// BookServer answers book requests from a node's offer book, with a
-// budget per peer and one for all peers together, so nobody makes the
-// node page through its book without end (peer IDs cost nothing).
+// BookServer answers book requests from a node's offer book. Each member
+// the ledger backs has a budget of pages, which its machines share (a
+// key costs nothing, a member an issuer's admission), and all members
+// together a larger one, so nobody makes the node page through its book
+// without end. Everyone else shares one small budget: a stranger's
+// request beyond it is reset before a byte of it is read (Serve), and no
+// stranger is remembered, so fresh keys can neither use up the members'
+// budgets nor grow the server's tables.
 type BookServer struct {
 	// Entries is the book now, sorted by machine.
 	Entries func(now time.Time) []BookEntry
-	// PagesPerMinute each peer may fetch (with a burst of as many); a
-	// whole book of 20,000 offers is about 300 pages. All peers together
-	// may fetch twice as many.
+	// PagesPerMinute each member may fetch (with a burst of as many); a
+	// whole book of 20,000 offers is about 300 pages. All members
+	// together may fetch bookMembersShare times as many, all strangers
+	// together a bookStrangersShare-th.
 	PagesPerMinute int
+	// Admission is the ledger's say on who is a member (a machine it
+	// backs answers for its owner); nil backs every peer, each for
+	// itself (tests and benchmarks of this package).
+	Admission Admission
 
-	mu      sync.Mutex
-	peers   map[peer.ID]*rate.Limiter
-	all     *rate.Limiter
-	entries []BookEntry // the book as of built, for a second
-	built   time.Time
+	mu        sync.Mutex
+	members   map[string]*rate.Limiter // by member account
+	all       *rate.Limiter            // members together
+	strangers *rate.Limiter            // everyone else together
+	entries   []BookEntry              // the book as of built, for a second
+	built     time.Time
 }
 
-// maxBookPeers bounds the per-peer budgets remembered.
-const maxBookPeers = 4096
+// Shares of the book's budget, in PagesPerMinute.
+const (
+	bookMembersShare   = 4
+	bookStrangersShare = 16
+)
 
-// Handle is the RPC handler.
+// maxBookMembers bounds the budgets remembered.
+const maxBookMembers = 4096
+
+// Serve answers book requests on r's host. Unlike r.Handle, it charges
+// the peer's budget before reading its request: a refusal is a stream
+// reset, cheaper than the request it refuses.
+func (b *BookServer) Serve(r *RPC) {
+	r.Host.SetStreamHandler(BookProtocol(r.ChainID), func(s network.Stream) {
+		defer s.Close()
+		from := s.Conn().RemotePeer()
+		entries, ok := b.allow(from, time.Now())
+		if !ok {
+			s.Reset()
+			return
+		}
+		s.SetDeadline(time.Now().Add(rpcTimeout))
+		env, err := r.readEnvelope(s)
+		if err == nil && env.SignerID() != from {
+			err = fmt.Errorf("%w: stream from %s, signed by %s", ErrSignerMismatch, from, env.SignerID())
+		}
+		var page BookPage
+		if err == nil {
+			page, err = pageFor(env, entries)
+		}
+		var data []byte
+		if err == nil {
+			data, err = Seal(r.Key, r.ChainID, TypeBookPage, page, r.seq.Next(), time.Now().Add(rpcTTL))
+		}
+		if err == nil {
+			err = writeFrame(s, data)
+		}
+		if err != nil {
+			s.Reset()
+		}
+	})
+}
+
+// Handle is the RPC handler (RPC.Handle): the same budgets as Serve, but
+// charged once the request is read and its signature checked.
 func (b *BookServer) Handle(_ context.Context, from peer.ID, env *Envelope) (string, any, error) {
-	if env.Type != TypeBookRequest {
-		return "", nil, fmt.Errorf("%w: %q", ErrUnknownType, env.Type)
-	}
-	var req BookRequest
-	if err := Unmarshal(env.Payload, &req); err != nil {
-		return "", nil, err
-	}
 	entries, ok := b.allow(from, time.Now())
 	if !ok {
 		return "", nil, errors.New("book pages over budget")
 	}
-	return TypeBookPage, PageAfter(entries, req.After), nil
+	page, err := pageFor(env, entries)
+	if err != nil {
+		return "", nil, err
+	}
+	return TypeBookPage, page, nil
 }
 
-// allow spends a page of p's budget and of everyone's, and returns the
-// book: a copy at most a second old, so paging through it does not sort
-// the book for every page.
+// pageFor answers the book request env with a page of entries.
+func pageFor(env *Envelope, entries []BookEntry) (BookPage, error) {
+	if env.Type != TypeBookRequest {
+		return BookPage{}, fmt.Errorf("%w: %q", ErrUnknownType, env.Type)
+	}
+	var req BookRequest
+	if err := Unmarshal(env.Payload, &req); err != nil {
+		return BookPage{}, err
+	}
+	return PageAfter(entries, req.After), nil
+}
+
+// allow spends a page of the budget p draws on (its member's and all
+// members', or the strangers'), and returns the book: a copy at most a
+// second old, so paging through it does not sort the book for every
+// page.
 func (b *BookServer) allow(p peer.ID, now time.Time) ([]BookEntry, bool) {
+	member, backed := backer(b.Admission, p)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	per := max(b.PagesPerMinute, 1)
-	if b.peers == nil || len(b.peers) >= maxBookPeers {
-		b.peers = map[peer.ID]*rate.Limiter{}
-	}
 	if b.all == nil {
-		b.all = rate.NewLimiter(rate.Limit(float64(2*per)/60), 2*per)
+		b.all = rate.NewLimiter(rate.Limit(float64(bookMembersShare*per)/60), bookMembersShare*per)
+		strangers := max(per/bookStrangersShare, 1)
+		b.strangers = rate.NewLimiter(rate.Limit(float64(strangers)/60), strangers)
+		b.members = map[string]*rate.Limiter{}
 	}
-	l, ok := b.peers[p]
+	if !backed {
+		if !b.strangers.AllowN(now, 1) {
+			return nil, false
+		}
+		return b.book(now), true
+	}
+	l, ok := b.members[member]
 	if !ok {
+		if len(b.members) >= maxBookMembers {
+			// A budget that has filled up again is a new one: forget it.
+			for m, l := range b.members {
+				if l.TokensAt(now) >= float64(l.Burst()) {
+					delete(b.members, m)
+				}
+			}
+		}
+		if len(b.members) >= maxBookMembers {
+			return nil, false
+		}
 		l = rate.NewLimiter(rate.Limit(float64(per)/60), per)
-		b.peers[p] = l
+		b.members[member] = l
 	}
+	// The member's own budget first: a member over it spends nothing of
+	// the others'.
 	if !l.AllowN(now, 1) || !b.all.AllowN(now, 1) {
 		return nil, false
 	}
+	return b.book(now), true
+}
+
+// book is the book as of now, at most a second old; b.mu is held.
+func (b *BookServer) book(now time.Time) []BookEntry {
 	if b.entries == nil || now.Sub(b.built) > time.Second {
 		b.entries, b.built = b.Entries(now), now
 	}
-	return b.entries, true
+	return b.entries
 }
 
 // FetchBook pages through p's offer book, handing each signed offer to

@@ -3,11 +3,17 @@ package p2p
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/deepmarket/deepmarket/identity"
 )
 
 // bookOf is a book of n distinct signed offers, sorted by machine.
@@ -71,16 +77,14 @@ func TestFetchBook(t *testing.T) {
 		pages++
 	}
 	srv := &BookServer{Entries: func(time.Time) []BookEntry { return book }, PagesPerMinute: pages}
-	server.Handle(BookProtocol(testChain), srv.Handle)
+	srv.Serve(server)
 	calls := 0
 	loop.Handle(BookProtocol(testChain), func(context.Context, peer.ID, *Envelope) (string, any, error) {
 		calls++
 		return TypeBookPage, BookPage{Offers: [][]byte{book[0].Raw}, Next: "1"}, nil // never past "1"
 	})
 	for _, p := range []*RPC{server, loop} {
-		if err := client.Host.Connect(t.Context(), peer.AddrInfo{ID: p.Host.ID(), Addrs: p.Host.Addrs()}); err != nil {
-			t.Fatal(err)
-		}
+		connect(t, client.Host, p.Host)
 	}
 	var got [][]byte
 	n, err := FetchBook(t.Context(), client, server.Host.ID(), 1000, func(raw []byte) bool { got = append(got, raw); return true })
@@ -91,22 +95,24 @@ func TestFetchBook(t *testing.T) {
 	if _, err := FetchBook(t.Context(), client, server.Host.ID(), 1000, func([]byte) bool { return true }); err == nil {
 		t.Fatal("a peer fetched more pages than its budget")
 	}
-	// All peers together may fetch twice one peer's budget: fresh keys
-	// cost nothing.
-	small := &BookServer{Entries: func(time.Time) []BookEntry { return book[:1] }, PagesPerMinute: 1}
-	server.Handle(BookProtocol(testChain), small.Handle)
-	for i, c := range []*RPC{client, rpcHost(t, 4), rpcHost(t, 5)} {
-		if err := c.Host.Connect(t.Context(), peer.AddrInfo{ID: server.Host.ID(), Addrs: server.Host.Addrs()}); err != nil {
-			t.Fatal(err)
-		}
+	// A member's machines share its budget, and all members together
+	// may fetch bookMembersShare members' budgets.
+	machine := rpcHost(t, 9)
+	members := []*RPC{rpcHost(t, 4), rpcHost(t, 5), rpcHost(t, 6), rpcHost(t, 7)}
+	adm := backing(client.Key, members[0].Key, members[1].Key, members[2].Key, members[3].Key)
+	adm[string(machine.Key.Public())] = client.Key.Address()
+	small := &BookServer{Entries: func(time.Time) []BookEntry { return book[:1] }, PagesPerMinute: 1, Admission: adm}
+	small.Serve(server)
+	for i, c := range append([]*RPC{client, machine}, members...) {
+		connect(t, c.Host, server.Host)
 		_, err := FetchBook(t.Context(), c, server.Host.ID(), 1000, func([]byte) bool { return true })
-		if (err == nil) != (i < 2) {
-			t.Fatalf("peer %d of 3 with one page a minute each, two in all: %v", i+1, err)
+		if want := i != 1 && i <= bookMembersShare; (err == nil) != want {
+			t.Fatalf("peer %d of 6 (the second a machine of the first's member) with one page a minute each, %d in all: %v", i+1, bookMembersShare, err)
 		}
 	}
 	// max bounds what one peer may hand over.
-	server.Handle(BookProtocol(testChain), srv.Handle)
-	srv.PagesPerMinute, srv.peers, srv.all = 100, nil, nil
+	srv.Serve(server)
+	srv.PagesPerMinute, srv.members, srv.all = 100, nil, nil
 	if n, err := FetchBook(t.Context(), client, server.Host.ID(), 10, func([]byte) bool { return true }); err != nil || n != 10 {
 		t.Fatalf("fetched %d offers with max 10: %v", n, err)
 	}
@@ -146,5 +152,75 @@ func TestCheckOfferRecordsNothing(t *testing.T) {
 	old := seal(t, k, testChain, TypeOffer, testOffer(k), 4, time.Now().Add(-time.Minute))
 	if _, err := v.CheckOffer(old, time.Now()); err == nil {
 		t.Fatal("an expired offer passed")
+	}
+}
+
+// Strangers hammering a node's book get a few pages between them and are
+// then reset before their requests are read; a member that just started
+// still copies the whole book meanwhile, and thousands of fresh keys
+// leave no trace in the server's tables.
+func TestStrangersCannotSpendTheBookBudget(t *testing.T) {
+	server, newcomer := rpcHost(t, 1), rpcHost(t, 2)
+	book := bookOf(t, 200)
+	pages := 1
+	for p := PageAfter(book, ""); p.Next != ""; p = PageAfter(book, p.Next) {
+		pages++
+	}
+	// Each member may copy the book once a minute.
+	srv := &BookServer{Entries: func(time.Time) []BookEntry { return book }, PagesPerMinute: pages, Admission: backing(newcomer.Key)}
+	srv.Serve(server)
+	connect(t, newcomer.Host, server.Host)
+
+	ctx, stop := context.WithCancel(t.Context())
+	var served, refused atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		evil := stranger(t, server.Host)
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				var page BookPage
+				if err := evil.Call(ctx, server.Host.ID(), BookProtocol(testChain), TypeBookRequest, &BookRequest{}, TypeBookPage, &page); err != nil {
+					refused.Add(1)
+				} else {
+					served.Add(1)
+				}
+			}
+		})
+	}
+	for refused.Load() < 64 && t.Context().Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	n, err := FetchBook(t.Context(), newcomer, server.Host.ID(), 1000, func([]byte) bool { return true })
+	stop()
+	wg.Wait()
+	if err != nil || n != len(book) {
+		t.Errorf("a member copied %d offers of %d while strangers hammered the book: %v", n, len(book), err)
+	}
+	if got, most := served.Load(), int64(max(pages/bookStrangersShare, 1)); got > most {
+		t.Errorf("strangers were served %d pages (%d refused), more than their %d", got, refused.Load(), most)
+	}
+
+	// A stranger over the budget is reset before its request is read:
+	// one that sends half a request is not waited for.
+	evil := stranger(t, server.Host)
+	st, err := evil.Host.NewStream(t.Context(), server.Host.ID(), BookProtocol(testChain))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	st.SetDeadline(time.Now().Add(2 * time.Second))
+	st.Write(binary.AppendUvarint(nil, 1000)) // a frame of 1000 bytes, none sent
+	if _, err := st.Read(make([]byte, 1)); !errors.Is(err, network.ErrReset) {
+		t.Errorf("half a stranger's request: %v; want a reset before it is read", err)
+	}
+
+	// Fresh keys are remembered nowhere.
+	pub := make([]byte, 32)
+	for i := range maxBookMembers + 1000 {
+		binary.BigEndian.PutUint32(pub, uint32(i))
+		srv.allow(identity.PeerIDOf(pub), time.Now())
+	}
+	if got := len(srv.members); got != 1 {
+		t.Errorf("the server keeps %d budgets after %d strangers; want the member's alone", got, maxBookMembers+1000)
 	}
 }

@@ -63,38 +63,84 @@ func checkLinks(self string, links []LinkSample) error {
 	return nil
 }
 
-// ProbeServer answers other machines' probes, a few at a time and at most
-// one per peer every probeEvery: a stranger cannot make a machine a
-// bandwidth sink.
+// ProbeServer answers the probes of machines the ledger backs, two at a
+// time and at most one per machine every period. Only lending machines
+// probe (see LinkMeter), and the ledger backs every lender's machine, so
+// anyone else's probe is reset before a byte of it is read, and is
+// remembered nowhere: fresh keys can neither take the slots nor fill the
+// table of recent probers. An admitted probe is bounded too: its echo is
+// at most probePings bytes, done within probeEchoTime, and its bulk
+// ProbeBytes within probeTimeout.
 type ProbeServer struct {
+	adm   Admission
 	slots chan struct{}
 	every time.Duration
 	mu    sync.Mutex
-	last  map[peer.ID]time.Time
+	last  map[peer.ID]time.Time // admitted peers only
 }
 
-// ServeProbes registers the probe protocol on h; stop removes it.
-func ServeProbes(h host.Host, chainID string, every time.Duration) (s *ProbeServer, stop func()) {
-	s = &ProbeServer{slots: make(chan struct{}, 2), every: every, last: map[peer.ID]time.Time{}}
+// Bounds of what one probe may take of the machine that answers it.
+const (
+	// probePings is how many one-byte round trips a probe makes: the
+	// most the server echoes.
+	probePings = 3
+	// probeEchoTime bounds the round trips, from the stream's opening: a
+	// stream that holds a slot without probing frees it this soon. It
+	// allows round trips of most of a second, a satellite link's.
+	probeEchoTime = 3 * time.Second
+	// probeSlots is how many probes are answered at once.
+	probeSlots = 2
+	// maxProbers bounds the table of recent probers (admitted machines).
+	maxProbers = 4096
+)
+
+// ServeProbes registers the probe protocol on h, answering at most one
+// probe every period from each machine admit backs (a nil admit backs
+// everyone: tests of this package); stop removes it.
+func ServeProbes(h host.Host, chainID string, every time.Duration, admit Admission) (s *ProbeServer, stop func()) {
+	s = &ProbeServer{adm: admit, slots: make(chan struct{}, probeSlots), every: every, last: map[peer.ID]time.Time{}}
 	pid := ProbeProtocol(chainID)
 	h.SetStreamHandler(pid, s.handle)
 	return s, func() { h.RemoveStreamHandler(pid) }
 }
 
-func (s *ProbeServer) allow(p peer.ID, now time.Time) bool {
+// admit takes a slot for p's probe at now, if p is a machine the ledger
+// backs (asked first: a stranger is remembered nowhere and takes no
+// slot), a slot is free, and p has not probed within the period: the
+// probe spends it. release frees the slot.
+func (s *ProbeServer) admit(p peer.ID, now time.Time) (release func(), ok bool) {
+	if _, ok := backer(s.adm, p); !ok {
+		return nil, false
+	}
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		return nil, false
+	}
+	release = func() { <-s.slots }
+	if !s.spend(p, now) {
+		release()
+		return nil, false
+	}
+	return release, true
+}
+
+// spend records a probe from p at now, unless p probed within the period
+// or the table is full of machines that did.
+func (s *ProbeServer) spend(p peer.ID, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if t, ok := s.last[p]; ok && now.Sub(t) < s.every {
 		return false
 	}
-	if len(s.last) >= 4096 {
+	if len(s.last) >= maxProbers {
 		for q, t := range s.last {
 			if now.Sub(t) >= s.every {
 				delete(s.last, q)
 			}
 		}
 	}
-	if len(s.last) >= 4096 {
+	if len(s.last) >= maxProbers {
 		return false
 	}
 	s.last[p] = now
@@ -103,21 +149,18 @@ func (s *ProbeServer) allow(p peer.ID, now time.Time) bool {
 
 func (s *ProbeServer) handle(st network.Stream) {
 	defer st.Close()
-	if !s.allow(st.Conn().RemotePeer(), time.Now()) {
+	start := time.Now()
+	release, ok := s.admit(st.Conn().RemotePeer(), start)
+	if !ok {
 		st.Reset()
 		return
 	}
-	select {
-	case s.slots <- struct{}{}:
-		defer func() { <-s.slots }()
-	default:
-		st.Reset()
-		return
-	}
-	st.SetDeadline(time.Now().Add(probeTimeout))
+	defer release()
+	st.SetDeadline(start.Add(probeEchoTime))
 	var b [1]byte
-	// Echo the round-trip bytes until the bulk starts (a zero byte).
-	for {
+	// Echo the round-trip bytes, at most probePings, until the bulk
+	// starts (a zero byte).
+	for echoed := 0; ; echoed++ {
 		if _, err := io.ReadFull(st, b[:]); err != nil {
 			st.Reset()
 			return
@@ -125,16 +168,42 @@ func (s *ProbeServer) handle(st network.Stream) {
 		if b[0] == 0 {
 			break
 		}
+		if echoed == probePings {
+			st.Reset()
+			return
+		}
 		if _, err := st.Write(b[:]); err != nil {
+			st.Reset()
 			return
 		}
 	}
-	n, err := io.Copy(io.Discard, io.LimitReader(st, ProbeBytes+1))
+	st.SetDeadline(start.Add(probeTimeout))
+	n, err := io.Copy(io.Discard, io.LimitReader(st, ProbeBytes))
 	if err != nil || n != ProbeBytes-1 {
 		st.Reset()
 		return
 	}
 	st.Write([]byte{'k'})
+}
+
+// backer is the account that answers on the ledger for peer p: the member
+// its machine earns into (a member's own key answers for itself), or
+// false for a stranger. It is a lookup, no signature: callers ask it
+// before they read what p sent. A nil a backs every peer, by itself.
+func backer(a Admission, p peer.ID) (string, bool) {
+	if a == nil {
+		return string(p), true
+	}
+	pub, err := p.ExtractPublicKey()
+	if err != nil {
+		return "", false
+	}
+	raw, err := pub.Raw()
+	if err != nil {
+		return "", false
+	}
+	owner, ok := a.Machine(raw)
+	return string(owner), ok
 }
 
 // Probe measures the link from h to p: the least of three one-byte round
@@ -157,7 +226,7 @@ func Probe(ctx context.Context, h host.Host, chainID string, p peer.ID) (Link, e
 	}
 	rtt := time.Duration(1<<63 - 1)
 	var b [1]byte
-	for range 3 {
+	for range probePings {
 		t0 := time.Now()
 		if _, err := st.Write([]byte{'p'}); err != nil {
 			return Link{}, err
