@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 	"golang.org/x/time/rate"
@@ -115,33 +114,18 @@ const maxBookMembers = 4096
 // the peer's budget before reading its request: a refusal is a stream
 // reset, cheaper than the request it refuses.
 func (b *BookServer) Serve(r *RPC) {
-	r.Host.SetStreamHandler(BookProtocol(r.ChainID), func(s network.Stream) {
-		defer s.Close()
-		from := s.Conn().RemotePeer()
-		entries, ok := b.allow(from, time.Now())
-		if !ok {
-			s.Reset()
-			return
-		}
-		s.SetDeadline(time.Now().Add(rpcTimeout))
-		env, err := r.readEnvelope(s)
-		if err == nil && env.SignerID() != from {
-			err = fmt.Errorf("%w: stream from %s, signed by %s", ErrSignerMismatch, from, env.SignerID())
-		}
-		var page BookPage
-		if err == nil {
-			page, err = pageFor(env, entries)
-		}
-		var data []byte
-		if err == nil {
-			data, err = Seal(r.Key, r.ChainID, TypeBookPage, page, r.seq.Next(), time.Now().Add(rpcTTL))
-		}
-		if err == nil {
-			err = writeFrame(s, data)
-		}
+	r.HandleGated(BookProtocol(r.ChainID), func(p peer.ID) bool {
+		_, ok := b.allow(p, time.Now())
+		return ok
+	}, func(_ context.Context, _ peer.ID, env *Envelope) (string, any, error) {
+		b.mu.Lock()
+		entries := b.book(time.Now())
+		b.mu.Unlock()
+		page, err := pageFor(env, entries)
 		if err != nil {
-			s.Reset()
+			return "", nil, err
 		}
+		return TypeBookPage, page, nil
 	})
 }
 

@@ -244,13 +244,25 @@ func (r *RPC) Call(ctx context.Context, p peer.ID, proto protocol.ID, typ string
 // peer, and passed to fn with its payload; fn's reply is sealed and sent.
 // A request fn refuses (an error) gets the stream reset.
 func (r *RPC) Handle(proto protocol.ID, fn func(ctx context.Context, from peer.ID, env *Envelope) (replyType string, reply any, err error)) {
+	r.HandleGated(proto, nil, fn)
+}
+
+// HandleGated is Handle with a gate asked about the remote peer before a
+// byte of its request is read: a peer the gate refuses gets the stream
+// reset at once, so that a refusal costs a lookup, not a signature check.
+// A nil gate lets everyone through.
+func (r *RPC) HandleGated(proto protocol.ID, gate func(peer.ID) bool, fn func(ctx context.Context, from peer.ID, env *Envelope) (replyType string, reply any, err error)) {
 	if r.Logger == nil {
 		r.Logger = slog.New(slog.DiscardHandler)
 	}
 	r.Host.SetStreamHandler(proto, func(s network.Stream) {
 		defer s.Close()
-		s.SetDeadline(time.Now().Add(rpcTimeout))
 		from := s.Conn().RemotePeer()
+		if gate != nil && !gate(from) {
+			s.Reset()
+			return
+		}
+		s.SetDeadline(time.Now().Add(rpcTimeout))
 		env, err := r.readEnvelope(s)
 		if err == nil && env.SignerID() != from {
 			err = fmt.Errorf("%w: stream from %s, signed by %s", ErrSignerMismatch, from, env.SignerID())
