@@ -3,12 +3,14 @@ package p2p
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"strings"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/p2p/host/autorelay"
 	"github.com/libp2p/go-libp2p/p2p/host/peerstore/pstoremem"
@@ -16,6 +18,7 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
 	relayv2 "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
 	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
+	"github.com/libp2p/go-libp2p/x/rate"
 	noise "github.com/libp2p/go-libp2p/p2p/security/noise"
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 	quic "github.com/libp2p/go-libp2p/p2p/transport/quic"
@@ -117,9 +120,7 @@ func NewHost(p HostParams) (host.Host, error) {
 	if err := checkPortsFree(p.Listen); err != nil {
 		return nil, err
 	}
-	limits := rcmgr.DefaultLimits
-	libp2p.SetDefaultServiceLimits(&limits)
-	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(limits.AutoScale()))
+	rm, err := newResourceManager()
 	if err != nil {
 		return nil, fmt.Errorf("resource manager: %w", err)
 	}
@@ -185,6 +186,50 @@ func NewHost(p HostParams) (host.Host, error) {
 		return nil, err
 	}
 	return nh, nil
+}
+
+// newResourceManager is libp2p's resource manager with its auto-scaled
+// default limits, and per-address limits sized for campus NATs.
+func newResourceManager() (network.ResourceManager, error) {
+	limits := rcmgr.DefaultLimits
+	libp2p.SetDefaultServiceLimits(&limits)
+	return rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(limits.AutoScale()), campusLimits()...)
+}
+
+// campusConns is how many connections a node takes from one IP address.
+// A campus NAT puts a whole university's lab machines behind one public
+// address, and its public node (a validator, their relay) hears all of
+// them from it: libp2p's defaults (8 connections, and 0.2 new ones a
+// second after a burst of 16, per IPv4 address) would admit 8 machines and
+// then one every 5 s. The resource manager's system and transient limits
+// still bound the total.
+const campusConns = 512
+
+// campusLimits are the resource manager's per-address limits, sized for a
+// campus behind one NAT: campusConns connections per IPv4 address (and
+// IPv6 /56; four times that per /48), and new ones at 4 a second after a
+// burst of a quarter of that; loopback is not limited.
+func campusLimits() []rcmgr.Option {
+	burst := campusConns / 4
+	return []rcmgr.Option{
+		rcmgr.WithLimitPerSubnet(
+			[]rcmgr.ConnLimitPerSubnet{{PrefixLength: 32, ConnCount: campusConns}},
+			[]rcmgr.ConnLimitPerSubnet{{PrefixLength: 56, ConnCount: campusConns}, {PrefixLength: 48, ConnCount: 4 * campusConns}}),
+		rcmgr.WithConnRateLimiters(&rate.Limiter{
+			NetworkPrefixLimits: []rate.PrefixLimit{
+				{Prefix: netip.MustParsePrefix("127.0.0.0/8")},
+				{Prefix: netip.MustParsePrefix("::1/128")},
+			},
+			SubnetRateLimiter: rate.SubnetLimiter{
+				IPv4SubnetLimits: []rate.SubnetLimit{{PrefixLength: 32, Limit: rate.Limit{RPS: 4, Burst: burst}}},
+				IPv6SubnetLimits: []rate.SubnetLimit{
+					{PrefixLength: 56, Limit: rate.Limit{RPS: 4, Burst: burst}},
+					{PrefixLength: 48, Limit: rate.Limit{RPS: 10, Burst: 4 * burst}},
+				},
+				GracePeriod: time.Minute,
+			},
+		}),
+	}
 }
 
 // checkPortsFree binds each fixed TCP port of listen without SO_REUSEPORT

@@ -164,3 +164,22 @@ func TestAdvertisedDropsLoopback(t *testing.T) {
 		t.Errorf("a host on loopback only advertises %v", got)
 	}
 }
+
+// TestCampusBehindOneAddress: a university's lab machines reach its public
+// node from one NAT address; the resource manager takes a lab's worth of
+// connections from it at once (libp2p's default: 8).
+func TestCampusBehindOneAddress(t *testing.T) {
+	rm, err := newResourceManager()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rm.Close()
+	campus := ma.StringCast("/ip4/203.0.113.7/tcp/7701")
+	for i := range 60 { // within the transient scope's limit, as handshakes are
+		s, err := rm.OpenConnection(network.DirInbound, true, campus)
+		if err != nil {
+			t.Fatalf("connection %d from the campus address refused: %v", i+1, err)
+		}
+		defer s.Done()
+	}
+}
