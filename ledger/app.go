@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -19,8 +20,11 @@ import (
 )
 
 // AppVersion is the version of the ledger's state machine: 2 since the
-// state lives in an IAVL tree and only members sign.
-const AppVersion = 2
+// state lives in an IAVL tree and only members sign; 3 since an unlinked
+// machine's entry goes once no consent can use it (consents name a height,
+// not a link nonce), escrows lock a least amount per payee and machine
+// records count only paid work.
+const AppVersion = 3
 
 // App is the ledger's ABCI application. It keeps the state in memory, for
 // reads, and in an authenticated store (an IAVL tree, store.go) whose root
@@ -106,7 +110,7 @@ func (app *App) Info(context.Context, *abci.RequestInfo) (*abci.ResponseInfo, er
 	app.mu.RLock()
 	defer app.mu.RUnlock()
 	return &abci.ResponseInfo{
-		Data: "deepmarket-ledger", Version: "2", AppVersion: AppVersion,
+		Data: "deepmarket-ledger", Version: strconv.Itoa(AppVersion), AppVersion: AppVersion,
 		LastBlockHeight: app.store.version(), LastBlockAppHash: app.store.hash(),
 	}, nil
 }
@@ -319,6 +323,9 @@ func (app *App) FinalizeBlock(_ context.Context, req *abci.RequestFinalizeBlock)
 		return nil, fmt.Errorf("block %d, but the ledger's store is ready for height %d", req.Height, v)
 	}
 	now := req.Time.Unix()
+	// Before the transactions: a consent this block could carry never
+	// needs an entry pruned here.
+	s.pruneLinks(req.Height)
 	decodedTxs := make([]*decoded, len(req.Txs))
 	errs := make([]error, len(req.Txs))
 	checked := make([]bool, len(req.Txs))
@@ -439,7 +446,7 @@ func (app *App) Commit(context.Context, *abci.RequestCommit) (*abci.ResponseComm
 //	/account/ADDR       AccountView
 //	/issuer/ADDR        Issuer
 //	/member/ADDR        Membership
-//	/registration/ADDR  Registration (a machine's owner and link nonce; /link/ADDR too)
+//	/registration/ADDR  Registration (a machine's owner and link height; /link/ADDR too)
 //	/escrow/JOB         Escrow
 //	/machine/ADDR       MachineRecord
 //	/pending/HASH       PendingTx: whether this node's mempool holds the transaction
@@ -475,12 +482,14 @@ type Membership struct {
 }
 
 // Registration is the answer to /registration/ADDR: whom a machine earns
-// for, its link nonce (what a consent to change it must name), and
-// whether it is registered (it earns for a member).
+// for, the height of the link's last change (0: never, or long ago) and of
+// the state read (a consent names a height between the two), and whether
+// it is registered (it earns for a member).
 type Registration struct {
 	Machine    string `json:"machine"`
 	Owner      string `json:"owner"`
-	LinkNonce  uint64 `json:"link_nonce"`
+	Changed    int64  `json:"changed"`
+	Height     int64  `json:"height"`
 	Registered bool   `json:"registered"`
 }
 
@@ -526,7 +535,7 @@ func (app *App) query(path string) (any, error) {
 			return nil, reject(CodeInvalidAddress, "%v", err)
 		}
 		l := s.link(arg)
-		return Registration{Machine: arg, Owner: l.Owner, LinkNonce: l.Nonce, Registered: s.isMember(l.Owner)}, nil
+		return Registration{Machine: arg, Owner: l.Owner, Changed: l.Changed, Height: s.Height, Registered: s.isMember(l.Owner)}, nil
 	case "escrow":
 		if v, ok := s.Escrows[arg]; ok {
 			return v, nil

@@ -388,7 +388,7 @@ func FuzzDecodeTx(f *testing.F) {
 		TypeTransfer: &Transfer{To: to, Amount: 1, Memo: "m"}, TypeGrant: &Grant{To: to, Amount: 1},
 		TypeOpenEscrow: &OpenEscrow{Job: job(1), Amount: 5, Expiry: 9, Payees: []string{to}}, TypeSettle: &Settle{Job: job(1), Payments: []Payment{{Machine: to, Amount: 1}}},
 		TypeClaim: &Claim{Receipt: Receipt{Job: job(1), Payee: to, Amount: 1, Seq: 2, Sig: make([]byte, 64)}}, TypeExpire: &Expire{Job: job(1)},
-		TypeLinkMachine:   &LinkMachine{Consent: SignLinkConsent(k, testChain, k.Address(), Registration{Owner: to}, 100)},
+		TypeLinkMachine:   &LinkMachine{Consent: SignLinkConsent(k, testChain, k.Address(), Registration{Owner: to, Height: 7}, 100)},
 		TypeValidatorVote: &ValidatorVote{PubKey: k.Public(), Power: 3}, TypeAdmit: &Admit{Account: to, Revoke: true},
 	} {
 		b, _ := NewTx(k, testChain, typ, 0, msg)

@@ -33,8 +33,13 @@ type AuditOptions struct {
 	// genesis and trusts only its validators (and those they vote in).
 	// Nil takes the genesis the node serves: the audit then proves the
 	// node's chain consistent with a genesis the node chose, which a fork
-	// with the same chain ID passes. Pinning is what protects.
+	// with the same chain ID passes. Pinning is what protects, so such an
+	// audit is not OK (its first problem says what was trusted) unless
+	// TrustServedGenesis accepts the served genesis.
 	Genesis *cmttypes.GenesisDoc
+	// TrustServedGenesis accepts the genesis the node serves when Genesis
+	// is nil; the report still says it was not pinned.
+	TrustServedGenesis bool
 	// GenesisSource says where Genesis came from (a file), for the report.
 	GenesisSource string
 	// Progress, if set, is called after each block.
@@ -55,18 +60,21 @@ type AuditReport struct {
 	ChainID string `json:"chain_id"`
 	// Genesis says which genesis the audit started from: a file (pinned),
 	// or "as served by" the node (not pinned).
-	Genesis     string        `json:"genesis"`
-	GenesisHash string        `json:"genesis_hash"` // SHA-256 of its canonical JSON
-	Height      int64         `json:"height"`
-	AppHash     string        `json:"app_hash"`
-	Commits     int           `json:"commits_verified"` // blocks whose commit signatures were verified
-	Txs         int           `json:"txs"`              // transactions replayed
-	TxsOK       int           `json:"txs_ok"`           // of which the ledger accepted
-	Supply      uint64        `json:"supply"`
-	Balances    uint64        `json:"balances"`
-	Escrowed    uint64        `json:"escrowed"`
-	Problems    []string      `json:"problems"`
-	Accounts    []AccountFlow `json:"accounts"`
+	Genesis     string `json:"genesis"`
+	GenesisHash string `json:"genesis_hash"` // SHA-256 of its canonical JSON
+	// Pinned is whether the genesis was the caller's own (a file), not
+	// the one the node served.
+	Pinned   bool          `json:"genesis_pinned"`
+	Height   int64         `json:"height"`
+	AppHash  string        `json:"app_hash"`
+	Commits  int           `json:"commits_verified"` // blocks whose commit signatures were verified
+	Txs      int           `json:"txs"`              // transactions replayed
+	TxsOK    int           `json:"txs_ok"`           // of which the ledger accepted
+	Supply   uint64        `json:"supply"`
+	Balances uint64        `json:"balances"`
+	Escrowed uint64        `json:"escrowed"`
+	Problems []string      `json:"problems"`
+	Accounts []AccountFlow `json:"accounts"`
 }
 
 // Audit replays the chain served at rpcURL (CometBFT RPC, e.g.
@@ -117,7 +125,13 @@ func audit(ctx context.Context, rpc AuditRPC, opts AuditOptions, served string) 
 		return nil, fmt.Errorf("audit: genesis: %w", err)
 	}
 	sum := sha256.Sum256(docJSON)
-	rep := &AuditReport{ChainID: doc.ChainID, Genesis: source, GenesisHash: fmt.Sprintf("%X", sum[:]), Problems: []string{}, Accounts: []AccountFlow{}}
+	rep := &AuditReport{ChainID: doc.ChainID, Genesis: source, GenesisHash: fmt.Sprintf("%X", sum[:]), Pinned: opts.Genesis != nil,
+		Problems: []string{}, Accounts: []AccountFlow{}}
+	if !rep.Pinned && !opts.TrustServedGenesis {
+		rep.Problems = append(rep.Problems, fmt.Sprintf("genesis not pinned: the audit trusted the genesis %s (sha256 %s), "+
+			"so it proves only that the chain agrees with a genesis the node chose (a fork with the same chain ID passes): "+
+			"audit against the genesis you trust", source, rep.GenesisHash))
+	}
 	fail := func(h int64, format string, args ...any) {
 		rep.Problems = append(rep.Problems, fmt.Sprintf("height %d: ", h)+fmt.Sprintf(format, args...))
 	}

@@ -155,8 +155,8 @@ func (r *unsignedCommitRPC) Commit(ctx context.Context, h *int64) (*ctypes.Resul
 // audit pinned to the honest genesis refuses it (its commits are not
 // signed by the honest validators, and its app hashes are not the
 // honest genesis'); the same audit accepts the honest chain; an audit that
-// takes the genesis the fork serves accepts the fork, and says so: pinning
-// is what protects.
+// takes the genesis the fork serves is not OK unless told to trust it,
+// and says what it trusted: pinning is what protects.
 func TestAuditRefusesAFork(t *testing.T) {
 	issuer, mallory := key(t, 1), key(t, 66)
 	g := genesis(issuer, map[*identity.Key]uint64{key(t, 2): 10 * credit})
@@ -196,7 +196,7 @@ func TestAuditRefusesAFork(t *testing.T) {
 
 	ctx := t.Context()
 	rep, err := Audit(ctx, honestURL, AuditOptions{Genesis: honest, GenesisSource: "honest.json"})
-	if err != nil || !rep.OK || rep.Supply != 10*credit {
+	if err != nil || !rep.OK || !rep.Pinned || rep.Supply != 10*credit {
 		t.Fatalf("audit of the honest chain: %v %+v", err, rep)
 	}
 	rep, err = Audit(ctx, forkURL, AuditOptions{Genesis: honest, GenesisSource: "honest.json"})
@@ -206,12 +206,22 @@ func TestAuditRefusesAFork(t *testing.T) {
 	if rep.OK || !hasProblem(rep, "height 1: the commit is not signed by more than 2/3 of the validator set the audit tracks") {
 		t.Fatalf("audit of the fork pinned to the honest genesis: %+v", rep)
 	}
+	// Without a genesis of its own the audit replays the fork from the
+	// genesis it serves, which proves nothing: not OK, and it says what
+	// it trusted; accepting the served genesis passes, and still says so.
 	rep, err = Audit(ctx, forkURL, AuditOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !rep.OK || rep.Supply != 500_010*credit || rep.Genesis != "as served by "+forkURL {
+	if rep.OK || rep.Pinned || len(rep.Problems) != 1 || !hasProblem(rep, "genesis not pinned: the audit trusted the genesis as served by "+forkURL+" (sha256 "+rep.GenesisHash+")") {
 		t.Fatalf("audit of the fork from the genesis it serves: %+v", rep)
+	}
+	rep, err = Audit(ctx, forkURL, AuditOptions{TrustServedGenesis: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK || rep.Pinned || rep.Supply != 500_010*credit || rep.Genesis != "as served by "+forkURL {
+		t.Fatalf("audit of the fork, trusting the genesis it serves: %+v", rep)
 	}
 }
 

@@ -613,8 +613,8 @@ func (c *Client) Member(ctx context.Context, addr identity.Address) (Membership,
 	return m, c.query(ctx, "/member/"+string(addr), &m)
 }
 
-// Registration tells whom a machine earns for, its link nonce, and
-// whether it is registered.
+// Registration tells whom a machine earns for, the height of its link's
+// last change and of the state read, and whether it is registered.
 func (c *Client) Registration(ctx context.Context, machine identity.Address) (Registration, error) {
 	var r Registration
 	return r, c.query(ctx, "/registration/"+string(machine), &r)

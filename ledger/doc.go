@@ -5,8 +5,8 @@
 //
 // State holds integers only (1 credit = 1,000,000 micro-credits): accounts
 // {balance, nonce}, issuers {quota left}, members, machine links {owner,
-// link nonce}, escrows, machine records, the validator set and the votes
-// on it.
+// height of the last change, former owner}, escrows, machine records, the
+// validator set and the votes on it.
 //
 // # No free writes: members and limits
 //
@@ -25,26 +25,46 @@
 //
 // Members' writes are bounded by the genesis Params (defaults in
 // DefaultParams): at most MaxMachinesPerOwner (256) machines linked to an
-// account, MaxOpenEscrows (1,024) escrows open per payer, a Transfer that
-// opens an account moves at least MinNewAccount (1 credit), an escrow pays
-// registered machines only, and one signer has at most MaxTxsPerBlock
-// (1,000) transactions in a block (those beyond are refused, in block
-// order) and pending in a node's mempool at once.
+// account (a machine it unlinked counting for ConsentBlocks, 3,600 blocks,
+// while its entry is kept), MaxOpenEscrows (1,024) escrows open per payer,
+// an escrow locks at least MinPayment (0.01 credit) per payee it names and
+// pays registered machines only, a Transfer that opens an account moves at
+// least MinNewAccount (1 credit), and one signer has at most
+// MaxTxsPerBlock (1,000) transactions in a block (those beyond are
+// refused, in block order) and pending in a node's mempool at once. So
+// every entry a member writes is bounded by its limits or by the credits
+// it locks, and goes when no longer needed: a member with 1 credit holds
+// at most 256 link entries and about 25 KB of escrows (stake_test.go
+// measures both).
 //
 // # Machines
 //
 // A machine is registered when it is a member itself (by default a node's
 // key is its account) or it is linked to a member. A LinkMachine carries
 // the machine's LinkConsent, which signs the chain ID, the machine's key,
-// the new owner, the machine's current owner (itself when unlinked), its
-// link nonce (which every link change increments) and an expiry (block
-// time, at most an hour ahead): a consent serves for one change, before it
-// expires, so an old owner cannot replay it. The new owner signs the
+// the new owner, the machine's current owner (itself when unlinked), a
+// committed height at or after the link's last change, and an expiry
+// (block time, at most an hour ahead). A link change records its block's
+// height, past every consent given before it, and a consent serves only
+// within ConsentBlocks of the height it names: so a consent serves for one
+// change, and an old owner cannot replay it. The new owner signs the
 // LinkMachine; unlinking is a link back to the machine itself, signed by
-// the owner or the machine, with the machine's consent too. App reads
-// (MachineOwner, IsMember, BalanceOf, Height) are O(1) for the node's
-// gossip validation; the /registration/ADDR query gives what a consent
-// must name.
+// the owner or the machine, with the machine's consent too. An unlink
+// leaves the machine's entry, counted against the owner it left, for
+// ConsentBlocks: as long as a consent given before it could be used. The
+// first block past that removes it (before its transactions; such a block
+// writes even if it has none), with the machine's record unless it is a
+// member. App reads (MachineOwner, IsMember, BalanceOf, Height) are O(1)
+// for the node's gossip validation; the /registration/ADDR query gives
+// what a consent must name.
+//
+// A machine's record (jobs completed and failed, credits earned) counts
+// only work it was paid for by someone else: a settlement's payment
+// counts when it pays at least MinPayment, from a payer that is neither
+// the machine nor its owner, to a registered machine. Naming a machine in
+// an escrow needs no consent from it, so a payment of nothing counts
+// nothing: marking a machine failed costs MinPayment, paid to it, and a
+// member cannot rate its own machines.
 //
 // # Store and app hash
 //
@@ -52,7 +72,7 @@
 // entry is a leaf, the root hash is the app hash. A block writes only the
 // leaves it changed, so its cost grows with its changes (and the log of
 // the state's size), not with the state; an empty block writes nothing and
-// leaves the hash as it was. Commit saves the tree as version = height in
+// leaves the hash as it was, unless an unlinked machine's entry goes in it. Commit saves the tree as version = height in
 // one atomic write (goleveldb, in the node's ledger directory); the last
 // 100 versions are kept. The state is also kept in memory, for reads,
 // loaded from the tree's leaves when the app opens. A node killed at any
@@ -86,10 +106,12 @@
 //
 // # Audit
 //
-// The audit is a light client: from a genesis it is given (or the one the
-// node serves, which proves less, and says so) it tracks the validator
-// set, verifies that more than 2/3 of it signed every block's commit,
-// replays every block and checks every app hash and invariant.
+// The audit is a light client: from a genesis it is given it tracks the
+// validator set, verifies that more than 2/3 of it signed every block's
+// commit, replays every block and checks every app hash and invariant.
+// From the genesis the node serves it proves only that the chain agrees
+// with a genesis the node chose: such an audit names what it trusted and
+// is not OK unless told to trust it (AuditOptions.TrustServedGenesis).
 //
 // # Validators
 //

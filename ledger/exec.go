@@ -1,6 +1,8 @@
 package ledger
 
 import (
+	"math"
+	"math/bits"
 	"sort"
 	"strconv"
 
@@ -225,14 +227,25 @@ func (s *State) admitTx(c *call, m *Admit) (effect, error) {
 	return func() *event {
 		delete(s.Members, m.Account)
 		s.touch(pMember, m.Account)
+		// A machine has a record only while it is backed: as a member, or
+		// by its link entry (pruneLinks).
+		if _, linked := s.Links[m.Account]; !linked {
+			if _, ok := s.Machines[m.Account]; ok {
+				delete(s.Machines, m.Account)
+				s.touch(pMachine, m.Account)
+			}
+		}
 		ev.attrs = append(ev.attrs, [2]string{"revoked", "true"})
 		return ev
 	}, nil
 }
 
 // linkMachine moves a machine to the owner its consent names. The consent
-// must name the link as it is (owner and nonce), so a consent serves for
-// one change only.
+// names the link as it is (owner) and a height since its last change,
+// within ConsentBlocks of this block: the change moves the link's height
+// past the consent's, so a consent serves for one change only, and no
+// consent outlives the ConsentBlocks that an unlinked machine's entry is
+// kept.
 func (s *State) linkMachine(c *call, m *LinkMachine) (effect, error) {
 	con := m.Consent
 	if len(con.Machine) != 32 || len(con.Sig) != 64 {
@@ -243,9 +256,17 @@ func (s *State) linkMachine(c *call, m *LinkMachine) (effect, error) {
 	}
 	machine := string(identity.AddressOf(con.Machine))
 	cur := s.link(machine)
-	if con.Current != cur.Owner || con.Nonce != cur.Nonce {
-		return nil, reject(CodeBadNonce, "the consent was given for owner %s at link nonce %d; machine %s is with %s at link nonce %d: "+
-			"ask the machine for a fresh consent", con.Current, con.Nonce, machine, cur.Owner, cur.Nonce)
+	block := s.Height + 1 // the block this transaction runs in (or, for CheckTx, the earliest)
+	switch {
+	case con.Current != cur.Owner || con.Height < cur.Changed:
+		return nil, reject(CodeBadNonce, "the consent was given at height %d for owner %s; machine %s is with %s since height %d: "+
+			"ask the machine for a fresh consent", con.Height, con.Current, machine, cur.Owner, cur.Changed)
+	case con.Height > s.Height:
+		return nil, reject(CodeBadNonce, "the consent names height %d, the ledger is at %d: a consent names a height its machine saw "+
+			"(is this node behind the machine's? try again once it catches up)", con.Height, s.Height)
+	case block-con.Height > s.Params.ConsentBlocks:
+		return nil, reject(CodeExpired, "the consent names height %d, more than %d blocks before this one: ask the machine for a fresh consent",
+			con.Height, s.Params.ConsentBlocks)
 	}
 	if c.now > con.Expiry {
 		return nil, reject(CodeExpired, "the consent expired at %d, block time %d", con.Expiry, c.now)
@@ -263,16 +284,19 @@ func (s *State) linkMachine(c *call, m *LinkMachine) (effect, error) {
 	case unlink && c.signer != cur.Owner && c.signer != machine:
 		return nil, reject(CodeBadSignature, "signed by %s: an unlink is signed by the owner %s or the machine", c.signer, cur.Owner)
 	}
-	if !unlink && s.linksOf[con.Owner] >= s.Params.MaxMachinesPerOwner {
-		return nil, reject(CodeLimitReached, "%s has %d machines linked, the most allowed", con.Owner, s.linksOf[con.Owner])
+	// The new owner's limit counts the machines it left in the last
+	// ConsentBlocks too: their entries are still kept.
+	if n := s.linksOf[con.Owner]; !unlink && n >= s.Params.MaxMachinesPerOwner && (cur.Former != con.Owner || !cur.unlinked(machine)) {
+		return nil, reject(CodeLimitReached, "%s has %d machines linked (or unlinked in the last %d blocks), the most allowed",
+			con.Owner, n, s.Params.ConsentBlocks)
 	}
 	if !verify(con.Machine, con.signBytes(s.ChainID), con.Sig) {
 		return nil, reject(CodeBadSignature, "the machine's consent does not verify")
 	}
 	return func() *event {
-		s.setLink(machine, con.Owner)
+		s.setLink(machine, con.Owner, block)
 		return &event{typ: TypeLinkMachine, accounts: []string{c.signer, machine, cur.Owner, con.Owner},
-			attrs: [][2]string{{"owner", con.Owner}, {"machine", machine}, {"previous", cur.Owner}, {"link_nonce", u(cur.Nonce + 1)}}}
+			attrs: [][2]string{{"owner", con.Owner}, {"machine", machine}, {"previous", cur.Owner}, {"height", strconv.FormatInt(block, 10)}}}
 	}, nil
 }
 
@@ -304,6 +328,13 @@ func (s *State) openEscrowTx(c *call, m *OpenEscrow) (effect, error) {
 		if owner, ok := s.registered(p); !ok {
 			return nil, reject(CodeNotRegistered, "payee %s is not a registered machine (it earns for %s, which is not a member)", p, owner)
 		}
+	}
+	// What an escrow stores grows with its payees: it locks at least
+	// MinPayment for each, so a member's open escrows take state in
+	// proportion to the credits it has locked.
+	if hi, least := bits.Mul64(s.Params.MinPayment, uint64(len(m.Payees))); hi != 0 || m.Amount < least {
+		return nil, reject(CodeInvalidAmount, "escrow of %d for %d payees: an escrow locks at least %d per payee it names",
+			m.Amount, len(m.Payees), s.Params.MinPayment)
 	}
 	if n := s.escrowsOf[c.signer]; n >= s.Params.MaxOpenEscrows {
 		return nil, reject(CodeLimitReached, "%s has %d escrows open, the most allowed", c.signer, n)
@@ -371,13 +402,15 @@ func (s *State) settle(c *call, m *Settle) (effect, error) {
 		for _, p := range m.Payments {
 			owner := s.ownerOf(p.Machine)
 			s.credit(owner, owed[p.Machine])
-			rec := s.machine(p.Machine)
-			if p.Failed {
-				rec.Failed++
-			} else {
-				rec.Completed++
+			if s.countsFor(p.Machine, c.signer, p.Amount) {
+				rec := s.machine(p.Machine)
+				if p.Failed {
+					rec.Failed = satAdd(rec.Failed, 1)
+				} else {
+					rec.Completed = satAdd(rec.Completed, 1)
+				}
+				rec.Earned = satAdd(rec.Earned, owed[p.Machine])
 			}
-			rec.Earned += owed[p.Machine]
 			ev.accounts = append(ev.accounts, owner)
 			ev.attrs = append(ev.attrs, [2]string{"paid", p.Machine + "=" + u(owed[p.Machine])})
 		}
@@ -427,7 +460,10 @@ func (s *State) claim(c *call, m *Claim) (effect, error) {
 		e.setClaimed(c.signer, already+amount, r.Seq)
 		s.touch(pEscrow, r.Job)
 		s.credit(owner, amount)
-		s.machine(c.signer).Earned += amount
+		if s.countsFor(c.signer, e.Payer, amount) {
+			rec := s.machine(c.signer)
+			rec.Earned = satAdd(rec.Earned, amount)
+		}
 		return &event{typ: TypeClaim, accounts: []string{c.signer, owner, e.Payer},
 			attrs: [][2]string{{"job", r.Job}, {"to", owner}, {"amount", u(amount)}}}
 	}, nil
@@ -466,6 +502,29 @@ func (s *State) payerEscrow(job, signer string) (*Escrow, error) {
 		return nil, reject(CodeNotPayer, "job %s is paid by %s, not %s", job, e.Payer, signer)
 	}
 	return e, nil
+}
+
+// countsFor reports whether paying machine amount, from payer, counts in
+// the machine's record: a machine's record counts only work it was paid
+// for, by someone else. The payment is at least MinPayment, so a record
+// costs whoever moves it (a payer who names a machine it never used and
+// marks it failed pays it for each mark); the payer is neither the machine
+// nor its owner, whose payment would come back to it (a member cannot
+// rate its own machines); and the machine is registered, so that records
+// exist only for machines a member backs (they go with the link entry,
+// pruneLinks).
+func (s *State) countsFor(machine, payer string, amount uint64) bool {
+	owner, registered := s.registered(machine)
+	return registered && amount >= s.Params.MinPayment && owner != payer && machine != payer
+}
+
+// satAdd is a+b, or the largest uint64 if that overflows: records are
+// counts and sums over all time, not balances.
+func satAdd(a, b uint64) uint64 {
+	if v, ok := add(a, b); ok {
+		return v
+	}
+	return math.MaxUint64
 }
 
 func (s *State) machine(addr string) *MachineRecord {

@@ -124,6 +124,7 @@ func (h *harness) hash() []byte { return h.app.Snapshot().AppHash }
 // consent signs machine's consent to earn for owner, as its link is now.
 func (h *harness) consent(machine *identity.Key, owner identity.Address) LinkConsent {
 	h.t.Helper()
-	l := h.app.Snapshot().link(string(machine.Address()))
-	return SignLinkConsent(machine, testChain, owner, Registration{Owner: l.Owner, LinkNonce: l.Nonce}, h.now.Unix()+600)
+	st := h.app.Snapshot()
+	l := st.link(string(machine.Address()))
+	return SignLinkConsent(machine, testChain, owner, Registration{Owner: l.Owner, Changed: l.Changed, Height: st.Height}, h.now.Unix()+600)
 }

@@ -29,12 +29,32 @@ type Member struct {
 // GenesisAdmitter is Member.By for the members genesis made.
 const GenesisAdmitter = "genesis"
 
-// Link is whom a machine earns for, and how often that changed.
+// Link is whom a machine earns for, and when that last changed. A machine
+// has an entry while it is linked to an owner, and for Params.ConsentBlocks
+// after it is unlinked (Owner is then the machine itself and Former the
+// owner it left, whose limit still counts it): as long as a consent given
+// before the unlink could still be used. Then the entry goes.
 type Link struct {
 	Owner string `cbor:"owner" json:"owner"`
-	// Nonce counts the machine's link changes; a consent names the nonce
-	// it was given at, so it serves once.
-	Nonce uint64 `cbor:"nonce" json:"nonce"`
+	// Changed is the height of the block that last changed the link. A
+	// consent names a height at or after it, so a consent given before a
+	// change never serves after it.
+	Changed int64 `cbor:"changed" json:"changed"`
+	// Former is, in the entry an unlink leaves, the owner it left.
+	Former string `cbor:"former,omitempty" json:"former,omitempty"`
+}
+
+// unlinked reports whether l is the entry an unlink leaves (machine is its
+// key).
+func (l *Link) unlinked(machine string) bool { return l.Owner == machine }
+
+// counted is the owner whose limit counts a machine's entry: the owner it
+// is linked to, or the one it left while the entry stays.
+func (l *Link) counted(machine string) string {
+	if l.unlinked(machine) {
+		return l.Former
+	}
+	return l.Owner
 }
 
 // Claimed records what a payee has claimed from an escrow so far.
@@ -55,7 +75,12 @@ type Escrow struct {
 	Claimed  []Claimed `cbor:"claimed,omitempty" json:"claimed,omitempty"`
 }
 
-// MachineRecord is a machine's track record, for the scheduler.
+// MachineRecord is a machine's track record, for the scheduler. It counts
+// only paid work: a settlement that pays the machine at least
+// Params.MinPayment, from a payer other than the machine and its owner,
+// while the machine is registered (State.countsFor). The record goes
+// with the machine's link entry (pruneLinks), or for a machine that is a
+// member and has none, with its membership.
 type MachineRecord struct {
 	Completed uint64 `cbor:"completed" json:"completed"`
 	Failed    uint64 `cbor:"failed" json:"failed"`
@@ -71,9 +96,17 @@ type Params struct {
 	// MaxEscrowTTL bounds how far ahead an escrow may expire (seconds).
 	// Default 30 days.
 	MaxEscrowTTL int64 `cbor:"max_escrow_ttl" json:"max_escrow_ttl_s"`
-	// MaxMachinesPerOwner bounds the machines linked to one account.
-	// Default 256.
+	// MaxMachinesPerOwner bounds the machines linked to one account, a
+	// machine it unlinked counting for ConsentBlocks more. Default 256.
 	MaxMachinesPerOwner uint64 `cbor:"max_machines_per_owner" json:"max_machines_per_owner"`
+	// ConsentBlocks is how many blocks a machine's link consent may be
+	// used after the height it names, and so how long an unlinked
+	// machine's entry is kept. Default 3,600.
+	ConsentBlocks int64 `cbor:"consent_blocks" json:"consent_blocks"`
+	// MinPayment is the least an escrow locks for each payee it names,
+	// and the least a settlement pays a machine for the job to count in
+	// its record (micro-credits). Default 10,000 (0.01 credit).
+	MinPayment uint64 `cbor:"min_payment" json:"min_payment"`
 	// MaxOpenEscrows bounds the escrows one payer has open. Default 1,024.
 	MaxOpenEscrows uint64 `cbor:"max_open_escrows" json:"max_open_escrows"`
 	// MinNewAccount is the least a Transfer to an account that does not
@@ -89,7 +122,8 @@ type Params struct {
 func DefaultParams() Params {
 	return Params{
 		ClaimGrace: 3600, MaxEscrowTTL: 30 * 24 * 3600,
-		MaxMachinesPerOwner: 256, MaxOpenEscrows: 1024, MinNewAccount: 1_000_000, MaxTxsPerBlock: 1000,
+		MaxMachinesPerOwner: 256, ConsentBlocks: 3600, MinPayment: 10_000,
+		MaxOpenEscrows: 1024, MinNewAccount: 1_000_000, MaxTxsPerBlock: 1000,
 	}
 }
 
@@ -115,6 +149,8 @@ func (p Params) validate() error {
 		return fmt.Errorf("max_open_escrows must be > 0")
 	case p.MaxTxsPerBlock == 0:
 		return fmt.Errorf("max_txs_per_block must be > 0")
+	case p.ConsentBlocks <= 0:
+		return fmt.Errorf("consent_blocks must be > 0")
 	}
 	return nil
 }
@@ -141,8 +177,9 @@ type State struct {
 	Validators map[string]*Validator
 	Pending    map[string]*PendingVotes
 
-	linksOf   map[string]uint64 // owner -> machines linked to it (an owner other than the machine)
+	linksOf   map[string]uint64 // owner -> machines linked to it, and those it left that still have an entry
 	escrowsOf map[string]uint64 // payer -> escrows open
+	unlinks   []unlink          // the entries unlinks left, oldest first: what pruneLinks removes
 	books     Books             // kept from each block's changes (store.go)
 
 	dirty map[string]bool // keys changed since the last commit
@@ -156,6 +193,12 @@ func NewState() *State {
 		Validators: map[string]*Validator{}, Pending: map[string]*PendingVotes{},
 		linksOf: map[string]uint64{}, escrowsOf: map[string]uint64{}, books: newBooks(), dirty: map[string]bool{},
 	}
+}
+
+// unlink is an entry an unlink left, in the queue of those to remove.
+type unlink struct {
+	changed int64
+	machine string
 }
 
 // Key prefixes in the store. keyMeta holds the chain ID, supply and
@@ -255,8 +298,8 @@ func (s *State) admit(addr, by string) {
 	}
 }
 
-// link returns a machine's link: its own address and nonce 0 if it never
-// had one.
+// link returns a machine's link: its own address, changed at height 0,
+// if it has no entry.
 func (s *State) link(machine string) Link {
 	if l, ok := s.Links[machine]; ok {
 		return *l
@@ -274,21 +317,54 @@ func (s *State) registered(machine string) (owner string, ok bool) {
 	return owner, s.isMember(owner)
 }
 
-// setLink points machine at owner, counting the change in its nonce and
-// keeping the per-owner counts.
-func (s *State) setLink(machine, owner string) {
+// setLink points machine at owner at height h, keeping the per-owner
+// counts. An unlink keeps the entry, counted for the owner it left, until
+// pruneLinks removes it.
+func (s *State) setLink(machine, owner string, h int64) {
 	l := s.link(machine)
-	if l.Owner != machine {
-		s.linksOf[l.Owner]--
-		if s.linksOf[l.Owner] == 0 {
-			delete(s.linksOf, l.Owner)
+	if was, ok := s.Links[machine]; ok {
+		s.uncount(was.counted(machine))
+	}
+	next := &Link{Owner: owner, Changed: h}
+	if owner == machine {
+		next.Former = l.Owner
+		s.unlinks = append(s.unlinks, unlink{changed: h, machine: machine})
+	}
+	s.linksOf[next.counted(machine)]++
+	s.Links[machine] = next
+	s.touch(pLink, machine)
+}
+
+// uncount takes one entry off owner's count.
+func (s *State) uncount(owner string) {
+	if s.linksOf[owner]--; s.linksOf[owner] == 0 {
+		delete(s.linksOf, owner)
+	}
+}
+
+// pruneLinks removes, at the start of block h, the entries unlinks left
+// that no consent can use any more (ConsentBlocks after the unlink), and
+// with each the machine's record unless the machine is a member: records
+// are kept for the machines members back, not for every key ever paid.
+func (s *State) pruneLinks(h int64) {
+	for len(s.unlinks) > 0 && s.unlinks[0].changed+s.Params.ConsentBlocks <= h {
+		u := s.unlinks[0]
+		s.unlinks = s.unlinks[1:]
+		l, ok := s.Links[u.machine]
+		if !ok || !l.unlinked(u.machine) || l.Changed != u.changed {
+			continue // linked again since
+		}
+		s.uncount(l.Former)
+		delete(s.Links, u.machine)
+		s.touch(pLink, u.machine)
+		if _, ok := s.Machines[u.machine]; ok && !s.isMember(u.machine) {
+			delete(s.Machines, u.machine)
+			s.touch(pMachine, u.machine)
 		}
 	}
-	if owner != machine {
-		s.linksOf[owner]++
+	if len(s.unlinks) == 0 {
+		s.unlinks = nil // let the backing array go
 	}
-	s.Links[machine] = &Link{Owner: owner, Nonce: l.Nonce + 1}
-	s.touch(pLink, machine)
 }
 
 func (s *State) openEscrow(job string, e *Escrow) {
@@ -307,14 +383,20 @@ func (s *State) closeEscrow(job string) {
 }
 
 // derive rebuilds what the state keeps beside its entries: the per-owner
-// and per-payer counts and the books.
+// and per-payer counts, the queue of unlinked machines' entries and the
+// books.
 func (s *State) derive() {
-	s.linksOf, s.escrowsOf = map[string]uint64{}, map[string]uint64{}
+	s.linksOf, s.escrowsOf, s.unlinks = map[string]uint64{}, map[string]uint64{}, nil
 	for m, l := range s.Links {
-		if l.Owner != m {
-			s.linksOf[l.Owner]++
+		s.linksOf[l.counted(m)]++
+		if l.unlinked(m) {
+			s.unlinks = append(s.unlinks, unlink{changed: l.Changed, machine: m})
 		}
 	}
+	sort.Slice(s.unlinks, func(i, j int) bool {
+		a, b := s.unlinks[i], s.unlinks[j]
+		return a.changed < b.changed || (a.changed == b.changed && a.machine < b.machine)
+	})
 	for _, e := range s.Escrows {
 		s.escrowsOf[e.Payer]++
 	}
@@ -413,23 +495,34 @@ func (s *State) CheckInvariants() (Totals, []string) {
 		if _, err := identity.ParseAddress(m); err != nil {
 			bad("link of %q: %v", m, err)
 		}
-		if l.Nonce == 0 {
-			bad("link of %s: nonce 0 (a link is made by a change)", m)
+		if l.Changed <= 0 || l.Changed > s.Height {
+			bad("link of %s: changed at height %d, the state is at %d", m, l.Changed, s.Height)
 		}
-		if l.Owner != m {
-			links[l.Owner]++
+		switch {
+		case !l.unlinked(m) && l.Former != "":
+			bad("link of %s: linked to %s, yet names a former owner %s", m, l.Owner, l.Former)
+		case l.unlinked(m) && (l.Former == "" || l.Former == m):
+			bad("link of %s: unlinked without the owner it left", m)
+		case l.unlinked(m) && l.Changed+s.Params.ConsentBlocks <= s.Height:
+			bad("link of %s: unlinked at height %d, kept past %d", m, l.Changed, l.Changed+s.Params.ConsentBlocks)
 		}
+		links[l.counted(m)]++
 	}
 	for owner, n := range links {
 		if n != s.linksOf[owner] {
-			bad("owner %s: %d machines linked, %d counted", owner, n, s.linksOf[owner])
+			bad("owner %s: %d machines linked or left, %d counted", owner, n, s.linksOf[owner])
 		}
 		if n > s.Params.MaxMachinesPerOwner {
-			bad("owner %s: %d machines linked, at most %d", owner, n, s.Params.MaxMachinesPerOwner)
+			bad("owner %s: %d machines linked or left, at most %d", owner, n, s.Params.MaxMachinesPerOwner)
 		}
 	}
 	if len(links) != len(s.linksOf) {
 		bad("%d owners have linked machines, %d counted", len(links), len(s.linksOf))
+	}
+	for m := range s.Machines {
+		if _, linked := s.Links[m]; !linked && !s.isMember(m) {
+			bad("machine record of %s, which is neither a member nor has a link entry", m)
+		}
 	}
 	payers := map[string]uint64{}
 	for job, e := range s.Escrows {
@@ -544,6 +637,7 @@ func (s *State) clone() *State {
 	for k, v := range s.escrowsOf {
 		c.escrowsOf[k] = v
 	}
+	c.unlinks = append([]unlink(nil), s.unlinks...)
 	c.books = s.books.clone()
 	return c
 }

@@ -402,7 +402,18 @@ func (st *treeStore) write(s *State) ([]string, error) {
 		case pLink:
 			count(&b.Links)
 			if removed {
-				bad("link of %s removed: a machine's link nonce must never go back", name)
+				// Only an unlinked machine's entry goes, once no consent
+				// given before its unlink can be used.
+				var was Link
+				if err := decodeLeaf(old, &was); err != nil {
+					return nil, fmt.Errorf("%q: %w", key, err)
+				}
+				if !was.unlinked(name) || was.Changed+s.Params.ConsentBlocks > s.Height {
+					bad("link of %s (%s since height %d) removed at height %d: only an unlinked machine's entry goes, %d blocks after",
+						name, was.Owner, was.Changed, s.Height, s.Params.ConsentBlocks)
+				}
+			} else if is := s.Links[name]; is.Changed != s.Height {
+				bad("link of %s changed at height %d but says %d", name, s.Height, is.Changed)
 			}
 		case pValidator, pPending:
 			validators = true

@@ -126,7 +126,7 @@ func TestAdmitAndRevoke(t *testing.T) {
 func limitsGenesis(issuer *identity.Key, balances map[*identity.Key]uint64, members ...*identity.Key) GenesisState {
 	g := genesis(issuer, balances, members...)
 	p := DefaultParams()
-	p.MaxMachinesPerOwner, p.MaxOpenEscrows, p.MaxTxsPerBlock = 2, 2, 3
+	p.MaxMachinesPerOwner, p.MaxOpenEscrows, p.MaxTxsPerBlock, p.ConsentBlocks = 2, 2, 3, 4
 	g.Params = &p
 	return g
 }
@@ -158,9 +158,15 @@ func TestMemberLimits(t *testing.T) {
 	h.must(h.tx(alice, TypeTransfer, &Transfer{To: string(stranger.Address()), Amount: credit}))
 	h.must(h.tx(alice, TypeTransfer, &Transfer{To: string(stranger.Address()), Amount: 1}))
 
-	// Unlinking frees a slot; a machine whose owner is revoked is no
-	// longer registered.
+	// Unlinking frees a slot once the entry it leaves goes,
+	// ConsentBlocks later; relinking the machine it left takes no other.
 	h.must(h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: h.consent(m2, m2.Address())}))
+	expectCode(t, h.block(h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: h.consent(m3, owner.Address())})), CodeLimitReached, "unlinked in the last 4 blocks")
+	h.must(h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: h.consent(m2, owner.Address())}))
+	h.must(h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: h.consent(m2, m2.Address())}))
+	for range 4 {
+		h.block()
+	}
 	h.must(h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: h.consent(m3, owner.Address())}))
 	if st := h.app.Snapshot(); st.linksOf[string(owner.Address())] != 2 {
 		t.Fatalf("owner has %d machines", st.linksOf[string(owner.Address())])
@@ -216,8 +222,12 @@ func TestLinkConsentCannotBeReplayed(t *testing.T) {
 	fresh := h.consent(m, first.Address())
 	badChain := fresh
 	badChain.Sig = m.Sign(badChain.signBytes("deepmarket-other"))
-	expired := SignLinkConsent(m, testChain, first.Address(), Registration{Owner: string(second.Address()), LinkNonce: 2}, h.now.Unix()-1)
-	tooFar := SignLinkConsent(m, testChain, first.Address(), Registration{Owner: string(second.Address()), LinkNonce: 2}, h.now.Unix()+2*MaxConsentTTL)
+	now := Registration{Owner: string(second.Address()), Changed: h.height, Height: h.height}
+	expired := SignLinkConsent(m, testChain, first.Address(), now, h.now.Unix()-1)
+	tooFar := SignLinkConsent(m, testChain, first.Address(), now, h.now.Unix()+2*MaxConsentTTL)
+	future := fresh
+	future.Height = h.height + 100
+	future.Sig = m.Sign(future.signBytes(testChain))
 	forged := fresh
 	forged.Owner = string(issuer.Address())
 	for _, c := range []struct {
@@ -232,6 +242,7 @@ func TestLinkConsentCannotBeReplayed(t *testing.T) {
 		{"a consent for another chain", first, badChain, CodeBadSignature, "does not verify"},
 		{"expired", first, expired, CodeExpired, "expired"},
 		{"too far ahead", first, tooFar, CodeExpired, "more than 3600s"},
+		{"naming a height not reached", first, future, CodeBadNonce, "a height its machine saw"},
 		{"signed by someone else than the new owner", second, fresh, CodeBadSignature, "the new owner"},
 		{"owner changed after signing", issuer, forged, CodeBadSignature, "does not verify"},
 	} {
@@ -247,12 +258,47 @@ func TestLinkConsentCannotBeReplayed(t *testing.T) {
 	if o, ok := h.app.MachineOwner(m.Address()); o != m.Address() || ok {
 		t.Fatalf("unlinked machine earns for %s (registered %v)", o, ok)
 	}
-	// Now unlinked at nonce 3: the consent it gave while unlinked at
-	// nonce 0 (to the first owner) is still refused.
-	expectCode(t, h.block(h.tx(first, TypeLinkMachine, &LinkMachine{Consent: toFirst})), CodeBadNonce, "link nonce 3")
-	if l := h.app.Snapshot().Links[string(m.Address())]; l.Owner != string(m.Address()) || l.Nonce != 3 {
+	// Now unlinked again: the consent it gave while unlinked before (to
+	// the first owner) is still refused, for as long as the entry the
+	// unlink left is kept, and after that it is too old.
+	unlinked := h.height
+	expectCode(t, h.block(h.tx(first, TypeLinkMachine, &LinkMachine{Consent: toFirst})), CodeBadNonce, fmt.Sprintf("since height %d", unlinked))
+	if l := h.app.Snapshot().Links[string(m.Address())]; l.Owner != string(m.Address()) || l.Former != string(second.Address()) || l.Changed != unlinked {
 		t.Fatalf("link %+v", l)
 	}
+}
+
+// TestConsentsOutliveNoEntry: an unlinked machine's entry is kept for
+// ConsentBlocks, counted against the owner it left, and then goes; every
+// consent the machine gave before the unlink is refused all along (while
+// the entry is kept, because the link changed after it; then, because it
+// is older than ConsentBlocks), so the entry's removal revives none.
+func TestConsentsOutliveNoEntry(t *testing.T) {
+	issuer, owner, m := key(t, 1), key(t, 2), key(t, 4)
+	h := newHarness(t, nil, limitsGenesis(issuer, nil, owner))
+	window := h.app.Snapshot().Params.ConsentBlocks
+	link := h.consent(m, owner.Address())
+	h.must(h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: link}))
+	h.must(h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: h.consent(m, m.Address())}))
+	unlinked := h.height
+	if st := h.app.Snapshot(); st.linksOf[string(owner.Address())] != 1 || st.Links[string(m.Address())] == nil {
+		t.Fatalf("after the unlink: %d counted, entry %+v", st.linksOf[string(owner.Address())], st.Links[string(m.Address())])
+	}
+	for h.height+1 < unlinked+window {
+		expectCode(t, h.block(h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: link})), CodeBadNonce, "fresh consent")
+	}
+	if _, ok := h.app.Snapshot().Links[string(m.Address())]; !ok {
+		t.Fatalf("at height %d the entry is gone, %d blocks after the unlink", h.height, h.height-unlinked)
+	}
+	// The block at unlinked+window removes the entry before it runs the
+	// replay it carries, which is refused as too old.
+	expectCode(t, h.block(h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: link})), CodeExpired, "more than")
+	st := h.app.Snapshot()
+	if _, ok := st.Links[string(m.Address())]; ok || st.linksOf[string(owner.Address())] != 0 {
+		t.Fatalf("at height %d: entry %+v, %d counted for the owner", h.height, st.Links[string(m.Address())], st.linksOf[string(owner.Address())])
+	}
+	// A fresh consent links it again.
+	h.must(h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: h.consent(m, owner.Address())}))
 }
 
 // TestClaimByLinkedMachine: a machine that is no member itself, linked to

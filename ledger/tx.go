@@ -179,7 +179,7 @@ var jobRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 // Signing domains keep each kind of signature from being reused as another.
 const (
 	txDomain      = "deepmarket/tx/1"
-	linkDomain    = "deepmarket/link/2"
+	linkDomain    = "deepmarket/link/3"
 	receiptDomain = "deepmarket/receipt/1"
 )
 
@@ -231,14 +231,15 @@ func receiptBytes(chainID string, r Receipt) []byte {
 }
 
 // LinkConsent is a machine's signed agreement to earn into Owner's
-// account. It names the link it changes (the machine's current owner and
-// link nonce, which every link change increments), so it serves once, and
-// it lapses at Expiry.
+// account. It names the link it changes: the machine's current owner and
+// a height at which the link was so (at or after the link's last change).
+// A change moves the link's height past it, so it serves once; it serves
+// within Params.ConsentBlocks of that height, and lapses at Expiry.
 type LinkConsent struct {
 	Machine []byte `cbor:"machine"` // the machine's ed25519 public key
 	Owner   string `cbor:"owner"`   // the new owner; the machine itself unlinks it
 	Current string `cbor:"current"` // the machine's owner now (itself when unlinked)
-	Nonce   uint64 `cbor:"nonce"`   // the machine's link nonce now
+	Height  int64  `cbor:"height"`  // a committed height since the link's last change
 	Expiry  int64  `cbor:"expiry"`  // block time, unix seconds
 	Sig     []byte `cbor:"sig"`
 }
@@ -247,18 +248,25 @@ type LinkConsent struct {
 // expire.
 const MaxConsentTTL = 3600
 
+// ConsentLag is how many blocks before the registration's height a
+// consent names (never before the link's last change): the owner's node,
+// which checks it first, may be a block or two behind the machine's.
+const ConsentLag = 3
+
 // SignLinkConsent is the machine's half of a LinkMachine: it agrees, while
 // its link is reg (as the registration query reports it), to earn into
 // owner's account until expiry (unix seconds, at most MaxConsentTTL ahead
-// of the block that carries it).
+// of the block that carries it). The consent names a height ConsentLag
+// blocks before reg's, or the link's last change if that is later.
 func SignLinkConsent(machine Signer, chainID string, owner identity.Address, reg Registration, expiry int64) LinkConsent {
-	c := LinkConsent{Machine: machine.Public(), Owner: string(owner), Current: reg.Owner, Nonce: reg.LinkNonce, Expiry: expiry}
+	c := LinkConsent{Machine: machine.Public(), Owner: string(owner), Current: reg.Owner,
+		Height: max(reg.Changed, reg.Height-ConsentLag, 0), Expiry: expiry}
 	c.Sig = machine.Sign(c.signBytes(chainID))
 	return c
 }
 
 func (c *LinkConsent) signBytes(chainID string) []byte {
-	return mustEncode([]any{linkDomain, chainID, c.Machine, c.Owner, c.Current, c.Nonce, c.Expiry})
+	return mustEncode([]any{linkDomain, chainID, c.Machine, c.Owner, c.Current, c.Height, c.Expiry})
 }
 
 // TxHash is the hash CometBFT names a transaction by.

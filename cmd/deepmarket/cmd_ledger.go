@@ -274,7 +274,7 @@ func describeTx(st ledger.TxStatus) string {
 }
 
 func newAuditCmd(c *cli) *cobra.Command {
-	var asJSON bool
+	var asJSON, trustServed bool
 	var rpc, genesis string
 	cmd := &cobra.Command{
 		Use:   "audit",
@@ -287,14 +287,16 @@ invariant (supply = balances + escrowed, nothing negative), and prints supply,
 balances, escrowed and each account's flows. Exits non-zero on any mismatch.
 
 The genesis is --genesis FILE; without it, this node's genesis.json when
-auditing this node, else the genesis the node at --rpc serves: then the audit
-proves only that the node's chain agrees with a genesis the node chose (a fork
-with the same chain ID passes). Pin the genesis you trust with --genesis.
+auditing this node. Auditing another node (--rpc) without --genesis replays
+from the genesis that node serves, which proves only that its chain agrees
+with a genesis it chose (a fork with the same chain ID passes): the audit says
+which genesis it trusted (and its sha256) and fails, unless
+--trust-served-genesis accepts it. Pin the genesis you trust with --genesis.
 Works from any machine against any node's RPC (--rpc); without it, reads this
 node's ledger RPC ([ledger] rpc_listen).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			opts := ledger.AuditOptions{}
+			opts := ledger.AuditOptions{TrustServedGenesis: trustServed}
 			if genesis != "" {
 				doc, err := cmttypes.GenesisDocFromFile(genesis)
 				if err != nil {
@@ -347,7 +349,15 @@ node's ledger RPC ([ledger] rpc_listen).`,
 				}
 				fmt.Fprintf(c.out, "audit %s: chain %s, height %d, %d transactions replayed (%d accepted), %d commits verified\n",
 					status, rep.ChainID, rep.Height, rep.Txs, rep.TxsOK, rep.Commits)
-				fmt.Fprintf(c.out, "genesis: %s (sha256 %s)\n", rep.Genesis, rep.GenesisHash)
+				problems := rep.Problems
+				if rep.Pinned {
+					fmt.Fprintf(c.out, "genesis: %s (sha256 %s)\n", rep.Genesis, rep.GenesisHash)
+				} else {
+					fmt.Fprintf(c.out, "genesis: trusted the genesis served by %s (sha256 %s): pass --genesis FILE to check against your own\n", rpc, rep.GenesisHash)
+					if !trustServed {
+						problems = problems[1:] // the first problem says so: said above
+					}
+				}
 				fmt.Fprintf(c.out, "supply %s = balances %s + escrowed %s credits\n", units.FormatCredits(rep.Supply), units.FormatCredits(rep.Balances), units.FormatCredits(rep.Escrowed))
 				var rows [][]string
 				for _, a := range rep.Accounts {
@@ -356,11 +366,15 @@ node's ledger RPC ([ledger] rpc_listen).`,
 				if len(rows) > 0 {
 					c.table("ACCOUNT\tBALANCE\tIN\tOUT", rows)
 				}
-				for _, p := range rep.Problems {
+				for _, p := range problems {
 					fmt.Fprintln(c.out, "problem:", p)
 				}
 			}
-			if !rep.OK {
+			switch {
+			case !rep.Pinned && !trustServed && len(rep.Problems) == 1:
+				return fmt.Errorf("the genesis was not pinned: audit against the genesis you trust with --genesis FILE, " +
+					"or accept the one the node serves with --trust-served-genesis")
+			case !rep.OK:
 				return fmt.Errorf("audit found %d problems", len(rep.Problems))
 			}
 			return nil
@@ -368,7 +382,8 @@ node's ledger RPC ([ledger] rpc_listen).`,
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	cmd.Flags().StringVar(&rpc, "rpc", "", "CometBFT RPC of any node, e.g. http://10.0.0.5:7703")
-	cmd.Flags().StringVar(&genesis, "genesis", "", "the genesis.json to start from (pins the chain; default: this node's, or with --rpc the one the node serves)")
+	cmd.Flags().StringVar(&genesis, "genesis", "", "the genesis.json to start from (pins the chain; default: this node's; with --rpc, required unless --trust-served-genesis)")
+	cmd.Flags().BoolVar(&trustServed, "trust-served-genesis", false, "with --rpc and no --genesis, accept the genesis the node serves (a fork with the same chain ID passes)")
 	return cmd
 }
 

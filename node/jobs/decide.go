@@ -8,6 +8,9 @@ package jobs
 import (
 	"fmt"
 	"maps"
+	"math"
+	"math/big"
+	"math/bits"
 	"slices"
 	"time"
 
@@ -162,7 +165,9 @@ func AfterRun(out Outcome, k int) State {
 }
 
 // Used is what worker w of run k has earned by now: its hourly price for
-// the time it ran, less the time its machine's owner had it suspended.
+// the time it ran, less the time its machine's owner had it suspended
+// (at most the largest uint64: a price no escrow covers is scaled down by
+// PayPlan, not wrapped).
 func Used(run *Run, w *Worker, now time.Time) uint64 {
 	if w.Started.IsZero() {
 		return 0
@@ -171,7 +176,11 @@ func Used(run *Run, w *Worker, now time.Time) uint64 {
 	if ran <= 0 {
 		return 0
 	}
-	return uint64(float64(w.PerHour) * ran.Hours())
+	v := float64(w.PerHour) * ran.Hours()
+	if v >= 1<<64 { // converting a float past the range is undefined
+		return math.MaxUint64
+	}
+	return uint64(v)
 }
 
 // RanUntil is the end of worker w's run as counted at now: when it ended,
@@ -190,7 +199,11 @@ func RanUntil(w *Worker, now time.Time) time.Time {
 // order the workers list them: each machine its hourly price for the time
 // its workers ran (a lost machine what its receipts cover, marked failed,
 // as is one whose worker failed), all scaled down to the escrow if
-// rounding went over it. total is their sum.
+// rounding went over it. total is their sum. The arithmetic cannot
+// overflow: what machines are owed is summed in 128 bits and each share
+// scaled with a 128-bit product, so every payment is exact (rounded down)
+// for any amounts the ledger holds, the sum is at most the escrow, and no
+// payment shrinks when the escrow grows.
 func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment, total uint64) {
 	owed := map[string]uint64{}
 	failed := map[string]bool{}
@@ -208,23 +221,21 @@ func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment,
 		if w.State == p2p.WorkerFailed {
 			failed[w.Payee] = true
 		}
-		owed[w.Payee] += Used(run, w, now)
+		owed[w.Payee] = satAdd(owed[w.Payee], Used(run, w, now))
 	}
+	var sum uint128
 	for _, p := range order {
-		total += owed[p]
+		sum = sum.add(owed[p])
 	}
 	// Never more than the escrow holds: scale down if rounding went over.
-	if total > run.Escrow {
+	if sum.hi != 0 || sum.lo > run.Escrow {
 		for _, p := range order {
-			owed[p] = owed[p] * run.Escrow / total
-		}
-		total = 0
-		for _, p := range order {
-			total += owed[p]
+			owed[p] = mulDiv(owed[p], run.Escrow, sum)
 		}
 	}
 	pays = make([]ledger.Payment, 0, len(order))
 	for _, p := range order {
+		total += owed[p] // at most the escrow, summed
 		pays = append(pays, ledger.Payment{Machine: p, Amount: owed[p], Failed: failed[p]})
 	}
 	return pays, total
@@ -235,10 +246,46 @@ func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment,
 func OwedSoFar(run *Run, now time.Time) map[string]uint64 {
 	owed := map[string]uint64{}
 	for i := range run.Workers {
-		owed[run.Workers[i].Payee] += Used(run, &run.Workers[i], now)
+		p := run.Workers[i].Payee
+		owed[p] = satAdd(owed[p], Used(run, &run.Workers[i], now))
 	}
 	for p, amount := range owed {
 		owed[p] = min(amount, run.Escrow)
 	}
 	return owed
+}
+
+// satAdd is a+b, or the largest uint64 when that overflows.
+func satAdd(a, b uint64) uint64 {
+	s, carry := bits.Add64(a, b, 0)
+	if carry != 0 {
+		return math.MaxUint64
+	}
+	return s
+}
+
+// uint128 is a sum of uint64 amounts that cannot overflow.
+type uint128 struct{ hi, lo uint64 }
+
+func (u uint128) add(v uint64) uint128 {
+	var carry uint64
+	u.lo, carry = bits.Add64(u.lo, v, 0)
+	u.hi += carry
+	return u
+}
+
+// mulDiv is a*b/sum rounded down, for a share a of sum (a <= sum, so the
+// result is at most b): the product is 128 bits, and a sum past 64 bits
+// is divided in big integers.
+func mulDiv(a, b uint64, sum uint128) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	if sum.hi == 0 {
+		q, _ := bits.Div64(hi, lo, sum.lo) // hi < sum.lo, as a <= sum
+		return q
+	}
+	prod := new(big.Int).Lsh(new(big.Int).SetUint64(hi), 64)
+	prod.Or(prod, new(big.Int).SetUint64(lo))
+	div := new(big.Int).Lsh(new(big.Int).SetUint64(sum.hi), 64)
+	div.Or(div, new(big.Int).SetUint64(sum.lo))
+	return prod.Quo(prod, div).Uint64()
 }

@@ -2,6 +2,9 @@ package jobs
 
 import (
 	"maps"
+	"math"
+	"math/big"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -276,5 +279,119 @@ func TestDecideOwedSoFar(t *testing.T) {
 	want := map[string]uint64{"A": 2000, "B": 2500, "C": 0}
 	if got := OwedSoFar(run, t0); !maps.Equal(got, want) {
 		t.Errorf("owedSoFar = %v, want %v", got, want)
+	}
+}
+
+// TestPayPlanLargeEscrow: an escrow of 10,000 credits run 1% over pays
+// the escrow, not what a wrapped 64-bit product gives (868 credits).
+func TestPayPlanLargeEscrow(t *testing.T) {
+	const credit = 1_000_000
+	escrow := uint64(10_000 * credit)
+	w := Worker{Payee: "A", PerHour: escrow + escrow/100, Started: t0.Add(-time.Hour), Ended: t0, State: p2p.WorkerExited}
+	pays, total := PayPlan(&Run{Escrow: escrow, Workers: []Worker{w}}, nil, t0)
+	if total != escrow || len(pays) != 1 || pays[0].Amount != escrow {
+		t.Fatalf("pays %+v (total %d), want the escrow's %d", pays, total, escrow)
+	}
+	// Two machines, each owed more than half of 2^64: their sum needs 65
+	// bits, and each is paid its exact share of the escrow.
+	big := uint64(3 << 62)
+	ws := []Worker{{Payee: "A", PerHour: big, Started: t0.Add(-time.Hour), Ended: t0}, {Payee: "B", PerHour: big / 3, Started: t0.Add(-time.Hour), Ended: t0}}
+	pays, total = PayPlan(&Run{Escrow: escrow, Workers: ws}, nil, t0)
+	if pays[0].Amount != escrow/4*3 || pays[1].Amount != escrow/4 || total != escrow {
+		t.Fatalf("pays %+v (total %d), want 3/4 and 1/4 of %d", pays, total, escrow)
+	}
+}
+
+// TestPayPlanProperties: random runs with prices, receipts and escrows up
+// to the ledger's limit (its supply is a uint64, so any amount up to
+// 2^64-1): the payments never add up to more than the escrow, their sum is
+// the total, each is its machine's exact share rounded down when they are
+// scaled, and none shrinks when the escrow grows.
+func TestPayPlanProperties(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 25))
+	amount := func() uint64 {
+		switch rng.IntN(4) {
+		case 0:
+			return rng.Uint64() // anything up to 2^64-1
+		case 1:
+			return rng.Uint64() >> rng.IntN(64)
+		case 2:
+			return math.MaxUint64 - uint64(rng.IntN(3))
+		}
+		return uint64(rng.IntN(1_000_000_000))
+	}
+	payees := []string{"A", "B", "C", "D"}
+	for n := 0; n < 20_000; n++ {
+		run := &Run{}
+		lost := map[int]bool{}
+		for i := range 1 + rng.IntN(6) {
+			w := Worker{Payee: payees[rng.IntN(len(payees))], PerHour: amount(), Receipt: amount(),
+				Started: t0.Add(-time.Duration(rng.IntN(100*3600)) * time.Second), Ended: t0}
+			if rng.IntN(5) == 0 {
+				lost[i] = true
+			}
+			if rng.IntN(5) == 0 {
+				w.State = p2p.WorkerFailed
+			}
+			run.Workers = append(run.Workers, w)
+		}
+		check := func(escrow uint64) []ledger.Payment {
+			run.Escrow = escrow
+			pays, total := PayPlan(run, lost, t0)
+			sum := new(big.Int)
+			for _, p := range pays {
+				sum.Add(sum, new(big.Int).SetUint64(p.Amount))
+			}
+			if !sum.IsUint64() || sum.Uint64() != total || total > escrow {
+				t.Fatalf("run %d, escrow %d: pays %+v sum to %s, total %d", n, escrow, pays, sum, total)
+			}
+			return pays
+		}
+		e1, e2 := amount(), amount()
+		if e1 > e2 {
+			e1, e2 = e2, e1
+		}
+		small, large := check(e1), check(e2)
+		for i := range small {
+			if large[i].Amount < small[i].Amount {
+				t.Fatalf("run %d: %s is paid %d from an escrow of %d but %d from one of %d", n, small[i].Machine, small[i].Amount, e1, large[i].Amount, e2)
+			}
+		}
+		// Each payment is its machine's exact share, in big integers:
+		// what it is owed (a lost machine its largest receipt, else the
+		// time its workers ran, at most 2^64-1), scaled to the escrow
+		// when they add up to more, rounded down.
+		owed := map[string]*big.Int{}
+		for i := range run.Workers {
+			w := &run.Workers[i]
+			o := owed[w.Payee]
+			if o == nil {
+				o = new(big.Int)
+				owed[w.Payee] = o
+			}
+			if lost[i] {
+				if r := new(big.Int).SetUint64(w.Receipt); r.Cmp(o) > 0 {
+					o.Set(r)
+				}
+				continue
+			}
+			if o.Add(o, new(big.Int).SetUint64(Used(run, w, t0))); !o.IsUint64() {
+				o.SetUint64(math.MaxUint64)
+			}
+		}
+		sum := new(big.Int)
+		for _, o := range owed {
+			sum.Add(sum, o)
+		}
+		escrow := new(big.Int).SetUint64(e1)
+		for _, p := range small {
+			want := new(big.Int).Set(owed[p.Machine])
+			if sum.Cmp(escrow) > 0 {
+				want.Mul(want, escrow).Quo(want, sum)
+			}
+			if !want.IsUint64() || want.Uint64() != p.Amount {
+				t.Fatalf("run %d: %s owed %s of %s is paid %d from an escrow of %d, want %s", n, p.Machine, owed[p.Machine], sum, p.Amount, e1, want)
+			}
+		}
 	}
 }
