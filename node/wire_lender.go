@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"time"
 
@@ -32,6 +33,14 @@ func (n *Node) startLending() (err error) {
 	n.lender, err = lender.NewLender(lender.LenderParams{
 		Store: n.store, Topic: n.gossip.Offers(), Offer: src.Build, Inventory: n.Inventory,
 		Defaults: n.cfg.DefaultPrices(), Pace: n.cfg.P2P.Pace(), Machines: n.book.Len,
+		// The executor comes later in start-up (startJobs, before any
+		// service runs); until then nothing is offered anyway.
+		Capable: func() error {
+			if n.exec == nil {
+				return errors.New("the node is starting")
+			}
+			return n.exec.Capable()
+		},
 		Logger: n.log.With("module", "lender"),
 	})
 	if err != nil {

@@ -243,6 +243,11 @@ func printLendState(c *cli, st api.LendState, stopped bool) {
 	if s.Window != "" {
 		window = s.Window
 	}
+	if st.Unable != "" {
+		fmt.Fprintf(c.out, "Not lending: %s.\nSaved settings, offered once the machine can run jobs: %d cores, %s memory, %d GPUs, %s\n",
+			st.Unable, s.Cores, units.FormatSize(s.MemBytes), s.GPUs, window)
+		return
+	}
 	fmt.Fprintf(c.out, "Lending %d cores, %s memory, %d GPUs, %s\n", s.Cores, units.FormatSize(s.MemBytes), s.GPUs, window)
 	if s.Price != nil {
 		fmt.Fprintf(c.out, "Reserve prices: %s/core-hour, %s/GiB-hour, %s/GPU-hour (credits)\n",

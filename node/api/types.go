@@ -113,7 +113,10 @@ type LendState struct {
 	Offering bool         `json:"offering"`
 	// OwnerBusy, when set, is why the machine's owner keeps it off the
 	// market now ([owner] policy): its jobs are suspended meanwhile.
-	OwnerBusy  string     `json:"owner_busy,omitempty"`
+	OwnerBusy string `json:"owner_busy,omitempty"`
+	// Unable, when set, is why this machine offers nothing though settings
+	// are saved: it cannot run jobs (the job sandbox is missing).
+	Unable     string     `json:"unable,omitempty"`
 	Since      *time.Time `json:"since,omitempty"`
 	NextChange *time.Time `json:"next_change,omitempty"` // window opens or closes
 	// AnnounceEveryS is how often the offer is re-announced and OfferTTLS

@@ -91,7 +91,11 @@ type LenderParams struct {
 	// Machines is how many machines the market holds now (this node's
 	// offer book): the pace stretches as it grows.
 	Machines func() int
-	Logger   *slog.Logger
+	// Capable, when set, says whether this machine can run jobs at all
+	// (the job sandbox): settings saved on a machine that cannot keep
+	// nothing on offer, and State says why.
+	Capable func() error
+	Logger  *slog.Logger
 }
 
 // Lender owns this machine's presence in the market: its lend settings and
@@ -164,6 +168,11 @@ func (l *Lender) State(now time.Time) api.LendState {
 		if w, err := p2p.ParseWindow(l.set.Window); err == nil {
 			_, change := w.Next(now)
 			st.NextChange = &change
+		}
+		if l.p.Capable != nil {
+			if err := l.p.Capable(); err != nil {
+				st.Unable = err.Error()
+			}
 		}
 	}
 	return st
@@ -269,6 +278,12 @@ func (l *Lender) syncLocked(ctx context.Context, now time.Time, force bool) erro
 	}
 	owner := want && l.ownerBusy != ""
 	want = want && !owner
+	incapable := ""
+	if want && l.p.Capable != nil {
+		if err := l.p.Capable(); err != nil {
+			incapable, want = err.Error(), false
+		}
+	}
 	l.pace = l.paceNow()
 	switch {
 	case want:
@@ -290,6 +305,8 @@ func (l *Lender) syncLocked(ctx context.Context, now time.Time, force bool) erro
 		switch {
 		case owner:
 			reason = l.ownerBusy
+		case incapable != "":
+			reason = "this machine cannot run jobs"
 		case l.set != nil:
 			reason = "outside availability window"
 		}
