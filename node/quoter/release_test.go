@@ -29,12 +29,15 @@ import (
 const testChain = "deepmarket-test"
 
 // ledgerView is the ledger as the machines' admission reads it: its
-// members and their balances.
+// members and their balances; a member's own key is its machine.
 type ledgerView map[identity.Address]uint64
 
-func (v ledgerView) MachineOwner(identity.Address) (identity.Address, bool) { return "", false }
-func (v ledgerView) IsMember(a identity.Address) bool                       { _, ok := v[a]; return ok }
-func (v ledgerView) BalanceOf(a identity.Address) uint64                    { return v[a] }
+func (v ledgerView) MachineOwner(a identity.Address) (identity.Address, bool) {
+	_, ok := v[a]
+	return a, ok
+}
+func (v ledgerView) IsMember(a identity.Address) bool    { _, ok := v[a]; return ok }
+func (v ledgerView) BalanceOf(a identity.Address) uint64 { return v[a] }
 
 func testKey(t *testing.T, b byte) *identity.Key {
 	t.Helper()
@@ -65,7 +68,8 @@ type lab struct {
 // for 2 workers of 2 cores: its quote holds both machines.
 func newLab(t *testing.T) *lab {
 	bidder, schedKey, labKey := testKey(t, 9), testKey(t, 1), testKey(t, 2)
-	reads := ledgerView{bidder.Address(): 1 << 40}
+	// The scheduling node is a member's machine: only those schedule holds.
+	reads := ledgerView{bidder.Address(): 1 << 40, schedKey.Address(): 0, labKey.Address(): 0}
 	lent := p2p.Resources{Cores: 2, MemBytes: 2 << 30}
 	newHolds := func() (*lender.Holds, *lender.Desk) {
 		h := lender.NewHolds(func() p2p.Resources { return lent }, lender.HoldLimits{}, nil)
