@@ -68,7 +68,7 @@ lint: ## gofmt and go vet
 # bench-training and testnet-report are left out: they need root and take
 # about 25 and 20 minutes.
 .PHONY: bench
-bench: bench-p2p bench-gossip bench-ledger bench-storage bench-scheduler bench-jobs bench-tunnel bench-queue ## Run every benchmark
+bench: bench-p2p bench-gossip bench-ledger bench-storage bench-scheduler bench-jobs bench-tunnel bench-nat bench-queue ## Run every benchmark
 
 .PHONY: bench-p2p
 bench-p2p: build ## Gossip: propagation over 50 nodes, validation rate, idle node cost
@@ -103,6 +103,10 @@ bench-queue: deps ## Root: 200 one-core jobs of 30 s at once over 20 one-core ma
 bench-tunnel: ## Tunnel: a job's TF traffic over libp2p streams vs direct loopback TCP; sandbox overhead on a CPU-bound worker
 	$(GO) run ./bench/tunnel -out bench/results/tunnel.json
 	$(GO) test -run '^$$' -bench CPUBound -benchtime 5x ./node/sandbox
+
+.PHONY: bench-nat
+bench-nat: ## Root: hole punching through cone and symmetric NATs in netlab (50 attempts each: success, p50/p90 time to direct, bytes relayed), tunnel throughput over the hole punch vs no NAT (~6 min); report in bench/results/nat
+	$(GO) run ./bench/nat -out bench/results/nat
 
 .PHONY: sim
 sim: build ## Simulator: every policy on the shipped scenarios (20 seeds per load); tables and plots in bench/results/sim
