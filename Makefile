@@ -51,14 +51,9 @@ deps: ## Install what the tests need: Go modules, the job sandbox (bubblewrap), 
 	scripts/browser-env.sh
 
 .PHONY: test
-# The Python unittests mostly wait (a minute, a third of it on a core), so
-# they run beside the Go tests; their output follows the Go tests'.
 test: deps lint ## Install what the tests need and run every test
-	@pylog=$$(mktemp); \
-	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/python3 -m unittest discover -s python/tests -t python >"$$pylog" 2>&1 & py=$$!; \
-	DM_PYTHON=$(VENV)/bin/python3 DM_REQUIRE_TF=1 DM_REQUIRE_BROWSER=1 DM_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout 25m ./...; gort=$$?; \
-	wait $$py; pyrt=$$?; echo "== python unittests (python/tests):"; cat "$$pylog"; rm -f "$$pylog"; \
-	[ $$gort -eq 0 ] && [ $$pyrt -eq 0 ]
+	DM_PYTHON=$(VENV)/bin/python3 DM_REQUIRE_TF=1 DM_REQUIRE_BROWSER=1 DM_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout 25m ./...
+	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/python3 -m unittest discover -s python/tests -t python
 	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZTIME) ./p2p
 	$(GO) test -run '^$$' -fuzz FuzzCheckTx -fuzztime $(FUZZEXECS) ./ledger
 	$(GO) test -run '^$$' -fuzz FuzzDecodeTx -fuzztime $(FUZZEXECS) ./ledger
