@@ -80,12 +80,16 @@ const (
 // traffic never crosses a relay. So each relayed connection is cut after
 // 10 min or 1 MiB each way (libp2p's defaults, 2 min and 128 KiB, are made
 // for the hole punch alone), a member may hold 8 relayed connections at
-// once, and the relay holds 128 reservations, 8 per IP address.
+// once, and the relay holds 128 reservations, from one IP address as from
+// many: a university's lab machines all come from its NAT's address
+// (libp2p's default, 8 per address, would serve 8 of them).
 func DefaultRelayResources() relayv2.Resources {
 	r := relayv2.DefaultResources()
 	r.Limit = &relayv2.RelayLimit{Duration: 10 * time.Minute, Data: 1 << 20}
 	r.MaxCircuits = 8
 	r.ReservationTTL = 30 * time.Minute
+	r.MaxReservationsPerIP = r.MaxReservations
+	r.MaxReservationsPerASN = r.MaxReservations
 	return r
 }
 

@@ -183,3 +183,22 @@ func TestCampusBehindOneAddress(t *testing.T) {
 		defer s.Done()
 	}
 }
+
+// TestRelayServesACampusBehindOneAddress: a university's lab machines all
+// reserve their relay slots from its NAT's one address (here 127.0.0.1);
+// the relay serves more of them than libp2p's default of 8 per address.
+func TestRelayServesACampusBehindOneAddress(t *testing.T) {
+	relay := natHost(t, 1, NATParams{RelayService: RelayOn, Member: func(peer.ID) bool { return true }})
+	ri := peer.AddrInfo{ID: relay.ID(), Addrs: relay.Addrs()}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	for i := range 12 {
+		lab := natHost(t, byte(10+i), NATParams{RelayService: RelayOff})
+		if err := lab.Connect(ctx, ri); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.Reserve(ctx, lab, ri); err != nil {
+			t.Fatalf("lab machine %d of one address could not reserve a slot: %v", i+1, err)
+		}
+	}
+}
