@@ -103,6 +103,10 @@ type ExecutorConfig struct {
 	UIDRange string `toml:"uid_range"`
 	// KeepLogs is how long the logs and dirs of ended workers stay.
 	KeepLogs Duration `toml:"keep_logs"`
+	// CgroupParent holds the workers' cgroups, relative to the cgroup
+	// root: a node confined to a cgroup of its own (a container, a
+	// machine of known size on a shared host) names one under it.
+	CgroupParent string `toml:"cgroup_parent"`
 }
 
 // NodeConfig names the node and its network.
@@ -252,7 +256,8 @@ func DefaultConfig() Config {
 			BlockTime: Duration{time.Second}, EmptyBlockInterval: Duration{30 * time.Second},
 		},
 		Inventory: InventoryConfig{Python: "python3"},
-		Executor:  ExecutorConfig{UIDRange: sandbox.DefaultIDRange, KeepLogs: Duration{7 * 24 * time.Hour}},
+		Executor: ExecutorConfig{UIDRange: sandbox.DefaultIDRange, KeepLogs: Duration{7 * 24 * time.Hour},
+			CgroupParent: sandbox.DefaultCgroupParent},
 		Prices:    PricesConfig{CoreHour: "0.1", MemGiBHour: "0.02", GPUHour: "1"},
 		Scheduler: SchedulerConfig{Quote: true, Subset: market.SubsetAll, Nearest: 16},
 		Log:       LogConfig{Level: "info", Format: "text", Libp2pLevel: "warn"},
@@ -505,6 +510,10 @@ cpus = {{lit .Executor.CPUs}}
 uid_range = {{lit .Executor.UIDRange}}
 # How long the logs and work dirs of ended workers stay on this machine.
 keep_logs = {{lit .Executor.KeepLogs}}
+# The cgroup, relative to the cgroup root, that holds the workers' cgroups.
+# A node that runs in a cgroup of its own (a container, or a slice with a CPU
+# quota) names one under it, so that its workers count against its limits.
+cgroup_parent = {{lit .Executor.CgroupParent}}
 
 [jobs]
 # How long a submitted job's escrow outlives its max_duration: the time this

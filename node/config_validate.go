@@ -281,6 +281,9 @@ func (c ExecutorConfig) validate() error {
 	if d := c.KeepLogs.Duration; d < time.Minute || d > 365*24*time.Hour {
 		return fmt.Errorf("[executor] keep_logs = %s: want 1m to 8760h", d)
 	}
+	if err := sandbox.CheckCgroupParent(c.CgroupParent); err != nil {
+		return fmt.Errorf("[executor] cgroup_parent = %q: %w", c.CgroupParent, err)
+	}
 	return nil
 }
 

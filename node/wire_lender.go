@@ -3,12 +3,14 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/deepmarket/deepmarket/node/lender"
+	"github.com/deepmarket/deepmarket/node/sandbox"
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
@@ -56,6 +58,9 @@ func (n *Node) startLending() (err error) {
 // newExecutor makes the executor of the workers this machine runs, in
 // work area dir.
 func (n *Node) newExecutor(dir string) (*lender.Executor, error) {
+	if err := sandbox.SetCgroupParent(n.cfg.Executor.CgroupParent); err != nil {
+		return nil, fmt.Errorf("[executor] cgroup_parent: %w", err)
+	}
 	return lender.NewExecutor(lender.ExecutorParams{
 		Dir: dir, Python: n.cfg.Inventory.Python, Home: n.home.Dir, UIDRange: n.cfg.Executor.UIDRange,
 		KeepLogs: n.cfg.Executor.KeepLogs.Duration, CPUs: n.cfg.Executor.CPUs, ChainID: n.cfg.Node.ChainID,

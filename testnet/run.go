@@ -42,6 +42,10 @@ type RunOptions struct {
 	StartTimeout time.Duration
 	// Lazy starts no node: the caller starts them one by one.
 	Lazy bool
+	// Machine, when set, confines every node but the validators, with all
+	// it runs, to a machine of this size: a cgroup of its own with a CPU
+	// quota and a memory limit (needs root).
+	Machine *Machine
 }
 
 // Network is a running testnet.
@@ -57,6 +61,8 @@ type Network struct {
 	procs   []*exec.Cmd
 	exited  []chan struct{}
 	proxies []*proxy
+	// machines are the nodes' cgroups when RunOptions.Machine is set.
+	machines *machines
 }
 
 // Start configures every node for the chosen network and starts them,
@@ -83,7 +89,21 @@ func Start(ctx context.Context, dir string, opts RunOptions) (*Network, error) {
 			return nil, err
 		}
 	}
-	if err := configure(dir, m, n.Addrs, n.natConfig); err != nil {
+	if opts.Machine != nil {
+		tag := opts.Tag
+		if tag == "" {
+			tag = "dm" + m.ChainID[max(0, len(m.ChainID)-4):]
+		}
+		if n.machines, err = newMachines(*opts.Machine, tag); err != nil {
+			n.Close()
+			return nil, err
+		}
+	}
+	extra := func(i int, cfg *node.Config) {
+		n.natConfig(i, cfg)
+		n.machineConfig(i, cfg)
+	}
+	if err := configure(dir, m, n.Addrs, extra); err != nil {
 		n.Close()
 		return nil, err
 	}
@@ -233,6 +253,18 @@ func (n *Network) launch(i int) error {
 	}
 	cmd := exec.Command(n.opts.Binary, "node", "run", "--home", h.Dir)
 	cmd.Env = append(os.Environ(), n.opts.Env...)
+	if n.machines != nil && !nd.Validator {
+		procs, err := n.machines.create(nd.Name)
+		if err != nil {
+			logf.Close()
+			return fmt.Errorf("%s: %w", nd.Name, err)
+		}
+		// The node joins its machine before it runs anything: a shell
+		// writes itself into the machine's cgroups and execs the node.
+		cmd = exec.Command("/bin/sh", "-c", `for f in $DM_MACHINE_PROCS; do echo $$ > "$f" || exit 1; done; exec "$0" "$@"`,
+			n.opts.Binary, "node", "run", "--home", h.Dir)
+		cmd.Env = append(append(os.Environ(), n.opts.Env...), "DM_MACHINE_PROCS="+strings.Join(procs, " "))
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group: Ctrl-C reaches the runner, which stops the
 	// nodes in order; the nodes die with the runner.
@@ -422,6 +454,9 @@ func (n *Network) Close() error {
 	wg.Wait()
 	for _, p := range n.proxies {
 		p.Close()
+	}
+	if n.machines != nil {
+		n.machines.remove()
 	}
 	if n.Lab != nil {
 		return n.Lab.Close()

@@ -13,9 +13,11 @@ import (
 	"time"
 )
 
-// parentCgroup is the cgroup, directly under each hierarchy's root, that
-// holds every job's cgroup.
-const parentCgroup = "deepmarket"
+// parentCgroup is the cgroup, relative to each hierarchy's root, that
+// holds every job's cgroup: DefaultCgroupParent unless SetCgroupParent
+// chose another (a machine of known size, whose node runs in a cgroup of
+// its own, keeps its jobs under it).
+var parentCgroup = DefaultCgroupParent
 
 // cfsPeriod is the CFS period in microseconds for both versions; the quota
 // is cores × period.

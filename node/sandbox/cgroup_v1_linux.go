@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -128,10 +129,16 @@ func (h *cgroupV1) jobsCPU() (time.Duration, error) {
 	return time.Duration(n), err
 }
 
-// initCpusetV1 copies cpuset.cpus and cpuset.mems from root into the
-// deepmarket parent: v1 starts a new cpuset empty, and an empty one can hold
-// no task and no child.
+// initCpusetV1 gives the deepmarket parent, and every cgroup between it and
+// root, its parent's cpuset.cpus and cpuset.mems where they are empty: v1
+// starts a new cpuset empty, and an empty one can hold no task and no child.
 func initCpusetV1(root, parent string) error {
+	if up := filepath.Dir(parent); up != root && strings.HasPrefix(up, root+"/") {
+		if err := initCpusetV1(root, up); err != nil {
+			return err
+		}
+		root = up
+	}
 	for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
 		cur, err := readString(filepath.Join(parent, f))
 		if err != nil {

@@ -79,12 +79,16 @@ func (h *cgroupV2) create(name string, l Limits) (cgroup, error) {
 	if err := enable(h.root, cs); err != nil {
 		return nil, err
 	}
-	parent := filepath.Join(h.root, parentCgroup)
-	if err := os.Mkdir(parent, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("create cgroup %s: %w", parent, err)
-	}
-	if err := enable(parent, cs); err != nil {
-		return nil, err
+	// Every level down to the parent, each passing the controllers on.
+	parent := h.root
+	for _, part := range strings.Split(parentCgroup, "/") {
+		parent = filepath.Join(parent, part)
+		if err := os.Mkdir(parent, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("create cgroup %s: %w", parent, err)
+		}
+		if err := enable(parent, cs); err != nil {
+			return nil, err
+		}
 	}
 	cg := &cgroupV2Job{dir: filepath.Join(parent, name)}
 	if err := makeJobDir(cg.dir); err != nil {

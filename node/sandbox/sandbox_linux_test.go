@@ -679,3 +679,59 @@ func stopKillsWhole(t *testing.T, p *Process, before []int) {
 	}
 	assertCgroupGone(t, p)
 }
+
+// A machine of known size keeps its jobs under its own cgroup: with a
+// nested parent the job's cgroup is made under it, on every hierarchy
+// (v1's cpuset levels filled in on the way), and holds the job.
+func TestJobsUnderANestedParent(t *testing.T) {
+	needRoot(t)
+	nested := "deepmarket-test-machine/m1/deepmarket"
+	if err := SetCgroupParent(nested); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		parentCgroup = DefaultCgroupParent
+		h, _ := machine()
+		for root := range h.jobDirs("x") { // keyed by mount point
+			for _, p := range []string{nested, "deepmarket-test-machine/m1", "deepmarket-test-machine"} {
+				_ = syscall.Rmdir(filepath.Join(root, p))
+			}
+		}
+	})
+	for _, bad := range []string{"", "/abs", "a/../b", "a//b", "a/cgroup.procs", "."} {
+		if err := SetCgroupParent(bad); err == nil {
+			t.Errorf("SetCgroupParent(%q) accepted", bad)
+		}
+	}
+	if parentCgroup != nested {
+		t.Fatalf("a refused parent changed it to %q", parentCgroup)
+	}
+	var out bytes.Buffer
+	p, err := Start(t.Context(), spec(t, &out, "sleep", "600"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Wait()
+	defer p.Stop(0)
+	var dirs []string
+	switch cg := p.cg.(type) {
+	case *cgroupV1Job:
+		for _, d := range cg.dirs {
+			dirs = append(dirs, d)
+		}
+	case *cgroupV2Job:
+		dirs = append(dirs, cg.dir)
+	}
+	if len(dirs) == 0 {
+		t.Fatal("the job has no cgroup dirs")
+	}
+	for _, d := range dirs {
+		if !strings.Contains(d, "/"+nested+"/") {
+			t.Errorf("job cgroup %s is not under %s", d, nested)
+		}
+	}
+	pids, err := p.cg.pids()
+	if err != nil || len(pids) == 0 {
+		t.Fatalf("the nested job cgroup holds %v (%v), want the job", pids, err)
+	}
+}

@@ -63,3 +63,6 @@ func (l *Lease) Release() error { return nil }
 
 // CheckRootOnly has nothing to check outside Linux, where no job runs.
 func CheckRootOnly(string) error { return nil }
+
+// parentCgroup is unused outside Linux, where no job runs.
+var parentCgroup = DefaultCgroupParent
