@@ -71,6 +71,11 @@ type Training struct {
 	Steps      int64   `cbor:"steps,omitempty" json:"steps,omitempty" toml:"steps"`
 	Params     int64   `cbor:"params,omitempty" json:"params,omitempty" toml:"params"`
 	StepMillis float64 `cbor:"step_ms,omitempty" json:"step_ms,omitempty" toml:"step_ms"`
+	// StepsRatio is the job's own statistical efficiency, when measured
+	// (python -m deepmarket.stateff): element k-1 is the steps each of k
+	// workers takes to the target over one worker's, the first being 1.
+	// Without it quotes use the scheduler's shipped table.
+	StepsRatio []float64 `cbor:"steps_ratio,omitempty" json:"steps_ratio,omitempty" toml:"steps_ratio"`
 }
 
 // Bounds of a training block's work description.
@@ -89,6 +94,10 @@ var (
 // MaxSyncEvery bounds the local steps between averaging rounds.
 const MaxSyncEvery = 1_000_000
 
+// MaxStepsRatio bounds a training block's steps_ratio: worker counts up
+// to a job's most workers.
+const MaxStepsRatio = 64
+
 // Validate checks a training block's values.
 func (t *Training) Validate() error {
 	switch {
@@ -106,6 +115,14 @@ func (t *Training) Validate() error {
 		return rangeErr("params %d (want 1 to %d)", t.Params, int64(MaxParams))
 	case !(t.StepMillis >= 0 && t.StepMillis <= MaxStepMillis): // NaN too
 		return rangeErr("step_ms %g (want 0 to %d)", t.StepMillis, MaxStepMillis)
+	case len(t.StepsRatio) > MaxStepsRatio:
+		return rangeErr("steps_ratio has %d values (want at most %d)", len(t.StepsRatio), MaxStepsRatio)
+	}
+	for i, r := range t.StepsRatio {
+		k := float64(i + 1)
+		if !(r >= 1/k && r <= 1) || (i == 0 && r != 1) {
+			return rangeErr("steps_ratio[%d] = %g (want 1 for 1 worker, 1/%d to 1 for %d)", i, r, i+1, i+1)
+		}
 	}
 	return nil
 }

@@ -11,8 +11,9 @@ import (
 // its target, the weights it exchanges, and how it synchronizes.
 //
 // The job's Duration is the compute of those Steps on a speed-1 machine.
-// With k workers, each takes Steps/k steps over its own batches (the
-// examples seen stay the same); a synchronous job all-reduces its
+// With k workers, each takes Steps x Efficiency.Ratio(k) steps over its
+// own batches: what the statistics allow, measured (1/k would be perfect
+// scaling, which no optimizer reaches); a synchronous job all-reduces its
 // gradients after every step, a local-SGD job (DiLoCo) averages its
 // weights every SyncEvery steps.
 type Training struct {
@@ -24,6 +25,17 @@ type Training struct {
 	// Wire is the bytes sent per byte of weights in an averaging round:
 	// 1 uncompressed, 0.5 fp16, 0.25 int8 (0 means 1).
 	Wire float64
+	// Efficiency is the job's own measured statistical efficiency; nil
+	// means DefaultEfficiency.
+	Efficiency *Efficiency
+}
+
+// ratio is the steps per worker with k workers over one worker's.
+func (t Training) ratio(k int) float64 {
+	if t.Efficiency != nil {
+		return t.Efficiency.Ratio(t.Sync, k)
+	}
+	return DefaultEfficiency.Ratio(t.Sync, k)
 }
 
 // Validate checks the workload's shape.
@@ -35,6 +47,9 @@ func (t Training) Validate() error {
 		return fmt.Errorf("sync_every %d: want at least 1 for local steps", t.SyncEvery)
 	case t.Wire < 0 || t.Wire > 1:
 		return fmt.Errorf("wire ratio %g: want 0 to 1", t.Wire)
+	}
+	if t.Efficiency != nil {
+		return t.Efficiency.Validate()
 	}
 	return nil
 }
@@ -53,6 +68,8 @@ var defaultLink = Link{RTT: time.Millisecond, BytesPerSec: 100e6}
 // Prediction is the expected time of a training job on some machines.
 type Prediction struct {
 	Workers int `json:"workers"`
+	// Steps is what each worker takes to the target (see Efficiency).
+	Steps int `json:"steps"`
 	// Step is one step's wall time on a worker, its share of
 	// synchronization included; Compute and Comm split Total.
 	Step    time.Duration `json:"step_ns"`
@@ -68,6 +85,10 @@ type Prediction struct {
 // worker each, 0 meaning 1), link(a, b) being the measured path between
 // workers a and b (ok false when unmeasured). The model:
 //
+//   - steps: each worker takes Steps x the statistical efficiency's ratio
+//     for k workers (Training.Efficiency, else DefaultEfficiency): a
+//     goodput model in the spirit of Pollux (OSDI 2021), throughput times
+//     what each step is worth;
 //   - compute: Duration/Steps per step at the pace of the slowest worker
 //     (synchronous) or, for local steps, each round at the slowest's pace;
 //   - a synchronous step all-reduces the gradients over a ring: 2(k-1)
@@ -77,8 +98,8 @@ type Prediction struct {
 //     coordinator (worker 0) and the average back, one worker after
 //     another over its link to the coordinator, plus an RTT each way.
 //
-// It ignores what overlap hides and what local steps cost in examples;
-// the benchmark compares it with measured runs.
+// It ignores what overlap hides; the benchmark (make bench-training)
+// compares it with measured runs.
 func Predict(t Training, duration time.Duration, speeds []float64, link func(a, b int) (Link, bool)) (Prediction, error) {
 	k := len(speeds)
 	if err := t.Validate(); err != nil {
@@ -95,7 +116,7 @@ func Predict(t Training, duration time.Duration, speeds []float64, link func(a, 
 		slowest, fastest = min(slowest, s), max(fastest, s)
 	}
 	stepCompute := duration.Seconds() / float64(t.Steps)
-	steps := math.Ceil(float64(t.Steps) / float64(k))
+	steps := math.Ceil(float64(t.Steps) * t.ratio(k))
 	compute := steps * stepCompute / slowest
 	comm := 0.0
 	if k > 1 {
@@ -110,6 +131,7 @@ func Predict(t Training, duration time.Duration, speeds []float64, link func(a, 
 	one := float64(t.Steps) * stepCompute / fastest
 	return Prediction{
 		Workers: k,
+		Steps:   int(steps),
 		Step:    seconds((compute + comm) / steps),
 		Total:   seconds(total),
 		Compute: seconds(compute),

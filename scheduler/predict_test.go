@@ -10,8 +10,10 @@ func TestPredict(t *testing.T) {
 	lan := func(a, b int) (Link, bool) { return Link{RTT: time.Millisecond, BytesPerSec: 100e6}, true }
 	wan := func(a, b int) (Link, bool) { return Link{RTT: 100 * time.Millisecond, BytesPerSec: 1.25e6}, true }
 	unknown := func(a, b int) (Link, bool) { return Link{}, false }
-	sync := Training{Steps: 1000, ModelBytes: 400_000, Sync: true}
-	local := Training{Steps: 1000, ModelBytes: 400_000, SyncEvery: 50, Wire: 0.25}
+	// Perfect scaling (each of k workers takes 1/k of the steps), so that
+	// the figures below follow from the links alone.
+	sync := Training{Steps: 1000, ModelBytes: 400_000, Sync: true, Efficiency: &perfect}
+	local := Training{Steps: 1000, ModelBytes: 400_000, SyncEvery: 50, Wire: 0.25, Efficiency: &perfect}
 	const dur = 100 * time.Second // 0.1 s a step on a speed-1 machine
 	for _, c := range []struct {
 		name                 string
@@ -75,9 +77,71 @@ func TestPredictRefusesBadWorkloads(t *testing.T) {
 	}
 }
 
+var perfect = Efficiency{
+	Sync:  []EfficiencyPoint{{1, 1}, {2, 0.5}, {4, 0.25}},
+	Local: []EfficiencyPoint{{1, 1}, {2, 0.5}, {4, 0.25}},
+}
+
+// The steps each worker takes come from the measured statistics: a
+// second worker that saves 40 % of the steps gives 1/0.6 at best, not 2.
+func TestPredictUsesStatisticalEfficiency(t *testing.T) {
+	e := Efficiency{Sync: []EfficiencyPoint{{1, 1}, {2, 0.6}, {8, 0.25}}, Local: []EfficiencyPoint{{1, 1}, {2, 0.55}}}
+	if err := e.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		sync bool
+		k    int
+		want float64
+	}{
+		{true, 1, 1}, {true, 2, 0.6}, {true, 8, 0.25},
+		{true, 4, math.Exp((math.Log(0.6) + math.Log(0.25)) / 2)}, // halfway in log k
+		{true, 16, 0.25}, // beyond the table nothing more is assumed
+		{false, 2, 0.55}, {false, 3, 0.55},
+	} {
+		if got := e.Ratio(c.sync, c.k); math.Abs(got-c.want) > 1e-12 {
+			t.Errorf("Ratio(sync %v, %d) = %v, want %v", c.sync, c.k, got, c.want)
+		}
+	}
+	tr := Training{Steps: 1000, ModelBytes: 1, Sync: true, Efficiency: &e}
+	p, err := Predict(tr, 100*time.Second, []float64{1, 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Steps != 600 || math.Abs(p.Compute.Seconds()-60) > 1e-9 || p.SpeedUp >= 1/0.6 {
+		t.Errorf("2 workers at ratio 0.6: %+v, want 600 steps, 60 s of compute, under 1.67x", p)
+	}
+	for _, bad := range []Efficiency{
+		{Sync: []EfficiencyPoint{{2, 0.5}}},                    // no 1-worker point
+		{Sync: []EfficiencyPoint{{1, 1}, {2, 0.4}}},            // better than perfect
+		{Sync: []EfficiencyPoint{{1, 1}, {2, 1.2}}},            // worse than one worker
+		{Local: []EfficiencyPoint{{1, 1}, {4, 0.5}, {2, 0.6}}}, // unsorted
+	} {
+		if err := bad.Validate(); err == nil {
+			t.Errorf("%+v: no error", bad)
+		}
+		if _, err := Predict(Training{Steps: 10, Sync: true, SyncEvery: 1, Efficiency: &bad}, time.Minute, []float64{1}, nil); err == nil {
+			t.Errorf("Predict with %+v: no error", bad)
+		}
+	}
+}
+
+// The shipped table is the harness's measurement: every count it has is
+// better than one worker and no better than perfect scaling.
+func TestDefaultEfficiency(t *testing.T) {
+	for _, sync := range []bool{true, false} {
+		for k := 2; k <= 8; k++ {
+			r := DefaultEfficiency.Ratio(sync, k)
+			if r >= 1 || r < 1/float64(k) {
+				t.Errorf("sync %v, %d workers: ratio %v", sync, k, r)
+			}
+		}
+	}
+}
+
 func TestSpreadRefusesSyncThatFewerFinishSooner(t *testing.T) {
 	wan := func(a, b int) (Link, bool) { return Link{RTT: 100 * time.Millisecond, BytesPerSec: 1.25e6}, true }
-	sync := Training{Steps: 1000, ModelBytes: 400_000, Sync: true}
+	sync := Training{Steps: 1000, ModelBytes: 400_000, Sync: true, Efficiency: &perfect}
 	p, fewest, rej, err := Spread(sync, 100*time.Second, []float64{1, 1}, wan)
 	if err != nil || rej == nil || rej.Resource != "network" || p.Workers != 2 || fewest != 1 {
 		t.Fatalf("sync across sites: %+v %v %v", p, rej, err)
@@ -86,7 +150,7 @@ func TestSpreadRefusesSyncThatFewerFinishSooner(t *testing.T) {
 	if rej.Reason != want {
 		t.Errorf("reason %q\nwant   %q", rej.Reason, want)
 	}
-	local := Training{Steps: 1000, ModelBytes: 400_000, SyncEvery: 50, Wire: 0.25}
+	local := Training{Steps: 1000, ModelBytes: 400_000, SyncEvery: 50, Wire: 0.25, Efficiency: &perfect}
 	if _, _, rej, err := Spread(local, 100*time.Second, []float64{1, 1}, wan); err != nil || rej != nil {
 		t.Errorf("local steps across sites: %v %v", rej, err)
 	}

@@ -74,7 +74,13 @@ def parse_args(argv=None):
                    help="mlp: Flatten+Dense(128)+Dense(10); cnn: a tiny conv net (slower, more accurate); "
                         "cnn-wide: a wider conv net, compute-bound (a step of 64 takes 50+ ms on a core), "
                         "reaches 0.90 test accuracy")
-    p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate")
+    p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate (of one worker)")
+    p.add_argument("--lr-scale", choices=["linear", "sqrt", "none"], default=os.environ.get("DM_LR_SCALE") or "linear",
+                   help="sync with k workers: scale the learning rate to the global batch (linear: x k, sqrt: "
+                        "x sqrt(k)), reached after --warmup-steps; linear reaches the target in the fewest steps "
+                        "(bench/results/training/stateff.md)")
+    p.add_argument("--warmup-steps", type=int, default=int(os.environ.get("DM_WARMUP_STEPS") or 200),
+                   help="sync with k workers: steps from the 1-worker learning rate to the scaled one")
     p.add_argument("--seed", type=int, default=42, help="random seed (same on every worker)")
     env = os.environ
     p.add_argument("--mode", choices=["sync", "diloco"], default=env.get("DM_TRAINING_MODE") or "sync",
@@ -95,6 +101,8 @@ def parse_args(argv=None):
                    help="with --target-accuracy: evaluate every this many steps per worker "
                         "(diloco: at the first round end after them; default: every epoch)")
     a = p.parse_args(argv)
+    if a.warmup_steps < 0:
+        p.error("--warmup-steps must be >= 0")
     for name in ("epochs", "batch_size", "sync_every"):
         if getattr(a, name) < 1:
             p.error("--%s must be >= 1" % name.replace("_", "-"))
@@ -478,6 +486,22 @@ def main(argv=None):
                 # rather than have them wait for us at the round's end.
                 diloco.catch_up(took)
 
+    class WarmUp(keras.callbacks.Callback):
+        """Sync mode, k workers: the learning rate scaled to the global batch
+        (--lr-scale), reached linearly over --warmup-steps (Goyal et al. 2017)."""
+
+        def __init__(self, base, peak, steps):
+            super().__init__()
+            self.base, self.peak, self.steps, self.done = base, peak, steps, False
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.done:
+                return
+            it = int(self.model.optimizer.iterations.numpy())
+            frac = 1.0 if self.steps == 0 else min(1.0, (it + 1) / self.steps)
+            self.model.optimizer.learning_rate.assign(self.base + (self.peak - self.base) * frac)
+            self.done = frac >= 1.0
+
     progress = Progress()
     target = Target()
     if diloco is not None:
@@ -486,6 +510,11 @@ def main(argv=None):
         callbacks = [keras.callbacks.BackupAndRestore(backup_dir=backup_dir), progress]
     if args.target_accuracy is not None:
         callbacks.append(target)
+    if diloco is None and workers > 1 and args.lr_scale != "none":
+        peak = args.learning_rate * (workers if args.lr_scale == "linear" else workers ** 0.5)
+        callbacks.insert(0, WarmUp(args.learning_rate, peak, args.warmup_steps))
+        log("%s learning rate %g -> %g (%s scaling to the global batch) over %d steps"
+            % (tag, args.learning_rate, peak, args.lr_scale, args.warmup_steps))
     t_fit = time.time()
     log("%s fit starts %.1fs after process start" % (tag, t_fit - T_START))
     model.fit(train_ds, epochs=args.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0)

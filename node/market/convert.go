@@ -59,6 +59,13 @@ func SchedulerTraining(b p2p.Bid) (t scheduler.Training, compute time.Duration, 
 		return scheduler.Training{}, 0, false
 	}
 	t = scheduler.Training{Steps: int(tr.Steps), ModelBytes: uint64(tr.Params) * 4, Sync: tr.Mode != "diloco"}
+	if len(tr.StepsRatio) > 0 {
+		e, err := scheduler.EfficiencyFromRatios(t.Sync, tr.StepsRatio)
+		if err != nil {
+			return scheduler.Training{}, 0, false
+		}
+		t.Efficiency = &e
+	}
 	if !t.Sync {
 		t.SyncEvery, t.Wire = tr.SyncEvery, defaultWire
 		if t.SyncEvery == 0 {

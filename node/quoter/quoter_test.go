@@ -263,7 +263,9 @@ func TestQuotesPredictTrainingTime(t *testing.T) {
 	// 1,000 steps of 100 ms; 400 kB of weights. Sync: 500 steps of 0.1 s
 	// compute + a ring's 2 hops of (50 ms + 200 kB at 1.25 MB/s) = 260 s,
 	// against 100 s alone.
-	sync := bid(p2p.Training{Mode: "sync", Steps: 1000, Params: 100_000, StepMillis: 100})
+	// The job's own statistics say 2 workers take half the steps each.
+	even := []float64{1, 0.5}
+	sync := bid(p2p.Training{Mode: "sync", Steps: 1000, Params: 100_000, StepMillis: 100, StepsRatio: even})
 	if len(sync.Workers) != 0 || sync.Resource != "network" || !strings.Contains(sync.Reason, "1 would take 1m40s") ||
 		sync.Predicted == nil || sync.Predicted.Fewest != 1 || sync.Predicted.TotalSeconds < 259 || sync.Predicted.TotalSeconds > 261 {
 		t.Fatalf("sync across a slow link: %+v %+v", sync, sync.Predicted)
@@ -272,7 +274,7 @@ func TestQuotesPredictTrainingTime(t *testing.T) {
 		t.Errorf("a refused quote left holds: %v", ms.held)
 	}
 	// Diloco, every 100 steps, int8: 50 s compute + 5 rounds of 2 x (100 kB at 1.25 MB/s + 100 ms).
-	local := bid(p2p.Training{Mode: "diloco", SyncEvery: 100, Steps: 1000, Params: 100_000, StepMillis: 100})
+	local := bid(p2p.Training{Mode: "diloco", SyncEvery: 100, Steps: 1000, Params: 100_000, StepMillis: 100, StepsRatio: even})
 	p := local.Predicted
 	if len(local.Workers) != 2 || p == nil || p.Fewest != 2 || p.TotalSeconds < 51.7 || p.TotalSeconds > 51.9 || p.SpeedUp < 1.9 {
 		t.Fatalf("diloco across a slow link: %+v %+v", local, p)

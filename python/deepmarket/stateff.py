@@ -1,0 +1,337 @@
+"""Statistical efficiency: the steps each worker needs to reach a test
+accuracy with k workers, simulated in one process (no network).
+
+    python -m deepmarket.stateff --workers 1,2,4,8 --target 0.90 \\
+        --out bench/results/training/stateff.json
+
+What a distributed job buys is fewer steps per worker to the target; how
+many fewer depends on the statistics, not on the machines. This harness
+measures it for the Fashion-MNIST example's model, data and optimizer
+(examples/fashion-mnist/train.py: build_model, load_data, Adam) with the
+same seed every time, so a row is the same on every run (TensorFlow's op
+determinism is on):
+
+  sync    k workers all-reduce their gradients every step: one model trained
+          on the global batch (k x the per-worker batch), the learning rate
+          scaled to it (--scale linear: x k, sqrt: x sqrt(k)) after a linear
+          warm-up from the 1-worker rate over --warmup steps (Goyal et al.,
+          2017). A step of k workers is one step of this model.
+  diloco  k replicas, each with its own Adam state and its own shuffle of the
+          data (seed + rank, as train.py gives each worker), train
+          --sync-every steps; their pseudo-gradients (global weights minus
+          their own) go through the job's codec (int8 by default), are
+          averaged and applied by the outer SGD with Nesterov momentum
+          (deepmarket.train.outer_step, the function the workers run); every
+          replica starts the next round from the new global weights. The
+          exchange is taken as instant (no overlap): a real job that
+          overlaps the exchange applies each round's average a few steps
+          late.
+
+The test accuracy of the (global) model is evaluated on the whole test set
+every --eval-every steps a worker (diloco: at the end of each round), and a
+row stops at the target or after --max-steps. "Steps to target" is a
+worker's steps at the first evaluation at or above the target; the table
+gives each row's ratio to 1 worker, which is what the scheduler multiplies
+the 1-worker steps by (scheduler/stateff.json, written with --go-table).
+
+Needs TensorFlow, tf_keras and numpy (the job environment's Python).
+"""
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+
+REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+TRAIN_PY = os.path.join(REPO, "examples", "fashion-mnist", "train.py")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--workers", default="1,2,4,8", help="worker counts k")
+    p.add_argument("--modes", default="sync,diloco", help="sync, diloco or both")
+    p.add_argument("--target", type=float, default=0.90, help="target test accuracy")
+    p.add_argument("--model", default="cnn-wide", help="train.py --model")
+    p.add_argument("--data", default=os.environ.get("DM_DATA_DIR") or "/usr/share/datasets/fashion-mnist")
+    p.add_argument("--batch-size", type=int, default=64, help="per worker")
+    p.add_argument("--learning-rate", type=float, default=1e-3, help="1-worker Adam learning rate")
+    p.add_argument("--scale", default="sqrt", help="sync: learning-rate scaling to the global batch, "
+                   "comma-separated among linear, sqrt, none")
+    p.add_argument("--warmup", type=int, default=200, help="sync: warm-up steps to the scaled rate")
+    p.add_argument("--sync-every", default="100", help="diloco: inner steps a round (comma-separated to sweep)")
+    p.add_argument("--outer-lr", default="0.7", help="diloco: outer learning rate(s)")
+    p.add_argument("--outer-momentum", default="0.9", help="diloco: outer Nesterov momentum(s)")
+    p.add_argument("--inner-lr", default="", help="diloco: inner Adam learning rate(s) (default --learning-rate)")
+    p.add_argument("--compress", default="int8", help="diloco: int8, fp16 or none")
+    p.add_argument("--eval-every", type=int, default=50, help="sync: evaluate every this many steps")
+    p.add_argument("--max-steps", type=int, default=6000, help="steps a worker takes at most")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--threads", type=int, default=0, help="TensorFlow threads (0: all cores)")
+    p.add_argument("--out", default="", help="write the rows as JSON here (merged with the rows already there)")
+    p.add_argument("--go-table", default="", help="write the scheduler's table (steps ratios) here")
+    a = p.parse_args(argv)
+    a.workers = [int(x) for x in a.workers.split(",") if x]
+    a.modes = [m for m in a.modes.split(",") if m]
+    a.scale = [s for s in a.scale.split(",") if s]
+    floats = lambda s: [float(x) for x in s.split(",") if x]
+    a.sync_every = [int(x) for x in a.sync_every.split(",") if x]
+    a.outer_lr, a.outer_momentum = floats(a.outer_lr), floats(a.outer_momentum)
+    a.inner_lr = floats(a.inner_lr) or [a.learning_rate]
+    for k in a.workers:
+        if k < 1:
+            p.error("--workers: want counts of at least 1")
+    for m in a.modes:
+        if m not in ("sync", "diloco"):
+            p.error("--modes: want sync and/or diloco, not %r" % m)
+    for s in a.scale:
+        if s not in ("linear", "sqrt", "none"):
+            p.error("--scale: want linear, sqrt or none, not %r" % s)
+    if not 0 < a.target <= 1:
+        p.error("--target must be in (0, 1]")
+    return a
+
+
+def load_train_py():
+    spec = importlib.util.spec_from_file_location("dm_example_train", TRAIN_PY)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Sim:
+    """Sim holds the data, the model builder and the evaluation."""
+
+    def __init__(self, a):
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+        import numpy as np
+        import tensorflow as tf
+        import tf_keras as keras
+        if a.threads:
+            tf.config.threading.set_intra_op_parallelism_threads(a.threads)
+            tf.config.threading.set_inter_op_parallelism_threads(a.threads)
+        tf.config.experimental.enable_op_determinism()
+        self.np, self.tf, self.keras, self.a = np, tf, keras, a
+        self.train = load_train_py()
+        (self.x, self.y), (self.xt, self.yt) = self.train.load_data(a.data)
+        self.xt_t = tf.constant(self.xt)
+        self.yt_t = tf.constant(self.yt)
+        self.loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def model(self, seed):
+        self.keras.utils.set_random_seed(seed)
+        return self.train.build_model(self.keras, self.a.model)
+
+    def step_fn(self, model, opt):
+        tf, loss = self.tf, self.loss
+
+        @tf.function(jit_compile=False)
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                l = loss(y, model(x, training=True))
+            opt.apply_gradients(zip(tape.gradient(l, model.trainable_variables), model.trainable_variables))
+            return l
+        return step
+
+    def evaluator(self, model):
+        tf = self.tf
+
+        @tf.function
+        def correct(x, y):
+            return tf.reduce_sum(tf.cast(tf.equal(tf.argmax(model(x, training=False), axis=1), y), tf.int32))
+
+        def acc():
+            n = 0
+            for i in range(0, len(self.xt), 2000):
+                n += int(correct(self.xt_t[i:i + 2000], self.yt_t[i:i + 2000]))
+            return n / len(self.xt)
+        return acc
+
+    def batches(self, rank, batch):
+        """Yields (x, y) batches of one worker's own shuffle, epoch after epoch."""
+        np = self.np
+        rng = np.random.default_rng(self.a.seed + rank)
+        while True:
+            perm = rng.permutation(len(self.x))
+            for i in range(0, len(perm) - batch + 1, batch):
+                idx = perm[i:i + batch]
+                yield self.x[idx], self.y[idx]
+
+    def run_sync(self, k, scale):
+        a, tf = self.a, self.tf
+        model = self.model(a.seed)
+        factor = {"linear": k, "sqrt": math.sqrt(k), "none": 1}[scale]
+        top = a.learning_rate * factor
+        opt = self.keras.optimizers.Adam(learning_rate=a.learning_rate)
+        lr = opt.learning_rate  # a variable: assigning it changes the traced step's rate
+        step, acc = self.step_fn(model, opt), self.evaluator(model)
+        data = self.batches(0, a.batch_size * k)
+        curve, t0 = [], time.time()
+        for s in range(1, a.max_steps + 1):
+            if k > 1 and a.warmup > 0:
+                lr.assign(a.learning_rate + (top - a.learning_rate) * min(1.0, s / a.warmup))
+            elif k > 1:
+                lr.assign(top)
+            x, y = next(data)
+            step(x, y)
+            if s % a.eval_every == 0 or s == a.max_steps:
+                curve.append((s, acc()))
+                if curve[-1][1] >= a.target:
+                    break
+        return dict(mode="sync", workers=k, scale=scale if k > 1 else "none", lr=a.learning_rate,
+                    peak_lr=top if k > 1 else a.learning_rate, warmup=a.warmup if k > 1 else 0,
+                    **self.outcome(curve, k, t0))
+
+    def run_diloco(self, k, sync_every, outer_lr, outer_momentum, inner_lr):
+        a, np = self.a, self.np
+        sys.path.insert(0, os.path.join(REPO, "python"))
+        from deepmarket.train import outer_step
+        from deepmarket.train import codec as codecs
+        models, steps = [], []
+        for r in range(k):
+            m = self.model(a.seed)  # every worker starts from the same weights (train.py's seed)
+            opt = self.keras.optimizers.Adam(inner_lr)
+            models.append(m)
+            steps.append(self.step_fn(m, opt))
+        datas = [self.batches(r, a.batch_size) for r in range(k)]
+        shapes = [w.shape for w in models[0].get_weights()]
+        flat = lambda ws: np.concatenate([w.ravel() for w in ws]).astype(np.float32)
+
+        def unflat(theta):
+            out, pos = [], 0
+            for sh in shapes:
+                n = int(np.prod(sh))
+                out.append(theta[pos:pos + n].reshape(sh))
+                pos += n
+            return out
+        theta = flat(models[0].get_weights())
+        mom = np.zeros_like(theta)
+        glob = self.model(a.seed)
+        acc = self.evaluator(glob)
+        curve, t0, done = [], time.time(), 0
+        while done < a.max_steps:
+            h = min(sync_every, a.max_steps - done)
+            deltas = []
+            for r in range(k):
+                for _ in range(h):
+                    x, y = next(datas[r])
+                    steps[r](x, y)
+                d = theta - flat(models[r].get_weights())
+                if k > 1:
+                    meta, payload = codecs.encode(d, a.compress)
+                    d = codecs.decode(meta, payload)
+                deltas.append(d)
+            done += h
+            avg = np.mean(deltas, axis=0).astype(np.float32)
+            if k > 1:
+                theta, mom = outer_step(theta, mom, avg, outer_lr, outer_momentum)
+            else:
+                theta = theta - avg
+            ws = unflat(theta)
+            for m in models:
+                m.set_weights(ws)
+            glob.set_weights(ws)
+            curve.append((done, acc()))
+            if curve[-1][1] >= a.target:
+                break
+        return dict(mode="diloco", workers=k, sync_every=sync_every, outer_lr=outer_lr,
+                    outer_momentum=outer_momentum, inner_lr=inner_lr, compress=a.compress,
+                    **self.outcome(curve, k, t0))
+
+    def outcome(self, curve, k, t0):
+        a = self.a
+        hit = next((s for s, v in curve if v >= a.target), None)
+        return dict(target=a.target, batch_per_worker=a.batch_size, model=a.model, seed=a.seed,
+                    steps_to_target=hit, reached=hit is not None,
+                    examples_to_target=hit * k * a.batch_size if hit else None,
+                    final_accuracy=curve[-1][1] if curve else None, steps_run=curve[-1][0] if curve else 0,
+                    curve=[[s, round(v, 4)] for s, v in curve], wall_s=round(time.time() - t0, 1))
+
+
+def key(row):
+    keys = ("mode", "workers", "scale", "warmup", "sync_every", "outer_lr", "outer_momentum", "inner_lr",
+            "compress", "target", "model", "batch_per_worker", "seed")
+    return tuple(str(row.get(k)) for k in keys)
+
+
+def merge(path, rows):
+    old = []
+    if path and os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f).get("rows", [])
+    by = {key(r): r for r in old}
+    for r in rows:
+        by[key(r)] = r
+    return list(by.values())
+
+
+def go_table(rows, target, model):
+    """The scheduler's table: per mode, steps to target per worker over 1
+    worker's, for each k, from the best row of each (mode, k) at the target."""
+    base = [r for r in rows if r["workers"] == 1 and r["mode"] == "sync" and r["reached"]
+            and r["target"] == target and r["model"] == model]
+    if not base:
+        raise SystemExit("stateff: no 1-worker row reached %.2f: nothing to scale by" % target)
+    one = base[0]["steps_to_target"]
+    out = {"target": target, "model": model, "batch_per_worker": base[0]["batch_per_worker"],
+           "one_worker_steps": one, "modes": {}}
+    for mode in ("sync", "diloco"):
+        best = {}
+        for r in rows:
+            if r["mode"] != mode or r["workers"] < 2 or r["target"] != target or r["model"] != model \
+                    or not r["reached"]:
+                continue
+            if r["workers"] not in best or r["steps_to_target"] < best[r["workers"]]["steps_to_target"]:
+                best[r["workers"]] = r
+        out["modes"][mode] = [{"workers": 1, "ratio": 1.0}] + [
+            {"workers": k, "ratio": round(best[k]["steps_to_target"] / one, 4),
+             "steps": best[k]["steps_to_target"],
+             "with": {x: best[k].get(x) for x in ("scale", "warmup", "sync_every", "outer_lr",
+                                                   "outer_momentum", "inner_lr") if x in best[k]}}
+            for k in sorted(best)]
+    return out
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    sim = Sim(a)
+    rows = []
+
+    def emit(r):
+        rows.append(r)
+        print("%-6s k=%d %s: %s steps to %.2f (final %.4f after %d steps), %.0fs" % (
+            r["mode"], r["workers"],
+            " ".join("%s=%s" % (x, r[x]) for x in ("scale", "sync_every", "outer_lr", "outer_momentum", "inner_lr")
+                     if x in r),
+            r["steps_to_target"] if r["reached"] else "not reached", a.target, r["final_accuracy"],
+            r["steps_run"], r["wall_s"]), flush=True)
+        if a.out:
+            os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+            with open(a.out + ".tmp", "w") as f:
+                json.dump({"rows": merge(a.out, rows)}, f, indent=1)
+            os.replace(a.out + ".tmp", a.out)
+
+    for k in a.workers:
+        if "sync" in a.modes or k == 1:
+            for scale in (a.scale if k > 1 else ["none"]):
+                emit(sim.run_sync(k, scale))
+        if "diloco" in a.modes and k > 1:
+            for h in a.sync_every:
+                for olr in a.outer_lr:
+                    for om in a.outer_momentum:
+                        for ilr in a.inner_lr:
+                            emit(sim.run_diloco(k, h, olr, om, ilr))
+    if a.go_table:
+        all_rows = merge(a.out, []) if a.out else rows
+        with open(a.go_table, "w") as f:
+            json.dump(go_table(all_rows, a.target, a.model), f, indent=1)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
