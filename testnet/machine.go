@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/deepmarket/deepmarket/node"
 )
@@ -126,9 +128,9 @@ func (ms *machines) create(name string) ([]string, error) {
 	}
 	var procs []string
 	seen := map[string]bool{}
-	for _, c := range []string{"cpu", "memory"} {
-		root := ms.mounts[c]
-		if seen[root] {
+	for _, c := range []string{"cpu", "cpuacct", "memory"} {
+		root, ok := ms.mounts[c]
+		if !ok || seen[root] {
 			continue // co-mounted
 		}
 		seen[root] = true
@@ -281,3 +283,53 @@ func (n *Network) machineConfig(i int, cfg *node.Config) {
 	}
 	cfg.Executor.CPUs = []int{k % runtime.NumCPU()}
 }
+
+// MachineCPU is the CPU time node i's machine has used (every process in
+// it: the node, its ledger replica, its workers); ok is false without
+// machines of known size, or for a validator.
+func (n *Network) MachineCPU(i int) (d time.Duration, ok bool) {
+	if n.machines == nil || n.Manifest.Nodes[i].Validator {
+		return 0, false
+	}
+	ns, err := n.machines.usage(n.Manifest.Nodes[i].Name)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(ns), true
+}
+
+// ByHand is a machine of known size with no node in it: what a benchmark
+// runs the same programs in by hand, to compare with the market.
+type ByHand struct {
+	ms    *machines
+	procs []string
+}
+
+// NewByHand makes machine name (under tag) of the given size.
+func NewByHand(size Machine, tag, name string) (*ByHand, error) {
+	ms, err := newMachines(size, tag)
+	if err != nil {
+		return nil, err
+	}
+	procs, err := ms.create(name)
+	if err != nil {
+		ms.remove()
+		return nil, err
+	}
+	return &ByHand{ms: ms, procs: procs}, nil
+}
+
+// Command is exec.Command for a program that joins the machine before it
+// starts.
+func (b *ByHand) Command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command("/bin/sh", append([]string{"-c", joinScript, name}, args...)...)
+	cmd.Env = append(os.Environ(), "DM_MACHINE_PROCS="+strings.Join(b.procs, " "))
+	return cmd
+}
+
+// Close removes the machine; whatever ran in it must have exited.
+func (b *ByHand) Close() { b.ms.remove() }
+
+// joinScript writes the shell's pid into each of $DM_MACHINE_PROCS and
+// execs its arguments.
+const joinScript = `for f in $DM_MACHINE_PROCS; do echo $$ > "$f" || exit 1; done; exec "$0" "$@"`

@@ -261,8 +261,7 @@ func (n *Network) launch(i int) error {
 		}
 		// The node joins its machine before it runs anything: a shell
 		// writes itself into the machine's cgroups and execs the node.
-		cmd = exec.Command("/bin/sh", "-c", `for f in $DM_MACHINE_PROCS; do echo $$ > "$f" || exit 1; done; exec "$0" "$@"`,
-			n.opts.Binary, "node", "run", "--home", h.Dir)
+		cmd = exec.Command("/bin/sh", "-c", joinScript, n.opts.Binary, "node", "run", "--home", h.Dir)
 		cmd.Env = append(append(os.Environ(), n.opts.Env...), "DM_MACHINE_PROCS="+strings.Join(procs, " "))
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf

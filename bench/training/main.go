@@ -48,6 +48,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/testnet"
 	"github.com/deepmarket/deepmarket/testnet/netlab"
 )
 
@@ -64,6 +65,21 @@ type Config struct {
 	MaxSteps    int      `json:"max_steps"`
 	JobTimeoutS float64  `json:"job_timeout_s"`
 	Lenders     int      `json:"lenders"` // a core each, cycling the two sites
+	// Machine is the size of every lender's (and the submitter's)
+	// emulated machine: its node and workers confined to a cgroup with
+	// this CPU quota and memory limit. Nil: unconfined, sharing the host.
+	Machine *testnet.Machine `json:"machine,omitempty"`
+	// ByHandSteps: the steps a worker takes in the by-hand runs.
+	ByHandSteps int `json:"by_hand_steps,omitempty"`
+}
+
+// ByHand is the same workers started by hand, on machines of the same
+// size with no node in them, next to the market's.
+type ByHand struct {
+	Workers      int     `json:"workers"`
+	Mode         string  `json:"mode"`
+	ExamplesPerS float64 `json:"examples_per_s"`
+	Error        string  `json:"error,omitempty"`
 }
 
 // Result is one job's figures.
@@ -104,6 +120,12 @@ type Result struct {
 	// Evals are worker 0's evaluations: [seconds since its start, steps,
 	// test accuracy].
 	Evals [][3]float64 `json:"evals,omitempty"`
+	// EvalToTargetS is the time worker 0 spent evaluating up to and
+	// including the evaluation that reached the target.
+	EvalToTargetS float64 `json:"eval_to_target_s,omitempty"`
+	// MachineCPU is each lender machine's CPU use over the job, in cores
+	// (its node and its workers), with machines of known size.
+	MachineCPU []float64 `json:"machine_cpu,omitempty"`
 	// Predicted is the scheduler's prediction for this job (see predict).
 	Predicted *Predicted `json:"predicted,omitempty"`
 	Log       string     `json:"log,omitempty"` // where the job's log was saved
@@ -117,6 +139,7 @@ type Report struct {
 	Command  []string         `json:"command"`
 	Config   Config           `json:"config"`
 	Results  []Result         `json:"results"`
+	ByHand   []ByHand         `json:"by_hand,omitempty"`
 	Profiles []netlab.Profile `json:"profiles"`
 	TookS    float64          `json:"took_s"`
 }
@@ -127,15 +150,19 @@ func main() {
 	out := flag.String("out", "bench/results/training", "directory for report.md, report.json and report.png")
 	logs := flag.String("logs", "", "directory for the jobs' logs (default: a new one under the temp dir)")
 	profiles := flag.String("profiles", "lan,wifi,multi-dc", "network profiles")
-	workers := flag.String("workers", "1,2", "worker counts (1 to 4)")
+	workers := flag.String("workers", "1,2,3", "worker counts (1 to 4)")
 	modes := flag.String("modes", "sync,diloco", "training modes of the jobs with 2+ workers")
-	target := flag.Float64("target", 0.85, "target test accuracy")
+	target := flag.Float64("target", 0.90, "target test accuracy")
 	model := flag.String("model", "cnn-wide", "train.py --model: mlp, cnn or cnn-wide")
 	evalEvery := flag.Int("eval-every", 100, "evaluate the test set every this many steps a worker")
 	syncEvery := flag.Int("sync-every", 100, "diloco: local steps between averaging rounds ([training] sync_every)")
 	compress := flag.String("compress", "int8", "diloco: int8, fp16 or none ([training] compress)")
-	maxSteps := flag.Int("max-steps", 1500, "steps a worker takes at most (a job that has not reached the target by then stops)")
-	jobTimeout := flag.Duration("job-timeout", 6*time.Minute, "cancel a job still running this long after it was submitted")
+	maxSteps := flag.Int("max-steps", 4000, "steps a worker takes at most (a job that has not reached the target by then stops)")
+	jobTimeout := flag.Duration("job-timeout", 14*time.Minute, "cancel a job still running this long after it was submitted")
+	machineCores := flag.Float64("machine-cores", 0.5, "emulated machines: each lender's node and workers get this CPU quota, in cores (0: unconfined)")
+	machineMem := flag.Float64("machine-mem-gib", 3, "emulated machines: memory limit, GiB")
+	byHand := flag.Int("by-hand-steps", 500, "on the first profile, run 1 worker and 2 sync and diloco workers by hand for this many steps, "+
+		"on machines of the same size with no node, to compare examples/s (0: skip)")
 	from := flag.String("from", "", "run nothing: write report.md and report.png in -out again from this report.json")
 	flag.Parse()
 	log.SetFlags(0)
@@ -148,7 +175,10 @@ func main() {
 	start := time.Now()
 
 	cfg := Config{Target: *target, Model: *model, EvalEvery: *evalEvery, SyncEvery: *syncEvery, Compress: *compress,
-		MaxSteps: *maxSteps, JobTimeoutS: jobTimeout.Seconds()}
+		MaxSteps: *maxSteps, JobTimeoutS: jobTimeout.Seconds(), ByHandSteps: *byHand}
+	if *machineCores > 0 {
+		cfg.Machine = &testnet.Machine{Cores: *machineCores, MemBytes: uint64(*machineMem * (1 << 30))}
+	}
 	for _, w := range splitList(*workers) {
 		n, err := strconv.Atoi(w)
 		if err != nil || n < 1 || n > 4 {
@@ -216,6 +246,9 @@ func main() {
 	rep := Report{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), Command: command, Config: cfg, Profiles: plist}
 	b := bench{bin: binPath, python: *python, bundle: bundle, command: command, cfg: cfg, logs: *logs,
 		timeout: *jobTimeout}
+	if cfg.ByHandSteps > 0 && cfg.Machine != nil {
+		rep.ByHand = b.runByHand(ctx)
+	}
 	for _, p := range plist {
 		res, shaper, err := b.runProfile(ctx, p.Name)
 		rep.Results = append(rep.Results, res...)
@@ -316,7 +349,7 @@ type bench struct {
 // lenders cycle the sites); the last node submits.
 func (b *bench) runProfile(ctx context.Context, profile string) ([]Result, string, error) {
 	bed, err := testbed.Start(ctx, testbed.Config{Bin: b.bin, Python: b.python, Profile: profile,
-		Sites: 2, Lenders: b.cfg.Lenders, Cores: 1, MemBytes: 2 << 30, BasePort: 26300})
+		Sites: 2, Lenders: b.cfg.Lenders, Cores: 1, MemBytes: 2 << 30, BasePort: 26300, Machine: b.cfg.Machine})
 	if err != nil {
 		return nil, "", err
 	}
@@ -331,7 +364,9 @@ func (b *bench) runProfile(ctx context.Context, profile string) ([]Result, strin
 			var r Result
 			for attempt := 1; attempt <= 3; attempt++ {
 				bed.WaitIdle(ctx)
+				cpu0, t0 := machineCPU(bed), time.Now()
 				r = b.runJob(ctx, bed, profile, mode, w)
+				r.MachineCPU = cpuSince(machineCPU(bed), cpu0, time.Since(t0))
 				r.Attempts = attempt
 				// A bid that found no machines is not a measurement: bid again.
 				if r.State == string(jobs.Succeeded) || !testbed.NoMachines(r.Reason) || ctx.Err() != nil {
@@ -370,7 +405,7 @@ type resultFile struct {
 }
 
 var (
-	evalRE    = regexp.MustCompile(`\[worker 0\] eval after (\d+) steps, ([\d.]+)s: test accuracy ([\d.]+)`)
+	evalRE    = regexp.MustCompile(`\[worker 0\] eval after (\d+) steps, ([\d.]+)s: test accuracy ([\d.]+) \(([\d.]+)s\)`)
 	reachedRE = regexp.MustCompile(`\[worker 0\] reached the target accuracy [\d.]+ after ([\d.]+)s`)
 )
 
@@ -432,10 +467,16 @@ func (b *bench) runJob(ctx context.Context, bed *testbed.Bed, profile, mode stri
 		r.Log = ""
 	}
 	// What the log shows, for a job that did not finish too.
+	reached := false
 	for _, m := range evalRE.FindAllStringSubmatch(text, -1) {
 		steps, _ := strconv.Atoi(m[1])
 		at, _ := strconv.ParseFloat(m[2], 64)
 		acc, _ := strconv.ParseFloat(m[3], 64)
+		took, _ := strconv.ParseFloat(m[4], 64)
+		if !reached {
+			r.EvalToTargetS += took
+			reached = acc >= b.cfg.Target
+		}
 		r.Evals = append(r.Evals, [3]float64{at, float64(steps), acc})
 	}
 	if m := reachedRE.FindStringSubmatch(text); m != nil {
@@ -516,4 +557,30 @@ func firstN(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
+}
+
+// machineCPU is each lender machine's CPU time so far.
+func machineCPU(bed *testbed.Bed) []time.Duration {
+	out := make([]time.Duration, len(bed.Lenders))
+	for k, i := range bed.Lenders {
+		out[k], _ = bed.Net.MachineCPU(i)
+	}
+	return out
+}
+
+// cpuSince is each machine's CPU use between two samples, in cores.
+func cpuSince(now, then []time.Duration, wall time.Duration) []float64 {
+	if wall <= 0 || len(now) != len(then) {
+		return nil
+	}
+	out := make([]float64, len(now))
+	any := false
+	for k := range now {
+		out[k] = math.Round(100*(now[k]-then[k]).Seconds()/wall.Seconds()) / 100
+		any = any || now[k] > 0
+	}
+	if !any {
+		return nil
+	}
+	return out
 }

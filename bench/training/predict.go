@@ -24,6 +24,8 @@ type Predicted struct {
 	CommS         float64 `json:"comm_s"`
 	TimeToTargetS float64 `json:"time_to_target_s"`
 	SpeedUp       float64 `json:"speed_up"`
+	// Steps is what each worker is predicted to take to the target.
+	Steps int `json:"steps"`
 	// Fewest is the worker count the model says finishes soonest.
 	Fewest int `json:"fewest"`
 }
@@ -50,7 +52,7 @@ func predict(rep *Report) {
 		r.Predicted = nil
 		base, ok := one[r.Profile]
 		prof, known := profiles[r.Profile]
-		if !ok || !known || modelBytes == 0 || r.Workers < 2 {
+		if !ok || !known || modelBytes == 0 && r.Workers > 1 {
 			continue
 		}
 		step, overhead := stepTime(base)
@@ -71,7 +73,7 @@ func predict(rep *Report) {
 		p := all[len(all)-1]
 		r.Predicted = &Predicted{
 			TrainS: p.Total.Seconds(), CommS: p.Comm.Seconds(), TimeToTargetS: overhead + p.Total.Seconds(),
-			SpeedUp: base.TimeToTargetS / (overhead + p.Total.Seconds()), Fewest: best,
+			SpeedUp: base.TimeToTargetS / (overhead + p.Total.Seconds()), Fewest: best, Steps: p.Steps,
 		}
 	}
 }
@@ -141,26 +143,31 @@ func predictionTable(rep Report) string {
 		}
 		if b.Len() == 0 {
 			b.WriteString("## Predicted and measured\n\n" +
-				"What the scheduler's model (`scheduler.Predict`, the one quotes use) expects of each job, from the " +
-				"profile's nominal links between the workers' sites, the 1-worker job's steps to the target and step " +
-				"time, and the model's size. The model assumes the steps to the target split evenly over the " +
-				"workers and that the workers have a core each to themselves; on this machine neither quite holds " +
-				"(see One machine), so measured 2-worker times are longer than predicted even where the links cost " +
-				"nothing. What the scheduler decides on is the ratio: whether more workers finish sooner.\n\n" +
-				"| Profile | Workers | Mode | Predicted time to target (s) | of which exchanging (s) | Measured (s) | " +
-				"Predicted vs 1 | Measured vs 1 | Fewest predicted to finish soonest |\n|---|---|---|---|---|---|---|---|---|\n")
+				"What the scheduler's model (`scheduler.Predict`, the one quotes use) expects of each job: the steps each " +
+				"worker takes are the 1-worker job's steps to the target times the measured statistical efficiency for " +
+				"that many workers and mode (`scheduler/stateff.json`, from the harness below); each step takes the " +
+				"1-worker job's pace on the slowest machine plus, in sync mode, a ring all-reduce of the gradients over " +
+				"the profile's nominal links, or, in diloco mode, a round's exchange every sync_every steps; the " +
+				"1-worker job's time before its first step is added. The 1-worker row is the calibration (its pace " +
+				"and steps are what the others are predicted from), so it matches by construction.\n\n" +
+				"| Profile | Workers | Mode | Predicted steps | Measured steps | Predicted time to target (s) | of which exchanging (s) | Measured (s) | " +
+				"Error | Predicted vs 1 | Measured vs 1 | Fewest predicted to finish soonest |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		}
-		measured, speed := "-", "-"
+		measured, speed, errCell, steps := "-", "-", "-", "-"
 		if r.TargetReached && r.TimeToTargetS > 0 {
 			measured = fmt.Sprintf("%.1f", r.TimeToTargetS)
+			errCell = fmt.Sprintf("%+.0f%%", 100*(p.TimeToTargetS-r.TimeToTargetS)/r.TimeToTargetS)
 		} else if r.TimedOut {
 			measured = fmt.Sprintf("> %.0f", rep.Config.JobTimeoutS)
+		}
+		if r.StepsToTarget > 0 {
+			steps = fmt.Sprint(r.StepsToTarget)
 		}
 		if r.SpeedUp > 0 {
 			speed = fmt.Sprintf("%.2fx", r.SpeedUp)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %.1f | %.1f | %s | %.2fx | %s | %d |\n", r.Profile, r.Workers, r.Mode,
-			p.TimeToTargetS, p.CommS, measured, p.SpeedUp, speed, p.Fewest)
+		fmt.Fprintf(&b, "| %s | %d | %s | %d | %s | %.1f | %.1f | %s | %s | %.2fx | %s | %d |\n", r.Profile, r.Workers, modeLabel(r),
+			p.Steps, steps, p.TimeToTargetS, p.CommS, measured, errCell, p.SpeedUp, speed, p.Fewest)
 	}
 	if b.Len() > 0 {
 		b.WriteString("\n")

@@ -39,20 +39,35 @@ func markdown(rep Report) string {
 	fmt.Fprintf(&b, "# Training benchmark: time to %.2f test accuracy, %s workers, %s, %d network%s\n\n",
 		cfg.Target, strings.Join(counts, ", "), strings.Join(cfg.Modes, " vs "), len(cfg.Profiles),
 		map[bool]string{true: "s"}[len(cfg.Profiles) > 1])
+	machine := fmt.Sprintf("%d lenders, a core each, sharing this host's %d CPUs", max(cfg.Lenders, 2), rep.CPUs)
+	if cfg.Machine != nil {
+		machine = fmt.Sprintf("**%d lenders, each an emulated machine of %s**: its node (ledger replica, gossip, tunnels) "+
+			"and the workers it launches confined to a cgroup of their own with that CPU quota and memory limit "+
+			"(testnet RunOptions.Machine), so the node's own overhead counts inside its machine. Each lends 1 core "+
+			"(the market lends whole cores; the quota is what the machine really has)", max(cfg.Lenders, 2), cfg.Machine)
+	}
 	fmt.Fprintf(&b, "%s, %d CPUs, links shaped by %s; the whole run took %.0f s. Job: `%s` (examples/fashion-mnist) "+
-		"submitted through the market, 1 core and 2 GiB per worker, with `[training] mode = \"sync\"` "+
-		"(MultiWorkerMirroredStrategy, gradients all-reduced every step) or `mode = \"diloco\"`, "+
+		"submitted through the market, with `[training] mode = \"sync\"` "+
+		"(MultiWorkerMirroredStrategy, gradients all-reduced every step, the learning rate scaled linearly to the "+
+		"global batch after a 200-step warm-up) or `mode = \"diloco\"`, "+
 		"`sync_every = %d`, `compress = \"%s\"` (the deepmarket package averages over the job's tunnels). "+
-		"%d lenders, a core each, on sites univ-a and univ-b in turn, so two workers span the sites. A job stops at the target "+
+		"%s, on sites univ-a and univ-b in turn, so two workers span the sites. A job stops at the target "+
 		"(evaluated every %d steps a worker), after %d steps a worker, or is cancelled %.0f s after it was submitted.\n\n",
 		rep.Date, rep.CPUs, rep.Shaper, rep.TookS, strings.Join(rep.Command, " "),
-		cfg.SyncEvery, cfg.Compress, max(cfg.Lenders, 2), cfg.EvalEvery, cfg.MaxSteps, cfg.JobTimeoutS)
-	fmt.Fprintf(&b, "| Profile | Workers | Mode | Time to %.2f (s) | vs 1 worker | Steps to target | Final test acc | "+
-		"Examples/s | MB sent/worker | Completion (s) | Sites | State |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n", cfg.Target)
+		cfg.SyncEvery, cfg.Compress, machine, cfg.EvalEvery, cfg.MaxSteps, cfg.JobTimeoutS)
+	fmt.Fprintf(&b, "| Profile | Workers | Mode | Time to %.2f (s) | vs 1 worker | Evaluations excluded (s) | vs 1 | Steps to target | Final test acc | "+
+		"Examples/s | MB sent/worker | Machine CPU (cores) | Completion (s) | Sites | State |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", cfg.Target)
 	for _, r := range rep.Results {
 		speed := "-"
 		if r.SpeedUp > 0 {
 			speed = fmt.Sprintf("%.2fx", r.SpeedUp)
+		}
+		noEval, speedNoEval := "-", "-"
+		if r.TargetReached && r.TimeToTargetS > 0 {
+			noEval = fmt.Sprintf("%.1f", r.TimeToTargetS-r.EvalToTargetS)
+			if one := baseline(rep.Results, r.Profile); one != nil {
+				speedNoEval = fmt.Sprintf("%.2fx", (one.TimeToTargetS-one.EvalToTargetS)/(r.TimeToTargetS-r.EvalToTargetS))
+			}
 		}
 		steps := "-"
 		if r.StepsToTarget > 0 {
@@ -75,6 +90,14 @@ func markdown(rep Report) string {
 				sent += " (est.)"
 			}
 		}
+		cpu := "-"
+		if len(r.MachineCPU) > 0 {
+			var parts []string
+			for _, c := range r.MachineCPU {
+				parts = append(parts, fmt.Sprintf("%.2f", c))
+			}
+			cpu = strings.Join(parts, " / ")
+		}
 		state := r.State
 		if r.TimedOut {
 			state += " (time limit)"
@@ -82,8 +105,8 @@ func markdown(rep Report) string {
 		if r.Reason != "" && r.State != string(jobs.Succeeded) || strings.HasPrefix(r.Reason, "result:") {
 			state += ": " + strings.ReplaceAll(firstN(r.Reason, 100), "|", "/")
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %.1f | %s | %s |\n", r.Profile, r.Workers, modeLabel(r),
-			targetCell(r, cfg), speed, steps, acc, exs, sent, r.CompletionS, strings.Join(r.Sites, ", "), state)
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %s | %s |\n", r.Profile, r.Workers, modeLabel(r),
+			targetCell(r, cfg), speed, noEval, speedNoEval, steps, acc, exs, sent, cpu, r.CompletionS, strings.Join(r.Sites, ", "), state)
 	}
 	b.WriteString("\n![time to target](report.png)\n\n")
 	if notes := compare(rep.Results); len(notes) > 0 {
@@ -111,17 +134,20 @@ func markdown(rep Report) string {
 		"with two workers it coordinates the rounds and sends one averaged update a round, the size of the other " +
 		"worker's pseudo-gradient.\n" +
 		"- A job that did not finish shows the last test accuracy its log has.\n\n")
-	fmt.Fprintf(&b, "## One machine\n\n"+
-		"Every node runs on this one machine and shares its %d CPUs: two validators, the lenders, the submitter and "+
-		"the workers, each worker on the one core its lender lends (DM_CORES=1). Two workers therefore have at most "+
-		"twice one worker's compute, less what the nodes take from the same cores (consensus, gossip, and the "+
-		"tunnels that carry the workers' traffic through the userspace link shaper): the 2-worker speed-ups here "+
-		"are bounded well below 2x, and on lan they show mostly that bound. On separate machines each worker would "+
-		"have its machine's cores to itself and the nodes would not compete with training, so on lan both modes, "+
-		"and DiLoCo on every profile, would approach what the second worker buys statistically (fewer steps to the "+
-		"target), while sync on wifi and multi-dc would stay bound by the all-reduce every step over the link's "+
-		"round trip and bandwidth, which separate machines do not change. That is an expectation, not a "+
-		"measurement.\n\n", rep.CPUs)
+	b.WriteString(byHandTable(rep))
+	b.WriteString(goals(rep))
+	if cfg.Machine != nil {
+		fmt.Fprintf(&b, "## Machines of known size\n\n"+
+			"This host has %d CPUs. Each lender is a machine of %s: a cgroup holding its node and every worker it "+
+			"launches (the workers' own cgroups nest inside it), with a CPU quota and a memory limit, its workers "+
+			"pinned to CPU k mod %d as a node pins them. The two validators and the benchmark itself run outside "+
+			"the machines, on what the quotas leave. **Machine CPU** is each lender machine's CPU use over the job "+
+			"(node and workers), in cores: a busy machine shows its quota; what the node takes from it is what a "+
+			"worker on that machine does not get.\n\n", rep.CPUs, cfg.Machine, rep.CPUs)
+	} else {
+		fmt.Fprintf(&b, "## One machine\n\nEvery node and worker shares this host's %d CPUs (no machine sizes): "+
+			"speed-ups are bounded by the cores, not by the market.\n\n", rep.CPUs)
+	}
 	b.WriteString("## Profiles\n\n")
 	for _, p := range rep.Profiles {
 		fmt.Fprintf(&b, "- **%s**: %s\n", p.Name, p.Doc)
@@ -165,4 +191,116 @@ func compare(rs []Result) []string {
 		}
 	}
 	return out
+}
+
+// baseline is the 1-worker job of a profile that reached the target.
+func baseline(rs []Result, profile string) *Result {
+	for i, r := range rs {
+		if r.Profile == profile && r.Workers == 1 && r.TargetReached && r.TimeToTargetS > 0 {
+			return &rs[i]
+		}
+	}
+	return nil
+}
+
+// byHandTable sets the by-hand examples/s beside the market's.
+func byHandTable(rep Report) string {
+	if len(rep.ByHand) == 0 || len(rep.Config.Profiles) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	prof := rep.Config.Profiles[0]
+	fmt.Fprintf(&b, "## Through the market against by hand\n\n"+
+		"The same train.py, started by hand on machines of the same size with no node in them (worker processes "+
+		"pinned as a node pins them, talking over loopback), for %d steps a worker without evaluations, next to "+
+		"the market's run on %s. Examples/s is train.py's (examples over the training time, evaluations excluded).\n\n"+
+		"| Workers | Mode | By hand (examples/s) | Through the market (examples/s) | Market / by hand |\n|---|---|---|---|---|\n",
+		rep.Config.ByHandSteps, prof)
+	for _, h := range rep.ByHand {
+		market, ratio := "-", "-"
+		for _, r := range rep.Results {
+			if r.Profile == prof && r.Workers == h.Workers && (r.Mode == h.Mode || r.Workers == 1) && r.ExamplesPerS > 0 {
+				market = fmt.Sprintf("%.0f", r.ExamplesPerS)
+				if h.ExamplesPerS > 0 {
+					ratio = fmt.Sprintf("%.2fx", r.ExamplesPerS/h.ExamplesPerS)
+				}
+			}
+		}
+		hand := fmt.Sprintf("%.0f", h.ExamplesPerS)
+		if h.Error != "" {
+			hand = "failed: " + strings.ReplaceAll(firstN(h.Error, 80), "|", "/")
+		}
+		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s |\n", h.Workers, modeLabel(Result{Workers: h.Workers, Mode: h.Mode}), hand, market, ratio)
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
+// goals checks the run against the issue's goals, each with its figure.
+func goals(rep Report) string {
+	var b strings.Builder
+	find := func(profile string, workers int, mode string) *Result {
+		for i, r := range rep.Results {
+			if r.Profile == profile && r.Workers == workers && (r.Mode == mode || workers == 1) {
+				return &rep.Results[i]
+			}
+		}
+		return nil
+	}
+	line := func(goal string, want float64, r *Result) {
+		switch {
+		case r == nil:
+			fmt.Fprintf(&b, "- %s: not run\n", goal)
+		case r.SpeedUp == 0:
+			fmt.Fprintf(&b, "- %s: **missed**, the target was not reached (%s)\n", goal, r.State)
+		default:
+			verdict := "**met**"
+			if r.SpeedUp < want {
+				verdict = "**missed**"
+			}
+			fmt.Fprintf(&b, "- %s: %s, %.2fx\n", goal, verdict, r.SpeedUp)
+		}
+	}
+	b.WriteString("## Goals\n\n")
+	for _, mode := range []string{"sync", "diloco"} {
+		line("lan, 2 machines ("+mode+") at least 1.7x sooner than 1", 1.7, find("lan", 2, mode))
+		line("lan, 3 machines ("+mode+") at least 2.4x", 2.4, find("lan", 3, mode))
+	}
+	line("multi-dc, DiLoCo, 2 machines at least 1.5x", 1.5, find("multi-dc", 2, "diloco"))
+	worst, n := 0.0, 0
+	for _, r := range rep.Results {
+		if p := r.Predicted; p != nil && r.TargetReached && r.TimeToTargetS > 0 && r.Workers > 1 {
+			worst, n = max(worst, abs(p.TimeToTargetS-r.TimeToTargetS)/r.TimeToTargetS), n+1
+		}
+	}
+	if n > 0 {
+		verdict := "**met**"
+		if worst > 0.25 {
+			verdict = "**missed**"
+		}
+		fmt.Fprintf(&b, "- every prediction within 25%% of the measurement: %s, the worst of %d is %.0f%% off\n", verdict, n, 100*worst)
+	}
+	for _, h := range rep.ByHand {
+		for _, r := range rep.Results {
+			if len(rep.Config.Profiles) > 0 && r.Profile == rep.Config.Profiles[0] && r.Workers == h.Workers &&
+				(r.Mode == h.Mode || r.Workers == 1) && r.ExamplesPerS > 0 && h.ExamplesPerS > 0 {
+				ratio := r.ExamplesPerS / h.ExamplesPerS
+				verdict := "**met**"
+				if ratio < 0.95 {
+					verdict = "**missed**"
+				}
+				fmt.Fprintf(&b, "- examples/s through the market at least 0.95x of by hand (%d %s): %s, %.2fx\n",
+					h.Workers, modeLabel(r), verdict, ratio)
+			}
+		}
+	}
+	b.WriteString("- a GPU job through the market at least 0.95x of by hand: not run here (no GPU lent to this session; see `make bench-gpu`)\n\n")
+	return b.String()
+}
+
+func abs(x float64) float64 {
+	if x < 0 {
+		return -x
+	}
+	return x
 }

@@ -73,6 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=0, help="TensorFlow threads (0: all cores)")
     p.add_argument("--out", default="", help="write the rows as JSON here (merged with the rows already there)")
     p.add_argument("--go-table", default="", help="write the scheduler's table (steps ratios) here")
+    p.add_argument("--md", default="", help="write the rows (all of --out's) as a Markdown table here")
+    p.add_argument("--report-only", action="store_true", help="run nothing: write --go-table and --md from --out")
     a = p.parse_args(argv)
     a.workers = [int(x) for x in a.workers.split(",") if x]
     a.modes = [m for m in a.modes.split(",") if m]
@@ -245,7 +247,12 @@ class Sim:
     def outcome(self, curve, k, t0):
         a = self.a
         hit = next((s for s, v in curve if v >= a.target), None)
-        return dict(target=a.target, batch_per_worker=a.batch_size, model=a.model, seed=a.seed,
+        # Every lower target on the way, from the same curve.
+        steps_to = {}
+        for t in sorted({0.85, 0.88, 0.89, 0.90, 0.91, 0.92, a.target}):
+            if t <= a.target:
+                steps_to["%.2f" % t] = next((s for s, v in curve if v >= t), None)
+        return dict(target=a.target, steps_to=steps_to, batch_per_worker=a.batch_size, model=a.model, seed=a.seed,
                     steps_to_target=hit, reached=hit is not None,
                     examples_to_target=hit * k * a.batch_size if hit else None,
                     final_accuracy=curve[-1][1] if curve else None, steps_run=curve[-1][0] if curve else 0,
@@ -253,7 +260,7 @@ class Sim:
 
 
 def key(row):
-    keys = ("mode", "workers", "scale", "warmup", "sync_every", "outer_lr", "outer_momentum", "inner_lr",
+    keys = ("mode", "workers", "lr", "scale", "warmup", "sync_every", "outer_lr", "outer_momentum", "inner_lr",
             "compress", "target", "model", "batch_per_worker", "seed")
     return tuple(str(row.get(k)) for k in keys)
 
@@ -269,35 +276,100 @@ def merge(path, rows):
     return list(by.values())
 
 
+def steps_to(row, target):
+    """The steps a row took to target (None: not reached or not run that far)."""
+    if "%.2f" % target in row.get("steps_to", {}):
+        return row["steps_to"]["%.2f" % target]
+    return row["steps_to_target"] if row["target"] == target and row["reached"] else None
+
+
 def go_table(rows, target, model):
-    """The scheduler's table: per mode, steps to target per worker over 1
-    worker's, for each k, from the best row of each (mode, k) at the target."""
-    base = [r for r in rows if r["workers"] == 1 and r["mode"] == "sync" and r["reached"]
-            and r["target"] == target and r["model"] == model]
+    """The scheduler's table: per mode, steps to target per worker over the
+    best 1-worker row's (a single worker at its best learning rate: the
+    baseline a researcher would run), for each k from the best row of each
+    (mode, k)."""
+    rows = [dict(r, steps_to_target=steps_to(r, target), reached=steps_to(r, target) is not None)
+            for r in rows if r["model"] == model]
+    base = sorted((r for r in rows if r["workers"] == 1 and r["mode"] == "sync" and r["reached"]),
+                  key=lambda r: r["steps_to_target"])
     if not base:
         raise SystemExit("stateff: no 1-worker row reached %.2f: nothing to scale by" % target)
     one = base[0]["steps_to_target"]
     out = {"target": target, "model": model, "batch_per_worker": base[0]["batch_per_worker"],
-           "one_worker_steps": one, "modes": {}}
+           "one_worker_steps": one, "one_worker_lr": base[0]["lr"], "modes": {}}
     for mode in ("sync", "diloco"):
         best = {}
         for r in rows:
-            if r["mode"] != mode or r["workers"] < 2 or r["target"] != target or r["model"] != model \
-                    or not r["reached"]:
+            if r["mode"] != mode or r["workers"] < 2 or not r["reached"]:
                 continue
             if r["workers"] not in best or r["steps_to_target"] < best[r["workers"]]["steps_to_target"]:
                 best[r["workers"]] = r
         out["modes"][mode] = [{"workers": 1, "ratio": 1.0}] + [
-            {"workers": k, "ratio": round(best[k]["steps_to_target"] / one, 4),
+            {"workers": k, "ratio": round(min(1.0, max(1.0 / k, best[k]["steps_to_target"] / one)), 4),
              "steps": best[k]["steps_to_target"],
-             "with": {x: best[k].get(x) for x in ("scale", "warmup", "sync_every", "outer_lr",
+             "with": {x: best[k].get(x) for x in ("lr", "peak_lr", "scale", "warmup", "sync_every", "outer_lr",
                                                    "outer_momentum", "inner_lr") if x in best[k]}}
             for k in sorted(best)]
     return out
 
 
+def markdown(rows, target, model, table):
+    """The rows as a Markdown report, with the scheduler's table."""
+    one = table["one_worker_steps"]
+    out = ["# Statistical efficiency: steps to %.2f test accuracy with k workers" % target, "",
+           "`python -m deepmarket.stateff` (python/deepmarket/stateff.py): the Fashion-MNIST example's model "
+           "(`%s`), data and optimizer (Adam), batch %d a worker, k workers simulated in one process with "
+           "TensorFlow's op determinism (no network, no time: only steps count), the test set evaluated every 50 "
+           "steps (sync) or at every round's end (diloco). Sync is one model on the global batch (k x %d) with the "
+           "learning rate scaled from the 1-worker rate (linear: x k, sqrt: x sqrt k) over a 200-step warm-up; "
+           "DiLoCo is k replicas with their own Adam state and data order, averaging int8-compressed "
+           "pseudo-gradients every sync_every steps through the outer Nesterov SGD the workers run." % (
+               model, table["batch_per_worker"], table["batch_per_worker"]), "",
+           "**Ratio** is a worker's steps to the target over the best single worker's (%d steps at learning rate "
+           "%g): 1/k would be perfect scaling, 1 no gain. The fewest steps for k workers bound their speed-up "
+           "at 1/ratio, on any machines and links." % (one, table["one_worker_lr"]), "",
+           "| Mode | k | Learning rate | Settings | Steps to %.2f | Ratio | Perfect | Examples to target | Final acc (steps run) |" % target,
+           "|---|---|---|---|---|---|---|---|---|"]
+    def settings(r):
+        if r["mode"] == "sync":
+            return "%s scaling, warm-up %d" % (r["scale"], r["warmup"]) if r["workers"] > 1 else "-"
+        return "sync_every %d, outer lr %g, momentum %g" % (r["sync_every"], r["outer_lr"], r["outer_momentum"])
+    for r in sorted(rows, key=lambda r: (r["mode"] != "sync", r["workers"], str(r.get("lr") or r.get("inner_lr")),
+                                         settings(r))):
+        if r["model"] != model:
+            continue
+        st = steps_to(r, target)
+        lr = r.get("peak_lr", r.get("lr")) if r["mode"] == "sync" else r["inner_lr"]
+        out.append("| %s | %d | %g | %s | %s | %s | %.3f | %s | %.4f (%d) |" % (
+            r["mode"], r["workers"], lr, settings(r), st if st else "not reached",
+            "%.3f" % (st / one) if st else "-", 1 / r["workers"],
+            "{:,}".format(st * r["workers"] * r["batch_per_worker"]) if st else "-",
+            r["final_accuracy"], r["steps_run"]))
+    out += ["", "## The scheduler's table (scheduler/stateff.json)", "",
+            "The best row of each mode and worker count: what `scheduler.Predict` multiplies a job's 1-worker "
+            "steps by when the job gives no `[training] steps_ratio` of its own.", "",
+            "| Mode | k | Ratio | Best speed-up the statistics allow | With |", "|---|---|---|---|---|"]
+    for mode, pts in table["modes"].items():
+        for p in pts:
+            if p["workers"] > 1:
+                out.append("| %s | %d | %.3f | %.2fx | %s |" % (mode, p["workers"], p["ratio"], 1 / p["ratio"],
+                           ", ".join("%s %s" % (k, v) for k, v in p["with"].items() if v is not None)))
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None):
     a = parse_args(argv)
+    if a.report_only:
+        rows = merge(a.out, [])
+        table = go_table(rows, a.target, a.model)
+        if a.go_table:
+            with open(a.go_table, "w") as f:
+                json.dump(table, f, indent=1)
+                f.write("\n")
+        if a.md:
+            with open(a.md, "w") as f:
+                f.write(markdown(rows, a.target, a.model, table))
+        return 0
     sim = Sim(a)
     rows = []
 
@@ -325,11 +397,16 @@ def main(argv=None):
                     for om in a.outer_momentum:
                         for ilr in a.inner_lr:
                             emit(sim.run_diloco(k, h, olr, om, ilr))
-    if a.go_table:
-        all_rows = merge(a.out, []) if a.out else rows
-        with open(a.go_table, "w") as f:
-            json.dump(go_table(all_rows, a.target, a.model), f, indent=1)
-            f.write("\n")
+    all_rows = merge(a.out, []) if a.out else rows
+    if a.go_table or a.md:
+        table = go_table(all_rows, a.target, a.model)
+        if a.go_table:
+            with open(a.go_table, "w") as f:
+                json.dump(table, f, indent=1)
+                f.write("\n")
+        if a.md:
+            with open(a.md, "w") as f:
+                f.write(markdown(all_rows, a.target, a.model, table))
     return 0
 
 

@@ -31,6 +31,9 @@ type Config struct {
 	Cores          int
 	MemBytes       uint64
 	BasePort       int
+	// Machine, when set, confines every node but the validators to a
+	// machine of that size (testnet.RunOptions.Machine).
+	Machine *testnet.Machine
 }
 
 // Bed is a started testnet.
@@ -66,7 +69,8 @@ func (b *Bed) start(ctx context.Context, c Config) error {
 		return err
 	}
 	log.Printf("== %s: starting %d nodes", c.Profile, len(m.Nodes))
-	net, err := testnet.Start(ctx, tn, testnet.RunOptions{Binary: c.Bin, Profile: c.Profile, StartTimeout: 2 * time.Minute})
+	net, err := testnet.Start(ctx, tn, testnet.RunOptions{Binary: c.Bin, Profile: c.Profile, StartTimeout: 2 * time.Minute,
+		Machine: c.Machine})
 	if err != nil {
 		return err
 	}
