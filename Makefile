@@ -66,7 +66,7 @@ lint: ## gofmt and go vet
 	$(GO) vet ./...
 
 # bench-training and testnet-report are left out: they need root and take
-# about 25 and 20 minutes.
+# about 25 and 20 minutes; bench-gpu too: it needs root and an NVIDIA GPU.
 .PHONY: bench
 bench: bench-p2p bench-gossip bench-ledger bench-storage bench-scheduler bench-jobs bench-tunnel bench-nat bench-queue ## Run every benchmark
 
@@ -127,6 +127,10 @@ testnet-report: deps build ## Root: one training job with 1, 2, 3 workers under 
 .PHONY: bench-training
 bench-training: deps build ## Root: time to a target accuracy, 1 and 2 workers, sync vs DiLoCo, under lan, wifi and multi-dc (~25 min); table and chart in bench/results/training
 	$(GO) run ./bench/training -bin $(BIN) -python $(VENV)/bin/python3 -out bench/results/training $(TRAINING_FLAGS)
+
+.PHONY: bench-gpu
+bench-gpu: deps build ## Root, a GPU: Fashion-MNIST (cnn-wide, fixed steps) by hand on the GPU, on a CPU worker and as a 1-GPU market job on a loopback testnet; examples/s, market/by hand (goal 0.95x), GPU/CPU (5 min at most); report in bench/results/gpu
+	$(GO) run ./bench/gpu -bin $(BIN) -python $(VENV)/bin/python3 -out bench/results/gpu
 
 .PHONY: clean
 clean: ## Remove build outputs
