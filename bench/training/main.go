@@ -155,7 +155,7 @@ func main() {
 	target := flag.Float64("target", 0.90, "target test accuracy")
 	model := flag.String("model", "cnn-wide", "train.py --model: mlp, cnn or cnn-wide")
 	evalEvery := flag.Int("eval-every", 100, "evaluate the test set every this many steps a worker")
-	syncEvery := flag.Int("sync-every", 100, "diloco: local steps between averaging rounds ([training] sync_every)")
+	syncEvery := flag.Int("sync-every", 50, "diloco: local steps between averaging rounds ([training] sync_every)")
 	compress := flag.String("compress", "int8", "diloco: int8, fp16 or none ([training] compress)")
 	maxSteps := flag.Int("max-steps", 4000, "steps a worker takes at most (a job that has not reached the target by then stops)")
 	jobTimeout := flag.Duration("job-timeout", 14*time.Minute, "cancel a job still running this long after it was submitted")
