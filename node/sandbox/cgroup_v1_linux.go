@@ -158,6 +158,29 @@ func initCpusetV1(root, parent string) error {
 	return nil
 }
 
+// ancestorQuotaV1 is the smallest CPU quota, per cfsPeriod, of dir and the
+// cgroups above it that set one (0: none does).
+func ancestorQuotaV1(dir string) int64 {
+	var least int64
+	for d := dir; ; d = filepath.Dir(d) {
+		q, err1 := readString(filepath.Join(d, "cpu.cfs_quota_us"))
+		p, err2 := readString(filepath.Join(d, "cpu.cfs_period_us"))
+		if err1 != nil || err2 != nil {
+			return least // above the hierarchy's root
+		}
+		quota, err1 := strconv.ParseInt(q, 10, 64)
+		period, err2 := strconv.ParseInt(p, 10, 64)
+		if err1 == nil && err2 == nil && quota > 0 && period > 0 {
+			if per := quota * cfsPeriod / period; least == 0 || per < least {
+				least = per
+			}
+		}
+		if d == "/" || d == "." {
+			return least
+		}
+	}
+}
+
 // cgroupV1Job is one job's dirs across the v1 hierarchies.
 type cgroupV1Job struct {
 	dirs map[string]string
@@ -200,7 +223,14 @@ func (cg *cgroupV1Job) configure(l Limits) error {
 		if err := writeFile(filepath.Join(d, "cpu.cfs_period_us"), strconv.Itoa(cfsPeriod)); err != nil {
 			return err
 		}
-		if err := writeFile(filepath.Join(d, "cpu.cfs_quota_us"), strconv.FormatInt(quotaMicros(cores), 10)); err != nil {
+		// v1 refuses a quota above an ancestor's (a node confined to a
+		// machine smaller than what it lends): the job gets what its
+		// machine has, which is all it could use anyway.
+		q := quotaMicros(cores)
+		if up := ancestorQuotaV1(filepath.Dir(d)); up > 0 && up < q {
+			q = up
+		}
+		if err := writeFile(filepath.Join(d, "cpu.cfs_quota_us"), strconv.FormatInt(q, 10)); err != nil {
 			return err
 		}
 	}

@@ -706,13 +706,37 @@ func TestJobsUnderANestedParent(t *testing.T) {
 	if parentCgroup != nested {
 		t.Fatalf("a refused parent changed it to %q", parentCgroup)
 	}
+	// The machine has half a core; the job asks for one: v1 refuses a
+	// child's quota above its parent's, so the job gets the machine's.
+	h, err := machine()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var machineQuota string
+	if v1, ok := h.(*cgroupV1); ok {
+		m := filepath.Join(v1.mounts["cpu"], "deepmarket-test-machine", "m1")
+		if err := os.MkdirAll(m, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := writeFile(filepath.Join(m, "cpu.cfs_quota_us"), "50000"); err != nil {
+			t.Fatal(err)
+		}
+		machineQuota = "50000"
+	}
 	var out bytes.Buffer
-	p, err := Start(t.Context(), spec(t, &out, "sleep", "600"))
+	s := spec(t, &out, "sleep", "600")
+	s.Limits.Cores = 1
+	p, err := Start(t.Context(), s)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Wait()
 	defer p.Stop(0)
+	if cg, ok := p.cg.(*cgroupV1Job); ok && machineQuota != "" {
+		if got := readBack(t, filepath.Join(cg.dirs["cpu"], "cpu.cfs_quota_us")); got != machineQuota {
+			t.Errorf("the job's quota is %s, want its machine's %s", got, machineQuota)
+		}
+	}
 	var dirs []string
 	switch cg := p.cg.(type) {
 	case *cgroupV1Job:

@@ -58,15 +58,15 @@ def parse_args(argv=None):
     p.add_argument("--model", default="cnn-wide", help="train.py --model")
     p.add_argument("--data", default=os.environ.get("DM_DATA_DIR") or "/usr/share/datasets/fashion-mnist")
     p.add_argument("--batch-size", type=int, default=64, help="per worker")
-    p.add_argument("--learning-rate", type=float, default=1e-3, help="1-worker Adam learning rate")
-    p.add_argument("--scale", default="sqrt", help="sync: learning-rate scaling to the global batch, "
+    p.add_argument("--learning-rate", type=float, default=DEFAULTS["learning_rate"], help="1-worker Adam learning rate")
+    p.add_argument("--scale", default=DEFAULTS["lr_scale"], help="sync: learning-rate scaling to the global batch, "
                    "comma-separated among linear, sqrt, none")
-    p.add_argument("--warmup", type=int, default=200, help="sync: warm-up steps to the scaled rate")
-    p.add_argument("--sync-every", default="100", help="diloco: inner steps a round (comma-separated to sweep)")
-    p.add_argument("--outer-lr", default="0.7", help="diloco: outer learning rate(s)")
-    p.add_argument("--outer-momentum", default="0.9", help="diloco: outer Nesterov momentum(s)")
+    p.add_argument("--warmup", type=int, default=DEFAULTS["warmup_steps"], help="sync: warm-up steps to the scaled rate")
+    p.add_argument("--sync-every", default=str(DEFAULTS["sync_every"]), help="diloco: inner steps a round (comma-separated to sweep)")
+    p.add_argument("--outer-lr", default=str(DEFAULTS["outer_lr"]), help="diloco: outer learning rate(s)")
+    p.add_argument("--outer-momentum", default=str(DEFAULTS["outer_momentum"]), help="diloco: outer Nesterov momentum(s)")
     p.add_argument("--inner-lr", default="", help="diloco: inner Adam learning rate(s) (default --learning-rate)")
-    p.add_argument("--compress", default="int8", help="diloco: int8, fp16 or none")
+    p.add_argument("--compress", default=DEFAULTS["compress"], help="diloco: int8, fp16 or none")
     p.add_argument("--eval-every", type=int, default=50, help="sync: evaluate every this many steps")
     p.add_argument("--max-steps", type=int, default=6000, help="steps a worker takes at most")
     p.add_argument("--seed", type=int, default=42)
@@ -95,6 +95,26 @@ def parse_args(argv=None):
     if not 0 < a.target <= 1:
         p.error("--target must be in (0, 1]")
     return a
+
+
+# DEFAULTS are the settings train.py runs with unless told otherwise (its
+# argparse defaults; python/tests/test_stateff.py keeps them equal): the
+# scheduler's table is made of the rows run with them, so that what it
+# predicts is what a job with the defaults does.
+DEFAULTS = {"learning_rate": 3e-3, "lr_scale": "sqrt", "warmup_steps": 200,
+            "sync_every": 50, "outer_lr": 0.7, "outer_momentum": 0.9, "compress": "int8"}
+
+
+def is_default(row):
+    """Whether a row ran with DEFAULTS (a 1-worker row: at the default rate)."""
+    d = DEFAULTS
+    if row["mode"] == "sync":
+        if row.get("lr") != d["learning_rate"]:
+            return False
+        return row["workers"] == 1 or (row["scale"] == d["lr_scale"] and row["warmup"] == d["warmup_steps"])
+    return (row["sync_every"] == d["sync_every"] and row["outer_lr"] == d["outer_lr"]
+            and row["outer_momentum"] == d["outer_momentum"] and row["inner_lr"] == d["learning_rate"]
+            and row["compress"] == d["compress"])
 
 
 def load_train_py():
@@ -283,39 +303,51 @@ def steps_to(row, target):
     return row["steps_to_target"] if row["target"] == target and row["reached"] else None
 
 
+def bases(rows, target, model):
+    """Each seed's 1-worker steps to target with the defaults."""
+    out = {}
+    for r in rows:
+        if r["model"] == model and r["workers"] == 1 and r["mode"] == "sync" and is_default(r):
+            st = steps_to(r, target)
+            if st:
+                out[r["seed"]] = st
+    return out
+
+
 def go_table(rows, target, model):
-    """The scheduler's table: per mode, steps to target per worker over the
-    best 1-worker row's (a single worker at its best learning rate: the
-    baseline a researcher would run), for each k from the best row of each
-    (mode, k)."""
-    rows = [dict(r, steps_to_target=steps_to(r, target), reached=steps_to(r, target) is not None)
-            for r in rows if r["model"] == model]
-    base = sorted((r for r in rows if r["workers"] == 1 and r["mode"] == "sync" and r["reached"]),
-                  key=lambda r: r["steps_to_target"])
+    """The scheduler's table: per mode and worker count k, the steps to the
+    target per worker over one worker's, from the rows run with DEFAULTS
+    (one worker at the default learning rate, the best one measured: the
+    baseline a researcher would run), each seed against its own 1-worker
+    row, averaged over the seeds: steps to a plateau-ish target vary by a
+    third from one data order to the next."""
+    base = bases(rows, target, model)
     if not base:
-        raise SystemExit("stateff: no 1-worker row reached %.2f: nothing to scale by" % target)
-    one = base[0]["steps_to_target"]
-    out = {"target": target, "model": model, "batch_per_worker": base[0]["batch_per_worker"],
-           "one_worker_steps": one, "one_worker_lr": base[0]["lr"], "modes": {}}
+        raise SystemExit("stateff: no 1-worker row with the defaults reached %.2f: nothing to scale by" % target)
+    out = {"target": target, "model": model, "batch_per_worker": 64, "seeds": sorted(base),
+           "one_worker_steps": round(sum(base.values()) / len(base)), "defaults": DEFAULTS, "modes": {}}
     for mode in ("sync", "diloco"):
-        best = {}
+        per = {}
         for r in rows:
-            if r["mode"] != mode or r["workers"] < 2 or not r["reached"]:
+            st = steps_to(r, target)
+            if (r["mode"] != mode or r["workers"] < 2 or r["model"] != model or not is_default(r)
+                    or r["seed"] not in base or not st):
                 continue
-            if r["workers"] not in best or r["steps_to_target"] < best[r["workers"]]["steps_to_target"]:
-                best[r["workers"]] = r
-        out["modes"][mode] = [{"workers": 1, "ratio": 1.0}] + [
-            {"workers": k, "ratio": round(min(1.0, max(1.0 / k, best[k]["steps_to_target"] / one)), 4),
-             "steps": best[k]["steps_to_target"],
-             "with": {x: best[k].get(x) for x in ("lr", "peak_lr", "scale", "warmup", "sync_every", "outer_lr",
-                                                   "outer_momentum", "inner_lr") if x in best[k]}}
-            for k in sorted(best)]
+            per.setdefault(r["workers"], {})[r["seed"]] = st / base[r["seed"]]  # one per seed
+        pts = [{"workers": 1, "ratio": 1.0}]
+        for k in sorted(per):
+            per[k] = [per[k][seed] for seed in sorted(per[k])]
+            mean = sum(per[k]) / len(per[k])
+            pts.append({"workers": k, "ratio": round(min(1.0, max(1.0 / k, mean)), 4),
+                        "seeds": len(per[k]), "ratios": [round(x, 3) for x in per[k]]})
+        out["modes"][mode] = pts
     return out
 
 
 def markdown(rows, target, model, table):
     """The rows as a Markdown report, with the scheduler's table."""
     one = table["one_worker_steps"]
+    base = bases(rows, target, model)
     out = ["# Statistical efficiency: steps to %.2f test accuracy with k workers" % target, "",
            "`python -m deepmarket.stateff` (python/deepmarket/stateff.py): the Fashion-MNIST example's model "
            "(`%s`), data and optimizer (Adam), batch %d a worker, k workers simulated in one process with "
@@ -325,35 +357,53 @@ def markdown(rows, target, model, table):
            "DiLoCo is k replicas with their own Adam state and data order, averaging int8-compressed "
            "pseudo-gradients every sync_every steps through the outer Nesterov SGD the workers run." % (
                model, table["batch_per_worker"], table["batch_per_worker"]), "",
-           "**Ratio** is a worker's steps to the target over the best single worker's (%d steps at learning rate "
-           "%g): 1/k would be perfect scaling, 1 no gain. The fewest steps for k workers bound their speed-up "
-           "at 1/ratio, on any machines and links." % (one, table["one_worker_lr"]), "",
-           "| Mode | k | Learning rate | Settings | Steps to %.2f | Ratio | Perfect | Examples to target | Final acc (steps run) |" % target,
-           "|---|---|---|---|---|---|---|---|---|"]
+           "**Ratio** is a worker's steps to the target over one worker's with the same data order (seed) at "
+           "the default learning rate, %g (%s steps; the fewest of the rates tried): 1/k would be perfect "
+           "scaling, 1 no gain. The steps k workers need bound their speed-up at 1/ratio, on any machines and "
+           "links. Rows marked * run with train.py's defaults (%s): the scheduler's table is made of them, "
+           "averaged over the seeds." % (
+               DEFAULTS["learning_rate"], ", ".join("%d for seed %d" % (v, k) for k, v in sorted(base.items())),
+               ", ".join("%s %s" % (k, v) for k, v in DEFAULTS.items())), "",
+           "| Mode | k | Seed | Learning rate (peak) | Settings | Steps to %.2f | Ratio | Perfect | Examples to target | Final acc (steps run) |" % target,
+           "|---|---|---|---|---|---|---|---|---|---|"]
     def settings(r):
         if r["mode"] == "sync":
             return "%s scaling, warm-up %d" % (r["scale"], r["warmup"]) if r["workers"] > 1 else "-"
         return "sync_every %d, outer lr %g, momentum %g" % (r["sync_every"], r["outer_lr"], r["outer_momentum"])
-    for r in sorted(rows, key=lambda r: (r["mode"] != "sync", r["workers"], str(r.get("lr") or r.get("inner_lr")),
+    later = [r for r in rows if r["model"] == model and r["target"] > target]
+    for r in sorted(rows, key=lambda r: (r["mode"] != "sync", r["workers"], r["seed"], str(r.get("lr") or r.get("inner_lr")),
                                          settings(r))):
-        if r["model"] != model:
+        if r["model"] != model or r["target"] != target:
             continue
         st = steps_to(r, target)
         lr = r.get("peak_lr", r.get("lr")) if r["mode"] == "sync" else r["inner_lr"]
-        out.append("| %s | %d | %g | %s | %s | %s | %.3f | %s | %.4f (%d) |" % (
-            r["mode"], r["workers"], lr, settings(r), st if st else "not reached",
-            "%.3f" % (st / one) if st else "-", 1 / r["workers"],
+        out.append("| %s%s | %d | %d | %g | %s | %s | %s | %.3f | %s | %.4f (%d) |" % (
+            r["mode"], "*" if is_default(r) else "", r["workers"], r["seed"], lr, settings(r), st if st else "not reached",
+            "%.3f" % (st / base[r["seed"]]) if st and r["seed"] in base else "-", 1 / r["workers"],
             "{:,}".format(st * r["workers"] * r["batch_per_worker"]) if st else "-",
             r["final_accuracy"], r["steps_run"]))
+    if later:
+        hi = max(r["target"] for r in later)
+        base_hi = [r for r in later if r["workers"] == 1 and steps_to(r, hi) and is_default(r)]
+        out += ["", "## A later target", "",
+                "The same rows run on to %.2f (the steps to %.2f on the way match the rows above: the harness is "
+                "deterministic). A later target does not favour more workers here: the ratio grows." % (hi, target), "",
+                "| Mode | k | Settings | Steps to %.2f | Steps to %.2f | Ratio at %.2f |" % (target, hi, hi), "|---|---|---|---|---|---|"]
+        for r in sorted(later, key=lambda r: (r["mode"] != "sync", r["workers"], settings(r))):
+            a, b = steps_to(r, target), steps_to(r, hi)
+            same = [x for x in base_hi if x["seed"] == r["seed"]]
+            ratio = "%.3f" % (b / steps_to(same[0], hi)) if b and same else "-"
+            out.append("| %s | %d | %s | %s | %s | %s |" % (r["mode"], r["workers"], settings(r), a or "-", b or "-", ratio))
     out += ["", "## The scheduler's table (scheduler/stateff.json)", "",
-            "The best row of each mode and worker count: what `scheduler.Predict` multiplies a job's 1-worker "
-            "steps by when the job gives no `[training] steps_ratio` of its own.", "",
-            "| Mode | k | Ratio | Best speed-up the statistics allow | With |", "|---|---|---|---|---|"]
+            "The rows run with the defaults: what `scheduler.Predict` multiplies a job's 1-worker steps by when "
+            "the job gives no `[training] steps_ratio` of its own (between measured worker counts the ratio is "
+            "interpolated in log k; beyond the last it stays).", "",
+            "| Mode | k | Ratio (mean) | Best speed-up the statistics allow | Per seed |", "|---|---|---|---|---|"]
     for mode, pts in table["modes"].items():
         for p in pts:
             if p["workers"] > 1:
                 out.append("| %s | %d | %.3f | %.2fx | %s |" % (mode, p["workers"], p["ratio"], 1 / p["ratio"],
-                           ", ".join("%s %s" % (k, v) for k, v in p["with"].items() if v is not None)))
+                           ", ".join("%.3f" % x for x in p["ratios"])))
     return "\n".join(out) + "\n"
 
 
