@@ -66,7 +66,7 @@ lint: ## gofmt and go vet
 	$(GO) vet ./...
 
 # bench-training and testnet-report are left out: they need root and take
-# about 25 and 20 minutes; bench-gpu too: it needs root and an NVIDIA GPU.
+# about 60 and 20 minutes; bench-gpu too: it needs root and an NVIDIA GPU.
 .PHONY: bench
 bench: bench-p2p bench-gossip bench-ledger bench-storage bench-scheduler bench-jobs bench-tunnel bench-nat bench-queue ## Run every benchmark
 
@@ -125,7 +125,7 @@ testnet-report: deps build ## Root: one training job with 1, 2, 3 workers under 
 	$(GO) run ./bench/testnet -bin $(BIN) -python $(VENV)/bin/python3 -out bench/results/testnet
 
 .PHONY: bench-training
-bench-training: deps build ## Root: time to a target accuracy, 1 and 2 workers, sync vs DiLoCo, under lan, wifi and multi-dc (~25 min); table and chart in bench/results/training
+bench-training: deps build ## Root: time to 0.90 on 1, 2 and 3 emulated machines of 0.5 core, sync vs DiLoCo, lan, wifi and multi-dc, predicted beside measured, against by hand (~60 min); table and chart in bench/results/training
 	$(GO) run ./bench/training -bin $(BIN) -python $(VENV)/bin/python3 -out bench/results/training $(TRAINING_FLAGS)
 
 .PHONY: bench-gpu

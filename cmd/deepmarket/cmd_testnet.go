@@ -92,6 +92,8 @@ sites in turn, and site i's first validator is its issuer.`,
 
 func newTestnetRunCmd(c *cli) *cobra.Command {
 	var opts testnet.RunOptions
+	var machineCores float64
+	var machineMem string
 	cmd := &cobra.Command{
 		Use:   "run DIR [--profile lan|wifi|multi-dc]",
 		Short: "Start every node of a testnet; Ctrl-C stops them all",
@@ -103,7 +105,13 @@ reach them, and stop them all on Ctrl-C.
 tc netem for the site's network and for the links between sites (see
 'deepmarket testnet profiles'). It needs root (network namespaces and tc);
 without it, run on loopback, where every link is a fast local one. Each
-node's API and ledger RPC stay reachable on the host's 127.0.0.1.`,
+node's API and ledger RPC stay reachable on the host's 127.0.0.1.
+
+--machine-cores makes every node but the validators a machine of known size
+on this host: the node and everything it runs (its ledger replica, tunnels
+and workers) in a cgroup of its own with that CPU quota and --machine-mem of
+memory (needs root). Several small machines then run side by side on one
+host, each node's own overhead counted inside its machine.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return usageError{fmt.Errorf("testnet run takes the testnet directory")}
@@ -113,6 +121,13 @@ node's API and ledger RPC stay reachable on the host's 127.0.0.1.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dir := args[0]
 			opts.Progress = c.out
+			if machineCores > 0 {
+				mem, err := units.ParseSize(machineMem)
+				if err != nil {
+					return usageError{fmt.Errorf("--machine-mem %q: %w", machineMem, err)}
+				}
+				opts.Machine = &testnet.Machine{Cores: machineCores, MemBytes: mem}
+			}
 			ctx := cmd.Context()
 			net, err := testnet.Start(ctx, dir, opts)
 			if err != nil {
@@ -151,6 +166,8 @@ node's API and ledger RPC stay reachable on the host's 127.0.0.1.`,
 	f := cmd.Flags()
 	f.StringVar(&opts.Profile, "profile", "", "network profile: lan, wifi or multi-dc (needs root)")
 	f.StringVar(&opts.Binary, "bin", "", "deepmarket binary the nodes run (default: this one)")
+	f.Float64Var(&machineCores, "machine-cores", 0, "confine every non-validator node to a machine of this many cores (a CPU quota; needs root)")
+	f.StringVar(&machineMem, "machine-mem", "3GiB", "with --machine-cores: each machine's memory limit")
 	return cmd
 }
 
