@@ -164,8 +164,16 @@ func main() {
 	byHand := flag.Int("by-hand-steps", 500, "on the first profile, run 1 worker and 2 sync and diloco workers by hand for this many steps, "+
 		"on machines of the same size with no node, to compare examples/s (0: skip)")
 	from := flag.String("from", "", "run nothing: write report.md and report.png in -out again from this report.json")
+	byHandOnly := flag.String("by-hand-only", "", "run only the by-hand workers (-by-hand-steps, with this report's machine size and settings) "+
+		"and write them into this report.json, then the report in -out")
 	flag.Parse()
 	log.SetFlags(0)
+	if *byHandOnly != "" {
+		if err := redoByHand(*byHandOnly, *out, *python, *logs, *byHand); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	if *from != "" {
 		if err := rewrite(*from, *out); err != nil {
 			log.Fatal(err)
@@ -281,6 +289,37 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// redoByHand runs the by-hand workers again for an earlier report.json
+// (on a quiet machine: they are timed) and writes the report in dir.
+func redoByHand(from, dir, python, logs string, steps int) error {
+	raw, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	var rep Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return fmt.Errorf("%s: %w", from, err)
+	}
+	if rep.Config.Machine == nil || steps < 1 {
+		return fmt.Errorf("%s: no machine size, or -by-hand-steps 0", from)
+	}
+	if logs == "" {
+		if logs, err = os.MkdirTemp("", "dm-bench-training-logs-"); err != nil {
+			return err
+		}
+	}
+	bundle, err := filepath.Abs("examples/fashion-mnist")
+	if err != nil {
+		return err
+	}
+	rep.Config.ByHandSteps = steps
+	b := bench{python: python, bundle: bundle, cfg: rep.Config, logs: logs}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep.ByHand = b.runByHand(ctx)
+	return write(dir, &rep)
 }
 
 // rewrite writes the report in dir again from an earlier report.json.

@@ -168,6 +168,17 @@ def load_data(data_dir, train_examples=None):
 
 # ---------------------------------------------------------------- cluster role
 
+def cluster_size(tf_config):
+    """The number of tasks in TF_CONFIG's cluster (0 without one)."""
+    if not tf_config:
+        return 0
+    try:
+        cluster = json.loads(tf_config).get("cluster") or {}
+    except (ValueError, AttributeError):
+        return 2  # not ours to judge: MultiWorkerMirroredStrategy reports a bad TF_CONFIG
+    return sum(len(v) for v in cluster.values() if isinstance(v, list))
+
+
 def is_chief(resolver):
     task_type = getattr(resolver, "task_type", None)
     task_id = getattr(resolver, "task_id", None)
@@ -331,6 +342,13 @@ def main(argv=None):
         task = "worker %d" % task_id
         global_batch = args.batch_size * workers  # all workers together, as in sync mode
         local_batch = args.batch_size
+    elif cluster_size(os.environ.get("TF_CONFIG")) <= 1:
+        # One worker: plain Keras. MultiWorkerMirroredStrategy with a single
+        # worker still runs its collectives every step (a third slower on a
+        # small machine), which no one training alone would pay for.
+        strategy = tf.distribute.get_strategy()
+        chief, task_id, task, workers = True, 0, "worker 0", 1
+        global_batch = local_batch = args.batch_size
     else:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         resolver = strategy.cluster_resolver
