@@ -73,6 +73,13 @@ type Config struct {
 	ByHandSteps int `json:"by_hand_steps,omitempty"`
 }
 
+// MeasuredLink is an offer's link sample between two workers' machines.
+type MeasuredLink struct {
+	A, B      int     `json:"a,omitempty"` // worker indices
+	RTTMicros uint32  `json:"rtt_us"`
+	MBps      float64 `json:"mb_per_s"`
+}
+
 // ByHand is the same workers started by hand, on machines of the same
 // size with no node in them, next to the market's.
 type ByHand struct {
@@ -123,6 +130,12 @@ type Result struct {
 	// EvalToTargetS is the time worker 0 spent evaluating up to and
 	// including the evaluation that reached the target.
 	EvalToTargetS float64 `json:"eval_to_target_s,omitempty"`
+	// Machines are the workers' machines (peer IDs), in worker order, and
+	// Links what the submitter's offers said of the paths between them
+	// when the job was submitted: the probes' measurements, which quotes
+	// predict with.
+	Machines []string       `json:"machines,omitempty"`
+	Links    []MeasuredLink `json:"links,omitempty"`
 	// MachineCPU is each lender machine's CPU use over the job, in cores
 	// (its node and its workers), with machines of known size.
 	MachineCPU []float64 `json:"machine_cpu,omitempty"`
@@ -462,6 +475,7 @@ func (b *bench) runJob(ctx context.Context, bed *testbed.Bed, profile, mode stri
 		MaxPrice: "100", MaxDuration: fmt.Sprintf("%dm", max(30, int(math.Ceil(b.timeout.Minutes()))+10)),
 		Training: tr}
 	sub := bed.Sub
+	offers, _ := sub.Offers(ctx)
 	j, err := sub.Submit(ctx, api.SubmitRequest{Spec: spec, Yes: true})
 	if err != nil {
 		r.State, r.Reason = "error", err.Error()
@@ -498,6 +512,10 @@ func (b *bench) runJob(ctx context.Context, bed *testbed.Bed, profile, mode stri
 			r.RunS = run.Ended.Sub(run.Started).Seconds()
 		}
 		r.Sites = bed.Sites(run)
+		for _, w := range run.Workers {
+			r.Machines = append(r.Machines, w.Machine)
+		}
+		r.Links = measuredLinks(offers, r.Machines)
 	}
 	text := jobLog(context.WithoutCancel(ctx), sub, j.ID)
 	r.Log = filepath.Join(b.logs, name+".log")
@@ -622,4 +640,30 @@ func cpuSince(now, then []time.Duration, wall time.Duration) []float64 {
 		return nil
 	}
 	return out
+}
+
+// measuredLinks is what the offers said of the paths between the machines
+// (by worker index): either end's sample, the freshest first as offers
+// list them.
+func measuredLinks(offers []api.Offer, machines []string) []MeasuredLink {
+	var out []MeasuredLink
+	for a := range machines {
+		for b := a + 1; b < len(machines); b++ {
+			if l, ok := linkBetween(offers, machines[a], machines[b]); ok {
+				out = append(out, MeasuredLink{A: a, B: b, RTTMicros: l.RTTMicros, MBps: float64(l.KBps) / 1000})
+			}
+		}
+	}
+	return out
+}
+
+func linkBetween(offers []api.Offer, a, b string) (p2p.LinkSample, bool) {
+	for _, o := range offers {
+		for _, l := range o.Links {
+			if o.Machine == a && l.Machine == b || o.Machine == b && l.Machine == a {
+				return l, true
+			}
+		}
+	}
+	return p2p.LinkSample{}, false
 }

@@ -65,7 +65,16 @@ func predict(rep *Report) {
 			}
 			return w % 2
 		}
-		link := func(a, b int) (scheduler.Link, bool) { return siteLink(prof, site(a), site(b)), true }
+		link := func(a, b int) (scheduler.Link, bool) {
+			// What the probes measured, as a quote would use; else the
+			// profile's nominal link.
+			for _, l := range r.Links {
+				if (l.A == a && l.B == b || l.A == b && l.B == a) && l.MBps > 0 {
+					return scheduler.Link{RTT: time.Duration(l.RTTMicros) * time.Microsecond, BytesPerSec: l.MBps * 1e6}, true
+				}
+			}
+			return siteLink(prof, site(a), site(b)), true
+		}
 		all, best, err := scheduler.Fewest(train, time.Duration(float64(base.StepsToTarget)*step*float64(time.Second)), speeds, link)
 		if err != nil {
 			continue
