@@ -75,7 +75,8 @@ type Config struct {
 
 // MeasuredLink is an offer's link sample between two workers' machines.
 type MeasuredLink struct {
-	A, B      int     `json:"a,omitempty"` // worker indices
+	A         int     `json:"a"` // worker indices
+	B         int     `json:"b"`
 	RTTMicros uint32  `json:"rtt_us"`
 	MBps      float64 `json:"mb_per_s"`
 }

@@ -30,11 +30,12 @@ type Predicted struct {
 	Fewest int `json:"fewest"`
 }
 
-// predict fills each multi-worker result's prediction from its profile's
-// nominal links and from what the run measured of the job itself: the
-// 1-worker job's steps to the target and step time, and the model's size
-// (from sync mode's bytes per step). Nothing is predicted for a profile
-// without a 1-worker job that reached the target.
+// predict fills each result's prediction from the links the probes
+// measured between its machines (else its profile's nominal links), the
+// shipped statistical efficiency, and what the run measured of the job
+// itself: the 1-worker job's steps to the target and step time, and the
+// model's size (from sync mode's bytes per step). Nothing is predicted for
+// a profile without a 1-worker job that reached the target.
 func predict(rep *Report) {
 	modelBytes := modelSize(rep.Results)
 	one := map[string]Result{}
@@ -156,7 +157,9 @@ func predictionTable(rep Report) string {
 				"worker takes are the 1-worker job's steps to the target times the measured statistical efficiency for " +
 				"that many workers and mode (`scheduler/stateff.json`, from the harness below); each step takes the " +
 				"1-worker job's pace on the slowest machine plus, in sync mode, a ring all-reduce of the gradients over " +
-				"the profile's nominal links, or, in diloco mode, a round's exchange every sync_every steps; the " +
+				"the links the lenders' probes measured between the job's machines (a quote's own input; the " +
+				"profile's nominal links where none was measured), or, in diloco mode, a round's exchange every " +
+				"sync_every steps over them; the " +
 				"1-worker job's time before its first step is added. The 1-worker row is the calibration (its pace " +
 				"and steps are what the others are predicted from), so it matches by construction.\n\n" +
 				"| Profile | Workers | Mode | Predicted steps | Measured steps | Predicted time to target (s) | of which exchanging (s) | Measured (s) | " +

@@ -48,8 +48,8 @@ func markdown(rep Report) string {
 	}
 	fmt.Fprintf(&b, "%s, %d CPUs, links shaped by %s; the whole run took %.0f s. Job: `%s` (examples/fashion-mnist) "+
 		"submitted through the market, with `[training] mode = \"sync\"` "+
-		"(MultiWorkerMirroredStrategy, gradients all-reduced every step, the learning rate scaled linearly to the "+
-		"global batch after a 200-step warm-up) or `mode = \"diloco\"`, "+
+		"(MultiWorkerMirroredStrategy, gradients all-reduced every step, the learning rate scaled by the square root "+
+		"of the worker count after a 200-step warm-up; one worker trains alone with plain Keras) or `mode = \"diloco\"`, "+
 		"`sync_every = %d`, `compress = \"%s\"` (the deepmarket package averages over the job's tunnels). "+
 		"%s, on sites univ-a and univ-b in turn, so two workers span the sites. A job stops at the target "+
 		"(evaluated every %d steps a worker), after %d steps a worker, or is cancelled %.0f s after it was submitted.\n\n",
@@ -124,11 +124,15 @@ func markdown(rep Report) string {
 		"trains on. **Completion** is the market's view, submitted to done: quotes, escrow, the inputs crossing the " +
 		"profile's links, launch, the run, storing the output.\n" +
 		"- **vs 1 worker** is the 1-worker time to the target over this job's, on the same profile (above 1: sooner). " +
-		"One worker runs once per profile, in mode sync: it has nothing to synchronize, so it is the baseline of both " +
-		"modes (DiLoCo with one worker would still apply its outer optimizer, which nobody would run on one machine).\n" +
+		"One worker runs once per profile, in mode sync: it has nothing to synchronize (train.py trains it with plain " +
+		"Keras), so it is the baseline of both modes (DiLoCo with one worker would still apply its outer optimizer, " +
+		"which nobody would run on one machine). **Evaluations excluded** takes worker 0's evaluations up to the " +
+		"target out of its time to target, and its **vs 1** compares those.\n" +
 		"- **Steps to target** counts one worker's steps (batch 64 each): with two workers a step trains 128 examples.\n" +
 		"- **Examples/s** is train.py's `examples_per_s` on worker 0: the examples all workers trained over the " +
-		"training time (fit less the evaluations), so it includes waiting for the all-reduce or the round's end.\n" +
+		"training time (fit less the evaluations), so it includes waiting for the all-reduce or the round's end. In " +
+		"diloco mode it runs high: the other workers keep training while worker 0 evaluates, and those steps count " +
+		"over worker 0's training time.\n" +
 		"- **MB sent/worker**: in sync mode train.py's estimate (a ring all-reduce sends 2(W-1)/W of the float32 " +
 		"gradients a step from each worker; marked est.); in diloco mode what worker 0 sent, counted by the averager: " +
 		"with two workers it coordinates the rounds and sends one averaged update a round, the size of the other " +
