@@ -3,6 +3,7 @@ package jobs
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -40,15 +41,20 @@ func TestParseSpec(t *testing.T) {
 	}
 	// [training] reaches the spec, and so every launch.
 	tr := good + "[training]\nmode = \"diloco\"\nsync_every = 50\ncompress = \"fp16\"\n"
-	if s, err := ParseSpec([]byte(tr), dir); err != nil || s.Training == nil || *s.Training != (p2p.Training{Mode: "diloco", SyncEvery: 50, Compress: "fp16"}) {
+	if s, err := ParseSpec([]byte(tr), dir); err != nil || s.Training == nil || !reflect.DeepEqual(*s.Training, p2p.Training{Mode: "diloco", SyncEvery: 50, Compress: "fp16"}) {
 		t.Errorf("a [training] block: %v %+v", err, s)
 	} else if env := strings.Join(s.Training.Env(), " "); env != "DM_TRAINING_MODE=diloco DM_SYNC_EVERY=50 DM_COMPRESS=fp16" {
 		t.Errorf("its environment: %s", env)
 	}
 	// So does the work it describes, for quotes that predict its time.
-	work := good + "[training]\nsteps = 5000\nparams = 120000\nstep_ms = 55.5\n"
-	if s, err := ParseSpec([]byte(work), dir); err != nil || s.Training == nil || *s.Training != (p2p.Training{Mode: "sync", Steps: 5000, Params: 120_000, StepMillis: 55.5}) {
-		t.Errorf("[training] steps, params, step_ms: %v %+v", err, s)
+	work := good + "[training]\nsteps = 5000\nparams = 120000\nstep_ms = 55.5\nsteps_ratio = [1, 0.6, 0.45]\n"
+	if s, err := ParseSpec([]byte(work), dir); err != nil || s.Training == nil || !reflect.DeepEqual(*s.Training,
+		p2p.Training{Mode: "sync", Steps: 5000, Params: 120_000, StepMillis: 55.5, StepsRatio: []float64{1, 0.6, 0.45}}) {
+		t.Errorf("[training] steps, params, step_ms, steps_ratio: %v %+v", err, s)
+	}
+	// Measured statistics better than perfect scaling are refused.
+	if _, err := ParseSpec([]byte(good+"[training]\nsteps_ratio = [1, 0.3]\n"), dir); err == nil || !strings.Contains(err.Error(), "steps_ratio") {
+		t.Errorf("steps_ratio [1, 0.3]: %v", err)
 	}
 	// A CID is taken as is.
 	cidSpec := strings.Replace(good, `bundle = "."`, `bundle = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"`, 1)
