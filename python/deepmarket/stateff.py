@@ -134,8 +134,11 @@ class Sim:
         import tensorflow as tf
         import tf_keras as keras
         if a.threads:
-            tf.config.threading.set_intra_op_parallelism_threads(a.threads)
-            tf.config.threading.set_inter_op_parallelism_threads(a.threads)
+            try:
+                tf.config.threading.set_intra_op_parallelism_threads(a.threads)
+                tf.config.threading.set_inter_op_parallelism_threads(a.threads)
+            except RuntimeError:
+                pass  # TensorFlow already started in this process (a test run): its threads stay
         tf.config.experimental.enable_op_determinism()
         self.np, self.tf, self.keras, self.a = np, tf, keras, a
         self.train = load_train_py()

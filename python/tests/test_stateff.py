@@ -61,7 +61,7 @@ class TestDeterministic(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "rows.json")
             args = ["--workers", "1,2", "--max-steps", "20", "--eval-every", "10", "--sync-every", "10",
-                    "--target", "0.99", "--threads", "1", "--out", out]
+                    "--target", "0.99", "--out", out]
             curves = []
             for _ in range(2):
                 self.assertEqual(stateff.main(args), 0)
