@@ -7,9 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
+	"github.com/deepmarket/deepmarket/bench/internal/testbed"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/testnet"
@@ -154,7 +154,7 @@ func (b *bench) runJob(ctx context.Context, sub *api.Client, lender string, r *R
 			log.Printf("   (the worker ran on %s, not the lender)", run.Workers[0].Machine)
 		}
 	}
-	text := jobLog(bg, sub, j.ID)
+	text := testbed.JobLog(bg, sub, j.ID)
 	r.Log = filepath.Join(b.logs, "market-job.log")
 	if err := os.WriteFile(r.Log, []byte(text), 0o644); err != nil {
 		r.Log = ""
@@ -188,21 +188,6 @@ func (b *bench) fetchResult(ctx context.Context, sub *api.Client, cid string, r 
 		return err
 	}
 	return b.readResultFile(out, r)
-}
-
-// jobLog is the job's whole log: the submitter's lines and the worker's
-// output.
-func jobLog(ctx context.Context, sub *api.Client, id string) string {
-	var b strings.Builder
-	var off int64
-	for {
-		lg, err := sub.JobLogs(ctx, id, off)
-		if err != nil || lg.Data == "" {
-			return b.String()
-		}
-		b.WriteString(lg.Data)
-		off = lg.Next
-	}
 }
 
 // keepNodeLogs copies the nodes' logs into the bench's logs.

@@ -490,7 +490,7 @@ func (b *bench) runJob(ctx context.Context, bed *testbed.Bed, profile, mode stri
 		}
 		switch {
 		case j.State.Terminal() || time.Now().Before(deadline):
-		case !extended && reachedRE.MatchString(jobLog(ctx, sub, j.ID)):
+		case !extended && reachedRE.MatchString(testbed.JobLog(ctx, sub, j.ID)):
 			// It reached the target and is finishing (the final
 			// evaluation, saving the model, storing the output).
 			extended, deadline = true, deadline.Add(3*time.Minute)
@@ -518,7 +518,7 @@ func (b *bench) runJob(ctx context.Context, bed *testbed.Bed, profile, mode stri
 		}
 		r.Links = measuredLinks(offers, r.Machines)
 	}
-	text := jobLog(context.WithoutCancel(ctx), sub, j.ID)
+	text := testbed.JobLog(context.WithoutCancel(ctx), sub, j.ID)
 	r.Log = filepath.Join(b.logs, name+".log")
 	if err := os.WriteFile(r.Log, []byte(text), 0o644); err != nil {
 		log.Printf("   %s: save the log: %v", name, err)
@@ -593,21 +593,6 @@ func (b *bench) readResult(ctx context.Context, sub *api.Client, cid string, r *
 		r.Evals = res.Evals
 	}
 	return nil
-}
-
-// jobLog is the job's whole log: the submitter's lines and every worker's
-// output, each line tagged with its worker.
-func jobLog(ctx context.Context, sub *api.Client, id string) string {
-	var b strings.Builder
-	var off int64
-	for {
-		lg, err := sub.JobLogs(ctx, id, off)
-		if err != nil || lg.Data == "" {
-			return b.String()
-		}
-		b.WriteString(lg.Data)
-		off = lg.Next
-	}
 }
 
 func firstN(s string, n int) string {

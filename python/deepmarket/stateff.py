@@ -420,18 +420,24 @@ def markdown(rows, target, model, table):
     return "\n".join(out) + "\n"
 
 
+def write_reports(a, rows):
+    """Writes --go-table and --md, when asked for, from rows."""
+    if not (a.go_table or a.md):
+        return
+    table = go_table(rows, a.target, a.model)
+    if a.go_table:
+        with open(a.go_table, "w") as f:
+            json.dump(table, f, indent=1)
+            f.write("\n")
+    if a.md:
+        with open(a.md, "w") as f:
+            f.write(markdown(rows, a.target, a.model, table))
+
+
 def main(argv=None):
     a = parse_args(argv)
     if a.report_only:
-        rows = merge(a.out, [])
-        table = go_table(rows, a.target, a.model)
-        if a.go_table:
-            with open(a.go_table, "w") as f:
-                json.dump(table, f, indent=1)
-                f.write("\n")
-        if a.md:
-            with open(a.md, "w") as f:
-                f.write(markdown(rows, a.target, a.model, table))
+        write_reports(a, merge(a.out, []))
         return 0
     sim = Sim(a)
     rows = []
@@ -460,16 +466,7 @@ def main(argv=None):
                     for om in a.outer_momentum:
                         for ilr in a.inner_lr:
                             emit(sim.run_diloco(k, h, olr, om, ilr))
-    all_rows = merge(a.out, []) if a.out else rows
-    if a.go_table or a.md:
-        table = go_table(all_rows, a.target, a.model)
-        if a.go_table:
-            with open(a.go_table, "w") as f:
-                json.dump(table, f, indent=1)
-                f.write("\n")
-        if a.md:
-            with open(a.md, "w") as f:
-                f.write(markdown(all_rows, a.target, a.model, table))
+    write_reports(a, merge(a.out, []) if a.out else rows)
     return 0
 
 

@@ -153,3 +153,18 @@ func (b *Bed) Sites(run *jobs.Run) []string {
 // machines (the schedulers raced, or a lender had not yet let go of the
 // last job): not a measurement, so the caller bids again.
 func NoMachines(reason string) bool { return strings.Contains(reason, "no machine can take") }
+
+// JobLog is a job's whole log: the submitter's lines and every worker's
+// output, each line tagged with its worker.
+func JobLog(ctx context.Context, sub *api.Client, id string) string {
+	var b strings.Builder
+	var off int64
+	for {
+		lg, err := sub.JobLogs(ctx, id, off)
+		if err != nil || lg.Data == "" {
+			return b.String()
+		}
+		b.WriteString(lg.Data)
+		off = lg.Next
+	}
+}
