@@ -98,6 +98,10 @@ type ExecutorConfig struct {
 	// CPUs, when set, are the CPU ids lent workers are pinned to (else the
 	// highest-numbered free ones).
 	CPUs []int `toml:"cpus"`
+	// ShareCPUs leaves workers unpinned: each is held to the cores it
+	// was lent by its CPU quota alone. For machines whose CPUs others
+	// share too (a VM's vCPUs, the testnet's machines of known size).
+	ShareCPUs bool `toml:"share_cpus"`
 	// UIDRange ("FIRST-LAST") holds the uids workers run as, one of its
 	// own for each; no account may use them.
 	UIDRange string `toml:"uid_range"`
@@ -505,6 +509,9 @@ machines = {{lit .Scheduler.Machines}}
 work_dir = {{lit .Executor.WorkDir}}
 # CPU ids lent workers may be pinned to; empty: the highest-numbered free ones.
 cpus = {{lit .Executor.CPUs}}
+# true: pin no worker to CPUs; each is held to its lent cores by its CPU quota
+# alone (for a machine whose CPUs others share, such as a VM's vCPUs).
+share_cpus = {{lit .Executor.ShareCPUs}}
 # The uids workers run as, one of its own for each worker, as FIRST-LAST.
 # No account may use them (checked against /etc/passwd and /etc/group).
 uid_range = {{lit .Executor.UIDRange}}

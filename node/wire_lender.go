@@ -63,7 +63,7 @@ func (n *Node) newExecutor(dir string) (*lender.Executor, error) {
 	}
 	return lender.NewExecutor(lender.ExecutorParams{
 		Dir: dir, Python: n.cfg.Inventory.Python, Home: n.home.Dir, UIDRange: n.cfg.Executor.UIDRange,
-		KeepLogs: n.cfg.Executor.KeepLogs.Duration, CPUs: n.cfg.Executor.CPUs, ChainID: n.cfg.Node.ChainID,
+		KeepLogs: n.cfg.Executor.KeepLogs.Duration, CPUs: n.cfg.Executor.CPUs, ShareCPUs: n.cfg.Executor.ShareCPUs, ChainID: n.cfg.Node.ChainID,
 		Host: n.host, Account: n.key.Address(), Store: n.store, Blocks: n.blocks, Ledger: n.ledger, Committed: n.ledgerApp.Committed,
 		Holds: n.holds, GPUs: n.lender, Dialer: dialer{n}, Registerer: n.reg, Logger: n.log,
 	})

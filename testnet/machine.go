@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -273,15 +272,11 @@ func (n *Network) machineConfig(i int, cfg *node.Config) {
 		return
 	}
 	cfg.Executor.CgroupParent = n.machines.cgroupParent(n.Manifest.Nodes[i].Name)
-	// Spread the machines' workers over the host's CPUs: each node would
-	// otherwise pin its first worker to the same highest-numbered CPU.
-	k := 0
-	for _, nd := range n.Manifest.Nodes[:i] {
-		if !nd.Validator {
-			k++
-		}
-	}
-	cfg.Executor.CPUs = []int{k % runtime.NumCPU()}
+	// A machine's workers share the host's CPUs, held to the machine's
+	// size by its quota: pinned, two machines' workers would take turns
+	// on one CPU while the other sat idle.
+	cfg.Executor.CPUs = nil
+	cfg.Executor.ShareCPUs = true
 }
 
 // MachineCPU is the CPU time node i's machine has used (every process in

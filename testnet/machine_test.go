@@ -41,6 +41,10 @@ func TestMachinesOfKnownSize(t *testing.T) {
 	if want := `cgroup_parent = "` + filepath.Join(rel, "deepmarket") + `"`; !strings.Contains(string(cfg), want) {
 		t.Errorf("the node's config lacks %s", want)
 	}
+	// Pinned, two machines' workers would take turns on one CPU.
+	if !strings.Contains(string(cfg), "share_cpus = true") || !strings.Contains(string(cfg), "cpus = []") {
+		t.Errorf("the machine's workers are pinned:\n%s", cfg)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if used, ok := n.MachineCPU(nd); ok && used > 0 {

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"time"
 
@@ -26,8 +25,8 @@ type planned struct {
 }
 
 // runByHand runs the job's workers by hand, each on a machine of the
-// bench's size with no node in it (pinned as the market pins them: machine
-// k on CPU k mod the CPUs), for -by-hand-steps steps without evaluations,
+// bench's size with no node in it (unpinned, held by the machine's quota
+// as the testnet's nodes run them), for -by-hand-steps steps without evaluations,
 // and reads their examples/s: what the market's own figure is set against.
 func (b *bench) runByHand(ctx context.Context) []ByHand {
 	var out []ByHand
@@ -87,8 +86,8 @@ func (b *bench) byHand(ctx context.Context, mode string, workers int) (float64, 
 			return 0, err
 		}
 		defer m.Close()
-		argv := append([]string{"-c", strconv.Itoa(k % runtime.NumCPU())}, s.Argv...)
-		cmd := m.Command("taskset", argv...)
+		// Unpinned, as the testnet's machines run their workers.
+		cmd := m.Command(s.Argv[0], s.Argv[1:]...)
 		for key, v := range s.Env {
 			cmd.Env = append(cmd.Env, key+"="+v)
 		}

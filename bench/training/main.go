@@ -1,28 +1,29 @@
 // Command training is `make bench-training`: distributed training judged
 // as a user would, by the time it takes to reach a test accuracy. The
 // Fashion-MNIST example (examples/fashion-mnist/train.py, --model
-// cnn-wide by default) runs through the real market on a 2-site testnet
-// on this machine under each network profile (lan, wifi, multi-dc), with
-// 1 and 2 workers, and with 2 workers in both training modes side by
-// side: [training] mode = "sync" (TensorFlow's MultiWorkerMirroredStrategy,
+// cnn-deep by default) runs through the real market on a 2-site testnet
+// on this machine under each network profile (lan, wifi, multi-dc), on
+// emulated machines of known size (-machine-cores), with 1, 2 and 3
+// workers, and with 2+ workers in both training modes side by side:
+// [training] mode = "sync" (TensorFlow's MultiWorkerMirroredStrategy,
 // gradients all-reduced every step) and mode = "diloco" (local steps,
 // averaged every sync_every steps by the deepmarket Python package over
-// the job's tunnels, compressed). One worker runs once per profile, in
-// sync mode: it has nothing to synchronize, and it is the baseline of
-// both modes' speed-ups.
+// the job's tunnels, compressed). One worker runs in sync mode: it has
+// nothing to synchronize, and it is the baseline of both modes'
+// speed-ups; with -one-worker-once (the default) it runs on the first
+// profile only, as it sends nothing while it trains.
 //
 // Every job stops at the target accuracy (train.py --target-accuracy,
 // checked every --eval-every steps) or after -max-steps steps a worker;
-// one still running -job-timeout after it was submitted is cancelled and
-// reported as not reaching the target, with the last accuracy its log
-// shows. The report gives, per job: time to the target (train.py's, from
+// one still running -job-timeout after it was submitted, or -cut-factor
+// times the 1-worker job's completion, is cancelled and reported as not
+// reaching the target, with the last accuracy its log shows. The report gives, per job: time to the target (train.py's, from
 // the worker's process start), final test accuracy, examples/s, bytes sent
 // per worker, the speed-up over 1 worker, and the job's completion time
 // (submit to done); as report.md, report.json and report.png in -out.
 //
-// All nodes (two validators, two lenders, the submitter) and the workers
-// share this one machine, so the 2-worker speed-ups are bounded by its
-// cores. Needs root (network namespaces, the sandbox) and a Python with
+// The validators and the benchmark run outside the emulated machines, on
+// what their quotas leave of this host. Needs root (network namespaces, the sandbox) and a Python with
 // tensorflow-cpu, tf_keras and the deepmarket package (-python).
 package main
 
@@ -64,7 +65,10 @@ type Config struct {
 	Compress    string   `json:"compress"`
 	MaxSteps    int      `json:"max_steps"`
 	JobTimeoutS float64  `json:"job_timeout_s"`
-	Lenders     int      `json:"lenders"` // a core each, cycling the two sites
+	// CutFactor: a job of 2+ workers is also cancelled once it has run
+	// this many times the profile's 1-worker completion (0: never).
+	CutFactor float64 `json:"cut_factor,omitempty"`
+	Lenders   int     `json:"lenders"` // a core each, cycling the two sites
 	// Machine is the size of every lender's (and the submitter's)
 	// emulated machine: its node and workers confined to a cgroup with
 	// this CPU quota and memory limit. Nil: unconfined, sharing the host.
@@ -98,9 +102,11 @@ type Result struct {
 	State   string   `json:"state"`
 	Reason  string   `json:"reason,omitempty"`
 	Sites   []string `json:"sites"` // of the workers' machines
-	// TimedOut: cancelled -job-timeout after it was submitted.
-	TimedOut      bool `json:"timed_out,omitempty"`
-	TargetReached bool `json:"target_reached"`
+	// TimedOut: cancelled CutS after it was submitted (-job-timeout, or
+	// -cut-factor times the 1-worker job's completion).
+	TimedOut      bool    `json:"timed_out,omitempty"`
+	CutS          float64 `json:"cut_s,omitempty"`
+	TargetReached bool    `json:"target_reached"`
 	// TimeToTargetS is train.py's time_to_target_s: from worker 0's
 	// process start (TensorFlow import, data load, training, evaluations)
 	// to the evaluation that reached the target.
@@ -119,12 +125,15 @@ type Result struct {
 	// train.py's estimate (a ring all-reduce of the float32 gradients
 	// every step), in diloco mode what worker 0 sent, counted by the
 	// averager.
-	BytesSent      int64   `json:"bytes_sent_per_worker"`
-	BytesEstimated bool    `json:"bytes_sent_estimated,omitempty"`
-	Rounds         int     `json:"rounds,omitempty"`
-	CompletionS    float64 `json:"completion_s"` // submitted to done
-	RunS           float64 `json:"run_s"`        // launched to done
-	Attempts       int     `json:"attempts"`
+	BytesSent      int64 `json:"bytes_sent_per_worker"`
+	BytesEstimated bool  `json:"bytes_sent_estimated,omitempty"`
+	Rounds         int   `json:"rounds,omitempty"`
+	// From names the profile whose 1-worker run this row repeats
+	// (-one-worker-once): one worker exchanges nothing while it trains.
+	From        string  `json:"from,omitempty"`
+	CompletionS float64 `json:"completion_s"` // submitted to done
+	RunS        float64 `json:"run_s"`        // launched to done
+	Attempts    int     `json:"attempts"`
 	// Evals are worker 0's evaluations: [seconds since its start, steps,
 	// test accuracy].
 	Evals [][3]float64 `json:"evals,omitempty"`
@@ -167,12 +176,16 @@ func main() {
 	workers := flag.String("workers", "1,2,3", "worker counts (1 to 4)")
 	modes := flag.String("modes", "sync,diloco", "training modes of the jobs with 2+ workers")
 	target := flag.Float64("target", 0.90, "target test accuracy")
-	model := flag.String("model", "cnn-wide", "train.py --model: mlp, cnn or cnn-wide")
+	model := flag.String("model", "cnn-deep", "train.py --model: mlp, cnn, cnn-wide or cnn-deep")
 	evalEvery := flag.Int("eval-every", 100, "evaluate the test set every this many steps a worker")
 	syncEvery := flag.Int("sync-every", 50, "diloco: local steps between averaging rounds ([training] sync_every)")
 	compress := flag.String("compress", "int8", "diloco: int8, fp16 or none ([training] compress)")
 	maxSteps := flag.Int("max-steps", 4000, "steps a worker takes at most (a job that has not reached the target by then stops)")
 	jobTimeout := flag.Duration("job-timeout", 14*time.Minute, "cancel a job still running this long after it was submitted")
+	oneWorkerOnce := flag.Bool("one-worker-once", true, "run the 1-worker job on the first profile only and use it "+
+		"as every profile's baseline (one worker sends nothing while it trains; its time to target starts at its process start)")
+	cutFactor := flag.Float64("cut-factor", 1.5, "cancel a job of 2+ workers once it has run this many times the profile's "+
+		"1-worker completion: it can no longer pay off (0: only -job-timeout)")
 	machineCores := flag.Float64("machine-cores", 0.5, "emulated machines: each lender's node and workers get this CPU quota, in cores (0: unconfined)")
 	machineMem := flag.Float64("machine-mem-gib", 3, "emulated machines: memory limit, GiB")
 	byHand := flag.Int("by-hand-steps", 500, "on the first profile, run 1 worker and 2 sync and diloco workers by hand for this many steps, "+
@@ -197,7 +210,7 @@ func main() {
 	start := time.Now()
 
 	cfg := Config{Target: *target, Model: *model, EvalEvery: *evalEvery, SyncEvery: *syncEvery, Compress: *compress,
-		MaxSteps: *maxSteps, JobTimeoutS: jobTimeout.Seconds(), ByHandSteps: *byHand}
+		MaxSteps: *maxSteps, JobTimeoutS: jobTimeout.Seconds(), CutFactor: *cutFactor, ByHandSteps: *byHand}
 	if *machineCores > 0 {
 		cfg.Machine = &testnet.Machine{Cores: *machineCores, MemBytes: uint64(*machineMem * (1 << 30))}
 	}
@@ -220,12 +233,14 @@ func main() {
 		log.Fatal("-workers and -modes name at least one each")
 	case !(*target > 0 && *target <= 1):
 		log.Fatalf("-target %g: want (0, 1]", *target)
-	case !slices.Contains([]string{"mlp", "cnn", "cnn-wide"}, *model):
-		log.Fatalf("-model %q: want mlp, cnn or cnn-wide", *model)
+	case !slices.Contains([]string{"mlp", "cnn", "cnn-wide", "cnn-deep"}, *model):
+		log.Fatalf("-model %q: want mlp, cnn, cnn-wide or cnn-deep", *model)
 	case *evalEvery < 1 || *maxSteps < 1 || *syncEvery < 1:
 		log.Fatal("-eval-every, -max-steps and -sync-every must be at least 1")
 	case *jobTimeout < time.Minute:
 		log.Fatal("-job-timeout: at least 1m")
+	case *cutFactor != 0 && *cutFactor < 1:
+		log.Fatal("-cut-factor: 0 or at least 1")
 	}
 	cfg.Lenders = max(2, slices.Max(cfg.Workers))
 	if err := tr.Validate(); err != nil {
@@ -267,7 +282,7 @@ func main() {
 		"--epochs", "1", "--steps-per-epoch", strconv.Itoa(*maxSteps)}
 	rep := Report{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), Command: command, Config: cfg, Profiles: plist}
 	b := bench{bin: binPath, python: *python, bundle: bundle, command: command, cfg: cfg, logs: *logs,
-		timeout: *jobTimeout}
+		timeout: *jobTimeout, oneWorkerOnce: *oneWorkerOnce}
 	if cfg.ByHandSteps > 0 && cfg.Machine != nil {
 		rep.ByHand = b.runByHand(ctx)
 	}
@@ -394,6 +409,8 @@ type bench struct {
 	cfg                 Config
 	logs                string
 	timeout             time.Duration
+	oneWorkerOnce       bool
+	single              *Result // the first profile's 1-worker run
 }
 
 // runProfile runs every job on a fresh 2-site testnet under one profile:
@@ -408,17 +425,29 @@ func (b *bench) runProfile(ctx context.Context, profile string) ([]Result, strin
 	}
 	defer bed.Close()
 	var out []Result
+	var single time.Duration // the 1-worker job's completion
 	for _, w := range b.cfg.Workers {
 		modes := b.cfg.Modes
 		if w == 1 {
 			modes = []string{"sync"} // nothing to synchronize: the baseline of both modes
+		}
+		if w == 1 && b.oneWorkerOnce && b.single != nil {
+			r := *b.single
+			r.Profile, r.From = profile, b.single.Profile
+			single = time.Duration(r.CompletionS * float64(time.Second))
+			out = append(out, r)
+			continue
 		}
 		for _, mode := range modes {
 			var r Result
 			for attempt := 1; attempt <= 3; attempt++ {
 				bed.WaitIdle(ctx)
 				cpu0, t0 := machineCPU(bed), time.Now()
-				r = b.runJob(ctx, bed, profile, mode, w)
+				limit := b.timeout
+				if w > 1 && single > 0 && b.cfg.CutFactor > 0 {
+					limit = min(limit, time.Duration(b.cfg.CutFactor*float64(single)).Round(time.Second))
+				}
+				r = b.runJob(ctx, bed, profile, mode, w, limit)
 				r.MachineCPU = cpuSince(machineCPU(bed), cpu0, time.Since(t0))
 				r.Attempts = attempt
 				// A bid that found no machines is not a measurement: bid again.
@@ -426,6 +455,10 @@ func (b *bench) runProfile(ctx context.Context, profile string) ([]Result, strin
 					break
 				}
 				log.Printf("   %s, %d workers, %s: no machines (%s); again", profile, w, mode, r.Reason)
+			}
+			if w == 1 && r.State == string(jobs.Succeeded) {
+				single = time.Duration(r.CompletionS * float64(time.Second))
+				b.single = &r
 			}
 			target := "target not reached"
 			if r.TargetReached {
@@ -462,7 +495,7 @@ var (
 	reachedRE = regexp.MustCompile(`\[worker 0\] reached the target accuracy [\d.]+ after ([\d.]+)s`)
 )
 
-func (b *bench) runJob(ctx context.Context, bed *testbed.Bed, profile, mode string, workers int) Result {
+func (b *bench) runJob(ctx context.Context, bed *testbed.Bed, profile, mode string, workers int, limit time.Duration) Result {
 	r := Result{Profile: profile, Workers: workers, Mode: mode}
 	tr := &p2p.Training{Mode: mode}
 	if mode == "diloco" {
@@ -482,7 +515,7 @@ func (b *bench) runJob(ctx context.Context, bed *testbed.Bed, profile, mode stri
 		r.State, r.Reason = "error", err.Error()
 		return r
 	}
-	deadline, extended, cancelled := time.Now().Add(b.timeout), false, time.Time{}
+	deadline, extended, cancelled := time.Now().Add(limit), false, time.Time{}
 	for !j.State.Terminal() && ctx.Err() == nil {
 		time.Sleep(time.Second)
 		if cur, err := sub.Job(ctx, j.ID); err == nil {
@@ -496,8 +529,8 @@ func (b *bench) runJob(ctx context.Context, bed *testbed.Bed, profile, mode stri
 			extended, deadline = true, deadline.Add(3*time.Minute)
 			log.Printf("   %s: reached the target at the time limit; waiting up to 3 more minutes for it to finish", name)
 		case cancelled.IsZero():
-			log.Printf("   %s: still running after %s: cancelling it", name, b.timeout)
-			r.TimedOut, cancelled = true, time.Now()
+			log.Printf("   %s: still running after %s: cancelling it", name, limit)
+			r.TimedOut, r.CutS, cancelled = true, limit.Seconds(), time.Now()
 			if cur, err := sub.CancelJob(ctx, j.ID); err == nil && cur != nil {
 				j = cur
 			}

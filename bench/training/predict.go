@@ -170,7 +170,7 @@ func predictionTable(rep Report) string {
 			measured = fmt.Sprintf("%.1f", r.TimeToTargetS)
 			errCell = fmt.Sprintf("%+.0f%%", 100*(p.TimeToTargetS-r.TimeToTargetS)/r.TimeToTargetS)
 		} else if r.TimedOut {
-			measured = fmt.Sprintf("> %.0f", rep.Config.JobTimeoutS)
+			measured = fmt.Sprintf("> %.0f", cutS(r, rep.Config))
 		}
 		if r.StepsToTarget > 0 {
 			steps = fmt.Sprint(r.StepsToTarget)

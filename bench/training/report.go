@@ -10,10 +10,22 @@ import (
 // modeLabel is how the table names a job's mode: one worker has nothing
 // to synchronize (it runs mode sync, plain single-worker Keras).
 func modeLabel(r Result) string {
+	if r.Workers == 1 && r.From != "" {
+		return "single (" + r.From + "'s run)"
+	}
 	if r.Workers == 1 {
 		return "single"
 	}
 	return r.Mode
+}
+
+// cutS is when a job that timed out was cancelled (reports from before
+// -cut-factor have only the job timeout).
+func cutS(r Result, cfg Config) float64 {
+	if r.CutS > 0 {
+		return r.CutS
+	}
+	return cfg.JobTimeoutS
 }
 
 // targetCell is the time to the target, or why there is none.
@@ -22,7 +34,7 @@ func targetCell(r Result, cfg Config) string {
 	case r.TargetReached && r.TimeToTargetS > 0:
 		return fmt.Sprintf("%.1f", r.TimeToTargetS)
 	case r.TimedOut:
-		return fmt.Sprintf("not reached (cut at %.0f s)", cfg.JobTimeoutS)
+		return fmt.Sprintf("not reached (cut at %.0f s)", cutS(r, cfg))
 	case r.State == string(jobs.Succeeded):
 		return fmt.Sprintf("not reached in %d steps", cfg.MaxSteps)
 	}
@@ -52,9 +64,9 @@ func markdown(rep Report) string {
 		"of the worker count after a 200-step warm-up; one worker trains alone with plain Keras) or `mode = \"diloco\"`, "+
 		"`sync_every = %d`, `compress = \"%s\"` (the deepmarket package averages over the job's tunnels). "+
 		"%s, on sites univ-a and univ-b in turn, so two workers span the sites. A job stops at the target "+
-		"(evaluated every %d steps a worker), after %d steps a worker, or is cancelled %.0f s after it was submitted.\n\n",
+		"(evaluated every %d steps a worker), after %d steps a worker, or is cancelled %.0f s after it was submitted%s.\n\n",
 		rep.Date, rep.CPUs, rep.Shaper, rep.TookS, strings.Join(rep.Command, " "),
-		cfg.SyncEvery, cfg.Compress, machine, cfg.EvalEvery, cfg.MaxSteps, cfg.JobTimeoutS)
+		cfg.SyncEvery, cfg.Compress, machine, cfg.EvalEvery, cfg.MaxSteps, cfg.JobTimeoutS, cutNote(cfg))
 	fmt.Fprintf(&b, "| Profile | Workers | Mode | Time to %.2f (s) | vs 1 worker | Evaluations excluded (s) | vs 1 | Steps to target | Final test acc | "+
 		"Examples/s | MB sent/worker | Machine CPU (cores) | Completion (s) | Sites | State |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", cfg.Target)
 	for _, r := range rep.Results {
@@ -124,7 +136,7 @@ func markdown(rep Report) string {
 		"trains on. **Completion** is the market's view, submitted to done: quotes, escrow, the inputs crossing the " +
 		"profile's links, launch, the run, storing the output.\n" +
 		"- **vs 1 worker** is the 1-worker time to the target over this job's, on the same profile (above 1: sooner). " +
-		"One worker runs once per profile, in mode sync: it has nothing to synchronize (train.py trains it with plain " +
+		"One worker runs in mode sync (on the first profile only when the row says so: it sends nothing while it trains, and its time starts at its process start): it has nothing to synchronize (train.py trains it with plain " +
 		"Keras), so it is the baseline of both modes (DiLoCo with one worker would still apply its outer optimizer, " +
 		"which nobody would run on one machine). **Evaluations excluded** takes worker 0's evaluations up to the " +
 		"target out of its time to target, and its **vs 1** compares those.\n" +
@@ -143,11 +155,12 @@ func markdown(rep Report) string {
 	if cfg.Machine != nil {
 		fmt.Fprintf(&b, "## Machines of known size\n\n"+
 			"This host has %d CPUs. Each lender is a machine of %s: a cgroup holding its node and every worker it "+
-			"launches (the workers' own cgroups nest inside it), with a CPU quota and a memory limit, its workers "+
-			"pinned to CPU k mod %d as a node pins them. The two validators and the benchmark itself run outside "+
+			"launches (the workers' own cgroups nest inside it), with a CPU quota and a memory limit. Its workers "+
+			"are not pinned to CPUs (`[executor] share_cpus`): the machines share the host's CPUs, each held to its size "+
+			"by its quota. The two validators and the benchmark itself run outside "+
 			"the machines, on what the quotas leave. **Machine CPU** is each lender machine's CPU use over the job "+
 			"(node and workers), in cores: a busy machine shows its quota; what the node takes from it is what a "+
-			"worker on that machine does not get.\n\n", rep.CPUs, cfg.Machine, rep.CPUs)
+			"worker on that machine does not get.\n\n", rep.CPUs, cfg.Machine)
 	} else {
 		fmt.Fprintf(&b, "## One machine\n\nEvery node and worker shares this host's %d CPUs (no machine sizes): "+
 			"speed-ups are bounded by the cores, not by the market.\n\n", rep.CPUs)
@@ -216,7 +229,7 @@ func byHandTable(rep Report) string {
 	prof := rep.Config.Profiles[0]
 	fmt.Fprintf(&b, "## Through the market against by hand\n\n"+
 		"The same train.py, started by hand on machines of the same size with no node in them (worker processes "+
-		"pinned as a node pins them, talking over loopback), for %d steps a worker without evaluations, next to "+
+		"unpinned like the market's, talking over loopback), for %d steps a worker without evaluations, next to "+
 		"the market's run on %s. Examples/s is train.py's (examples over the training time, evaluations excluded).\n\n"+
 		"| Workers | Mode | By hand (examples/s) | Through the market (examples/s) | Market / by hand |\n|---|---|---|---|---|\n",
 		rep.Config.ByHandSteps, prof)
@@ -307,4 +320,13 @@ func abs(x float64) float64 {
 		return -x
 	}
 	return x
+}
+
+// cutNote says when a job of several workers is cut short.
+func cutNote(cfg Config) string {
+	if cfg.CutFactor == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", or, with 2 or more workers, once it has run %g times the 1-worker job's completion on "+
+		"the same profile (by then it is slower than one worker)", cfg.CutFactor)
 }

@@ -60,6 +60,7 @@ type Executor struct {
 	dial      Dialer
 	home      string // the node's home, hidden from jobs
 	cpuPool   []int  // the CPUs workers may be pinned to (all when empty)
+	shareCPUs bool   // pin no worker
 	dir       string
 	root      *os.Root // dir: the workers' dirs
 	logs      *os.Root // dir/logs: one dir per worker, which only the node writes
@@ -143,7 +144,9 @@ type ExecutorParams struct {
 	UIDRange string        // the uids workers run as ([executor] uid_range)
 	KeepLogs time.Duration // how long ended workers' logs and dirs stay
 	CPUs     []int         // the CPUs workers may be pinned to (all when empty)
-	ChainID  string
+	// ShareCPUs pins no worker: the CPU quota alone holds each to its cores.
+	ShareCPUs bool
+	ChainID   string
 
 	Host    host.Host        // tunnels to a run's other machines go through it
 	Account identity.Address // this machine's ledger account, which is paid
@@ -180,7 +183,7 @@ func NewExecutor(p ExecutorParams) (*Executor, error) {
 	}
 	id := p.Host.ID().String()
 	e := &Executor{log: p.Logger, self: id, account: p.Account, store: p.Store, blocks: p.Blocks, ledger: p.Ledger, committed: p.Committed,
-		holds: p.Holds, lent: p.GPUs, dial: p.Dialer, home: p.Home, cpuPool: p.CPUs,
+		holds: p.Holds, lent: p.GPUs, dial: p.Dialer, home: p.Home, cpuPool: p.CPUs, shareCPUs: p.ShareCPUs,
 		dir: p.Dir, root: root, logs: logs, ids: ids, keep: p.KeepLogs,
 		python: p.Python, tunnels: tunnel.New(p.Host, p.ChainID, p.Logger.With("module", "tunnel")),
 		tag: id[len(id)-8:], workers: map[string]*worker{}, nets: map[string]*runNet{}, cpus: map[int]string{}, gpus: map[int]string{}}

@@ -225,8 +225,12 @@ func (e *Executor) pickGPUs(key string, n int) ([]int, error) {
 }
 
 // pickCPUs gives a worker n CPUs no other worker here uses, from the
-// highest-numbered down (the owner's own work tends to land low).
+// highest-numbered down (the owner's own work tends to land low); none
+// when the machine shares its CPUs ([executor] share_cpus).
 func (e *Executor) pickCPUs(key string, n int) ([]int, error) {
+	if e.shareCPUs {
+		return nil, nil
+	}
 	pool := slices.Clone(e.cpuPool)
 	if len(pool) == 0 {
 		for c := range runtime.NumCPU() {
