@@ -274,6 +274,10 @@ type JobStatus struct {
 	// Vacated says its machine stopped it for the machine's owner (with
 	// a checkpoint): it is paid for the time it ran, and re-placed.
 	Vacated bool `cbor:"vacated,omitempty" json:"vacated,omitempty"`
+	// OutOfTime says its machine stopped it at the job's max duration:
+	// the job is out of time, not short of a worker (a submitter does
+	// not take a machine's word for it before the time is up).
+	OutOfTime bool `cbor:"oot,omitempty" json:"out_of_time,omitempty"`
 }
 
 // Validate checks a machine's report on worker index of job: a state

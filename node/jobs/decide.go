@@ -23,6 +23,10 @@ const (
 	LostAfter = 30 * time.Second
 	// MaxRuns bounds a job's runs: it is re-placed at most once.
 	MaxRuns = 2
+	// OutOfTimeSlack is how much sooner than the max duration, counted
+	// from the launch, a machine may stop a worker as out of time (it
+	// counts from the worker's start, after the launch).
+	OutOfTimeSlack = 30 * time.Second
 )
 
 // Outcome is how a run ended.
@@ -48,8 +52,11 @@ type Fleet struct {
 	// they ended and are paid for what they ran.
 	Vacated    map[int]bool
 	VacatedWhy string
-	Silent     bool // some worker did not answer
-	Chief      bool // the chief's machine answered
+	// OutOfTime are the workers whose machines stopped them at the job's
+	// max duration, as they say (Judge checks it).
+	OutOfTime map[int]bool
+	Silent    bool // some worker did not answer
+	Chief     bool // the chief's machine answered
 }
 
 // Survey reads one poll of a run's workers: sts[i] is worker i's status,
@@ -69,6 +76,11 @@ func Survey(sts []*p2p.JobStatus, ws []Worker, lost map[int]bool, now time.Time)
 				f.Lost[i] = true
 			}
 			f.Over, f.Silent = false, true
+		case st.State == p2p.WorkerStopped && st.OutOfTime && !f.Lost[i]:
+			if f.OutOfTime == nil {
+				f.OutOfTime = map[int]bool{}
+			}
+			f.OutOfTime[i] = true
 		case st.State == p2p.WorkerStopped:
 			f.Lost[i] = true // its machine stopped it: withdrawn, shutting down, or its owner's
 			if st.Vacated {
@@ -120,6 +132,14 @@ func (e RunEnd) Unvacated() map[int]bool {
 // run was launched at started (zero: not yet) with at most maxDuration
 // to run; cancelled is the submitter's cancellation.
 func Judge(f Fleet, cancelled bool, started time.Time, maxDuration time.Duration, now time.Time) (RunEnd, bool) {
+	if len(f.OutOfTime) > 0 && (started.IsZero() || now.Sub(started) < maxDuration-OutOfTimeSlack) {
+		// A machine that says the time is up before it is stopped its
+		// worker for nothing: it is lost, paid what its receipts cover.
+		for i := range f.OutOfTime {
+			f.Lost[i] = true
+		}
+		f.OutOfTime = nil
+	}
 	end := RunEnd{Lost: f.Lost, Vacated: f.Vacated}
 	switch {
 	case f.Failed != "" && f.Silent && len(f.Lost) == 0:
@@ -127,6 +147,10 @@ func Judge(f Fleet, cancelled bool, started time.Time, maxDuration time.Duration
 		// the consequence (its collective ops broke): wait to see whether
 		// the unreachable one is lost.
 		return end, false
+	case len(f.OutOfTime) > 0:
+		// Its machine stopped a worker at the max duration: the run is
+		// out of time, paid for what its workers ran, and not re-placed.
+		end.Out, end.Why = TimedOut, "out of time: max duration "+maxDuration.String()+" reached"
 	case len(f.Lost) > 0:
 		end.Out, end.Why = WorkerLost, fmt.Sprintf("lost %d worker(s): no answer for %s, or stopped by their machine", len(f.Lost), LostAfter)
 		if len(f.Vacated) == len(f.Lost) {
@@ -140,7 +164,7 @@ func Judge(f Fleet, cancelled bool, started time.Time, maxDuration time.Duration
 	case cancelled:
 		end.Out, end.Why = RunCancelled, "cancelled"
 	case !started.IsZero() && now.Sub(started) > maxDuration+time.Minute:
-		end.Out, end.Why = TimedOut, "max duration "+maxDuration.String()+" reached"
+		end.Out, end.Why = TimedOut, "out of time: max duration "+maxDuration.String()+" reached"
 	case f.Over:
 		end.Out, end.Why = ProgramFailed, "every worker exited but the chief left no result"
 	default:

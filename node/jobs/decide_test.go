@@ -22,6 +22,9 @@ func stopped() *p2p.JobStatus  { return &p2p.JobStatus{State: p2p.WorkerStopped}
 func vacated() *p2p.JobStatus {
 	return &p2p.JobStatus{State: p2p.WorkerStopped, Vacated: true, Reason: "owner busy"}
 }
+func outOfTime() *p2p.JobStatus {
+	return &p2p.JobStatus{State: p2p.WorkerStopped, OutOfTime: true, Reason: "out of time"}
+}
 func exited(code int, result, reason string) *p2p.JobStatus {
 	return &p2p.JobStatus{State: p2p.WorkerExited, ExitCode: code, Result: result, Reason: reason}
 }
@@ -101,6 +104,19 @@ func TestDecideRunEnd(t *testing.T) {
 			started: t0.Add(-11*time.Minute - time.Second), maxDur: 10 * time.Minute,
 			ended: true, Out: TimedOut, Why: "max duration 10m0s reached"},
 		{name: "not launched: no time limit", sts: []*p2p.JobStatus{running()}, maxDur: time.Minute},
+		// A machine stops its worker at the max duration: the run is out
+		// of time, not short of a worker (re-placed, paid twice).
+		{name: "stopped at its max duration: out of time, nobody lost", sts: []*p2p.JobStatus{running(), outOfTime()},
+			started: t0.Add(-10*time.Minute - time.Second), maxDur: 10 * time.Minute,
+			ended: true, Out: TimedOut, Why: "out of time: max duration 10m0s reached"},
+		{name: "out of time within the slack", sts: []*p2p.JobStatus{outOfTime(), outOfTime()},
+			started: t0.Add(-10*time.Minute + OutOfTimeSlack), maxDur: 10 * time.Minute,
+			ended: true, Out: TimedOut, Why: "out of time"},
+		{name: "out of time before the time is up: lost", sts: []*p2p.JobStatus{running(), outOfTime()},
+			started: t0.Add(-5 * time.Minute), maxDur: 10 * time.Minute,
+			ended: true, Out: WorkerLost, LostAfter: []int{1}, Why: "lost 1 worker(s)", Checkpoint: true},
+		{name: "out of time before it was launched: lost", sts: []*p2p.JobStatus{running(), outOfTime()}, maxDur: time.Minute,
+			ended: true, Out: WorkerLost, LostAfter: []int{1}, Why: "lost 1 worker(s)", Checkpoint: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

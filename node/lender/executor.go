@@ -128,6 +128,7 @@ type worker struct {
 	frozenFor time.Duration
 	frozenWhy string
 	vacated   bool // stopped for the owner (Vacate)
+	outOfTime bool // stopped at the job's max duration
 }
 
 func workerKey(run string, index int) string { return run + "/" + strconv.Itoa(index) }
@@ -337,7 +338,8 @@ func (e *Executor) watch(now time.Time) {
 		case live && silent:
 			e.stop(w, "the submitter stopped answering", false)
 		case live && over:
-			e.stop(w, "max duration reached", false)
+			w.set(func() { w.outOfTime = true })
+			e.stop(w, "out of time: the job's max duration was reached", false)
 		}
 	}
 }
@@ -448,7 +450,6 @@ func (w *worker) status(now time.Time) p2p.JobStatus {
 	// connect, a fetch that failed): clipped, so the report still checks
 	// out and the submitter learns why.
 	st.Reason = p2p.Clip(st.Reason, p2p.MaxReasonLen)
-	st.Vacated = w.vacated && w.state == p2p.WorkerStopped
 	// Output is kept only once the chief has ended: until then a result
 	// or checkpoint CID is not known.
 	if w.l.Index == 0 && (w.state == p2p.WorkerExited || w.state == p2p.WorkerStopped) && w.result == "" && w.ckpt == "" {
@@ -458,6 +459,8 @@ func (w *worker) status(now time.Time) p2p.JobStatus {
 			st.State = p2p.WorkerRunning // still adding its output
 		}
 	}
+	st.Vacated = w.vacated && st.State == p2p.WorkerStopped
+	st.OutOfTime = w.outOfTime && st.State == p2p.WorkerStopped
 	return st
 }
 

@@ -87,3 +87,50 @@ func TestLongFailureIsReported(t *testing.T) {
 		t.Fatalf("no warning that the worker failed in the log:\n%s", logs.String())
 	}
 }
+
+// TestOutOfTimeIsReported: a worker past its job's max duration is
+// stopped, and its machine says it was out of time, so the submitter ends
+// the job as out of time instead of re-placing it as a lost worker (and
+// paying for the time twice). A worker stopped because its submitter went
+// silent is not out of time.
+func TestOutOfTimeIsReported(t *testing.T) {
+	e := workAreaExecutor(t, filepath.Join(t.TempDir(), "work"), newMemStore())
+	e.workers = map[string]*worker{}
+	now, bidder := time.Now(), peer.ID("the-submitter")
+	add := func(index int, started, beat time.Time) string {
+		job := randomJobID(t)
+		name := workerName(job, index)
+		w := &worker{l: p2p.Launch{JobID: job, Index: index, World: []string{"chief", "this"}, MaxSecs: 60},
+			bidder: bidder, key: workerKey(job, index), name: name, state: p2p.WorkerRunning,
+			started: started, beat: beat, done: make(chan struct{}), cancel: func() {}}
+		e.workers[w.key] = w
+		return job
+	}
+	over := add(0, now.Add(-61*time.Second), now)
+	silent := add(1, now.Add(-10*time.Second), now.Add(-2*submitterSilence))
+	within := add(0, now.Add(-59*time.Second), now)
+	e.watch(now)
+	for _, w := range e.workers {
+		close(w.done) // the stopped chief has added its output
+	}
+	for _, c := range []struct {
+		job       string
+		index     int
+		state     p2p.WorkerState
+		outOfTime bool
+	}{{over, 0, p2p.WorkerStopped, true}, {silent, 1, p2p.WorkerStopped, false}, {within, 0, p2p.WorkerRunning, false}} {
+		req, _ := p2p.Marshal(&p2p.StatusReq{JobID: c.job, Index: c.index})
+		_, reply, err := e.Handle(t.Context(), bidder, &p2p.Envelope{Type: p2p.TypeStatusReq, Payload: req})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := p2p.Marshal(reply)
+		var st p2p.JobStatus
+		if err := p2p.Unmarshal(b, &st); err != nil || st.Validate(c.job, c.index) != nil {
+			t.Fatalf("status %+v: %v", st, err)
+		}
+		if st.State != c.state || st.OutOfTime != c.outOfTime {
+			t.Errorf("worker %d of %.8s: %s, out of time %v; want %s, %v (%s)", c.index, c.job, st.State, st.OutOfTime, c.state, c.outOfTime, st.Reason)
+		}
+	}
+}
