@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -278,6 +279,18 @@ type JobStatus struct {
 	// the job is out of time, not short of a worker (a submitter does
 	// not take a machine's word for it before the time is up).
 	OutOfTime bool `cbor:"oot,omitempty" json:"out_of_time,omitempty"`
+	// Progress is what the worker last reported of its work (the
+	// deepmarket package's progress file); nil until it reports. Its
+	// machine could claim work not done: the submitter only notes when
+	// the count grows.
+	Progress *Progress `cbor:"prog,omitempty" json:"progress,omitempty"`
+}
+
+// Progress is a worker's own count of the work it has done (steps,
+// batches: a number that only grows while it works) and its last loss.
+type Progress struct {
+	Units uint64  `cbor:"units" json:"units"`
+	Loss  float64 `cbor:"loss,omitempty" json:"loss,omitempty"`
 }
 
 // Validate checks a machine's report on worker index of job: a state
@@ -293,6 +306,8 @@ func (s *JobStatus) Validate(job string, index int) error {
 		return rangeErr("reason of %d bytes", len(s.Reason))
 	case s.LogBytes < 0 || s.Started < 0 || s.Ended < 0 || s.SuspendedMs < 0:
 		return rangeErr("negative log size or time")
+	case s.Progress != nil && (math.IsNaN(s.Progress.Loss) || math.IsInf(s.Progress.Loss, 0)):
+		return rangeErr("progress loss %v", s.Progress.Loss)
 	}
 	for _, c := range []string{s.Result, s.Checkpoint} {
 		if c != "" && !cidRE.MatchString(c) {

@@ -297,20 +297,31 @@ def build_model(keras, name):
     return keras.Sequential(layers, name="fashion_mnist_" + name.replace("-", "_"))
 
 
-def import_deepmarket():
-    """deepmarket.train, installed in the job's environment or, when this
-    runs from a checkout of the repository, from its python/ folder."""
+def import_deepmarket(module="train"):
+    """deepmarket.<module>, installed in the job's environment or, when
+    this runs from a checkout of the repository, from its python/ folder."""
+    import importlib
     try:
-        import deepmarket.train as dmt
-        return dmt
+        return importlib.import_module("deepmarket." + module)
     except ImportError:
         here = os.path.dirname(os.path.abspath(__file__))
         checkout = os.path.normpath(os.path.join(here, "..", "..", "python"))
-        if not os.path.isfile(os.path.join(checkout, "deepmarket", "train", "__init__.py")):
+        if not os.path.isfile(os.path.join(checkout, "deepmarket", "__init__.py")):
             raise
         sys.path.insert(0, checkout)
-        import deepmarket.train as dmt
-        return dmt
+        return importlib.import_module("deepmarket." + module)
+
+
+def progress_reporter(keras):
+    """The deepmarket package's progress callback: the machine this runs on
+    reports the job's progress to the submitter, which pays for progress
+    (stall_after). None where the package is missing (a run by hand)."""
+    try:
+        progress = import_deepmarket("progress")
+    except ImportError:
+        return None
+    progress.report(0, force=True)  # started
+    return progress.keras_callback(keras)
 
 
 def main(argv=None):
@@ -330,6 +341,8 @@ def main(argv=None):
     # tf_keras is what TF's multi-worker Keras tutorial runs on.
     import tf_keras as keras
     t_tf = time.time() - t_tf0
+    reporter = progress_reporter(keras)
+    eval_callbacks = [reporter] if reporter is not None else []
 
     cores = os.environ.get("DM_CORES")
     if cores:
@@ -499,9 +512,9 @@ def main(argv=None):
             t0 = time.time()
             if diloco is not None:
                 with diloco.global_weights():  # the job's weights, not this worker's own steps since
-                    loss, acc = self.model.evaluate(test_ds, verbose=0)
+                    loss, acc = self.model.evaluate(test_ds, verbose=0, callbacks=eval_callbacks)
             else:
-                loss, acc = self.model.evaluate(test_ds, verbose=0)
+                loss, acc = self.model.evaluate(test_ds, verbose=0, callbacks=eval_callbacks)
             took = time.time() - t0
             self.eval_seconds += took
             at = time.time() - T_START
@@ -542,6 +555,8 @@ def main(argv=None):
         callbacks = [diloco, progress]
     else:
         callbacks = [keras.callbacks.BackupAndRestore(backup_dir=backup_dir), progress]
+    if reporter is not None:
+        callbacks.append(reporter)
     if args.target_accuracy is not None:
         callbacks.append(target)
     if diloco is None and workers > 1 and args.lr_scale != "none":
@@ -572,7 +587,7 @@ def main(argv=None):
         return 0
 
     t_eval = time.time()
-    test_loss, test_acc = model.evaluate(test_ds, verbose=0)
+    test_loss, test_acc = model.evaluate(test_ds, verbose=0, callbacks=eval_callbacks)
     log("%s test: loss %.4f accuracy %.4f (%.1fs)" % (tag, test_loss, test_acc, time.time() - t_eval))
 
     # Every worker saves (saving may involve collective ops); only the chief

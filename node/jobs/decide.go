@@ -12,6 +12,8 @@ import (
 	"math/big"
 	"math/bits"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/deepmarket/deepmarket/ledger"
@@ -39,6 +41,7 @@ const (
 	RunCancelled
 	TimedOut
 	LaunchFailed
+	RunStalled
 )
 
 // Fleet is what one poll found of a run's workers.
@@ -55,8 +58,10 @@ type Fleet struct {
 	// OutOfTime are the workers whose machines stopped them at the job's
 	// max duration, as they say (Judge checks it).
 	OutOfTime map[int]bool
-	Silent    bool // some worker did not answer
-	Chief     bool // the chief's machine answered
+	// Stalled are the workers whose progress stopped (Stalled).
+	Stalled map[int]bool
+	Silent  bool // some worker did not answer
+	Chief   bool // the chief's machine answered
 }
 
 // Survey reads one poll of a run's workers: sts[i] is worker i's status,
@@ -161,6 +166,13 @@ func Judge(f Fleet, cancelled bool, started time.Time, maxDuration time.Duration
 		end.Out, end.Why = ProgramFailed, f.Failed
 	case f.Result != "":
 		end.Out = RunSucceeded
+	case len(f.Stalled) > 0:
+		var who []string
+		for _, i := range slices.Sorted(maps.Keys(f.Stalled)) {
+			who = append(who, strconv.Itoa(i))
+		}
+		end.Out, end.Why = RunStalled, fmt.Sprintf("no progress from worker(s) %s for the job's stall_after: stopped, "+
+			"each worker paid up to its last progress", strings.Join(who, ", "))
 	case cancelled:
 		end.Out, end.Why = RunCancelled, "cancelled"
 	case !started.IsZero() && now.Sub(started) > maxDuration+time.Minute:
@@ -191,12 +203,17 @@ func AfterRun(out Outcome, k int) State {
 // Used is what worker w of run k has earned by now: its hourly price for
 // the time it ran, less the time its machine's owner had it suspended
 // (at most the largest uint64: a price no escrow covers is scaled down by
-// PayPlan, not wrapped).
+// PayPlan, not wrapped). Once the run reports progress, the time it ran
+// ends at its last progress: a worker that never reported earns nothing.
 func Used(run *Run, w *Worker, now time.Time) uint64 {
 	if w.Started.IsZero() {
 		return 0
 	}
-	ran := RanUntil(w, now).Sub(w.Started) - w.Suspended
+	until := RanUntil(w, now)
+	if run.Progress && w.ProgressAt.Before(until) {
+		until = w.ProgressAt
+	}
+	ran := until.Sub(w.Started) - w.Suspended
 	if ran <= 0 {
 		return 0
 	}
@@ -312,4 +329,33 @@ func mulDiv(a, b uint64, sum uint128) uint64 {
 	div := new(big.Int).Lsh(new(big.Int).SetUint64(sum.hi), 64)
 	div.Or(div, new(big.Int).SetUint64(sum.lo))
 	return prod.Quo(prod, div).Uint64()
+}
+
+// Stalled are run's live workers whose progress has not grown for
+// stallAfter, once the run reports progress (Run.Progress): counted from
+// its last progress, or from its start when it never reported. A worker
+// that ended is not stalled.
+func Stalled(run *Run, stallAfter time.Duration, now time.Time) map[int]bool {
+	if !run.Progress || stallAfter <= 0 {
+		return nil
+	}
+	var out map[int]bool
+	for i := range run.Workers {
+		w := &run.Workers[i]
+		if w.State != p2p.WorkerRunning || w.SuspendedNow {
+			continue
+		}
+		since := w.ProgressAt
+		if since.IsZero() {
+			since = w.Started
+		}
+		if since.IsZero() || now.Sub(since)-w.Suspended <= stallAfter {
+			continue
+		}
+		if out == nil {
+			out = map[int]bool{}
+		}
+		out[i] = true
+	}
+	return out
 }

@@ -411,3 +411,60 @@ func TestPayPlanProperties(t *testing.T) {
 		}
 	}
 }
+
+// TestDecideProgress: once a run reports progress, each worker is paid up
+// to the last time its count grew (one that never reported earns
+// nothing), and a live worker whose count has not grown for stall_after
+// (from its start, if it never reported) stops the run as stalled, which
+// is not re-placed. A run that never reports is paid for its time and
+// never stalls.
+func TestDecideProgress(t *testing.T) {
+	start := t0.Add(-time.Hour)
+	honest := Worker{PerHour: 3600, Started: start, LastSeen: t0, State: p2p.WorkerRunning, ProgressAt: t0.Add(-time.Second), Units: 900}
+	stalledW := Worker{PerHour: 3600, Started: start, LastSeen: t0, State: p2p.WorkerRunning, ProgressAt: start.Add(20 * time.Minute), Units: 50}
+	lazy := Worker{PerHour: 3600, Started: start, LastSeen: t0, State: p2p.WorkerRunning}
+	run := &Run{Workers: []Worker{honest, stalledW, lazy}, Progress: true, Escrow: 1_000_000}
+
+	for i, want := range []uint64{3599, 1200, 0} {
+		if got := Used(run, &run.Workers[i], t0); got != want {
+			t.Errorf("worker %d: used %d, want %d", i, got, want)
+		}
+	}
+	if got := Stalled(run, 10*time.Minute, t0); !maps.Equal(got, map[int]bool{1: true, 2: true}) {
+		t.Errorf("stalled = %v, want workers 1 and 2", got)
+	}
+	if got := Stalled(run, 2*time.Hour, t0); len(got) != 0 {
+		t.Errorf("stalled within the bound: %v", got)
+	}
+	ended := *run
+	ended.Workers = slices.Clone(run.Workers)
+	ended.Workers[1].State, ended.Workers[2].SuspendedNow = p2p.WorkerExited, true
+	if got := Stalled(&ended, 10*time.Minute, t0); len(got) != 0 {
+		t.Errorf("an ended or suspended worker counted as stalled: %v", got)
+	}
+
+	quiet := &Run{Workers: []Worker{lazy}}
+	if got := Used(quiet, &quiet.Workers[0], t0); got != 3600 {
+		t.Errorf("a run that never reports progress: used %d, want its time, 3600", got)
+	}
+	if got := Stalled(quiet, time.Minute, t0); len(got) != 0 {
+		t.Errorf("a run that never reports progress stalled: %v", got)
+	}
+
+	sts := []*p2p.JobStatus{running(), running(), running()}
+	f := Survey(sts, run.Workers, nil, t0)
+	f.Stalled = Stalled(run, 10*time.Minute, t0)
+	end, ended2 := Judge(f, false, start, 2*time.Hour, t0)
+	if !ended2 || end.Out != RunStalled || !strings.Contains(end.Why, "worker(s) 1, 2") {
+		t.Fatalf("a stalled run: %+v %v", end, ended2)
+	}
+	if AfterRun(end.Out, 0) != Failed {
+		t.Errorf("a stalled run is re-placed")
+	}
+	pays, total := PayPlan(run, end.Lost, t0)
+	if total != 3599+1200 || pays[0].Amount != 3599+1200 {
+		// One payee for all three (the zero Payee): the honest and the
+		// stalled worker's progress, nothing for the lazy one.
+		t.Errorf("paid %v, total %d", pays, total)
+	}
+}

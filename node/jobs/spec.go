@@ -38,8 +38,12 @@ const (
 	MinMemory   = 64 << 20
 	MaxMemory   = 1 << 40
 	MinDuration = time.Minute
-	MaxDuration = 7 * 24 * time.Hour
-	MaxPrice    = 1_000_000_000_000 // micro-credits: a million credits
+	// DefaultStallAfter and MinStallAfter bound stall_after: how long a
+	// run that reports progress may go without it.
+	DefaultStallAfter = 10 * time.Minute
+	MinStallAfter     = 10 * time.Second
+	MaxDuration       = 7 * 24 * time.Hour
+	MaxPrice          = 1_000_000_000_000 // micro-credits: a million credits
 	// DefaultMaxWait is how long a job waits in its submitter's queue for
 	// machines when its spec does not say (max_wait); MaxMaxWait bounds
 	// what it may say.
@@ -68,6 +72,11 @@ type File struct {
 	MaxWait string `toml:"max_wait" json:"max_wait,omitempty"`
 	// Site, when set, is preferred: quotes on other sites cost more.
 	Site string `toml:"site" json:"site,omitempty"`
+	// StallAfter is how long a run may go without progress (a duration;
+	// default 10m): once its workers report progress through the
+	// deepmarket package, a worker whose count stops growing this long
+	// stops the run, and each worker is paid up to its last progress.
+	StallAfter string `toml:"stall_after" json:"stall_after,omitempty"`
 	// Training, when set, is how the workers synchronize ([training]
 	// mode = "sync" or "diloco", sync_every, compress).
 	Training *p2p.Training `toml:"training" json:"training,omitempty"`
@@ -91,6 +100,7 @@ type Spec struct {
 	Deadline    time.Time     `json:"deadline,omitzero"`
 	MaxWait     time.Duration `json:"max_wait_ns"`
 	Site        string        `json:"site,omitempty"`
+	StallAfter  time.Duration `json:"stall_after_ns,omitempty"`
 	Training    *p2p.Training `json:"training,omitempty"`
 }
 
@@ -233,6 +243,15 @@ func (f *File) validateTerms(s *Spec) (err error) {
 	if f.Deadline != "" {
 		if s.Deadline, err = time.Parse(time.RFC3339, f.Deadline); err != nil {
 			return bad("deadline", "%v (want RFC 3339, such as 2026-12-01T18:00:00Z)", err)
+		}
+	}
+	s.StallAfter = DefaultStallAfter
+	if f.StallAfter != "" {
+		if s.StallAfter, err = time.ParseDuration(f.StallAfter); err != nil {
+			return bad("stall_after", "%v", err)
+		}
+		if s.StallAfter < MinStallAfter || s.StallAfter > s.MaxDuration {
+			return bad("stall_after", "%s: want %s to max_duration (%s)", f.StallAfter, MinStallAfter, s.MaxDuration)
 		}
 	}
 	s.MaxWait = DefaultMaxWait

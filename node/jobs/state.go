@@ -86,6 +86,12 @@ type Worker struct {
 	Receipt    uint64 `json:"receipt"`
 	ReceiptSeq uint64 `json:"receipt_seq"`
 	LogOffset  int64  `json:"log_offset"`
+	// Units and Loss are the progress it last reported (the deepmarket
+	// package's count of work done); ProgressAt is when, as the
+	// submitter saw it, the count last grew (zero: it never reported).
+	Units      uint64    `json:"units,omitempty"`
+	Loss       float64   `json:"loss,omitempty"`
+	ProgressAt time.Time `json:"progress_at,omitzero"`
 }
 
 // Run is one placement of a job: its own bid, holds and escrow. A job is
@@ -106,6 +112,9 @@ type Run struct {
 	// Predicted is the quote's prediction of the job's time on these
 	// machines, when the spec's [training] gives steps and params.
 	Predicted *p2p.Predicted `json:"predicted,omitempty"`
+	// Progress says the run's workers report progress: from then on each
+	// is paid up to its last progress, and one that stalls stops the run.
+	Progress bool `json:"progress,omitempty"`
 }
 
 // Job is a job on its submitting node, as persisted.

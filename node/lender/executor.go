@@ -368,7 +368,7 @@ func (e *Executor) Handle(ctx context.Context, from peer.ID, env *p2p.Envelope) 
 		if r.Receipt != nil {
 			e.keepReceipt(w, *r.Receipt)
 		}
-		return p2p.TypeJobStatus, w.status(time.Now()), nil
+		return p2p.TypeJobStatus, e.statusOf(w), nil
 	case p2p.TypeLogsReq:
 		r, w, err := ownedReq(e, from, env, func(r *p2p.LogsReq) (string, int) { return r.JobID, r.Index })
 		if err != nil {
@@ -391,7 +391,7 @@ func (e *Executor) Handle(ctx context.Context, from peer.ID, env *p2p.Envelope) 
 		if r.Final {
 			go e.finish(w)
 		}
-		return p2p.TypeJobStatus, w.status(time.Now()), nil
+		return p2p.TypeJobStatus, e.statusOf(w), nil
 	}
 	return "", nil, fmt.Errorf("%w %q", p2p.ErrUnknownType, env.Type)
 }

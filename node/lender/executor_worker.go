@@ -188,6 +188,7 @@ func (e *Executor) buildEnv(w *worker) []string {
 		"DM_JOB_ID=" + l.JobID, "DM_RANK=" + strconv.Itoa(l.Index), "DM_WORLD_SIZE=" + strconv.Itoa(len(l.World)),
 		"DM_WORKERS=" + strings.Join(addrs, ","), "DM_AVG_PEERS=" + strings.Join(avg, ","), "DM_CORES=" + strconv.Itoa(int(max(l.Res.Cores, 1))),
 		"DM_DATA_DIR=" + filepath.Join(w.dir, "data"), "DM_OUTPUT_DIR=" + filepath.Join(w.dir, "out"),
+		"DM_PROGRESS_FILE=" + filepath.Join(w.dir, progressFile),
 	}
 	env = append(env, l.Training.Env()...)
 	env = append(env, frameworkEnv(l.Framework, l.Index, addrs)...)

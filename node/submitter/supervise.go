@@ -36,6 +36,7 @@ func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (jobs.RunEn
 			m.move(j, jobs.Running, "")
 		}
 		f := jobs.Survey(sts, run.Workers, lost, now)
+		f.Stalled = m.stalled(j, run, now)
 		lost = f.Lost
 		if f.Result != "" {
 			m.save(j, func() { j.ResultCID = f.Result })
@@ -148,6 +149,14 @@ func recordStatuses(j *jobs.Job, run *jobs.Run, sts []*p2p.JobStatus, now time.T
 		if i == 0 && st.Checkpoint != "" {
 			j.Checkpoint = st.Checkpoint
 		}
+		if p := st.Progress; p != nil {
+			// Only growth counts, timed by this node's clock: a machine
+			// cannot date its worker's progress.
+			if w.ProgressAt.IsZero() || p.Units > w.Units {
+				w.ProgressAt = now
+			}
+			w.Units, w.Loss, run.Progress = max(w.Units, p.Units), p.Loss, true
+		}
 	}
 }
 
@@ -254,4 +263,11 @@ func (m *Manager) finalStop(ctx context.Context, j *jobs.Job, k int) {
 		m.p.Machines.Call(cctx, w.Machine, p2p.TypeStop, &p2p.Stop{JobID: run.ID, Index: i, Final: true}, p2p.TypeJobStatus, &st)
 		cancel()
 	}
+}
+
+// stalled are run's workers that stopped making progress (jobs.Stalled).
+func (m *Manager) stalled(j *jobs.Job, run *jobs.Run, now time.Time) map[int]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return jobs.Stalled(run, j.Spec.StallAfter, now)
 }

@@ -1,0 +1,64 @@
+package lender
+
+import (
+	"encoding/json"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/deepmarket/deepmarket/p2p"
+)
+
+// progressFile is where, inside its dir, a worker reports its progress
+// (DM_PROGRESS_FILE, written by the deepmarket package).
+var progressFile = filepath.Join("tmp", "progress.json")
+
+// maxProgressBytes bounds what is read of a worker's progress file.
+const maxProgressBytes = 512
+
+// readProgress is what worker w last reported of its progress, nil when
+// it has not (or wrote something else). The file is the job's: it is
+// opened beneath the worker's dir (no link leads out), without blocking
+// (a FIFO does not hold the node), only if regular, and read up to a
+// bound.
+func (e *Executor) readProgress(w *worker) *p2p.Progress {
+	dir, err := e.root.OpenRoot(w.name)
+	if err != nil {
+		return nil
+	}
+	defer dir.Close()
+	f, err := dir.OpenFile(progressFile, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxProgressBytes+1))
+	if err != nil || len(b) > maxProgressBytes {
+		return nil
+	}
+	var rec struct {
+		Units *uint64 `json:"units"`
+		Loss  float64 `json:"loss"`
+	}
+	if json.Unmarshal(b, &rec) != nil || rec.Units == nil {
+		return nil
+	}
+	p := &p2p.Progress{Units: *rec.Units, Loss: rec.Loss}
+	if math.IsNaN(p.Loss) || math.IsInf(p.Loss, 0) {
+		p.Loss = 0
+	}
+	return p
+}
+
+// statusOf is worker w's report to its submitter, with its progress.
+func (e *Executor) statusOf(w *worker) p2p.JobStatus {
+	st := w.status(time.Now())
+	st.Progress = e.readProgress(w)
+	return st
+}

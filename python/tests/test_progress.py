@@ -1,0 +1,65 @@
+"""deepmarket.progress: what a worker writes for its machine to read."""
+
+import json
+import os
+import tempfile
+import types
+import unittest
+from unittest import mock
+
+from deepmarket import progress
+
+
+class FakeKeras:
+    """Just what keras_callback needs of a Keras module."""
+    callbacks = types.SimpleNamespace(Callback=type("Callback", (), {"__init__": lambda self: None}))
+
+
+class ProgressTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "progress.json")
+        progress._last.update(at=0.0, units=-1)
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def read(self):
+        with open(self.path) as f:
+            return json.load(f)
+
+    def test_report_writes_units_and_loss(self):
+        self.assertTrue(progress.report(0, path=self.path))
+        self.assertEqual(self.read(), {"units": 0})
+        self.assertTrue(progress.report(7, 0.25, path=self.path, force=True))
+        self.assertEqual(self.read(), {"units": 7, "loss": 0.25})
+        self.assertEqual(os.listdir(self.dir.name), ["progress.json"])  # no temp file left
+
+    def test_at_most_once_a_second_unless_forced(self):
+        progress.report(1, path=self.path)
+        self.assertFalse(progress.report(2, path=self.path))
+        self.assertEqual(self.read()["units"], 1)
+        self.assertTrue(progress.report(3, path=self.path, force=True))
+
+    def test_without_the_variable_nothing_happens(self):
+        with mock.patch.dict(os.environ, {}, clear=True):
+            self.assertFalse(progress.report(5))
+
+    def test_bad_values(self):
+        with self.assertRaises(ValueError):
+            progress.report(-1, path=self.path)
+        progress.report(4, float("nan"), path=self.path, force=True)
+        self.assertEqual(self.read(), {"units": 4})  # a NaN loss is left out
+
+    def test_keras_callback_counts_batches(self):
+        with mock.patch.dict(os.environ, {progress.ENV: self.path}):
+            cb = progress.keras_callback(FakeKeras)
+            for b in range(3):
+                cb.on_train_batch_end(b, {"loss": 1.5 - b})
+            cb.on_test_batch_end(0)
+            cb.on_test_end()
+        self.assertEqual(self.read(), {"units": 4, "loss": -0.5})
+
+
+if __name__ == "__main__":
+    unittest.main()
