@@ -56,6 +56,7 @@ func (b *bench) byHand(ctx context.Context, mode string, workers int) (float64, 
 		"--", "--model", b.cfg.Model, "--epochs", "1", "--steps-per-epoch", strconv.Itoa(b.cfg.ByHandSteps)}
 	if mode == "diloco" {
 		args = append(args, "--sync-every", strconv.Itoa(b.cfg.SyncEvery), "--compress", b.cfg.Compress)
+		args = append(args, b.cfg.DiLoCoArgs...)
 	}
 	plan := exec.CommandContext(ctx, b.python, args...)
 	plan.Dir = filepath.Join(filepath.Dir(filepath.Dir(b.bundle)), "python")

@@ -65,6 +65,9 @@ type Config struct {
 	Compress    string   `json:"compress"`
 	MaxSteps    int      `json:"max_steps"`
 	JobTimeoutS float64  `json:"job_timeout_s"`
+	// DiLoCoArgs are train.py flags added to the command of diloco jobs
+	// (such as the outer optimizer's, which [training] does not carry).
+	DiLoCoArgs []string `json:"diloco_args,omitempty"`
 	// CutFactor: a job of 2+ workers is also cancelled once it has run
 	// this many times the profile's 1-worker completion (0: never).
 	CutFactor float64 `json:"cut_factor,omitempty"`
@@ -182,6 +185,8 @@ func main() {
 	compress := flag.String("compress", "int8", "diloco: int8, fp16 or none ([training] compress)")
 	maxSteps := flag.Int("max-steps", 4000, "steps a worker takes at most (a job that has not reached the target by then stops)")
 	jobTimeout := flag.Duration("job-timeout", 14*time.Minute, "cancel a job still running this long after it was submitted")
+	dilocoArgs := flag.String("diloco-args", "", "train.py flags added to diloco jobs' command, space-separated "+
+		"(e.g. \"--outer-lr 1.0 --outer-momentum 0\")")
 	oneWorkerOnce := flag.Bool("one-worker-once", true, "run the 1-worker job on the first profile only and use it "+
 		"as every profile's baseline (one worker sends nothing while it trains; its time to target starts at its process start)")
 	cutFactor := flag.Float64("cut-factor", 1.5, "cancel a job of 2+ workers once it has run this many times the profile's "+
@@ -210,7 +215,8 @@ func main() {
 	start := time.Now()
 
 	cfg := Config{Target: *target, Model: *model, EvalEvery: *evalEvery, SyncEvery: *syncEvery, Compress: *compress,
-		MaxSteps: *maxSteps, JobTimeoutS: jobTimeout.Seconds(), CutFactor: *cutFactor, ByHandSteps: *byHand}
+		MaxSteps: *maxSteps, JobTimeoutS: jobTimeout.Seconds(), CutFactor: *cutFactor, ByHandSteps: *byHand,
+		DiLoCoArgs: strings.Fields(*dilocoArgs)}
 	if *machineCores > 0 {
 		cfg.Machine = &testnet.Machine{Cores: *machineCores, MemBytes: uint64(*machineMem * (1 << 30))}
 	}
@@ -502,7 +508,11 @@ func (b *bench) runJob(ctx context.Context, bed *testbed.Bed, profile, mode stri
 		tr.SyncEvery, tr.Compress = b.cfg.SyncEvery, b.cfg.Compress
 	}
 	name := fmt.Sprintf("training-%s-%s-%d", profile, mode, workers)
-	spec := jobs.File{Name: name, Framework: "tensorflow", Command: b.command,
+	command := b.command
+	if mode == "diloco" {
+		command = append(slices.Clone(command), b.cfg.DiLoCoArgs...)
+	}
+	spec := jobs.File{Name: name, Framework: "tensorflow", Command: command,
 		Bundle: b.bundle, Dataset: "/usr/share/datasets/fashion-mnist", Workers: workers, Cores: 1, Memory: "2GiB",
 		// Workers on different sites pay for the link between them
 		// (scheduler network prices): the budget must allow it.

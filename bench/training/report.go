@@ -62,11 +62,11 @@ func markdown(rep Report) string {
 		"submitted through the market, with `[training] mode = \"sync\"` "+
 		"(MultiWorkerMirroredStrategy, gradients all-reduced every step, the learning rate scaled by the square root "+
 		"of the worker count after a 200-step warm-up; one worker trains alone with plain Keras) or `mode = \"diloco\"`, "+
-		"`sync_every = %d`, `compress = \"%s\"` (the deepmarket package averages over the job's tunnels). "+
+		"`sync_every = %d`, `compress = \"%s\"`%s (the deepmarket package averages over the job's tunnels). "+
 		"%s, on sites univ-a and univ-b in turn, so two workers span the sites. A job stops at the target "+
 		"(evaluated every %d steps a worker), after %d steps a worker, or is cancelled %.0f s after it was submitted%s.\n\n",
 		rep.Date, rep.CPUs, rep.Shaper, rep.TookS, strings.Join(rep.Command, " "),
-		cfg.SyncEvery, cfg.Compress, machine, cfg.EvalEvery, cfg.MaxSteps, cfg.JobTimeoutS, cutNote(cfg))
+		cfg.SyncEvery, cfg.Compress, dilocoArgsNote(cfg), machine, cfg.EvalEvery, cfg.MaxSteps, cfg.JobTimeoutS, cutNote(cfg))
 	fmt.Fprintf(&b, "| Profile | Workers | Mode | Time to %.2f (s) | vs 1 worker | Evaluations excluded (s) | vs 1 | Steps to target | Final test acc | "+
 		"Examples/s | MB sent/worker | Machine CPU (cores) | Completion (s) | Sites | State |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", cfg.Target)
 	for _, r := range rep.Results {
@@ -329,4 +329,12 @@ func cutNote(cfg Config) string {
 	}
 	return fmt.Sprintf(", or, with 2 or more workers, once it has run %g times the 1-worker job's completion on "+
 		"the same profile (by then it is slower than one worker)", cfg.CutFactor)
+}
+
+// dilocoArgsNote names the flags diloco jobs add to the command.
+func dilocoArgsNote(cfg Config) string {
+	if len(cfg.DiLoCoArgs) == 0 {
+		return ""
+	}
+	return " and `" + strings.Join(cfg.DiLoCoArgs, " ") + "` added to its command"
 }
