@@ -38,17 +38,24 @@ var stateffJSON []byte
 var DefaultEfficiency = mustEfficiency(stateffJSON)
 
 func mustEfficiency(b []byte) Efficiency {
+	e, err := ParseEfficiency(b)
+	if err != nil {
+		panic(fmt.Sprintf("scheduler: stateff.json: %v", err))
+	}
+	return e
+}
+
+// ParseEfficiency reads a table as python -m deepmarket.stateff
+// --go-table writes it (such as stateff.json), checked.
+func ParseEfficiency(b []byte) (Efficiency, error) {
 	var t struct {
 		Modes map[string][]EfficiencyPoint `json:"modes"`
 	}
 	if err := json.Unmarshal(b, &t); err != nil {
-		panic(fmt.Sprintf("scheduler: stateff.json: %v", err))
+		return Efficiency{}, err
 	}
 	e := Efficiency{Sync: t.Modes["sync"], Local: t.Modes["diloco"]}
-	if err := e.Validate(); err != nil {
-		panic(fmt.Sprintf("scheduler: stateff.json: %v", err))
-	}
-	return e
+	return e, e.Validate()
 }
 
 // EfficiencyFromRatios is a job's own table: ratios[k-1] for k workers

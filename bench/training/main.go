@@ -49,6 +49,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/scheduler"
 	"github.com/deepmarket/deepmarket/testnet"
 	"github.com/deepmarket/deepmarket/testnet/netlab"
 )
@@ -68,6 +69,10 @@ type Config struct {
 	// DiLoCoArgs are train.py flags added to the command of diloco jobs
 	// (such as the outer optimizer's, which [training] does not carry).
 	DiLoCoArgs []string `json:"diloco_args,omitempty"`
+	// Efficiency is the statistical efficiency predictions use (-stateff,
+	// a table for this workload); nil: the scheduler's shipped table.
+	Efficiency     *scheduler.Efficiency `json:"efficiency,omitempty"`
+	EfficiencyFrom string                `json:"efficiency_from,omitempty"`
 	// CutFactor: a job of 2+ workers is also cancelled once it has run
 	// this many times the profile's 1-worker completion (0: never).
 	CutFactor float64 `json:"cut_factor,omitempty"`
@@ -187,6 +192,8 @@ func main() {
 	jobTimeout := flag.Duration("job-timeout", 14*time.Minute, "cancel a job still running this long after it was submitted")
 	dilocoArgs := flag.String("diloco-args", "", "train.py flags added to diloco jobs' command, space-separated "+
 		"(e.g. \"--outer-lr 1.0 --outer-momentum 0\")")
+	stateff := flag.String("stateff", "", "predict with this statistical-efficiency table (python -m deepmarket.stateff "+
+		"--go-table) instead of the scheduler's shipped one; with -from, rewrite the report's predictions with it")
 	oneWorkerOnce := flag.Bool("one-worker-once", true, "run the 1-worker job on the first profile only and use it "+
 		"as every profile's baseline (one worker sends nothing while it trains; its time to target starts at its process start)")
 	cutFactor := flag.Float64("cut-factor", 1.5, "cancel a job of 2+ workers once it has run this many times the profile's "+
@@ -206,8 +213,20 @@ func main() {
 		}
 		return
 	}
+	var eff *scheduler.Efficiency
+	if *stateff != "" {
+		raw, err := os.ReadFile(*stateff)
+		if err != nil {
+			log.Fatalf("-stateff: %v", err)
+		}
+		e, err := scheduler.ParseEfficiency(raw)
+		if err != nil {
+			log.Fatalf("-stateff %s: %v", *stateff, err)
+		}
+		eff = &e
+	}
 	if *from != "" {
-		if err := rewrite(*from, *out); err != nil {
+		if err := rewrite(*from, *out, eff, *stateff); err != nil {
 			log.Fatal(err)
 		}
 		return
@@ -216,7 +235,7 @@ func main() {
 
 	cfg := Config{Target: *target, Model: *model, EvalEvery: *evalEvery, SyncEvery: *syncEvery, Compress: *compress,
 		MaxSteps: *maxSteps, JobTimeoutS: jobTimeout.Seconds(), CutFactor: *cutFactor, ByHandSteps: *byHand,
-		DiLoCoArgs: strings.Fields(*dilocoArgs)}
+		DiLoCoArgs: strings.Fields(*dilocoArgs), Efficiency: eff, EfficiencyFrom: *stateff}
 	if *machineCores > 0 {
 		cfg.Machine = &testnet.Machine{Cores: *machineCores, MemBytes: uint64(*machineMem * (1 << 30))}
 	}
@@ -358,7 +377,7 @@ func redoByHand(from, dir, python, logs string, steps int) error {
 }
 
 // rewrite writes the report in dir again from an earlier report.json.
-func rewrite(from, dir string) error {
+func rewrite(from, dir string, eff *scheduler.Efficiency, effFrom string) error {
 	raw, err := os.ReadFile(from)
 	if err != nil {
 		return err
@@ -366,6 +385,9 @@ func rewrite(from, dir string) error {
 	var rep Report
 	if err := json.Unmarshal(raw, &rep); err != nil {
 		return fmt.Errorf("%s: %w", from, err)
+	}
+	if eff != nil {
+		rep.Config.Efficiency, rep.Config.EfficiencyFrom = eff, effFrom
 	}
 	if err := write(dir, &rep); err != nil {
 		return err

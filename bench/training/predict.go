@@ -57,7 +57,7 @@ func predict(rep *Report) {
 			continue
 		}
 		step, overhead := stepTime(base)
-		train := scheduler.Training{Steps: base.StepsToTarget, ModelBytes: modelBytes, Sync: r.Mode != "diloco",
+		train := scheduler.Training{Steps: base.StepsToTarget, ModelBytes: modelBytes, Sync: r.Mode != "diloco", Efficiency: rep.Config.Efficiency,
 			SyncEvery: rep.Config.SyncEvery, Wire: wire(rep.Config.Compress)}
 		speeds := make([]float64, r.Workers)
 		site := func(w int) int { // univ-a, univ-b, ... as the testbed names them; else in turn
@@ -151,11 +151,15 @@ func predictionTable(rep Report) string {
 		if p == nil {
 			continue
 		}
+		table := "`scheduler/stateff.json`, the scheduler's shipped table"
+		if rep.Config.EfficiencyFrom != "" {
+			table = "`" + rep.Config.EfficiencyFrom + "`, this workload's table, as a job's `[training] steps_ratio` would give it"
+		}
 		if b.Len() == 0 {
 			b.WriteString("## Predicted and measured\n\n" +
 				"What the scheduler's model (`scheduler.Predict`, the one quotes use) expects of each job: the steps each " +
 				"worker takes are the 1-worker job's steps to the target times the measured statistical efficiency for " +
-				"that many workers and mode (`scheduler/stateff.json`, from the harness below); each step takes the " +
+				"that many workers and mode (" + table + ", from the harness below); each step takes the " +
 				"1-worker job's pace on the slowest machine plus, in sync mode, a ring all-reduce of the gradients over " +
 				"the links the lenders' probes measured between the job's machines (a quote's own input; the " +
 				"profile's nominal links where none was measured), or, in diloco mode, a round's exchange every " +

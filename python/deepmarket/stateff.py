@@ -105,9 +105,9 @@ DEFAULTS = {"learning_rate": 3e-3, "lr_scale": "sqrt", "warmup_steps": 200,
             "sync_every": 50, "outer_lr": 0.7, "outer_momentum": 0.9, "compress": "int8"}
 
 
-def is_default(row):
-    """Whether a row ran with DEFAULTS (a 1-worker row: at the default rate)."""
-    d = DEFAULTS
+def is_default(row, d=DEFAULTS):
+    """Whether a row ran with the settings d, DEFAULTS unless given (a
+    1-worker row: at the default rate)."""
     if row["mode"] == "sync":
         if row.get("lr") != d["learning_rate"]:
             return False
@@ -306,36 +306,42 @@ def steps_to(row, target):
     return row["steps_to_target"] if row["target"] == target and row["reached"] else None
 
 
-def bases(rows, target, model):
+def bases(rows, target, model, d=DEFAULTS):
     """Each seed's 1-worker steps to target with the defaults."""
     out = {}
     for r in rows:
-        if r["model"] == model and r["workers"] == 1 and r["mode"] == "sync" and is_default(r):
+        if r["model"] == model and r["workers"] == 1 and r["mode"] == "sync" and is_default(r, d):
             st = steps_to(r, target)
             if st:
                 out[r["seed"]] = st
     return out
 
 
-def go_table(rows, target, model):
+def go_table(rows, target, model, d=DEFAULTS):
     """The scheduler's table: per mode and worker count k, the steps to the
     target per worker over one worker's, from the rows run with DEFAULTS
     (one worker at the default learning rate, the best one measured: the
     baseline a researcher would run), each seed against its own 1-worker
     row, averaged over the seeds: steps to a plateau-ish target vary by a
     third from one data order to the next."""
-    base = bases(rows, target, model)
+    base = bases(rows, target, model, d)
     if not base:
         raise SystemExit("stateff: no 1-worker row with the defaults reached %.2f: nothing to scale by" % target)
     out = {"target": target, "model": model, "batch_per_worker": 64, "seeds": sorted(base),
-           "one_worker_steps": round(sum(base.values()) / len(base)), "defaults": DEFAULTS, "modes": {}}
+           "one_worker_steps": round(sum(base.values()) / len(base)), "defaults": d, "modes": {}}
     for mode in ("sync", "diloco"):
         per = {}
         for r in rows:
             st = steps_to(r, target)
-            if (r["mode"] != mode or r["workers"] < 2 or r["model"] != model or not is_default(r)
-                    or r["seed"] not in base or not st):
+            if (r["mode"] != mode or r["workers"] < 2 or r["model"] != model or not is_default(r, d)
+                    or r["seed"] not in base):
                 continue
+            if not st:
+                # Not reached in at least one worker's steps: no better
+                # than one worker (the table's ceiling), not unknown.
+                if r.get("steps_run", 0) < base[r["seed"]]:
+                    continue
+                st = r["steps_run"]
             per.setdefault(r["workers"], {})[r["seed"]] = st / base[r["seed"]]  # one per seed
         pts = [{"workers": 1, "ratio": 1.0}]
         for k in sorted(per):
@@ -347,10 +353,10 @@ def go_table(rows, target, model):
     return out
 
 
-def markdown(rows, target, model, table):
+def markdown(rows, target, model, table, d=DEFAULTS):
     """The rows as a Markdown report, with the scheduler's table."""
     one = table["one_worker_steps"]
-    base = bases(rows, target, model)
+    base = bases(rows, target, model, d)
     out = ["# Statistical efficiency: steps to %.2f test accuracy with k workers" % target, "",
            "`python -m deepmarket.stateff` (python/deepmarket/stateff.py): the Fashion-MNIST example's model "
            "(`%s`), data and optimizer (Adam), batch %d a worker, k workers simulated in one process with "
@@ -363,10 +369,10 @@ def markdown(rows, target, model, table):
            "**Ratio** is a worker's steps to the target over one worker's with the same data order (seed) at "
            "the default learning rate, %g (%s steps; the fewest of the rates tried): 1/k would be perfect "
            "scaling, 1 no gain. The steps k workers need bound their speed-up at 1/ratio, on any machines and "
-           "links. Rows marked * run with train.py's defaults (%s): the scheduler's table is made of them, "
+           "links. Rows marked * run with the table's settings (%s; train.py's defaults unless the table says otherwise): the table is made of them, "
            "averaged over the seeds." % (
-               DEFAULTS["learning_rate"], ", ".join("%d for seed %d" % (v, k) for k, v in sorted(base.items())),
-               ", ".join("%s %s" % (k, v) for k, v in DEFAULTS.items())), "",
+               d["learning_rate"], ", ".join("%d for seed %d" % (v, k) for k, v in sorted(base.items())),
+               ", ".join("%s %s" % (k, v) for k, v in d.items())), "",
            "| Mode | k | Seed | Learning rate (peak) | Settings | Steps to %.2f | Ratio | Perfect | Examples to target | Final acc (steps run) |" % target,
            "|---|---|---|---|---|---|---|---|---|---|"]
     def settings(r):
@@ -381,7 +387,7 @@ def markdown(rows, target, model, table):
         st = steps_to(r, target)
         lr = r.get("peak_lr", r.get("lr")) if r["mode"] == "sync" else r["inner_lr"]
         out.append("| %s%s | %d | %d | %g | %s | %s | %s | %.3f | %s | %.4f (%d) |" % (
-            r["mode"], "*" if is_default(r) else "", r["workers"], r["seed"], lr, settings(r), st if st else "not reached",
+            r["mode"], "*" if is_default(r, d) else "", r["workers"], r["seed"], lr, settings(r), st if st else "not reached",
             "%.3f" % (st / base[r["seed"]]) if st and r["seed"] in base else "-", 1 / r["workers"],
             "{:,}".format(st * r["workers"] * r["batch_per_worker"]) if st else "-",
             r["final_accuracy"], r["steps_run"]))
@@ -402,7 +408,7 @@ def markdown(rows, target, model, table):
             ratios = []
             for t in his:
                 one = [x for x in later if x["workers"] == 1 and x["seed"] == r["seed"] and x["target"] >= t
-                       and is_default(x) and steps_to(x, t)]
+                       and is_default(x, d) and steps_to(x, t)]
                 st = steps_to(r, t) if t <= r["target"] else None
                 ratios.append("%.3f" % (st / steps_to(one[0], t)) if st and one else "-")
             out.append("| %s | %d | %d | %s | %s | %s |" % (r["mode"], r["workers"], r["seed"], settings(r),
@@ -424,14 +430,16 @@ def write_reports(a, rows):
     """Writes --go-table and --md, when asked for, from rows."""
     if not (a.go_table or a.md):
         return
-    table = go_table(rows, a.target, a.model)
+    # The table's settings: the defaults, or the diloco settings asked for.
+    d = dict(DEFAULTS, sync_every=a.sync_every[0], outer_lr=a.outer_lr[0], outer_momentum=a.outer_momentum[0])
+    table = go_table(rows, a.target, a.model, d)
     if a.go_table:
         with open(a.go_table, "w") as f:
             json.dump(table, f, indent=1)
             f.write("\n")
     if a.md:
         with open(a.md, "w") as f:
-            f.write(markdown(rows, a.target, a.model, table))
+            f.write(markdown(rows, a.target, a.model, table, d))
 
 
 def main(argv=None):
