@@ -51,6 +51,18 @@ class TestTable(unittest.TestCase):
         dil = {p["workers"]: p["ratio"] for p in t["modes"]["diloco"]}
         self.assertEqual((dil[1], dil[2], dil[4]), (1.0, 1.0, 0.25))
 
+    def test_not_reached_is_no_gain_and_other_settings_make_their_own_table(self):
+        rows = [row("sync", 1, 1, 1000),
+                row("diloco", 2, 1, None, steps_run=3000),  # not reached in 3x one worker's steps
+                row("diloco", 3, 1, None, steps_run=500),  # stopped too soon to say: left out
+                row("diloco", 2, 1, 600, outer_lr=1.0, outer_momentum=0.0)]
+        dil = {p["workers"]: p["ratio"] for p in stateff.go_table(rows, 0.9, "cnn-wide")["modes"]["diloco"]}
+        self.assertEqual(dil, {1: 1.0, 2: 1.0})
+        avg = dict(stateff.DEFAULTS, outer_lr=1.0, outer_momentum=0.0)
+        t = stateff.go_table(rows, 0.9, "cnn-wide", avg)
+        self.assertEqual({p["workers"]: p["ratio"] for p in t["modes"]["diloco"]}, {1: 1.0, 2: 0.6})
+        self.assertEqual(t["defaults"]["outer_lr"], 1.0)
+
     def test_no_single_worker_no_table(self):
         with self.assertRaises(SystemExit):
             stateff.go_table([row("sync", 2, 1, 600)], 0.9, "cnn-wide")
