@@ -226,11 +226,12 @@ func TestFashionMNISTAcrossTwoLenders(t *testing.T) {
 		t.Errorf("result %s: want 2 workers and test accuracy above 0.75", b)
 	}
 	// Credits: each lender earned what the settlement paid it, which is
-	// its hourly price for the time its worker ran; the submitter paid
-	// exactly the sum; supply is conserved.
+	// its hourly price for the time its worker ran up to its last
+	// progress (train.py reports every batch); the submitter paid exactly
+	// the sum; supply is conserved.
 	run := j.Current()
-	if !run.Settled || run.Paid == 0 || j.Cost != run.Paid {
-		t.Fatalf("run settled %v, paid %d, job cost %d", run.Settled, run.Paid, j.Cost)
+	if !run.Settled || run.Paid == 0 || j.Cost != run.Paid || !run.Progress {
+		t.Fatalf("run settled %v, paid %d, job cost %d, progress reported %v", run.Settled, run.Paid, j.Cost, run.Progress)
 	}
 	var sum uint64
 	for i, l := range c.lenders {
@@ -240,13 +241,20 @@ func TestFashionMNISTAcrossTwoLenders(t *testing.T) {
 				w = x
 			}
 		}
-		earned := uint64(float64(w.PerHour) * w.Ended.Sub(w.Started).Hours())
+		until := w.Ended
+		if w.ProgressAt.Before(until) {
+			until = w.ProgressAt
+		}
+		if w.Units == 0 || w.Ended.Sub(until) > 10*time.Second {
+			t.Errorf("worker %d reported %d units, its last %s before it ended", i, w.Units, w.Ended.Sub(until))
+		}
+		earned := uint64(float64(w.PerHour) * until.Sub(w.Started).Hours())
 		bal, err := l.client.Balance(t.Context(), "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		if bal.Balance == 0 || bal.Balance > earned+1 || bal.Balance+1 < earned {
-			t.Errorf("lender %d earned %d; its worker ran %s at %d an hour = %d", i, bal.Balance, w.Ended.Sub(w.Started), w.PerHour, earned)
+			t.Errorf("lender %d earned %d; its worker progressed for %s at %d an hour = %d", i, bal.Balance, until.Sub(w.Started), w.PerHour, earned)
 		}
 		sum += bal.Balance
 	}
