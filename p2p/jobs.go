@@ -203,6 +203,11 @@ func (l *Launch) Validate() error {
 type LaunchReply struct {
 	OK     bool   `cbor:"ok" json:"ok"`
 	Reason string `cbor:"reason,omitempty" json:"reason,omitempty"`
+	// Retry says the refusal may pass: the machine's replica of the
+	// ledger has not shown it the run's escrow yet (it may be catching
+	// up). Its hold stays until it lapses; the same launch may be sent
+	// again.
+	Retry bool `cbor:"retry,omitempty" json:"retry,omitempty"`
 }
 
 // Receipt is the payer's signed statement of what a machine has earned on

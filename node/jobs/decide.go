@@ -29,6 +29,11 @@ const (
 	// from the launch, a machine may stop a worker as out of time (it
 	// counts from the worker's start, after the launch).
 	OutOfTimeSlack = 30 * time.Second
+	// FailureSettle is how long a worker's failure waits while others of
+	// its run still run: one whose machine is stopping fails its peers'
+	// collective ops before its own machine says it stopped it (within
+	// p2p.StopGrace).
+	FailureSettle = p2p.StopGrace + 5*time.Second
 )
 
 // Outcome is how a run ended.
@@ -62,6 +67,9 @@ type Fleet struct {
 	Stalled map[int]bool
 	Silent  bool // some worker did not answer
 	Chief   bool // the chief's machine answered
+	// FailedFor is how long polls have found a failure (the supervisor
+	// sets it from the first that did).
+	FailedFor time.Duration
 }
 
 // Survey reads one poll of a run's workers: sts[i] is worker i's status,
@@ -147,10 +155,11 @@ func Judge(f Fleet, cancelled bool, started time.Time, maxDuration time.Duration
 	}
 	end := RunEnd{Lost: f.Lost, Vacated: f.Vacated}
 	switch {
-	case f.Failed != "" && f.Silent && len(f.Lost) == 0:
-		// A worker failing while another is unreachable is most likely
-		// the consequence (its collective ops broke): wait to see whether
-		// the unreachable one is lost.
+	case f.Failed != "" && len(f.Lost) == 0 && (f.Silent || !f.Over && f.FailedFor < FailureSettle):
+		// A worker failing while another is unreachable, or stopping, is
+		// most likely the consequence (its collective ops broke): wait to
+		// see whether the unreachable one is lost, or for the others'
+		// machines to say they stopped them.
 		return end, false
 	case len(f.OutOfTime) > 0:
 		// Its machine stopped a worker at the max duration: the run is

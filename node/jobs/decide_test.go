@@ -44,6 +44,7 @@ func TestDecideRunEnd(t *testing.T) {
 		cancelled bool
 		started   time.Time
 		maxDur    time.Duration
+		failedFor time.Duration // how long polls have found a failure
 
 		ended      bool
 		Out        Outcome
@@ -62,13 +63,19 @@ func TestDecideRunEnd(t *testing.T) {
 		{name: "a worker's result is not the job's", sts: []*p2p.JobStatus{running(), exited(0, "bafyw1", "")}},
 		{name: "all exited ok, no result", sts: []*p2p.JobStatus{exited(0, "", ""), exited(0, "", "")},
 			ended: true, Out: ProgramFailed, Why: "every worker exited but the chief left no result"},
-		{name: "a worker exited non-zero", sts: []*p2p.JobStatus{running(), exited(3, "", "exited with code 3")},
+		{name: "a worker exited non-zero", failedFor: FailureSettle, sts: []*p2p.JobStatus{running(), exited(3, "", "exited with code 3")},
 			ended: true, Out: ProgramFailed, Why: "worker 1 on m1 exited with code 3"},
-		{name: "a worker failed", sts: []*p2p.JobStatus{running(), failed("out of memory")},
+		{name: "a worker failed", failedFor: FailureSettle, sts: []*p2p.JobStatus{running(), failed("out of memory")},
 			ended: true, Out: ProgramFailed, Why: "worker 1 on m1 failed: out of memory"},
 		{name: "the last failure is the reason", sts: []*p2p.JobStatus{failed("first"), failed("second")},
 			ended: true, Out: ProgramFailed, Why: "worker 1 on m1 failed: second"},
-		{name: "a failure beside a silent worker waits", sts: []*p2p.JobStatus{nil, failed("collective op broke")}},
+		{name: "a failure beside a running worker waits a moment", sts: []*p2p.JobStatus{running(), exited(1, "", "exited with code 1")},
+			failedFor: FailureSettle - time.Second},
+		{name: "a failure beside a worker its machine stopped is a loss", sts: []*p2p.JobStatus{exited(1, "", "exited with code 1"), stopped()},
+			ended: true, Out: WorkerLost, Why: "lost 1 worker(s)", LostAfter: []int{1}, Checkpoint: true},
+		{name: "a failure once all others ended is the run's end", sts: []*p2p.JobStatus{exited(1, "", "exited with code 1"), exited(1, "", "exited with code 1")},
+			ended: true, Out: ProgramFailed, Why: "worker 1 on m1 exited with code 1"},
+		{name: "a failure beside a silent worker waits", failedFor: time.Hour, sts: []*p2p.JobStatus{nil, failed("collective op broke")}},
 		{name: "a failure beside a lost worker is a loss", sts: []*p2p.JobStatus{nil, failed("collective op broke")},
 			lastSeen: []time.Time{long, recent},
 			ended:    true, Out: WorkerLost, Why: "lost 1 worker(s)", LostAfter: []int{0}},
@@ -96,7 +103,7 @@ func TestDecideRunEnd(t *testing.T) {
 			ended: true, Out: RunCancelled, Why: "cancelled"},
 		{name: "success wins over cancellation", sts: []*p2p.JobStatus{exited(0, "bafyres", ""), running()}, cancelled: true,
 			ended: true, Out: RunSucceeded, result: "bafyres"},
-		{name: "a failure wins over cancellation", sts: []*p2p.JobStatus{running(), failed("x")}, cancelled: true,
+		{name: "a failure wins over cancellation", failedFor: FailureSettle, sts: []*p2p.JobStatus{running(), failed("x")}, cancelled: true,
 			ended: true, Out: ProgramFailed, Why: "failed: x"},
 		{name: "within its max duration", sts: []*p2p.JobStatus{running()},
 			started: t0.Add(-10 * time.Minute), maxDur: 10 * time.Minute},
@@ -129,6 +136,7 @@ func TestDecideRunEnd(t *testing.T) {
 			}
 			before := maps.Clone(tt.Lost)
 			f := Survey(tt.sts, ws, tt.Lost, t0)
+			f.FailedFor = tt.failedFor
 			end, ended := Judge(f, tt.cancelled, tt.started, tt.maxDur, t0)
 			if !maps.Equal(tt.Lost, before) {
 				t.Errorf("survey changed the lost workers it was given: %v, was %v", tt.Lost, before)

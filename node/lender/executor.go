@@ -357,7 +357,7 @@ func (e *Executor) Handle(ctx context.Context, from peer.ID, env *p2p.Envelope) 
 			return "", nil, err
 		}
 		if err := e.launch(ctx, from, l); err != nil {
-			return p2p.TypeLaunchReply, p2p.LaunchReply{Reason: p2p.Clip(err.Error(), 512)}, nil
+			return p2p.TypeLaunchReply, p2p.LaunchReply{Reason: p2p.Clip(err.Error(), 512), Retry: errors.Is(err, errEscrowNotYet)}, nil
 		}
 		return p2p.TypeLaunchReply, p2p.LaunchReply{OK: true}, nil
 	case p2p.TypeStatusReq:

@@ -21,16 +21,17 @@ import (
 )
 
 // launch checks a launch request against this machine's hold and the
-// ledger's escrow, then starts the worker in the background. A launch
-// refused after its hold was taken for it frees the hold, unless another
-// worker of the run already runs on it: a launch that cannot start must
-// not keep the machine's capacity.
+// ledger's escrow, then takes the hold and starts the worker in the
+// background. A launch refused frees the hold, unless another worker of
+// the run already runs on it (a launch that cannot start must not keep
+// the machine's capacity), or the refusal may pass (errEscrowNotYet: the
+// hold stays until its launch window ends, for the launch to come again).
 func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) (err error) {
 	if err := e.checkHold(from, l); err != nil {
 		return err
 	}
 	defer func() {
-		if err != nil && !e.holdInUse(l.Hold) {
+		if err != nil && !errors.Is(err, errEscrowNotYet) && !e.holdInUse(l.Hold) {
 			e.holds.Release(l.Hold)
 		}
 	}()
@@ -40,7 +41,27 @@ func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) (err 
 	if err := e.checkInputs(l); err != nil {
 		return err
 	}
+	if _, ok := e.holds.Launch(l.Hold, l.JobID, from, time.Now()); !ok {
+		return errors.New("the hold lapsed while the launch was checked: reserve and commit again")
+	}
 	return e.admit(from, l)
+}
+
+// errEscrowNotYet is a launch's refusal while this machine's replica of
+// the ledger does not show the run's escrow: it may be a few blocks
+// behind (catching up after its peers restarted), so the launch may be
+// sent again.
+var errEscrowNotYet = errors.New("no escrow for this job on this machine's ledger yet")
+
+// escrowWait is how long a launch waits for its escrow to show: what is
+// left of ctx less a margin, so the refusal reaches the submitter before
+// its call gives up.
+func escrowWait(ctx context.Context) time.Duration {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return 7 * time.Second
+	}
+	return max(time.Until(dl)-3*time.Second, time.Second)
 }
 
 // holdInUse reports whether a worker here runs on hold.
@@ -62,7 +83,7 @@ func (e *Executor) checkHold(from peer.ID, l p2p.Launch) error {
 	if l.World[l.Index] != self {
 		return fmt.Errorf("worker %d is placed on %s, not on this machine", l.Index, l.World[l.Index])
 	}
-	held, ok := e.holds.Launch(l.Hold, l.JobID, from, time.Now())
+	held, ok := e.holds.Check(l.Hold, l.JobID, from, time.Now())
 	if !ok {
 		return errors.New("no committed hold for this job here from you: reserve and commit first")
 	}
@@ -87,7 +108,9 @@ func (e *Executor) checkEscrow(ctx context.Context, from peer.ID, l p2p.Launch) 
 	if err != nil {
 		return err
 	}
-	esc, err := e.awaitEscrow(ctx, l.JobID)
+	wait, cancel := context.WithTimeout(ctx, escrowWait(ctx))
+	defer cancel()
+	esc, err := e.awaitEscrow(wait, l.JobID)
 	if err != nil {
 		return err
 	}
@@ -135,7 +158,7 @@ func (e *Executor) awaitEscrow(ctx context.Context, run string) (*ledger.Escrow,
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("no escrow for this job on the ledger: %w", err)
+			return nil, fmt.Errorf("%w: %w", errEscrowNotYet, err)
 		case <-next:
 		case <-time.After(again):
 		}

@@ -271,6 +271,19 @@ func (h *Holds) applyLocked(from peer.ID, r HoldRequest, lent p2p.Resources, now
 	return p2p.ReserveReply{Reason: "unknown operation " + r.Op}
 }
 
+// Check reports hold id's resources, as Launch does, without taking it:
+// a launch is checked against the hold before its escrow is.
+func (h *Holds) Check(id, job string, launcher peer.ID, now time.Time) (p2p.Resources, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dropExpired(now)
+	x, ok := h.holds[id]
+	if !ok || !x.committed || x.job != job || (x.from != launcher && x.bidder != launcher) {
+		return p2p.Resources{}, false
+	}
+	return x.res, true
+}
+
 // Launch takes hold id for a worker of job and reports its resources, if
 // the hold is committed for job and launcher may use it (its scheduler or
 // its bidder). A launched hold no longer lapses; Release ends it.

@@ -45,8 +45,9 @@ type Dialer interface {
 }
 
 // HoldBook is this machine's holds as the executor uses them: a launch
-// takes its committed hold, a finished worker releases it.
+// checks its committed hold, then takes it; a finished worker releases it.
 type HoldBook interface {
+	Check(id, job string, launcher peer.ID, now time.Time) (p2p.Resources, bool)
 	Launch(id, job string, launcher peer.ID, now time.Time) (p2p.Resources, bool)
 	Release(id string)
 }

@@ -156,6 +156,10 @@ func (m *Manager) addInputs(ctx context.Context, j *jobs.Job) error {
 	return nil
 }
 
+// launchPatience is how long a launch is sent again to a machine that
+// does not see the run's escrow yet (its ledger catching up).
+const launchPatience = time.Minute
+
 // launch starts every worker of run k (the job launching), the chief
 // from resume when that is a checkpoint.
 func (m *Manager) launch(ctx context.Context, j *jobs.Job, k int, resume string) error {
@@ -181,14 +185,26 @@ func (m *Manager) launch(ctx context.Context, j *jobs.Job, k int, resume string)
 			l.Resume = resume
 		}
 		g.Go(func() error {
-			var reply p2p.LaunchReply
-			if err := m.p.Machines.Call(gctx, w.Machine, p2p.TypeLaunch, &l, p2p.TypeLaunchReply, &reply); err != nil {
-				return fmt.Errorf("worker %d on %s: %w", i, w.Machine, err)
+			// A machine whose replica of the ledger is behind asks for
+			// the launch again (reply.Retry), for up to launchPatience.
+			for first := time.Now(); ; {
+				var reply p2p.LaunchReply
+				if err := m.p.Machines.Call(gctx, w.Machine, p2p.TypeLaunch, &l, p2p.TypeLaunchReply, &reply); err != nil {
+					return fmt.Errorf("worker %d on %s: %w", i, w.Machine, err)
+				}
+				switch {
+				case reply.OK:
+					return nil
+				case !reply.Retry || time.Since(first) > launchPatience:
+					return fmt.Errorf("worker %d on %s refused: %s", i, w.Machine, reply.Reason)
+				}
+				m.logf(j, "worker %d: %s does not see the escrow on its ledger yet; launching again", i, w.Moniker)
+				select {
+				case <-gctx.Done():
+					return gctx.Err()
+				case <-time.After(time.Second):
+				}
 			}
-			if !reply.OK {
-				return fmt.Errorf("worker %d on %s refused: %s", i, w.Machine, reply.Reason)
-			}
-			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {

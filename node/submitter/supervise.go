@@ -20,6 +20,7 @@ func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (jobs.RunEn
 	m.heardNow(j, run)
 	lastReceipt := time.Time{}
 	lost := map[int]bool{}
+	var failedSince time.Time // the first poll that found a failure
 	for {
 		select {
 		case <-ctx.Done():
@@ -37,6 +38,12 @@ func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (jobs.RunEn
 		}
 		f := jobs.Survey(sts, run.Workers, lost, now)
 		f.Stalled = m.stalled(j, run, now)
+		if f.Failed != "" && failedSince.IsZero() {
+			failedSince = now
+		}
+		if f.Failed != "" {
+			f.FailedFor = now.Sub(failedSince)
+		}
 		lost = f.Lost
 		if f.Result != "" {
 			m.save(j, func() { j.ResultCID = f.Result })
