@@ -10,10 +10,14 @@ interprets it). Without TF_CONFIG the program trains as a single worker.
 shuffle of the data and, every --sync-every steps, averages its progress with
 the others through deepmarket.train.DiLoCo (compressed, over one TCP port per
 worker; a lost worker does not stop the others). Peers come from DM_RANK and
-DM_AVG_PEERS (else TF_CONFIG with each port + 1000).
+DM_AVG_PEERS (else TF_CONFIG with each port + 1000). With DM_AVG_HOLDER (a
+job whose [training] holder is "submitter") the submitter's node runs this
+program once more with DM_ROLE=holder: that process keeps the model, checks
+every worker's update on a validation batch of its own data, evaluates and
+saves the model (deepmarket.train.KerasHolder); the workers only train.
 
-Every worker runs this same program; worker 0 (or "chief") writes
-OUT/model.keras and OUT/result.json. --target-accuracy stops the run once
+Every worker runs this same program; worker 0 (or "chief"), or the holder,
+writes OUT/model.keras and OUT/result.json. --target-accuracy stops the run once
 the test accuracy reaches it and records how long that took.
 
 Data: the four Fashion-MNIST IDX files (gzipped or plain) in --data, parsed
@@ -98,6 +102,15 @@ def parse_args(argv=None):
     p.add_argument("--outer-momentum", type=float, default=0.9, help="diloco: outer Nesterov momentum")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="diloco: keep training while a round's exchange is on the wire (hides the link's latency)")
+    p.add_argument("--join-timeout", type=float, default=120.0,
+                   help="diloco: how long the first round waits for every worker to join (and a worker for "
+                        "the job to answer), in seconds")
+    p.add_argument("--round-timeout", type=float, default=60.0,
+                   help="diloco: how long a round waits for a silent worker, in seconds")
+    p.add_argument("--check-examples", type=int, default=512,
+                   help="diloco, held: the training examples the holder checks every update on")
+    p.add_argument("--no-checks", action="store_true",
+                   help="diloco, held: the holder averages every update unchecked (to measure what the checks do)")
     p.add_argument("--target-accuracy", type=float, default=None,
                    help="stop once the test accuracy reaches this (checked every --eval-every steps, "
                         "else every epoch) and record the time to it")
@@ -324,6 +337,48 @@ def progress_reporter(keras):
     return progress.keras_callback(keras)
 
 
+def hold(args, tf, keras, dmt, model, x_train, y_train, test_ds, rounds, steps, workers, tag):
+    """The holder's side of a held diloco job: keeps the model, checks the
+    workers' updates on --check-examples training examples of its own, and
+    evaluates every --eval-every steps (else every epoch)."""
+    import numpy as np
+
+    rng = np.random.default_rng(args.seed + 7)
+    pick = rng.choice(len(x_train), size=min(args.check_examples, len(x_train)), replace=False)
+    per_round = args.sync_every
+    every = max(1, (args.eval_every or steps) // per_round)
+
+    def evaluate(m):
+        return m.evaluate(test_ds, verbose=0)
+
+    holder = dmt.KerasHolder(model, x_train[pick], y_train[pick], rounds, evaluate=evaluate, eval_every=every,
+                             target=args.target_accuracy, sync_every=args.sync_every,
+                             compress=args.compress, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
+                             checks=not args.no_checks, join_timeout=args.join_timeout,
+                             timeout=args.round_timeout, out_dir=args.out, log=lambda m: log("%s %s" % (tag, m)))
+    t_fit = time.time()
+    summary = holder.run()
+    test_loss, test_acc = model.evaluate(test_ds, verbose=0)
+    log("%s test: loss %.4f accuracy %.4f" % (tag, test_loss, test_acc))
+    model.save(os.path.join(args.out, "model.keras"))
+    acc = summary["accounts"]
+    log("%s accounts: %s" % (tag, ", ".join("rank %s %d accepted %d refused%s" % (
+        r, a["accepted"], a["refused"], " (dropped)" if a["dropped"] else "") for r, a in sorted(acc.items()))))
+    result = {"test_accuracy": float(test_acc), "test_loss": float(test_loss), "epochs": args.epochs,
+              "workers": workers, "mode": "diloco", "held": True, "model": args.model,
+              "seconds": round(time.time() - T_START, 3), "fit_seconds": round(time.time() - t_fit, 3),
+              "target_accuracy": args.target_accuracy, "target_reached": summary["time_to_target_s"] is not None,
+              "sync_every": args.sync_every, "compress": args.compress, "outer_lr": args.outer_lr,
+              "outer_momentum": args.outer_momentum, "tensorflow": tf.__version__, "checks": not args.no_checks}
+    result.update(summary)
+    tmp = os.path.join(args.out, "result.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, os.path.join(args.out, "result.json"))
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
     t_data0 = time.time()
@@ -364,8 +419,9 @@ def main(argv=None):
         except ValueError as e:
             print("train.py: error: %s" % e, file=sys.stderr)
             return 2
-        chief, task_id, workers = peers.rank == 0, peers.rank, peers.world
-        task = "worker %d" % task_id
+        holding = peers.holder is not None and peers.rank == peers.holder
+        chief, task_id, workers = peers.rank == 0 and peers.holder is None, peers.rank, peers.workers
+        task = "holder" if holding else "worker %d" % task_id
         global_batch = args.batch_size * workers  # all workers together, as in sync mode
         local_batch = args.batch_size
     elif cluster_size(os.environ.get("TF_CONFIG")) <= 1:
@@ -385,11 +441,16 @@ def main(argv=None):
         global_batch = local_batch = args.batch_size * workers
     steps = args.steps_per_epoch or max(1, len(x_train) // global_batch)
     tag = "[%s]" % task
-    if args.mode == "diloco":
+    if args.mode == "diloco" and holding:
+        rounds = -(-args.epochs * steps // args.sync_every)
+        log("%s start: holding the model of %d diloco workers, %d rounds, checks on %d examples, TF %s "
+            "(import %.1fs, data load %.1fs)" % (tag, workers, rounds, args.check_examples, tf.__version__,
+                                                  t_tf, t_data))
+    elif args.mode == "diloco":
         rounds = -(-args.epochs * steps // args.sync_every)
         diloco = dmt.DiLoCo(sync_every=args.sync_every, compress=None if args.compress == "none" else args.compress,
                             outer_lr=args.outer_lr, outer_momentum=args.outer_momentum, overlap=args.overlap,
-                            rounds=rounds,
+                            rounds=rounds, join_timeout=args.join_timeout, timeout=args.round_timeout,
                             checkpoint_dir=args.out, log=lambda m: log("%s %s" % (tag, m)))
         log("%s start: diloco, %d workers, chief=%s, %d train / %d test examples, batch %d per worker, "
             "%d steps/epoch, %d epochs, sync every %d steps (%d rounds), %s%s, TF %s (import %.1fs, data load %.1fs)"
@@ -428,6 +489,8 @@ def main(argv=None):
                       metrics=["accuracy"])
 
     os.makedirs(args.out, exist_ok=True)
+    if args.mode == "diloco" and holding:
+        return hold(args, tf, keras, dmt, model, x_train, y_train, test_ds, rounds, steps, workers, tag)
     # BackupAndRestore (tf_keras): the chief saves its checkpoint after every
     # epoch in OUT/backup/chief/, other workers write to temporary folders in
     # OUT/backup/; on a restart every worker restores from OUT/backup/chief/.

@@ -9,16 +9,19 @@ can be lost or added mid-job. Enable it in Keras with a callback:
     model.fit(ds, epochs=E, steps_per_epoch=S,
               callbacks=[deepmarket.train.DiLoCo(sync_every=500, compress="int8")])
 
-Modules: averager (the protocol and the outer optimizer, numpy only), codec
+Modules: averager (the protocol and the outer optimizer, numpy only), holder
+(held mode: the submitter keeps the model and checks every update), codec
 (int8/fp16 compression), wire (framing), env (peers from the environment),
-keras_callback (DiLoCo, imports TensorFlow on first use of the name). Must
+keras_callback (DiLoCo) and keras_holder (KerasHolder), which import
+TensorFlow on first use of their names. Must
 not import anything beyond numpy and TensorFlow/Keras.
 """
 
 from .averager import Averager, Sync, digest, outer_step
 from .env import Peers, from_env
+from .holder import Holder
 
-__all__ = ["DiLoCo", "Averager", "Sync", "Peers", "from_env", "digest", "outer_step"]
+__all__ = ["DiLoCo", "KerasHolder", "Averager", "Holder", "Sync", "Peers", "from_env", "digest", "outer_step"]
 
 
 def __getattr__(name):
@@ -26,4 +29,7 @@ def __getattr__(name):
     if name == "DiLoCo":
         from .keras_callback import DiLoCo
         return DiLoCo
+    if name == "KerasHolder":
+        from .keras_holder import KerasHolder
+        return KerasHolder
     raise AttributeError("module %r has no attribute %r" % (__name__, name))

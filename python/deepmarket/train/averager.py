@@ -45,6 +45,14 @@ The coordinator writes theta, the momentum and the round to checkpoint_dir
 after its rounds; a worker that finds one there starts from it (a re-placed
 job resumes), unless a live peer is further along.
 
+Held mode (peers.holder set, see holder.py): one more rank, the holder
+(the job's submitter), keeps the model. It coordinates every round and
+never trains; the workers push their deltas to it only, never coordinate,
+and never serve; it checks each delta before it averages it, and the
+update it sends back averages only those it accepted. A worker that cannot
+reach the holder for `timeout` fails (HolderGone); one the holder dropped
+for its refused updates fails too (Dropped).
+
 This module needs numpy only; keras_callback.py adapts it to Keras.
 """
 
@@ -66,6 +74,14 @@ CHECKPOINT = "diloco-state.npz"
 KEEPALIVE = 2.0        # seconds between "wait" frames while a member waits for a round
 SILENCE = 15.0         # a member gives up on a coordinator silent this long
 RETRY = 0.2            # pause before retrying after a redirect or a failed join
+
+
+class HolderGone(ConnectionError):
+    """The model's holder (held mode) did not answer for the averager's timeout."""
+
+
+class Dropped(RuntimeError):
+    """The model's holder (held mode) dropped this worker: it refused its updates."""
 
 
 @dataclass
@@ -140,6 +156,8 @@ class Averager:
             raise ValueError("sync_every must be >= 1")
         self.peers = peers
         self.rank, self.world = peers.rank, peers.world
+        self.holder = getattr(peers, "holder", None)  # held mode: the rank that keeps the model
+        self.held = self.holder is not None and self.rank != self.holder
         self.H = int(sync_every)
         self.codec = codecs.normalize(compress)
         self.outer_lr, self.outer_momentum, self.nesterov = float(outer_lr), float(outer_momentum), bool(nesterov)
@@ -168,6 +186,7 @@ class Averager:
         self._io = threading.Lock()
         self.stats = {"rank": self.rank, "world": self.world, "joined_round": None, "joined_how": None,
                       "last_round": None, "rounds": 0, "rounds_coordinated": 0, "late": 0, "resyncs": 0,
+                      "refused": 0,
                       "bytes_sent": 0, "bytes_received": 0, "seconds": 0.0}
         self._t0 = None
         self._expect_until = 0.0         # a founder's first round waits for all until then
@@ -202,15 +221,17 @@ class Averager:
             if trainable.size != theta.size:
                 raise ValueError("trainable mask has %d entries for %d weights" % (trainable.size, theta.size))
             self._mask = None if trainable.all() else trainable
-        own = self._load_checkpoint()
+        own = None if self.held else self._load_checkpoint()
         how = "resumed" if own else "founded"
         if own is None:
             own = _State(round=0, theta=theta, mom=np.zeros_like(theta)).seal()
         self._state = own
         progress = 0
-        if self.world > 1:
+        if self.held:
+            how, progress = "joined", self._join_holder()
+        elif self.world > 1:
             self._serve()
-            adopted = self._join(own)
+            adopted = self._join(own) if self.holder is None else None
             if adopted is not None:
                 how, progress = "joined", adopted
         with self._cv:
@@ -244,6 +265,8 @@ class Averager:
         return res
 
     def _exchange(self, delta, steps, stop):
+        if self.held:
+            return self._exchange_held(delta, steps, stop)
         # Redirects (a peer pointing at another coordinator) are followed for
         # at most `timeout`; after that we coordinate ourselves rather than
         # stall, and digests reconcile the copies once peers hear each other.
@@ -283,6 +306,33 @@ class Averager:
                 continue
             time.sleep(RETRY)  # redirected, or the peer is still joining
 
+    def _exchange_held(self, delta, steps, stop):
+        """Pushes our delta to the holder and applies its update, retrying
+        a holder that does not answer for up to `timeout`."""
+        give_up = time.monotonic() + self.timeout
+        c = self.holder
+        while True:
+            try:
+                h, p = self._push(c, delta, steps, stop)
+                if h["t"] == "update":
+                    res = self._apply(c, h, p)
+                    if res is not None:
+                        return res
+                    self._log("resync from the holder: its update does not reproduce its digest")
+                    h, p = self._request(c, {"t": "hello", "join": True, "want_state": True}, reuse=True)
+                if h["t"] == "state" and h.get("has_state"):
+                    return self._adopt(h, p, "resync")
+                why = "it answered %r" % h.get("t")
+            except wire.ProtocolError as e:
+                if "dropped" in str(e):
+                    raise Dropped(str(e)) from None
+                why = _why(e)
+            except (OSError, EOFError, ValueError) as e:
+                why = _why(e)
+            if time.monotonic() > give_up:
+                raise HolderGone("the model's holder (rank %d) did not answer for %.0fs: %s" % (c, self.timeout, why))
+            time.sleep(RETRY)
+
     def request_stop(self):
         """Marks the global state stopped: the next round tells every worker."""
         with self._cv:
@@ -296,8 +346,16 @@ class Averager:
         if self._t0 is not None:
             self.stats["seconds"] = round(time.monotonic() - self._t0, 3)
         self.stats["last_round"] = self.round
-        if finished:
+        if finished and not self.held:
             self._remove_checkpoint()
+        if self.held:
+            if self._link:
+                try:
+                    self._send(self._link[1], {"t": "bye", "leaving": True})
+                except OSError:
+                    pass
+            self._drop_link()
+            return
         if self.world == 1 or self._listener is None:
             if not finished:
                 self._save_checkpoint()
@@ -376,6 +434,28 @@ class Averager:
                 waited = True
             time.sleep(0.25)
 
+    def _join_holder(self):
+        """Fetches the holder's state (held mode), waiting up to join_timeout
+        for it to answer; returns its progress in the current round."""
+        deadline = time.monotonic() + self.join_timeout
+        while True:
+            try:
+                h, p = self._request(self.holder, {"t": "hello", "join": True, "want_state": True})
+                if h.get("t") == "state" and h.get("has_state"):
+                    self._adopt(h, p, None)
+                    return int(h.get("progress", 0))
+                why = "it is not ready"
+            except wire.ProtocolError as e:
+                if "dropped" in str(e):
+                    raise Dropped(str(e)) from None
+                why = _why(e)
+            except (OSError, EOFError, ValueError) as e:
+                why = _why(e)
+            if time.monotonic() >= deadline:
+                raise HolderGone("the model's holder (rank %d) did not answer for %.0fs: %s"
+                                 % (self.holder, self.join_timeout, why))
+            time.sleep(0.25)
+
     def _survey(self):
         """Asks every peer for its round (in parallel); returns rank -> header."""
         others = [j for j in range(self.world) if j != self.rank]
@@ -440,9 +520,10 @@ class Averager:
             # A stop keeps the weights it was asked at (those that reached a
             # target, say): the steps of the round it ends are dropped.
             got = [] if stop_all else [(j, d, s) for j, (d, s, _) in entries if s > 0 and d is not None]
+            refused = sorted(j for j, (d, s, _) in entries if s > 0 and d is None and j != self.rank)
             prev = st.digest
             header = {"t": "update", "from_round": r, "round": r + 1, "prev": prev,
-                      "ranks": [j for j, _, _ in got], "steps": sum(s for _, _, s in got)}
+                      "ranks": [j for j, _, _ in got], "steps": sum(s for _, _, s in got), "refused": refused}
             payload = b""
             new = _State(round=r + 1, theta=st.theta, mom=st.mom, stop=stop_all,
                          steps=st.steps + header["steps"], contrib=dict(st.contrib))
@@ -460,18 +541,29 @@ class Averager:
             new.seal()
             members = sorted(m for m in self._members | {self.rank} if m not in self._dead)
             self._members = set(members)
-            self._coord = min(members)
+            self._coord = self.rank if self.holder is not None else min(members)
             header.update(digest=new.digest, stop=stop_all, members=members, coord=self._coord)
             self.progress = 0
             self._results[r] = (prev, header, payload)
             self._results.pop(r - 3, None)
             self._state = new
+            self._closed(r, got, refused, header)
             self._cv.notify_all()
         self.stats["rounds"] += 1 if steps > 0 else 0
         self.stats["rounds_coordinated"] += 1
         if new.round % self.checkpoint_every == 0:
             self._save_checkpoint()
         return Sync(new.theta.copy(), new.round, self.H, new.stop, "coordinated")
+
+    def _closed(self, r, got, refused, header):
+        """Called (with _cv held) as round r closes with the accepted deltas
+        got and the ranks whose deltas were refused; the holder keeps its
+        accounts here."""
+
+    def _vet(self, j, r, delta):
+        """Returns delta if rank j's delta for round r may be averaged, else
+        None with why (the holder checks it; others take every delta)."""
+        return delta, ""
 
     def _apply(self, c, h, p):
         """Applies coordinator c's update to our copy; None if the result
@@ -499,6 +591,9 @@ class Averager:
         late = "progress" in h  # only replies to a push after the round closed carry it
         if self.rank in h.get("ranks", []):
             self.stats["rounds"] += 1
+        if self.rank in h.get("refused", []):
+            self.stats["refused"] += 1
+            self._log("round %d: the holder refused our update" % h.get("from_round"))
         if late:
             self.stats["late"] += 1
         steps = max(0, self.H - int(h.get("progress", 0)))
@@ -748,6 +843,10 @@ class Averager:
             return self._send(sock, {"t": "error", "msg": "bad delta: %s" % e})
         if delta is not None and delta.size != self._n:
             return self._send(sock, {"t": "error", "msg": "delta has %d weights, ours %d" % (delta.size, self._n)})
+        if delta is not None:
+            delta, why = self._vet(j, r, delta)
+            if delta is None and why.startswith("dropped"):
+                return self._send(sock, {"t": "error", "msg": why})
         with self._cv:
             st = self._state
             if st.round != r or h.get("digest") != st.digest or not self._established:

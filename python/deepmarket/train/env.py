@@ -9,6 +9,11 @@
                    worker, separate from TensorFlow's). Without it, the
                    addresses in DM_WORKERS (else TF_CONFIG's worker list)
                    with AVG_PORT_OFFSET added to each port.
+  DM_AVG_HOLDER    host:port of the model's holder (the job's submitter, in
+                   held mode, see holder.py): one more rank after the
+                   workers', the only one the workers push to
+  DM_ROLE          "holder" on the holder's own process (its rank is then
+                   the holder's), else "worker"
   DM_OUTPUT_DIR    where the coordinator writes its checkpoint
   DM_JOB_ID        tags every frame, so two jobs never average together
 """
@@ -28,10 +33,17 @@ class Peers:
     rank: int
     addrs: tuple  # one "host:port" per rank
     source: str   # which variable the addresses came from, for the log
+    holder: int = None  # held mode: the holder's rank (the last), else None
 
     @property
     def world(self):
+        """The ranks, the holder's included."""
         return len(self.addrs)
+
+    @property
+    def workers(self):
+        """The ranks that train (the holder's left out)."""
+        return len(self.addrs) - (self.holder is not None)
 
 
 def from_env(environ=None, rank=None, addrs=None):
@@ -52,19 +64,32 @@ def from_env(environ=None, rank=None, addrs=None):
         else:
             rank = tf_index if tf_index is not None else 0
     world = _int(env, "DM_WORLD_SIZE") if env.get("DM_WORLD_SIZE") else None
+    role = env.get("DM_ROLE") or "worker"
+    if role not in ("worker", "holder"):
+        raise ValueError("DM_ROLE=%r: want worker or holder" % role)
+    if role == "holder" and not env.get("DM_AVG_HOLDER"):
+        raise ValueError("DM_ROLE=holder but no DM_AVG_HOLDER (the address the holder listens on)")
     if addrs is None:
         if (world or 1) > 1:
             raise ValueError("DM_WORLD_SIZE=%d but no peer addresses: set DM_AVG_PEERS "
                              "(host:port of every worker's averaging port, in rank order)" % world)
         addrs, source = ("127.0.0.1:0",), "single worker"
     addrs = tuple(addrs)
-    for a in addrs:
-        wire.split_addr(a)
     if world is not None and world != len(addrs):
         raise ValueError("DM_WORLD_SIZE=%d but %s names %d workers" % (world, source, len(addrs)))
+    holder = None
+    if env.get("DM_AVG_HOLDER"):
+        addrs, holder = addrs + (env["DM_AVG_HOLDER"].strip(),), len(addrs)
+        source += " and DM_AVG_HOLDER"
+        if role == "holder":
+            rank = holder
+        elif rank == holder:
+            raise ValueError("rank %d is the holder's: a worker's rank is 0..%d" % (rank, holder - 1))
+    for a in addrs:
+        wire.split_addr(a)
     if not 0 <= rank < len(addrs):
         raise ValueError("rank %d is outside 0..%d" % (rank, len(addrs) - 1))
-    return Peers(rank=rank, addrs=addrs, source=source)
+    return Peers(rank=rank, addrs=addrs, source=source, holder=holder)
 
 
 def _split(s):

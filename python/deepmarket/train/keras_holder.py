@@ -1,0 +1,130 @@
+"""The model's holder for a Keras model (held mode, see holder.py).
+
+The job's submitter runs its own training program with DM_ROLE=holder: the
+program builds its model as the workers do and hands it to KerasHolder
+instead of calling fit. The holder then keeps the global weights, checks
+every worker's update on a validation batch of the submitter's own data,
+evaluates the model now and then, asks the workers to stop at the target,
+and ends with the model in `model` (the job's result is the submitter's own
+copy, not a lender's).
+"""
+
+import os
+import time
+
+import numpy as np
+
+from . import env as envmod
+from .holder import Holder
+from .keras_callback import _flatten
+
+
+class KerasHolder:
+    """KerasHolder(model, x_val, y_val, rounds=R, ...).run() holds the job.
+
+    model: compiled like the workers' (same weights, same order). x_val,
+    y_val: the validation batch every update is checked on (a few hundred
+    examples keep a check to tens of milliseconds). rounds: the rounds the
+    workers run (they stop there). evaluate(model) -> (loss, accuracy),
+    called every eval_every rounds on the global weights; target (None):
+    stop every worker once accuracy reaches it. sync_every, compress,
+    outer_lr, outer_momentum as the workers' DiLoCo; checks (True),
+    tolerance (0.1), drop_after (3) as Holder; timeout (60 s): how long a
+    round waits for a silent worker; join_timeout (300 s): how long the first
+    round waits for the workers to start. out_dir ($DM_OUTPUT_DIR): where
+    holder.json (the accounts, rewritten every round) and the checkpoint go.
+    """
+
+    def __init__(self, model, x_val, y_val, rounds, evaluate=None, eval_every=1, target=None, sync_every=None,
+                 compress=None, outer_lr=0.7, outer_momentum=0.9, checks=True, tolerance=0.1, drop_after=3,
+                 timeout=60.0, join_timeout=300.0, out_dir=None, log=None):
+        import tensorflow as tf
+
+        self.model, self.rounds, self.evaluate = model, int(rounds), evaluate
+        self.eval_every, self.target = max(1, int(eval_every)), target
+        self.out_dir = out_dir if out_dir is not None else os.environ.get("DM_OUTPUT_DIR")
+        self._log = log or (lambda m: print("[holder] %s" % m, flush=True))
+        if sync_every is None:
+            sync_every = int(os.environ.get("DM_SYNC_EVERY") or 500)
+        if compress is None:
+            compress = os.environ.get("DM_COMPRESS") or "int8"
+        self.peers = envmod.from_env()
+        if self.peers.holder is None or self.peers.rank != self.peers.holder:
+            raise ValueError("KerasHolder runs as the holder (DM_ROLE=holder with DM_AVG_HOLDER set)")
+        weights = model.get_weights()
+        self._shapes = [w.shape for w in weights]
+        self._dtypes = [w.dtype for w in weights]
+        trainable = {id(v) for v in model.trainable_weights}
+        self._mask = np.concatenate([np.full(int(np.prod(v.shape)), id(v) in trainable, dtype=bool)
+                                     for v in model.weights])
+        xv, yv = tf.constant(x_val), tf.constant(y_val)
+        loss_fn = model.loss if callable(model.loss) else tf.keras.losses.get(model.loss)
+
+        @tf.function
+        def val_loss():
+            return tf.reduce_mean(loss_fn(yv, model(xv, training=False)))
+
+        def check(theta):
+            self._set(theta)
+            return float(val_loss())
+
+        self.holder = Holder(self.peers, sync_every, check=check, checks=checks, tolerance=tolerance,
+                             drop_after=drop_after, compress=compress, outer_lr=outer_lr,
+                             outer_momentum=outer_momentum, timeout=timeout, join_timeout=join_timeout,
+                             checkpoint_dir=self.out_dir, job=os.environ.get("DM_JOB_ID", ""), log=self._log)
+        self.history = []        # (seconds since run, round, accuracy)
+        self.reached_at = None   # seconds since run when the target was reached
+        self.round_seconds = []  # how long each round took on the holder, start to close
+
+    def run(self):
+        """Holds the job until the workers' last round, or every worker is
+        gone; returns a summary (rounds, evaluations, accounts). The model
+        then holds the final global weights."""
+        t0 = time.monotonic()
+        self.holder.start(_flatten(self.model.get_weights()), self._mask)
+        self._log("holding the model for %d workers: %d rounds of %d steps, checks %s"
+                  % (self.peers.workers, self.rounds, self.holder.H, "on" if self.holder.checks else "off"))
+        stopping = False
+        while True:
+            t = time.monotonic()
+            res = self.holder.next_round()
+            if res is None:
+                self._log("every worker is gone at round %d" % self.holder.round)
+                break
+            self.round_seconds.append(time.monotonic() - t)
+            self._write_accounts()
+            if res.stop or res.round >= self.rounds:
+                break
+            if self.evaluate and not stopping and (res.round % self.eval_every == 0):
+                self._set(res.theta)
+                loss, acc = self.evaluate(self.model)
+                at = time.monotonic() - t0
+                self.history.append([round(at, 3), res.round, round(float(acc), 4)])
+                self._log("round %d: test accuracy %.4f (loss %.4f)" % (res.round, acc, loss))
+                if self.target is not None and acc >= self.target:
+                    self.reached_at = at
+                    self._log("reached the target accuracy %.4f at round %d: stopping the workers"
+                              % (self.target, res.round))
+                    self.holder.request_stop()
+                    stopping = True
+        self._set(self.holder.theta)
+        self.holder.close(finished=True)
+        self._write_accounts()
+        h = self.holder
+        return {"rounds": h.round, "accounts": h.accounts(), "check_seconds": round(h.check_seconds, 3),
+                "round_seconds": round(sum(self.round_seconds), 3), "evals": self.history,
+                "time_to_target_s": round(self.reached_at, 3) if self.reached_at is not None else None,
+                "bytes_sent": h.stats["bytes_sent"], "bytes_received": h.stats["bytes_received"]}
+
+    def _write_accounts(self):
+        if self.out_dir:
+            os.makedirs(self.out_dir, exist_ok=True)
+            self.holder.write_accounts(os.path.join(self.out_dir, "holder.json"))
+
+    def _set(self, theta):
+        out, pos = [], 0
+        for shape, dtype in zip(self._shapes, self._dtypes):
+            n = int(np.prod(shape))
+            out.append(theta[pos:pos + n].reshape(shape).astype(dtype, copy=False))
+            pos += n
+        self.model.set_weights(out)

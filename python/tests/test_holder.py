@@ -1,0 +1,225 @@
+"""The model's holder between real sockets on loopback: workers as threads.
+
+No TensorFlow: the model is a linear regression trained by plain gradient
+steps, so a run takes a second. Honest workers, and hostile ones (scaled,
+random, NaN, empty and echoed updates, a worker that never pushes), train
+together; the holder's checks must keep the model as good as the honest
+workers alone make it, and account the hostile ones no accepted round.
+Each hostile case is also run with the checks off, and must then do harm:
+the test of a check that cannot fail would prove nothing.
+test_keras_holder.py runs the same between real Keras processes.
+"""
+
+import os
+import socket
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np
+
+from deepmarket.train import Averager, Peers
+from deepmarket.train.averager import Dropped, HolderGone
+from deepmarket.train.holder import Holder
+
+
+def free_addrs(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    addrs = tuple("127.0.0.1:%d" % s.getsockname()[1] for s in socks)
+    for s in socks:
+        s.close()
+    return addrs
+
+D = 40          # features
+H = 5           # inner steps a round
+LR = 0.05       # inner learning rate
+
+
+def problem(seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(D).astype(np.float32)
+    x = rng.standard_normal((4000, D)).astype(np.float32)
+    y = x @ w + 0.1 * rng.standard_normal(4000).astype(np.float32)
+    return x[:3000], y[:3000], x[3000:], y[3000:]
+
+
+X, Y, XV, YV = problem()
+
+
+def mse(theta, x=XV, y=YV):
+    r = x @ theta - y
+    return float(np.mean(r * r))
+
+
+class Member:
+    """A worker thread: `behaviour` says what it hands in."""
+
+    def __init__(self, rank, addrs, holder, rounds, behaviour="honest", timeout=5.0):
+        self.rank, self.rounds, self.behaviour = rank, rounds, behaviour
+        self.log = []
+        self.av = Averager(Peers(rank, addrs, "test", holder=holder), sync_every=H, compress="none",
+                           timeout=timeout, join_timeout=10, connect_timeout=2, log=self.log.append)
+        shard = slice(rank * 600, (rank + 1) * 600)
+        self.x, self.y = X[shard], Y[shard]
+        self.rng = np.random.default_rng(100 + rank)
+        self.error = None
+        self.prev = None
+        self.done = threading.Event()  # set once the holder is done (a silent worker waits for it)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        if behaviour == "nan":  # a hostile worker sends what the codec would not encode
+            self.av._push = self._raw_push
+
+    def _raw_push(self, c, delta, steps, stop):
+        payload = np.ascontiguousarray(delta, dtype="<f4").tobytes()
+        return self.av._request(c, {"t": "push", "steps": steps, "stop": False, "codec": "none", "n": D},
+                                payload, reuse=True)
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def _train(self, theta):
+        w = theta.copy()
+        for _ in range(H):
+            i = self.rng.integers(0, len(self.x), 64)
+            g = 2 * self.x[i].T @ (self.x[i] @ w - self.y[i]) / 64
+            w -= LR * g.astype(np.float32)
+        return w
+
+    def _local(self, theta):
+        honest = self._train(theta)
+        b = self.behaviour
+        if b == "honest":
+            return honest
+        if b == "scaled":
+            return theta - 1000 * (theta - honest)
+        if b == "random":
+            return theta + self.rng.standard_normal(D).astype(np.float32)
+        if b == "nan":
+            out = honest.copy()
+            out[3] = np.nan
+            return out
+        if b == "empty":
+            return theta.copy()
+        if b == "echo":  # hands back the last global update, having trained nothing
+            return theta - (self.prev - theta) if self.prev is not None else theta.copy()
+        raise ValueError(b)
+
+    def _run(self):
+        try:
+            res = self.av.start(np.zeros(D, np.float32))
+            while not res.stop and res.round < self.rounds:
+                if self.behaviour == "silent":  # joined, then never hands anything in
+                    self.done.wait(60)
+                    break
+                time.sleep(0.01)
+                local = self._local(res.theta)
+                before = res.theta
+                res = self.av.sync(local, H)
+                self.prev = before
+            self.av.close()
+        except Exception as e:  # reported by the test
+            self.error = e
+            self.av.close()
+
+
+def run(behaviours, rounds=20, checks=True, drop_after=100, timeout=5.0):
+    """Runs a holder and one worker per behaviour; returns (holder, members, final theta)."""
+    n = len(behaviours)
+    addrs = free_addrs(n + 1)
+    hp = Peers(n, addrs, "test", holder=n)
+    holder = Holder(hp, H, check=mse, checks=checks, compress="none", timeout=timeout, join_timeout=10,
+                    connect_timeout=2, drop_after=drop_after, outer_lr=1.0, outer_momentum=0.0, log=lambda m: None)
+    holder.start(np.zeros(D, np.float32))
+    members = [Member(r, addrs, n, rounds, b, timeout=timeout).start() for r, b in enumerate(behaviours)]
+    while True:
+        res = holder.next_round()
+        if res is None or res.round >= rounds:
+            break
+    theta = holder.theta.copy()
+    for m in members:
+        m.done.set()
+    holder.close(finished=True)
+    for m in members:
+        m.thread.join(30)
+    return holder, members, theta
+
+
+class HolderTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        _, _, cls.honest = run(["honest", "honest"])
+        cls.honest_loss = mse(cls.honest)
+
+    def test_honest_workers_train_and_are_accounted(self):
+        holder, members, theta = run(["honest", "honest", "honest"])
+        self.assertLess(mse(theta), 0.05)  # the noise is 0.01
+        acc = holder.accounts()
+        for r in range(3):
+            self.assertGreaterEqual(acc[str(r)]["accepted"], 19, acc)
+            self.assertEqual(acc[str(r)]["refused"], 0, acc)
+            self.assertGreater(acc[str(r)]["seconds"], 0)
+        for m in members:
+            self.assertIsNone(m.error)
+
+    def test_hostile_updates_are_refused(self):
+        for bad in ["scaled", "random", "nan", "empty", "echo"]:
+            with self.subTest(bad):
+                holder, members, theta = run(["honest", "honest", bad])
+                acc = holder.accounts()
+                self.assertEqual(acc["2"]["accepted"], 0, acc)
+                self.assertGreater(acc["2"]["refused"], 15, acc)
+                self.assertGreaterEqual(acc["0"]["accepted"], 19, acc)
+                self.assertLess(mse(theta), 1.5 * self.honest_loss + 0.01, "%s: %.4f vs %.4f honest"
+                                % (bad, mse(theta), self.honest_loss))
+
+    def test_without_the_checks_they_do_harm(self):
+        for bad in ["scaled", "random", "nan", "empty", "echo"]:
+            with self.subTest(bad):
+                if bad == "nan":  # the average cannot even be sent: the holder fails
+                    with self.assertRaisesRegex(ValueError, "NaN"):
+                        run(["honest", "honest", bad], checks=False)
+                    continue
+                holder, _, theta = run(["honest", "honest", bad], checks=False)
+                acc = holder.accounts()
+                self.assertGreater(acc["2"]["accepted"], 0, acc)  # paid for what it did
+                if bad in ("scaled", "random", "nan"):
+                    loss = mse(theta)
+                    self.assertTrue(not np.isfinite(loss) or loss > 2 * self.honest_loss, "%s: %.4f" % (bad, loss))
+
+    def test_a_silent_worker_earns_nothing_and_stalls_no_round(self):
+        t = time.monotonic()
+        holder, _, theta = run(["honest", "silent"], rounds=10, timeout=2.0)
+        acc = holder.accounts()
+        self.assertNotIn("1", acc)
+        self.assertEqual(acc["0"]["accepted"], 10)
+        self.assertLess(time.monotonic() - t, 20)  # one round waits for it (2 s), the next ones do not
+
+    def test_refused_rounds_in_a_row_drop_the_worker(self):
+        holder, members, _ = run(["honest", "scaled"], rounds=12, drop_after=3)
+        acc = holder.accounts()
+        self.assertTrue(acc["1"]["dropped"], acc)
+        self.assertEqual(acc["1"]["refused"], 3)
+        self.assertIsInstance(members[1].error, Dropped)
+        self.assertIsNone(members[0].error)
+
+    def test_a_worker_fails_when_the_holder_is_gone(self):
+        addrs = free_addrs(2)
+        m = Member(0, addrs, 1, rounds=5, timeout=1.0)
+        m.av.join_timeout = 1.0
+        m.start().thread.join(10)
+        self.assertIsInstance(m.error, HolderGone)
+
+    def test_the_holder_refuses_to_be_a_worker(self):
+        addrs = free_addrs(2)
+        with self.assertRaises(ValueError):
+            Holder(Peers(0, addrs, "test", holder=1), H)
+
+
+if __name__ == "__main__":
+    unittest.main()
