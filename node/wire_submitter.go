@@ -22,6 +22,7 @@ func (n *Node) newSubmitter() *submitter.Manager {
 		LogDir:      filepath.Join(n.home.Dir, "data", "joblogs"),
 		EscrowSlack: n.cfg.Jobs.EscrowSlack.Duration,
 		Machines:    submitterWire{n},
+		Holders:     submitterWire{n},
 		Offers:      submitterWire{n},
 		Bids:        n,
 		Quotes:      n.quotes,
@@ -40,6 +41,7 @@ type submitterWire struct{ n *Node }
 
 var (
 	_ submitter.Machines = submitterWire{}
+	_ submitter.Holders  = submitterWire{}
 	_ submitter.Offers   = submitterWire{}
 	_ submitter.Bids     = (*Node)(nil)
 )
@@ -57,6 +59,14 @@ func (w submitterWire) Call(ctx context.Context, machine, typ string, req any, r
 }
 
 func (w submitterWire) Addrs(machine string) []string { return w.n.machineAddrs(machine) }
+
+func (w submitterWire) Hold(l p2p.Launch) error { return w.n.exec.Hold(w.n.host.ID(), l) }
+
+func (w submitterWire) HolderAccounts(run string, index int) ([]byte, error) {
+	return w.n.exec.HolderAccounts(run, index)
+}
+
+func (w submitterWire) Machine() string { return w.n.host.ID().String() }
 
 func (w submitterWire) Offers(now time.Time) []p2p.Offer {
 	held := w.n.book.List(now)

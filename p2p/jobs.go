@@ -77,7 +77,24 @@ type Training struct {
 	// workers takes to the target over one worker's, the first being 1.
 	// Without it quotes use the scheduler's shipped table.
 	StepsRatio []float64 `cbor:"steps_ratio,omitempty" json:"steps_ratio,omitempty" toml:"steps_ratio"`
+	// Holder is who keeps the model in diloco mode: "workers" (the
+	// default: they coordinate the rounds among themselves) or
+	// "submitter": the submitter's node runs the job's program once more
+	// as the holder (DM_ROLE=holder), which checks every worker's update
+	// on its own data and averages only those that help; each machine is
+	// paid for its worker's accepted rounds, and the job's result is the
+	// holder's output.
+	Holder string `cbor:"holder,omitempty" json:"holder,omitempty" toml:"holder"`
 }
+
+// Held says whether the job's submitter holds the model (Holder).
+func (t *Training) Held() bool { return t != nil && t.Holder == HolderSubmitter }
+
+// Who may hold a diloco job's model.
+const (
+	HolderWorkers   = "workers"
+	HolderSubmitter = "submitter"
+)
 
 // Bounds of a training block's work description.
 const (
@@ -116,6 +133,10 @@ func (t *Training) Validate() error {
 		return rangeErr("params %d (want 1 to %d)", t.Params, int64(MaxParams))
 	case !(t.StepMillis >= 0 && t.StepMillis <= MaxStepMillis): // NaN too
 		return rangeErr("step_ms %g (want 0 to %d)", t.StepMillis, MaxStepMillis)
+	case t.Holder != "" && t.Holder != HolderWorkers && t.Holder != HolderSubmitter:
+		return rangeErr("holder %q (want workers or submitter)", t.Holder)
+	case t.Holder == HolderSubmitter && t.Mode != "diloco":
+		return rangeErr("holder = \"submitter\" applies to mode diloco only")
 	case len(t.StepsRatio) > MaxStepsRatio:
 		return rangeErr("steps_ratio has %d values (want at most %d)", len(t.StepsRatio), MaxStepsRatio)
 	}

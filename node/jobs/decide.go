@@ -215,6 +215,9 @@ func AfterRun(out Outcome, k int) State {
 // PayPlan, not wrapped). Once the run reports progress, the time it ran
 // ends at its last progress: a worker that never reported earns nothing.
 func Used(run *Run, w *Worker, now time.Time) uint64 {
+	if run.Held() {
+		return perHour(w.PerHour, time.Duration(w.AcceptedSeconds*float64(time.Second)))
+	}
 	if w.Started.IsZero() {
 		return 0
 	}
@@ -222,15 +225,85 @@ func Used(run *Run, w *Worker, now time.Time) uint64 {
 	if run.Progress && w.ProgressAt.Before(until) {
 		until = w.ProgressAt
 	}
-	ran := until.Sub(w.Started) - w.Suspended
-	if ran <= 0 {
+	return perHour(w.PerHour, until.Sub(w.Started)-w.Suspended)
+}
+
+// perHour is the price of d at price an hour (0 for no time).
+func perHour(price uint64, d time.Duration) uint64 {
+	if d <= 0 {
 		return 0
 	}
-	v := float64(w.PerHour) * ran.Hours()
+	v := float64(price) * d.Hours()
 	if v >= 1<<64 { // converting a float past the range is undefined
 		return math.MaxUint64
 	}
 	return uint64(v)
+}
+
+// HolderAccount is what the model's holder of a held job says of one
+// worker (holder.json, written by the deepmarket package's Holder).
+type HolderAccount struct {
+	Accepted    int     `json:"accepted"`
+	Refused     int     `json:"refused"`
+	Seconds     float64 `json:"seconds"`
+	LastRefusal string  `json:"last_refusal"`
+	Dropped     bool    `json:"dropped"`
+}
+
+// ApplyAccounts records in run's workers what the holder's accounts say,
+// keyed by rank; figures only grow (a holder restarted from its
+// checkpoint starts its counts again), and ranks outside the run are
+// ignored.
+func ApplyAccounts(run *Run, acc map[string]HolderAccount) {
+	for rank, a := range acc {
+		i, err := strconv.Atoi(rank)
+		if err != nil || i < 0 || i >= len(run.Workers) {
+			continue
+		}
+		w := &run.Workers[i]
+		if !(a.Seconds >= 0 && a.Seconds < 1e9) { // NaN too
+			a.Seconds = 0
+		}
+		w.Accepted, w.Refused = max(w.Accepted, a.Accepted), max(w.Refused, a.Refused)
+		w.AcceptedSeconds = max(w.AcceptedSeconds, a.Seconds)
+		w.Dropped = w.Dropped || a.Dropped
+	}
+}
+
+// JudgeHeld is Judge for a held run, whose end is its holder's: it ends
+// when the holder exits (succeeded with its output, or failed), on
+// cancellation, or out of time. Workers lost, failed or dropped do not end
+// it: the holder goes on with the others (they are paid for their
+// accepted rounds). holder is the holder's status, nil when it did not
+// answer.
+func JudgeHeld(f Fleet, holder *p2p.JobStatus, cancelled bool, started time.Time, maxDuration time.Duration, now time.Time) (RunEnd, bool) {
+	end := RunEnd{Lost: f.Lost, Vacated: f.Vacated}
+	switch {
+	case holder != nil && holder.State == p2p.WorkerExited && holder.ExitCode == 0 && holder.Result != "":
+		end.Out = RunSucceeded
+	case holder != nil && (holder.State == p2p.WorkerFailed || holder.State == p2p.WorkerStopped ||
+		holder.State == p2p.WorkerExited && holder.ExitCode != 0):
+		end.Out, end.Why = ProgramFailed, "the model's holder (on this machine) "+holderWhy(holder)
+	case holder != nil && holder.State == p2p.WorkerExited:
+		end.Out, end.Why = ProgramFailed, "the model's holder exited but left no result"
+	case cancelled:
+		end.Out, end.Why = RunCancelled, "cancelled"
+	case len(f.OutOfTime) > 0 || !started.IsZero() && now.Sub(started) > maxDuration+time.Minute:
+		end.Out, end.Why = TimedOut, "out of time: max duration "+maxDuration.String()+" reached"
+	default:
+		return end, false
+	}
+	return end, true
+}
+
+func holderWhy(st *p2p.JobStatus) string {
+	switch st.State {
+	case p2p.WorkerFailed:
+		return "failed: " + st.Reason
+	case p2p.WorkerStopped:
+		return "was stopped: " + st.Reason
+	}
+	return st.Reason
 }
 
 // RanUntil is the end of worker w's run as counted at now: when it ended,

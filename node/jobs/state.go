@@ -92,6 +92,14 @@ type Worker struct {
 	Units      uint64    `json:"units,omitempty"`
 	Loss       float64   `json:"loss,omitempty"`
 	ProgressAt time.Time `json:"progress_at,omitzero"`
+	// Accepted and Refused count its rounds the model's holder accepted
+	// and refused (a held job); AcceptedSeconds is the time those
+	// accepted took: what its machine is paid for.
+	Accepted        int     `json:"accepted,omitempty"`
+	Refused         int     `json:"refused,omitempty"`
+	AcceptedSeconds float64 `json:"accepted_seconds,omitempty"`
+	// Dropped says the holder dropped it for its refused updates.
+	Dropped bool `json:"dropped,omitempty"`
 }
 
 // Run is one placement of a job: its own bid, holds and escrow. A job is
@@ -115,7 +123,15 @@ type Run struct {
 	// Progress says the run's workers report progress: from then on each
 	// is paid up to its last progress, and one that stalls stops the run.
 	Progress bool `json:"progress,omitempty"`
+	// Holder is the model's holder of a held job ([training] holder =
+	// "submitter"): this node's own process, worker len(Workers) of the
+	// run on this machine. Each worker is then paid for its accepted
+	// rounds only, and the run's result is the holder's output.
+	Holder *Worker `json:"holder,omitempty"`
 }
+
+// Held says whether the run's model is held by its submitter.
+func (r *Run) Held() bool { return r.Holder != nil }
 
 // Job is a job on its submitting node, as persisted.
 type Job struct {

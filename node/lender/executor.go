@@ -129,6 +129,18 @@ type worker struct {
 	frozenWhy string
 	vacated   bool // stopped for the owner (Vacate)
 	outOfTime bool // stopped at the job's max duration
+	// holder: the model's holder of this machine's own held job (Hold),
+	// not a lent worker: the owner's use neither suspends nor reclaims it.
+	holder bool
+}
+
+// keepsOutput says whether the worker's output dir is its run's result:
+// the holder's in a held job, else the chief's.
+func (w *worker) keepsOutput() bool {
+	if w.l.Training.Held() {
+		return w.holder
+	}
+	return w.l.Index == 0
 }
 
 func workerKey(run string, index int) string { return run + "/" + strconv.Itoa(index) }
@@ -269,6 +281,9 @@ func (e *Executor) inUse() (cores uint32, mem uint64) {
 
 func (e *Executor) inUseLocked() (cores uint32, mem uint64) {
 	for _, w := range e.workers {
+		if w.holder {
+			continue // the machine's own job, not lent
+		}
 		cores += w.l.Res.Cores
 		mem += w.l.Res.MemBytes
 	}
@@ -452,7 +467,7 @@ func (w *worker) status(now time.Time) p2p.JobStatus {
 	st.Reason = p2p.Clip(st.Reason, p2p.MaxReasonLen)
 	// Output is kept only once the chief has ended: until then a result
 	// or checkpoint CID is not known.
-	if w.l.Index == 0 && (w.state == p2p.WorkerExited || w.state == p2p.WorkerStopped) && w.result == "" && w.ckpt == "" {
+	if w.keepsOutput() && (w.state == p2p.WorkerExited || w.state == p2p.WorkerStopped) && w.result == "" && w.ckpt == "" {
 		select {
 		case <-w.done:
 		default:

@@ -44,7 +44,7 @@ func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) (err 
 	if _, ok := e.holds.Launch(l.Hold, l.JobID, from, time.Now()); !ok {
 		return errors.New("the hold lapsed while the launch was checked: reserve and commit again")
 	}
-	return e.admit(from, l)
+	return e.admit(from, l, false)
 }
 
 // errEscrowNotYet is a launch's refusal while this machine's replica of
@@ -183,7 +183,7 @@ func (e *Executor) checkInputs(l p2p.Launch) error {
 // jobs now: it picks the worker's CPUs, lists it among the workers here,
 // runs it in the background and schedules the claim on the run's escrow.
 // A retried launch of a worker already here succeeds at once.
-func (e *Executor) admit(from peer.ID, l p2p.Launch) error {
+func (e *Executor) admit(from peer.ID, l p2p.Launch, holder bool) error {
 	key := workerKey(l.JobID, l.Index)
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -193,19 +193,21 @@ func (e *Executor) admit(from peer.ID, l p2p.Launch) error {
 	if _, ok := e.workers[key]; ok {
 		return nil // a retried launch
 	}
-	gpus, err := e.pickGPUs(key, int(l.Res.GPUs))
-	if err != nil {
-		return err
-	}
-	cpus, err := e.pickCPUs(key, int(l.Res.Cores))
-	if err != nil {
-		for _, g := range gpus {
-			delete(e.gpus, g)
+	var gpus, cpus []int
+	if !holder { // the holder shares the machine's CPUs, and uses no GPU
+		var err error
+		if gpus, err = e.pickGPUs(key, int(l.Res.GPUs)); err != nil {
+			return err
 		}
-		return err
+		if cpus, err = e.pickCPUs(key, int(l.Res.Cores)); err != nil {
+			for _, g := range gpus {
+				delete(e.gpus, g)
+			}
+			return err
+		}
 	}
 	name := workerName(l.JobID, l.Index)
-	w := &worker{l: l, bidder: from, key: key, name: name, dir: filepath.Join(e.dir, name),
+	w := &worker{l: l, bidder: from, key: key, name: name, dir: filepath.Join(e.dir, name), holder: holder,
 		cpus: cpus, gpus: gpus, box: name + "-" + e.tag, state: p2p.WorkerFetching, beat: time.Now(), done: make(chan struct{})}
 	wctx, cancel := context.WithCancel(e.ctx)
 	w.cancel = cancel
@@ -219,7 +221,9 @@ func (e *Executor) admit(from peer.ID, l p2p.Launch) error {
 		defer close(w.done)
 		e.run(wctx, w)
 	}()
-	go e.claimLater(l.JobID)
+	if !holder {
+		go e.claimLater(l.JobID)
+	}
 	return nil
 }
 

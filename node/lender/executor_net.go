@@ -35,8 +35,10 @@ type runNet struct {
 }
 
 // acquireNet gives worker w its run's namespace, made on first use, with a
-// forwarder to each remote worker.
-func (e *Executor) acquireNet(ctx context.Context, l p2p.Launch) (*sandbox.NetNS, error) {
+// forwarder to each remote worker and, in a held job, to the model's
+// holder on its submitter's machine (none for the holder itself).
+func (e *Executor) acquireNet(ctx context.Context, w *worker) (*sandbox.NetNS, error) {
+	l := w.l
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	rn := e.nets[l.JobID]
@@ -50,6 +52,17 @@ func (e *Executor) acquireNet(ctx context.Context, l p2p.Launch) (*sandbox.NetNS
 	}
 	rn.refs++
 	self := e.self
+	if w.holder {
+		return rn.ns, nil
+	}
+	if h := len(l.World); l.Training.Held() && w.bidder.String() != self && rn.fwd[avgIndex(h)] == nil {
+		e.dial.LearnMachine(w.bidder, nil)
+		_, closer, err := e.tunnels.ForwardIn(ctx, rn.ns, avgPort(h), l.JobID, avgIndex(h), w.bidder)
+		if err != nil {
+			return rn.ns, fmt.Errorf("tunnel to the model's holder: %w", err)
+		}
+		rn.fwd[avgIndex(h)] = closer
+	}
 	for j, m := range l.World {
 		if m == self || rn.fwd[j] != nil {
 			continue
@@ -100,12 +113,17 @@ func (e *Executor) releaseNet(run string) {
 func (e *Executor) wireNet(ctx context.Context, w *worker) (*sandbox.NetNS, error) {
 	l := w.l
 	allowed := remotePeers(l.World, e.self)
-	ns, err := e.acquireNet(ctx, l)
+	ns, err := e.acquireNet(ctx, w)
 	if ns != nil {
 		w.set(func() { w.closers = append(w.closers, func() { e.releaseNet(l.JobID) }) })
 	}
 	if err != nil {
 		return nil, err
+	}
+	if w.holder { // only its averaging port, to the run's machines
+		unexpose := e.tunnels.ExposeIn(ns, l.JobID, avgIndex(l.Index), avgPort(l.Index), allowed)
+		w.set(func() { w.closers = append(w.closers, unexpose) })
+		return ns, nil
 	}
 	unexpose := e.tunnels.ExposeIn(ns, l.JobID, l.Index, workerPort(l.Index), allowed)
 	unexposeAvg := e.tunnels.ExposeIn(ns, l.JobID, avgIndex(l.Index), avgPort(l.Index), allowed)

@@ -34,7 +34,9 @@ func (e *Executor) Reclaim(grace time.Duration) {
 	e.mu.Lock()
 	ws := make([]*worker, 0, len(e.workers))
 	for _, w := range e.workers {
-		ws = append(ws, w)
+		if !w.holder {
+			ws = append(ws, w)
+		}
 	}
 	ctx := e.ctx
 	e.mu.Unlock()
@@ -124,7 +126,7 @@ func (e *Executor) running() []*worker {
 	var ws []*worker
 	for _, w := range e.workers {
 		w.mu.Lock()
-		if w.proc != nil && w.state == p2p.WorkerRunning && !w.stopping {
+		if w.proc != nil && w.state == p2p.WorkerRunning && !w.stopping && !w.holder {
 			ws = append(ws, w)
 		}
 		w.mu.Unlock()

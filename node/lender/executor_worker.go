@@ -64,7 +64,7 @@ func (e *Executor) run(ctx context.Context, w *worker) {
 	exit, err := awaitWorker(proc, lease)
 	stopped, wantCkpt, state := w.recordEnd(exit, err)
 	log.Info("worker ended", "exit", exit.Code, "signal", exit.Signal, "state", state, "cpu", exit.CPU)
-	if w.l.Index == 0 && err == nil && (!stopped && exit.Code == 0 || wantCkpt) {
+	if w.keepsOutput() && err == nil && (!stopped && exit.Code == 0 || wantCkpt) {
 		// The chief's output dir is the job's result (or its checkpoint),
 		// read only once nothing of the job is left to change it.
 		e.collectOutput(ctx, w, stopped)
@@ -191,7 +191,14 @@ func (e *Executor) buildEnv(w *worker) []string {
 		"DM_PROGRESS_FILE=" + filepath.Join(w.dir, progressFile),
 	}
 	env = append(env, l.Training.Env()...)
-	env = append(env, frameworkEnv(l.Framework, l.Index, addrs)...)
+	if l.Training.Held() {
+		env = append(env, "DM_AVG_HOLDER=127.0.0.1:"+strconv.Itoa(avgPort(len(l.World))))
+	}
+	if w.holder {
+		env = append(env, "DM_ROLE=holder")
+	} else {
+		env = append(env, frameworkEnv(l.Framework, l.Index, addrs)...)
+	}
 	path := "/usr/local/bin:/usr/bin:/bin"
 	if e.python != "" && strings.Contains(e.python, "/") {
 		// python3 in the command is the configured environment's.

@@ -59,12 +59,25 @@ type Blocks interface {
 	Add(ctx context.Context, path string, progress func(storage.Progress)) (storage.Pin, error)
 }
 
+// Holders runs the model's holder of this node's held jobs ([training]
+// holder = "submitter") on this machine: its executor, which the
+// submitter then polls, reads and stops through Machines as worker
+// len(World) of the run on Machine().
+type Holders interface {
+	Hold(l p2p.Launch) error
+	// HolderAccounts is the holder's accounts file (holder.json), nil
+	// before it wrote one.
+	HolderAccounts(run string, index int) ([]byte, error)
+	Machine() string
+}
+
 // Params are what New needs; every field is required but Reference.
 type Params struct {
 	Account     string        // the ledger address jobs are submitted from
 	LogDir      string        // the jobs' logs, one file each
 	EscrowSlack time.Duration // an escrow outlives the job's max duration by this
 	Machines    Machines
+	Holders     Holders
 	Offers      Offers
 	Bids        Bids
 	Quotes      *QuoteBook // where the quotes for Bids' bids arrive

@@ -156,6 +156,24 @@ func (m *Manager) addInputs(ctx context.Context, j *jobs.Job) error {
 	return nil
 }
 
+// startHolder starts the model's holder of a held run on this machine,
+// before its workers, which reach it as soon as they start.
+func (m *Manager) startHolder(j *jobs.Job, run *jobs.Run, world []string, addrs [][]string) error {
+	l := p2p.Launch{JobID: run.ID, Index: len(world), World: world, Addrs: addrs, Framework: j.Spec.Framework,
+		Command: j.Spec.Command, Bundle: j.BundleCID, Dataset: j.DatasetCID,
+		Res:     p2p.Resources{Cores: 1, MemBytes: j.Spec.MemBytes},
+		MaxSecs: int64(j.Spec.MaxDuration / time.Second), Training: j.Spec.Training}
+	if err := m.p.Holders.Hold(l); err != nil {
+		return fmt.Errorf("the model's holder on this machine: %w", err)
+	}
+	m.save(j, func() {
+		run.Holder = &jobs.Worker{Machine: m.p.Holders.Machine(), Moniker: "this machine", State: p2p.WorkerFetching,
+			LastSeen: time.Now().UTC()}
+	})
+	m.logf(j, "the model's holder starts on this machine: it checks every worker's update and pays for the accepted rounds")
+	return nil
+}
+
 // launchPatience is how long a launch is sent again to a machine that
 // does not see the run's escrow yet (its ledger catching up).
 const launchPatience = time.Minute
@@ -175,6 +193,11 @@ func (m *Manager) launch(ctx context.Context, j *jobs.Job, k int, resume string)
 		}
 	}
 	m.save(j, func() { run.Started = time.Now().UTC() })
+	if j.Spec.Training.Held() {
+		if err := m.startHolder(j, run, world, addrs); err != nil {
+			return err
+		}
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	for i, w := range run.Workers {
 		l := p2p.Launch{JobID: run.ID, Index: i, World: world, Addrs: addrs, Hold: w.Hold, Framework: j.Spec.Framework,

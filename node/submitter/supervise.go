@@ -2,6 +2,7 @@ package submitter
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -37,6 +38,19 @@ func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (jobs.RunEn
 			m.move(j, jobs.Running, "")
 		}
 		f := jobs.Survey(sts, run.Workers, lost, now)
+		if run.Held() {
+			hst := m.pollHolder(ctx, j, run, now)
+			lost = f.Lost
+			end, ended := jobs.JudgeHeld(f, hst, m.cancelled(j.ID), run.Started, j.Spec.MaxDuration, now)
+			if ended && end.Out == jobs.RunSucceeded {
+				m.save(j, func() { j.ResultCID = hst.Result })
+			}
+			if ended {
+				m.logf(j, "run ends: %s", map[bool]string{true: end.Why, false: "the model's holder finished"}[end.Why != ""])
+				return end, true
+			}
+			continue
+		}
 		f.Stalled = m.stalled(j, run, now)
 		if f.Failed != "" && failedSince.IsZero() {
 			failedSince = now
@@ -53,6 +67,51 @@ func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (jobs.RunEn
 			return end, true
 		}
 	}
+}
+
+// pollHolder asks the model's holder of a held run how it is, pulls its
+// log output and its accounts of the workers; a holder unheard for
+// jobs.LostAfter (the node restarted: its processes are gone) is reported
+// failed.
+func (m *Manager) pollHolder(ctx context.Context, j *jobs.Job, run *jobs.Run, now time.Time) *p2p.JobStatus {
+	m.mu.Lock()
+	h := *run.Holder
+	m.mu.Unlock()
+	idx := len(run.Workers)
+	var st p2p.JobStatus
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	err := m.p.Machines.Call(cctx, h.Machine, p2p.TypeStatusReq, &p2p.StatusReq{JobID: run.ID, Index: idx}, p2p.TypeJobStatus, &st)
+	if err != nil {
+		if now.Sub(h.LastSeen) > jobs.LostAfter {
+			return &p2p.JobStatus{State: p2p.WorkerFailed, Reason: "it stopped answering (" + err.Error() + ")"}
+		}
+		return nil
+	}
+	if st.LogBytes > h.LogOffset {
+		var lg p2p.Logs
+		if err := m.p.Machines.Call(cctx, h.Machine, p2p.TypeLogsReq, &p2p.LogsReq{JobID: run.ID, Index: idx, Offset: h.LogOffset},
+			p2p.TypeLogs, &lg); err == nil && len(lg.Data) > 0 {
+			m.appendLog(j.ID, tagLines("[h] ", lg.Data))
+			h.LogOffset = lg.Next
+		}
+	}
+	var doc struct {
+		Workers map[string]jobs.HolderAccount `json:"workers"`
+	}
+	b, err := m.p.Holders.HolderAccounts(run.ID, idx)
+	if err == nil && b != nil {
+		err = json.Unmarshal(b, &doc)
+	}
+	if err != nil {
+		m.p.Logger.Warn("the holder's accounts cannot be read", "job", j.ID, "err", err)
+	}
+	m.save(j, func() {
+		run.Holder.State, run.Holder.ExitCode, run.Holder.Reason, run.Holder.LastSeen = st.State, st.ExitCode, st.Reason, now.UTC()
+		run.Holder.LogOffset = h.LogOffset
+		jobs.ApplyAccounts(run, doc.Workers)
+	})
+	return &st
 }
 
 // heardNow counts run's live workers as heard from now. Supervising
@@ -230,6 +289,13 @@ func (m *Manager) stopAll(ctx context.Context, j *jobs.Job, k int, reason string
 		}()
 	}
 	wg.Wait()
+	if h := run.Holder; h != nil {
+		var st p2p.JobStatus
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		m.p.Machines.Call(cctx, h.Machine, p2p.TypeStop, &p2p.Stop{JobID: run.ID, Index: len(run.Workers), Reason: reason},
+			p2p.TypeJobStatus, &st)
+		cancel()
+	}
 	// Then look until each worker that answers has ended, to record when:
 	// a machine stops its worker after replying, within StopGrace.
 	deadline := time.Now().Add(p2p.StopGrace + 2*time.Second)
@@ -268,6 +334,12 @@ func (m *Manager) finalStop(ctx context.Context, j *jobs.Job, k int) {
 		var st p2p.JobStatus
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		m.p.Machines.Call(cctx, w.Machine, p2p.TypeStop, &p2p.Stop{JobID: run.ID, Index: i, Final: true}, p2p.TypeJobStatus, &st)
+		cancel()
+	}
+	if h := run.Holder; h != nil {
+		var st p2p.JobStatus
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		m.p.Machines.Call(cctx, h.Machine, p2p.TypeStop, &p2p.Stop{JobID: run.ID, Index: len(run.Workers), Final: true}, p2p.TypeJobStatus, &st)
 		cancel()
 	}
 }

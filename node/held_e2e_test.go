@@ -1,0 +1,131 @@
+package node
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/p2p"
+)
+
+// heldBundle is the Fashion-MNIST example with a wrapper, run.py, that
+// makes the workers of the ranks plan names hostile
+// (python/tests/hostile_worker.py: lazy, scaled, random, nan, empty).
+func heldBundle(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	os.Chmod(dir, 0o755)
+	for src, dst := range map[string]string{
+		"../examples/fashion-mnist/train.py":  "train.py",
+		"../python/tests/hostile_worker.py": "hostile_worker.py",
+	} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, dst), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := `import os, runpy, sys
+plan = dict(p.split("=") for p in sys.argv[1].split(",") if p)
+if os.environ.get("DM_ROLE") != "holder":
+    os.environ["DM_HOSTILE"] = plan.get(os.environ.get("DM_RANK", ""), "")
+sys.argv = ["hostile_worker.py"] + sys.argv[2:]
+runpy.run_path("hostile_worker.py", run_name="__main__")
+`
+	if err := os.WriteFile(filepath.Join(dir, "run.py"), []byte(run), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestHeldDiLoCoPaysOnlyForAcceptedRounds: a diloco job whose submitter
+// holds the model, on three lenders: worker 1's machine runs nothing at
+// all (a lazy lender, its worker reported running), worker 2 multiplies
+// its updates by 1000. The submitter's node runs the job's program once
+// more as the holder; it refuses every update of worker 2 and drops it,
+// goes on without worker 1, and the job succeeds with the holder's own
+// model. Only worker 0's machine is paid: the lazy and the poisoning
+// machines get nothing of the escrow. (With the holder's checks off the
+// same poisoning worker is accepted and wrecks the model:
+// python/tests/test_held_training.py.)
+func TestHeldDiLoCoPaysOnlyForAcceptedRounds(t *testing.T) {
+	py := jobPython(t)
+	c := startJobCluster(t, py, 3)
+	a := c.sub
+	before, err := a.client.Balance(t.Context(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := jobs.File{Name: "held", Framework: "tensorflow", Bundle: heldBundle(t),
+		Command: []string{"python3", "run.py", "1=lazy,2=scaled", "train.py", "--epochs", "3", "--steps-per-epoch", "60",
+			"--join-timeout", "30", "--round-timeout", "20", "--no-overlap"},
+		Dataset: "/usr/share/datasets/fashion-mnist", Workers: 3, Cores: 1, Memory: "2GiB", MaxPrice: "5", MaxDuration: "15m",
+		Training: &p2p.Training{Mode: "diloco", SyncEvery: 20, Compress: "int8", Holder: p2p.HolderSubmitter}}
+	j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: spec, Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j = waitJob(t, a, j.ID, 8*time.Minute)
+	log := jobLog(t, a, j.ID)
+	if j.State != jobs.Succeeded || len(j.Runs) != 1 {
+		t.Fatalf("the held job: %s (%s), %d run(s)\n%s", j.State, j.Reason, len(j.Runs), log)
+	}
+	for _, want := range []string{"[h] [holder] round 0: closing without rank(s) 1", "refused rank 2's update",
+		"rank 2 dropped", "the model's holder starts on this machine"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the log lacks %q\n%s", want, log)
+		}
+	}
+	run := j.Current()
+	ws := run.Workers
+	if run.Holder == nil || ws[0].Accepted < 8 || ws[0].AcceptedSeconds <= 0 || ws[1].Accepted != 0 || ws[2].Accepted != 0 ||
+		ws[2].Refused < 3 || !ws[2].Dropped {
+		t.Errorf("the holder's accounts: %+v", ws)
+	}
+
+	// The result is the holder's own model.
+	out := filepath.Join(t.TempDir(), "result")
+	if _, err := a.client.DataGet(t.Context(), j.ResultCID, out, nil); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "result.json"))
+	if err != nil {
+		t.Fatalf("result: %v\n%s", err, log)
+	}
+	var res struct {
+		Held     bool    `json:"held"`
+		Accuracy float64 `json:"test_accuracy"`
+	}
+	if err := json.Unmarshal(b, &res); err != nil || !res.Held || res.Accuracy < 0.75 {
+		t.Errorf("the result %s: want the holder's, above 0.75 accuracy (%v)", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(out, "model.keras")); err != nil {
+		t.Errorf("the holder's model: %v", err)
+	}
+
+	// Only the honest machine is paid, for its accepted rounds.
+	var paid [3]uint64
+	for i, w := range ws {
+		bal, err := a.client.Balance(t.Context(), w.Payee)
+		if err != nil {
+			t.Fatal(err)
+		}
+		paid[i] = bal.Balance
+	}
+	want := jobs.Used(run, &ws[0], time.Now())
+	if paid[0] == 0 || paid[0] != want || paid[1] != 0 || paid[2] != 0 {
+		t.Errorf("paid %v, want %d for worker 0 (%.1f s of accepted rounds) and nothing for the lazy and the poisoning machines",
+			paid, want, ws[0].AcceptedSeconds)
+	}
+	after, _ := a.client.Balance(t.Context(), "")
+	if before.Balance-after.Balance != paid[0] || j.Cost != paid[0] {
+		t.Errorf("the submitter spent %d, the job cost %d, the machines earned %v", before.Balance-after.Balance, j.Cost, paid)
+	}
+}
