@@ -129,6 +129,11 @@ bench-training: deps build ## Root: time to 0.90 on 1, 2 and 3 emulated machines
 	$(GO) run ./bench/training -bin $(BIN) -python $(VENV)/bin/python3 -out bench/results/training $(TRAINING_FLAGS)
 
 .PHONY: bench-gpu
+bench-held: deps ## Held DiLoCo: the holder's checks' share of a round (goal <= 5%), its CPU with 3 workers (goal <= 1 core), one poisoning worker of 3 against all honest (goal within 0.5 points) and its share of the pay, checks on and off (~6 min); report in bench/results/held
+	$(VENV)/bin/python3 bench/held/bench_held.py $(HELD_FLAGS)
+
+.PHONY: bench-held
+
 bench-gpu: deps build ## Root, a GPU: Fashion-MNIST (cnn-wide, fixed steps) by hand on the GPU, on a CPU worker and as a 1-GPU market job on a loopback testnet; examples/s, market/by hand (goal 0.95x), GPU/CPU (5 min at most); report in bench/results/gpu
 	$(GO) run ./bench/gpu -bin $(BIN) -python $(VENV)/bin/python3 -out bench/results/gpu
 

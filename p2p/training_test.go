@@ -16,3 +16,21 @@ func TestTrainingStepsRatio(t *testing.T) {
 		}
 	}
 }
+
+// holder is "workers" or "submitter", and a submitter holds a diloco
+// job's model only.
+func TestTrainingHolder(t *testing.T) {
+	for _, tr := range []Training{{Mode: "diloco", Holder: HolderSubmitter}, {Mode: "diloco", Holder: HolderWorkers}, {Mode: "sync"}} {
+		if err := tr.Validate(); err != nil {
+			t.Errorf("%+v: %v", tr, err)
+		}
+	}
+	for _, tr := range []Training{{Mode: "sync", Holder: HolderSubmitter}, {Mode: "diloco", Holder: "lender"}} {
+		if err := tr.Validate(); err == nil {
+			t.Errorf("%+v: no error", tr)
+		}
+	}
+	if !(&Training{Mode: "diloco", Holder: HolderSubmitter}).Held() || (&Training{Mode: "diloco"}).Held() || (*Training)(nil).Held() {
+		t.Error("Held")
+	}
+}

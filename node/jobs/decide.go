@@ -344,6 +344,12 @@ func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment,
 		if w.State == p2p.WorkerFailed {
 			failed[w.Payee] = true
 		}
+		// In a held run, a machine whose worker's rounds were refused
+		// (or that handed none in) failed the job: the ledger's record
+		// of it says so, and quotes weigh it.
+		if run.Held() && (w.Dropped || w.Accepted == 0 || w.Refused > w.Accepted) {
+			failed[w.Payee] = true
+		}
 		owed[w.Payee] = satAdd(owed[w.Payee], Used(run, w, now))
 	}
 	var sum uint128

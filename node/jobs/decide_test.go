@@ -476,3 +476,61 @@ func TestDecideProgress(t *testing.T) {
 		t.Errorf("paid %v, total %d", pays, total)
 	}
 }
+
+// TestDecideHeld: a held run pays each worker its price for the seconds of
+// its accepted rounds, whatever it ran; its end is its holder's.
+func TestDecideHeld(t *testing.T) {
+	run := &Run{Holder: &Worker{}, Escrow: 1 << 40, Workers: []Worker{
+		{Payee: "A", PerHour: 3600, Started: t0.Add(-time.Hour), LastSeen: t0},
+		{Payee: "B", PerHour: 3600, Started: t0.Add(-time.Hour), LastSeen: t0},
+		{Payee: "C", PerHour: 3600, Started: t0.Add(-time.Hour), LastSeen: t0},
+	}}
+	ApplyAccounts(run, map[string]HolderAccount{
+		"0": {Accepted: 10, Seconds: 600}, "1": {Refused: 4, Dropped: true}, "7": {Accepted: 99, Seconds: 1e6},
+		"x": {Accepted: 1}, "2": {Accepted: 1, Seconds: math.NaN()},
+	})
+	// Counts only grow: a restarted holder's smaller figures change nothing.
+	ApplyAccounts(run, map[string]HolderAccount{"0": {Accepted: 2, Seconds: 60}})
+	w := run.Workers
+	if w[0].Accepted != 10 || w[0].AcceptedSeconds != 600 || w[1].Refused != 4 || !w[1].Dropped || w[2].AcceptedSeconds != 0 {
+		t.Fatalf("accounts: %+v", w)
+	}
+	pays, total := PayPlan(run, nil, t0)
+	if total != 600 || len(pays) != 3 || pays[0].Amount != 600 || pays[1].Amount != 0 || pays[2].Amount != 0 ||
+		pays[0].Failed || !pays[1].Failed || pays[2].Failed {
+		t.Errorf("pay plan %+v (total %d): want 600 for A's 600 s of accepted rounds, nothing for the others, B (dropped) failed", pays, total)
+	}
+	if owed := OwedSoFar(run, t0); owed["A"] != 600 || owed["B"] != 0 {
+		t.Errorf("owed so far %v", owed)
+	}
+
+	running := &p2p.JobStatus{State: p2p.WorkerRunning}
+	tests := []struct {
+		name   string
+		holder *p2p.JobStatus
+		f      Fleet
+		cancel bool
+		ended  bool
+		out    Outcome
+		why    string
+	}{
+		{name: "running", holder: running},
+		{name: "a worker lost or failed: the holder goes on", holder: running,
+			f: Fleet{Lost: map[int]bool{1: true}, Failed: "worker 2 on m2 exited with code 1"}},
+		{name: "the holder finished", holder: exited(0, "bafyres", ""), ended: true, out: RunSucceeded},
+		{name: "the holder failed", holder: failed("out of memory"), ended: true, out: ProgramFailed, why: "holder (on this machine) failed: out of memory"},
+		{name: "the holder exited non-zero", holder: exited(1, "", "exited with code 1"), ended: true, out: ProgramFailed, why: "exited with code 1"},
+		{name: "the holder left no result", holder: exited(0, "", ""), ended: true, out: ProgramFailed, why: "no result"},
+		{name: "no answer: waits", holder: nil},
+		{name: "cancelled", holder: running, cancel: true, ended: true, out: RunCancelled},
+	}
+	for _, tt := range tests {
+		end, ended := JudgeHeld(tt.f, tt.holder, tt.cancel, t0.Add(-time.Minute), time.Hour, t0)
+		if ended != tt.ended || ended && (end.Out != tt.out || !strings.Contains(end.Why, tt.why)) {
+			t.Errorf("%s: ended %v %+v, want %v %d %q", tt.name, ended, end, tt.ended, tt.out, tt.why)
+		}
+	}
+	if end, ended := JudgeHeld(Fleet{}, running, false, t0.Add(-2*time.Hour), time.Hour, t0); !ended || end.Out != TimedOut {
+		t.Errorf("past the max duration: %v %+v", ended, end)
+	}
+}

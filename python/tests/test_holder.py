@@ -94,7 +94,7 @@ class Member:
     def _local(self, theta):
         honest = self._train(theta)
         b = self.behaviour
-        if b == "honest":
+        if b in ("honest", "slow"):
             return honest
         if b == "scaled":
             return theta - 1000 * (theta - honest)
@@ -117,7 +117,7 @@ class Member:
                 if self.behaviour == "silent":  # joined, then never hands anything in
                     self.done.wait(60)
                     break
-                time.sleep(0.01)
+                time.sleep(0.2 if self.behaviour == "slow" else 0.01)
                 local = self._local(res.theta)
                 before = res.theta
                 res = self.av.sync(local, H)
@@ -191,6 +191,15 @@ class HolderTest(unittest.TestCase):
                 if bad in ("scaled", "random", "nan"):
                     loss = mse(theta)
                     self.assertTrue(not np.isfinite(loss) or loss > 2 * self.honest_loss, "%s: %.4f" % (bad, loss))
+
+    def test_a_slow_honest_worker_is_paid_for_its_rounds(self):
+        holder, _, theta = run(["honest", "slow"], rounds=10)
+        acc = holder.accounts()
+        self.assertEqual(acc["1"]["accepted"], 10, acc)
+        self.assertEqual(acc["1"]["refused"], 0, acc)
+        # Its rounds took it longer: it is paid for that time, at its price.
+        self.assertGreater(acc["1"]["seconds"], 1.5, acc)
+        self.assertLess(mse(theta), 0.05)
 
     def test_a_silent_worker_earns_nothing_and_stalls_no_round(self):
         t = time.monotonic()

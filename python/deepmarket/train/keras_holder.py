@@ -112,7 +112,8 @@ class KerasHolder:
         self._write_accounts()
         h = self.holder
         return {"rounds": h.round, "accounts": h.accounts(), "check_seconds": round(h.check_seconds, 3),
-                "round_seconds": round(sum(self.round_seconds), 3), "evals": self.history,
+                "round_seconds": round(sum(self.round_seconds), 3),
+                "round_times": [round(x, 3) for x in self.round_seconds], "evals": self.history,
                 "time_to_target_s": round(self.reached_at, 3) if self.reached_at is not None else None,
                 "bytes_sent": h.stats["bytes_sent"], "bytes_received": h.stats["bytes_received"]}
 
