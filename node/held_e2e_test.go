@@ -21,8 +21,8 @@ func heldBundle(t *testing.T) string {
 	dir := t.TempDir()
 	os.Chmod(dir, 0o755)
 	for src, dst := range map[string]string{
-		"../examples/fashion-mnist/train.py":  "train.py",
-		"../python/tests/hostile_worker.py": "hostile_worker.py",
+		"../examples/fashion-mnist/train.py": "train.py",
+		"../python/tests/hostile_worker.py":  "hostile_worker.py",
 	} {
 		b, err := os.ReadFile(src)
 		if err != nil {
