@@ -94,7 +94,7 @@ class Member:
     def _local(self, theta):
         honest = self._train(theta)
         b = self.behaviour
-        if b in ("honest", "slow"):
+        if b in ("honest", "slow", "late"):
             return honest
         if b == "scaled":
             return theta - 1000 * (theta - honest)
@@ -117,7 +117,7 @@ class Member:
                 if self.behaviour == "silent":  # joined, then never hands anything in
                     self.done.wait(60)
                     break
-                time.sleep(0.2 if self.behaviour == "slow" else 0.01)
+                time.sleep({"slow": 0.2, "late": 1.0}.get(self.behaviour, 0.01))
                 local = self._local(res.theta)
                 before = res.theta
                 res = self.av.sync(local, H)
@@ -197,9 +197,19 @@ class HolderTest(unittest.TestCase):
         acc = holder.accounts()
         self.assertEqual(acc["1"]["accepted"], 10, acc)
         self.assertEqual(acc["1"]["refused"], 0, acc)
-        # Its rounds took it longer: it is paid for that time, at its price.
-        self.assertGreater(acc["1"]["seconds"], 1.5, acc)
+        # Every round it contributed is paid; its longer rounds count for
+        # more time than the fast worker's, up to twice theirs (pay_cap).
+        self.assertGreater(acc["1"]["seconds"], 1.5 * acc["0"]["seconds"], acc)
+        self.assertLessEqual(acc["1"]["seconds"], 2 * acc["0"]["seconds"] + 0.01, acc)
         self.assertLess(mse(theta), 0.05)
+
+    def test_a_worker_holding_its_update_back_is_not_paid_for_the_wait(self):
+        holder, _, _ = run(["honest", "honest", "late"], rounds=6)
+        acc = holder.accounts()
+        self.assertEqual(acc["2"]["accepted"], 6, acc)
+        # It waited 1 s a round; the others took about 0.01 s.
+        self.assertLess(acc["2"]["seconds"], 0.5 * 6, acc)
+        self.assertLessEqual(acc["2"]["seconds"], 2 * max(acc["0"]["seconds"], acc["1"]["seconds"]) + 0.01, acc)
 
     def test_a_silent_worker_earns_nothing_and_stalls_no_round(self):
         t = time.monotonic()

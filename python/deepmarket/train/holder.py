@@ -20,8 +20,9 @@ A worker whose deltas are refused `drop_after` rounds in a row is dropped:
 its next push is answered with an error and it fails (averager.Dropped).
 
 The holder keeps accounts per rank: rounds accepted and refused, and the
-seconds of its accepted rounds (from the round's start to its push), which
-is what the worker is paid for. `accounts()` returns them; `write_accounts`
+seconds of its accepted rounds (from the round's start to its push, at most
+twice the round's low median: a worker that holds its update back is not
+paid for the wait), which is what the worker is paid for. `accounts()` returns them; `write_accounts`
 writes them where the node reads them.
 
 What it does not guarantee: a worker that trains on other data than it was
@@ -49,7 +50,9 @@ class Holder(Averager):
     no loss check; the cheap checks still apply unless checks=False).
     tolerance (0.1): a delta is refused if the loss of theta - delta is over
     loss(theta) * (1 + tolerance); norm_factor (10); echo (0.98); drop_after
-    (3 refused rounds in a row); the rest as Averager (timeout: how long a
+    (3 refused rounds in a row); pay_cap (2: an accepted round is accounted
+    at most twice the round's low median time, so that a worker holding its
+    delta back is not paid for the wait); the rest as Averager (timeout: how long a
     round waits for a silent worker after the round's start).
 
     start(theta, trainable) opens the server; next_round() closes the next round
@@ -59,7 +62,7 @@ class Holder(Averager):
     """
 
     def __init__(self, peers, sync_every, check=None, checks=True, tolerance=0.1, norm_factor=10.0, echo=0.98,
-                 drop_after=3, **kw):
+                 drop_after=3, pay_cap=2.0, **kw):
         if peers.holder is None or peers.rank != peers.holder:
             raise ValueError("the holder runs as the holder's rank (%r), not rank %d" % (peers.holder, peers.rank))
         super().__init__(peers, sync_every, **kw)
@@ -67,6 +70,7 @@ class Holder(Averager):
         self.checks = bool(checks)
         self.tolerance, self.norm_factor, self.echo = float(tolerance), float(norm_factor), float(echo)
         self.drop_after = int(drop_after)
+        self.pay_cap = float(pay_cap)
         self._check_lock = threading.Lock()
         self._base = (None, None)             # (digest, loss of theta) for the open round
         self._norms = deque(maxlen=3 * max(1, peers.world - 1))
@@ -175,13 +179,17 @@ class Holder(Averager):
 
     def _closed(self, r, got, refused, header):
         accepted = {j for j, _, _ in got}
+        # A worker that holds its delta back to be paid for more time gets
+        # at most pay_cap times the round's (low) median accepted time.
+        times = [v[3] for j, v in self._verdicts.items() if j in accepted and v[0] == r]
+        cap = self.pay_cap * statistics.median_low(times) if len(times) >= 2 else None
         for j in accepted | set(refused):
             v = self._verdicts.get(j)
             a = self._account(j)
             if j in accepted:
                 a["accepted"] += 1
                 if v and v[0] == r:
-                    a["seconds"] = round(a["seconds"] + v[3], 3)
+                    a["seconds"] = round(a["seconds"] + (v[3] if cap is None else min(v[3], cap)), 3)
                     self._norms.append(v[4])
                 self._streak[j] = 0
             else:
