@@ -26,6 +26,14 @@ func avgPort(j int) int { return workerPort(j) + 1000 }
 
 func avgIndex(j int) int { return p2p.MaxWorkers + j }
 
+// holderPort is where, in a held job, worker j reaches the model's holder
+// (its own port, so the holder knows each connection's rank by the port
+// it came in on: the holder's machine exposes it to worker j's machine
+// only), and holderIndex(j) the tunnel that carries it.
+func holderPort(j int) int { return 23000 + j }
+
+func holderIndex(j int) int { return 2*p2p.MaxWorkers + j }
+
 // runNet is a run's network namespace on this machine, shared by its
 // workers here, with the forwarders to its workers elsewhere.
 type runNet struct {
@@ -55,13 +63,13 @@ func (e *Executor) acquireNet(ctx context.Context, w *worker) (*sandbox.NetNS, e
 	if w.holder {
 		return rn.ns, nil
 	}
-	if h := len(l.World); l.Training.Held() && w.bidder.String() != self && rn.fwd[avgIndex(h)] == nil {
+	if hi := holderIndex(l.Index); l.Training.Held() && w.bidder.String() != self && rn.fwd[hi] == nil {
 		e.dial.LearnMachine(w.bidder, nil)
-		_, closer, err := e.tunnels.ForwardIn(ctx, rn.ns, avgPort(h), l.JobID, avgIndex(h), w.bidder)
+		_, closer, err := e.tunnels.ForwardIn(ctx, rn.ns, holderPort(l.Index), l.JobID, hi, w.bidder)
 		if err != nil {
 			return rn.ns, fmt.Errorf("tunnel to the model's holder: %w", err)
 		}
-		rn.fwd[avgIndex(h)] = closer
+		rn.fwd[hi] = closer
 	}
 	for j, m := range l.World {
 		if m == self || rn.fwd[j] != nil {
@@ -120,9 +128,15 @@ func (e *Executor) wireNet(ctx context.Context, w *worker) (*sandbox.NetNS, erro
 	if err != nil {
 		return nil, err
 	}
-	if w.holder { // only its averaging port, to the run's machines
-		unexpose := e.tunnels.ExposeIn(ns, l.JobID, avgIndex(l.Index), avgPort(l.Index), allowed)
-		w.set(func() { w.closers = append(w.closers, unexpose) })
+	if w.holder { // a port for each worker, to that worker's machine only
+		for j, m := range l.World {
+			id, err := peer.Decode(m)
+			if err != nil || m == e.self {
+				continue // a worker here reaches the port in the namespace itself
+			}
+			unexpose := e.tunnels.ExposeIn(ns, l.JobID, holderIndex(j), holderPort(j), []peer.ID{id})
+			w.set(func() { w.closers = append(w.closers, unexpose) })
+		}
 		return ns, nil
 	}
 	unexpose := e.tunnels.ExposeIn(ns, l.JobID, l.Index, workerPort(l.Index), allowed)

@@ -191,12 +191,16 @@ func (e *Executor) buildEnv(w *worker) []string {
 		"DM_PROGRESS_FILE=" + filepath.Join(w.dir, progressFile),
 	}
 	env = append(env, l.Training.Env()...)
-	if l.Training.Held() {
-		env = append(env, "DM_AVG_HOLDER=127.0.0.1:"+strconv.Itoa(avgPort(len(l.World))))
-	}
 	if w.holder {
-		env = append(env, "DM_ROLE=holder")
+		ranks := make([]string, len(l.World))
+		for j := range ranks {
+			ranks[j] = "127.0.0.1:" + strconv.Itoa(holderPort(j))
+		}
+		env = append(env, "DM_ROLE=holder", "DM_AVG_HOLDER="+ranks[0], "DM_AVG_HOLDER_RANKS="+strings.Join(ranks, ","))
 	} else {
+		if l.Training.Held() {
+			env = append(env, "DM_AVG_HOLDER=127.0.0.1:"+strconv.Itoa(holderPort(l.Index)))
+		}
 		env = append(env, frameworkEnv(l.Framework, l.Index, addrs)...)
 	}
 	path := "/usr/local/bin:/usr/bin:/bin"

@@ -234,6 +234,37 @@ class HolderTest(unittest.TestCase):
         m.start().thread.join(10)
         self.assertIsInstance(m.error, HolderGone)
 
+    def test_a_rank_port_speaks_for_its_rank_only(self):
+        # On the network each worker reaches the holder on a port of its
+        # own, exposed to its machine alone: a worker that claims another
+        # rank there is refused, and the rank it claimed loses nothing.
+        addrs = free_addrs(3)
+        ranks = free_addrs(2)
+        holder = Holder(Peers(2, addrs, "test", holder=2, rank_addrs=ranks), H, check=mse, compress="none",
+                        timeout=3, join_timeout=5, connect_timeout=2, outer_lr=1.0, outer_momentum=0.0,
+                        log=lambda m: None)
+        holder.start(np.zeros(D, np.float32))
+        honest = Member(0, addrs[:2] + (ranks[0],), 2, rounds=5)
+        impostor = Member(0, addrs[:2] + (ranks[1],), 2, rounds=5, behaviour="scaled")  # on rank 1's port
+        impostor.av.join_timeout = 2.0
+        honest.start()
+        impostor.start()
+        while True:
+            res = holder.next_round()
+            if res is None or res.round >= 5:
+                break
+        for m in (honest, impostor):
+            m.done.set()
+        holder.close(finished=True)
+        for m in (honest, impostor):
+            m.thread.join(30)
+        acc = holder.accounts()
+        self.assertEqual(acc["0"], dict(acc["0"], accepted=5, refused=0), acc)
+        self.assertNotIn("1", acc)
+        self.assertIsNone(honest.error)
+        self.assertIsInstance(impostor.error, HolderGone)
+        self.assertIn("not a peer", str(impostor.error))
+
     def test_the_holder_refuses_to_be_a_worker(self):
         addrs = free_addrs(2)
         with self.assertRaises(ValueError):

@@ -181,6 +181,7 @@ class Averager:
         self._conns = {}                 # rank -> open connections from it
         self._link = None                # (rank, socket) to our coordinator
         self._listener = None
+        self._listeners = []
         self._threads = []
         self._socks = set()
         self._io = threading.Lock()
@@ -702,7 +703,16 @@ class Averager:
     # ------------------------------------------------------------ server side
 
     def _serve(self):
-        host, port = wire.split_addr(self.peers.addrs[self.rank])
+        bound = getattr(self.peers, "rank_addrs", None)
+        if bound:  # the holder on the network: one port per worker rank
+            for j, addr in enumerate(bound):
+                self._listen(addr, j)
+            return
+        self._listen(self.peers.addrs[self.rank], None)
+
+    def _listen(self, addr, rank):
+        """Listens on addr; rank: every connection there speaks for that rank only."""
+        host, port = wire.split_addr(addr)
         bind = host if host in ("127.0.0.1", "localhost", "::1") else ""
         ls = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -710,15 +720,16 @@ class Averager:
             ls.bind((bind, port))
         except OSError as e:
             ls.close()
-            raise OSError("cannot listen on %s for averaging: %s" % (self.peers.addrs[self.rank], e)) from e
+            raise OSError("cannot listen on %s for averaging: %s" % (addr, e)) from e
         ls.listen(64)
         self._listener = ls
-        self._spawn(self._accept_loop, ls)
+        self._listeners.append(ls)
+        self._spawn(self._accept_loop, ls, rank)
 
     def _stop_server(self):
         # shutdown() first: close() alone leaves a thread blocked in accept()
         # or recv() holding the socket open (and the port taken).
-        for s in [self._listener] + list(self._socks):
+        for s in self._listeners + list(self._socks):
             for op in (lambda: s.shutdown(socket.SHUT_RDWR), s.close):
                 try:
                     op()
@@ -730,7 +741,7 @@ class Averager:
         self._threads = [t for t in self._threads if t.is_alive()] + [th]
         th.start()
 
-    def _accept_loop(self, ls):
+    def _accept_loop(self, ls, rank=None):
         while True:
             try:
                 sock, _ = ls.accept()
@@ -741,9 +752,9 @@ class Averager:
                 return
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._socks.add(sock)
-            self._spawn(self._conn_loop, sock)
+            self._spawn(self._conn_loop, sock, rank)
 
-    def _conn_loop(self, sock):
+    def _conn_loop(self, sock, bound=None):
         peer, abrupt = None, True
         try:
             while True:
@@ -752,7 +763,7 @@ class Averager:
                 # The first frame names the peer; later ones may not change it.
                 j = h.get("rank", peer)
                 if (h.get("job", self.job) != self.job or not isinstance(j, int) or not 0 <= j < self.world
-                        or j == self.rank or (peer is not None and j != peer)):
+                        or j == self.rank or (peer is not None and j != peer) or (bound is not None and j != bound)):
                     self._send(sock, {"t": "error", "msg": "not a peer of this job (job %r rank %r)" % (h.get("job"), j)})
                     return
                 if h.get("n", self._n) != self._n:

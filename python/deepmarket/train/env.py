@@ -12,6 +12,11 @@
   DM_AVG_HOLDER    host:port of the model's holder (the job's submitter, in
                    held mode, see holder.py): one more rank after the
                    workers', the only one the workers push to
+  DM_AVG_HOLDER_RANKS  the holder's own process: host:port it listens on
+                   for each worker rank, in rank order (a connection on
+                   rank j's port may speak for rank j only; the node
+                   exposes each to that worker's machine alone). Without
+                   it the holder listens on DM_AVG_HOLDER for all ranks
   DM_ROLE          "holder" on the holder's own process (its rank is then
                    the holder's), else "worker"
   DM_OUTPUT_DIR    where the coordinator writes its checkpoint
@@ -34,6 +39,7 @@ class Peers:
     addrs: tuple  # one "host:port" per rank
     source: str   # which variable the addresses came from, for the log
     holder: int = None  # held mode: the holder's rank (the last), else None
+    rank_addrs: tuple = None  # the holder's: where it listens for each worker rank (DM_AVG_HOLDER_RANKS)
 
     @property
     def world(self):
@@ -77,19 +83,25 @@ def from_env(environ=None, rank=None, addrs=None):
     addrs = tuple(addrs)
     if world is not None and world != len(addrs):
         raise ValueError("DM_WORLD_SIZE=%d but %s names %d workers" % (world, source, len(addrs)))
-    holder = None
+    holder, rank_addrs = None, None
     if env.get("DM_AVG_HOLDER"):
         addrs, holder = addrs + (env["DM_AVG_HOLDER"].strip(),), len(addrs)
         source += " and DM_AVG_HOLDER"
         if role == "holder":
             rank = holder
+            if env.get("DM_AVG_HOLDER_RANKS"):
+                rank_addrs = tuple(_split(env["DM_AVG_HOLDER_RANKS"]))
+                if len(rank_addrs) != holder:
+                    raise ValueError("DM_AVG_HOLDER_RANKS names %d ports for %d workers" % (len(rank_addrs), holder))
+                for a in rank_addrs:
+                    wire.split_addr(a)
         elif rank == holder:
             raise ValueError("rank %d is the holder's: a worker's rank is 0..%d" % (rank, holder - 1))
     for a in addrs:
         wire.split_addr(a)
     if not 0 <= rank < len(addrs):
         raise ValueError("rank %d is outside 0..%d" % (rank, len(addrs) - 1))
-    return Peers(rank=rank, addrs=addrs, source=source, holder=holder)
+    return Peers(rank=rank, addrs=addrs, source=source, holder=holder, rank_addrs=rank_addrs)
 
 
 def _split(s):
