@@ -2,6 +2,7 @@ package node
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -127,5 +128,24 @@ func TestHeldDiLoCoPaysOnlyForAcceptedRounds(t *testing.T) {
 	after, _ := a.client.Balance(t.Context(), "")
 	if before.Balance-after.Balance != paid[0] || j.Cost != paid[0] {
 		t.Errorf("the submitter spent %d, the job cost %d, the machines earned %v", before.Balance-after.Balance, j.Cost, paid)
+	}
+}
+
+// TestHeldJobNeedsAHolderHere: a held job is refused at submit, saying
+// why, by a node that could not run its holder (no Python environment),
+// before anything is bid or escrowed.
+func TestHeldJobNeedsAHolderHere(t *testing.T) {
+	h := initHome(t, t.TempDir(), testNet(t))
+	n := startNode(t, h, func(c *Config) { c.Inventory.Python = "/nonexistent-deepmarket-venv/bin/python3" })
+	spec := jobs.File{Name: "held", Framework: "tensorflow", Bundle: heldBundle(t), Command: []string{"python3", "train.py"},
+		Workers: 2, Cores: 1, Memory: "1GiB", MaxPrice: "1", MaxDuration: "10m",
+		Training: &p2p.Training{Mode: "diloco", Holder: p2p.HolderSubmitter}}
+	_, err := n.client.Submit(t.Context(), api.SubmitRequest{Spec: spec, Yes: true})
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Field != "training.holder" || !strings.Contains(ae.Message, "Python environment") {
+		t.Fatalf("a held job on a node that cannot hold it: %v", err)
+	}
+	if js, err := n.client.Jobs(t.Context()); err != nil || len(js) != 0 {
+		t.Errorf("jobs after the refusal: %v %v", js, err)
 	}
 }

@@ -62,6 +62,8 @@ func (w submitterWire) Addrs(machine string) []string { return w.n.machineAddrs(
 
 func (w submitterWire) Hold(l p2p.Launch) error { return w.n.exec.Hold(w.n.host.ID(), l) }
 
+func (w submitterWire) CanHold(command []string) error { return w.n.exec.CanHold(command) }
+
 func (w submitterWire) HolderAccounts(run string, index int) ([]byte, error) {
 	return w.n.exec.HolderAccounts(run, index)
 }

@@ -36,6 +36,25 @@ func (e *Executor) Hold(self peer.ID, l p2p.Launch) error {
 	return e.admit(self, l, true)
 }
 
+// CanHold says why this machine cannot run a holder with command: the
+// sandbox it would run in, or the program; nil when it can.
+func (e *Executor) CanHold(command []string) error {
+	if err := e.Capable(); err != nil {
+		return err
+	}
+	argv, inBundle, err := e.program(command)
+	if err != nil || inBundle {
+		return err
+	}
+	if argv[0] == "" {
+		return errors.New("no Python environment to run it with ([inventory] python in config.toml)")
+	}
+	if _, err := os.Stat(argv[0]); err != nil {
+		return fmt.Errorf("its Python environment: %w", err)
+	}
+	return nil
+}
+
 // holderFile is where the holder keeps its accounts of the workers,
 // inside its dir (the deepmarket package's Holder writes it in out/).
 var holderFile = filepath.Join("out", "holder.json")

@@ -64,6 +64,9 @@ type Blocks interface {
 // submitter then polls, reads and stops through Machines as worker
 // len(World) of the run on Machine().
 type Holders interface {
+	// CanHold says why this machine cannot run command as a holder (its
+	// sandbox, its Python), nil when it can.
+	CanHold(command []string) error
 	Hold(l p2p.Launch) error
 	// HolderAccounts is the holder's accounts file (holder.json), nil
 	// before it wrote one.

@@ -39,6 +39,12 @@ func (m *Manager) Submit(ctx context.Context, req api.SubmitRequest) (*jobs.Job,
 	if !running {
 		return nil, &api.Error{Status: http.StatusServiceUnavailable, Message: "the node is starting; try again"}
 	}
+	if spec.Training.Held() {
+		if err := m.p.Holders.CanHold(spec.Command); err != nil {
+			return nil, &api.Error{Status: http.StatusUnprocessableEntity, Field: "training.holder",
+				Message: "holder = \"submitter\" runs the job's program on this machine, which cannot: " + err.Error()}
+		}
+	}
 	if err := m.fitsSomewhere(spec); err != nil {
 		return nil, err
 	}
