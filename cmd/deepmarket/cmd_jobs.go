@@ -326,10 +326,18 @@ func newJobsCmd(c *cli) *cobra.Command {
 		if r := j.Current(); r != nil {
 			rows := make([][]string, 0, len(r.Workers))
 			for i, w := range r.Workers {
+				note := w.Reason
+				if r.Held() {
+					note = heldNote(w)
+				}
 				rows = append(rows, []string{fmt.Sprint(i), orStr(w.Moniker, short(w.Machine)), w.Site, string(w.State),
-					units.FormatCredits(w.PerHour), w.Reason})
+					units.FormatCredits(w.PerHour), note})
 			}
-			fmt.Fprintf(c.out, "run %d of %d:\n", len(j.Runs), 2)
+			fmt.Fprintf(c.out, "run %d%s:\n", len(j.Runs), map[bool]string{true: " (the job was re-placed once)"}[len(j.Runs) > 1])
+			if h := r.Holder; h != nil {
+				fmt.Fprintf(c.out, "the model is held by this machine (its holder: %s%s); each machine is paid for its accepted rounds\n",
+					h.State, map[bool]string{true: ", " + h.Reason}[h.Reason != ""])
+			}
 			c.table("WORKER\tMACHINE\tSITE\tSTATE\tCREDITS/H\tNOTE", rows)
 		}
 		if j.ResultCID != "" {
@@ -339,6 +347,18 @@ func newJobsCmd(c *cli) *cobra.Command {
 	})
 	cmd.AddCommand(show)
 	return cmd
+}
+
+// heldNote is what the holder of a held run says of worker w.
+func heldNote(w jobs.Worker) string {
+	note := fmt.Sprintf("%s accepted (%.0f s), %d refused", units.Count(w.Accepted, "round", "rounds"), w.AcceptedSeconds, w.Refused)
+	if w.Dropped {
+		note += ", dropped"
+	}
+	if w.Reason != "" {
+		note += "; " + w.Reason
+	}
+	return note
 }
 
 func orStr(a, b string) string {

@@ -1,0 +1,22 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/deepmarket/deepmarket/node/jobs"
+)
+
+// A held run's workers show what the holder said of them.
+func TestHeldNote(t *testing.T) {
+	for _, tt := range []struct {
+		w    jobs.Worker
+		want string
+	}{
+		{jobs.Worker{Accepted: 12, AcceptedSeconds: 31.4}, "12 rounds accepted (31 s), 0 refused"},
+		{jobs.Worker{Accepted: 1, Refused: 3, Dropped: true, Reason: "exited with code 1"}, "1 round accepted (0 s), 3 refused, dropped; exited with code 1"},
+	} {
+		if got := heldNote(tt.w); got != tt.want {
+			t.Errorf("heldNote(%+v) = %q, want %q", tt.w, got, tt.want)
+		}
+	}
+}
