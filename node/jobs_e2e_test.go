@@ -227,10 +227,10 @@ func TestFashionMNISTAcrossTwoLenders(t *testing.T) {
 	}
 	// Credits: each lender earned what the settlement paid it, which is
 	// its hourly price for the time its worker ran up to its last
-	// progress (train.py reports every batch); the submitter paid exactly
+	// progress (train.py reports every batch) and the other's; the submitter paid exactly
 	// the sum; supply is conserved.
 	run := j.Current()
-	if !run.Settled || run.Paid == 0 || j.Cost != run.Paid || !run.Progress {
+	if !run.Settled || run.Paid == 0 || j.Cost != run.Paid || !run.Progress || !run.Lockstep {
 		t.Fatalf("run settled %v, paid %d, job cost %d, progress reported %v", run.Settled, run.Paid, j.Cost, run.Progress)
 	}
 	var sum uint64
@@ -244,6 +244,13 @@ func TestFashionMNISTAcrossTwoLenders(t *testing.T) {
 		until := w.Ended
 		if w.ProgressAt.Before(until) {
 			until = w.ProgressAt
+		}
+		// The run is in lockstep (sync, 2 workers): no worker is paid
+		// past the other's last progress.
+		for _, x := range run.Workers {
+			if x.ProgressAt.Before(until) {
+				until = x.ProgressAt
+			}
 		}
 		if w.Units == 0 || w.Ended.Sub(until) > 10*time.Second {
 			t.Errorf("worker %d reported %d units, its last %s before it ended", i, w.Units, w.Ended.Sub(until))

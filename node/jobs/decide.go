@@ -225,7 +225,31 @@ func Used(run *Run, w *Worker, now time.Time) uint64 {
 	if run.Progress && w.ProgressAt.Before(until) {
 		until = w.ProgressAt
 	}
+	if run.Progress && run.Lockstep {
+		if m := medianProgress(run); !m.IsZero() && m.Before(until) {
+			until = m
+		}
+	}
 	return perHour(w.PerHour, until.Sub(w.Started)-w.Suspended)
+}
+
+// medianProgress is, in a lockstep run, the lower median of when its
+// reporting workers last progressed (zero when none has): a worker that
+// says it progressed while the others could not (they wait on it in
+// every step) is not paid for it, and one that freezes its count cannot
+// hold the others' pay back unless it is the lower half.
+func medianProgress(run *Run) time.Time {
+	var at []time.Time
+	for i := range run.Workers {
+		if p := run.Workers[i].ProgressAt; !p.IsZero() {
+			at = append(at, p)
+		}
+	}
+	if len(at) == 0 {
+		return time.Time{}
+	}
+	slices.SortFunc(at, time.Time.Compare)
+	return at[(len(at)-1)/2]
 }
 
 // perHour is the price of d at price an hour (0 for no time).

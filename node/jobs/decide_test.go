@@ -534,3 +534,37 @@ func TestDecideHeld(t *testing.T) {
 		t.Errorf("past the max duration: %v %+v", ended, end)
 	}
 }
+
+// TestDecideLockstep: in a lockstep run no worker is paid past the lower
+// median of its workers' last progress, so a lazy lender that says its
+// worker progresses while the others wait on it earns nothing for it.
+func TestDecideLockstep(t *testing.T) {
+	start := t0.Add(-time.Hour)
+	at := func(m int) Worker {
+		return Worker{PerHour: 3600, Started: start, LastSeen: t0, State: p2p.WorkerRunning, ProgressAt: start.Add(time.Duration(m) * time.Minute), Units: 1}
+	}
+	tests := []struct {
+		name string
+		ws   []Worker
+		want []uint64
+	}{
+		{"all in step", []Worker{at(60), at(60), at(60)}, []uint64{3600, 3600, 3600}},
+		{"one lies past the others' stall", []Worker{at(20), at(20), at(60)}, []uint64{1200, 1200, 1200}},
+		{"one freezes: the others are paid on", []Worker{at(10), at(60), at(60)}, []uint64{600, 3600, 3600}},
+		{"two workers: the lower one", []Worker{at(20), at(60)}, []uint64{1200, 1200}},
+		{"one never reported: not counted", []Worker{at(30), at(30), {PerHour: 3600, Started: start, LastSeen: t0}}, []uint64{1800, 1800, 0}},
+	}
+	for _, tt := range tests {
+		run := &Run{Workers: tt.ws, Progress: true, Lockstep: true, Escrow: 1 << 40}
+		for i, want := range tt.want {
+			if got := Used(run, &run.Workers[i], t0); got != want {
+				t.Errorf("%s: worker %d used %d, want %d", tt.name, i, got, want)
+			}
+		}
+		// Not in lockstep, each is paid up to its own progress.
+		run.Lockstep = false
+		if got := Used(run, &run.Workers[len(tt.ws)-1], t0); tt.name == "one lies past the others' stall" && got != 3600 {
+			t.Errorf("%s, not lockstep: the last worker used %d, want 3600", tt.name, got)
+		}
+	}
+}

@@ -123,6 +123,11 @@ type Run struct {
 	// Progress says the run's workers report progress: from then on each
 	// is paid up to its last progress, and one that stalls stops the run.
 	Progress bool `json:"progress,omitempty"`
+	// Lockstep says its workers train in lockstep (a synchronous
+	// TensorFlow run of 2 or more): none can progress without the others,
+	// so a worker's progress is paid only as far as the (lower) median
+	// worker's (jobs.Used).
+	Lockstep bool `json:"lockstep,omitempty"`
 	// Holder is the model's holder of a held job ([training] holder =
 	// "submitter"): this node's own process, worker len(Workers) of the
 	// run on this machine. Each worker is then paid for its accepted

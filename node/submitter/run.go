@@ -192,7 +192,11 @@ func (m *Manager) launch(ctx context.Context, j *jobs.Job, k int, resume string)
 			addrs[i] = addrs[i][:32]
 		}
 	}
-	m.save(j, func() { run.Started = time.Now().UTC() })
+	m.save(j, func() {
+		run.Started = time.Now().UTC()
+		sync := j.Spec.Training == nil || j.Spec.Training.Mode == "sync"
+		run.Lockstep = j.Spec.Framework == "tensorflow" && sync && len(run.Workers) > 1
+	})
 	if j.Spec.Training.Held() {
 		if err := m.startHolder(j, run, world, addrs); err != nil {
 			return err

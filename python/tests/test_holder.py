@@ -117,7 +117,7 @@ class Member:
                 if self.behaviour == "silent":  # joined, then never hands anything in
                     self.done.wait(60)
                     break
-                time.sleep({"slow": 0.2, "late": 1.0}.get(self.behaviour, 0.01))
+                time.sleep({"slow": 0.5, "late": 1.0}.get(self.behaviour, 0.01))
                 local = self._local(res.theta)
                 before = res.theta
                 res = self.av.sync(local, H)
