@@ -17,6 +17,10 @@ export function costSoFar(j, now = Date.now()) {
   if (TERMINAL.includes(j.state) || !run || run.settled) return j.cost;
   let used = 0;
   for (const w of run.workers || []) {
+    if (run.holder) { // held: each machine is paid for its accepted rounds
+      used += (w.per_hour * (w.accepted_seconds || 0)) / 3600;
+      continue;
+    }
     if (!w.started) continue;
     const start = new Date(w.started).getTime();
     let end = now;
@@ -71,6 +75,7 @@ export function render(main, { params, navigate }) {
         (j.queue.price_now ? `; it would run now for ${credits(j.queue.price_now)} credits` : ""))] : null,
     ]));
     const ws = j.workers || [];
+    const held = !!((j.runs || [])[(j.runs || []).length - 1] || {}).holder;
     fill(workers, table({
       id: "workers-table",
       columns: [{ label: "#", num: true }, { label: "Machine" }, { label: "Site" }, { label: "State" }, { label: "Price/h", num: true }, { label: "Started" }, { label: "Last heard" }],
@@ -78,7 +83,8 @@ export function render(main, { params, navigate }) {
         String(i),
         [w.moniker || shortPeer(w.machine), h("div", { class: "muted small mono" }, shortPeer(w.machine))],
         w.site || "",
-        [workerState(w), w.reason ? h("div", { class: "small" }, w.reason) : null],
+        [workerState(w), w.reason ? h("div", { class: "small" }, w.reason) : null,
+          held ? h("div", { class: "small" }, `${w.accepted || 0} rounds accepted, ${w.refused || 0} refused${w.dropped ? ", dropped" : ""}`) : null],
         credits(w.per_hour),
         when(w.started),
         ago(w.last_seen),
