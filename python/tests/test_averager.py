@@ -176,6 +176,26 @@ class AveragerTest(unittest.TestCase):
             self.assertTrue(w.final.stop)
             self.assertEqual(w.seen[-1], (4, at_request))  # one more round, the same weights
 
+    def test_a_non_finite_delta_is_never_averaged(self):
+        # A hostile worker sends NaN past the codec (which refuses to
+        # encode it): the coordinator refuses it, and the rounds go on.
+        addrs = free_addrs(2)
+        ws = [Worker(r, addrs, rounds=4) for r in range(2)]
+        bad = ws[1].av
+
+        def nan_push(c, delta, steps, stop):
+            payload = np.full(N, np.nan, dtype="<f4").tobytes()
+            return bad._request(c, {"t": "push", "steps": steps, "stop": False, "codec": "none", "n": N}, payload, reuse=True)
+
+        bad._push = nan_push
+        for w in ws:
+            w.start()
+        for w in ws:
+            w.join(self)
+        self.assertEqual(ws[0].seen[-1], ws[1].seen[-1])
+        self.assertTrue(np.isfinite(ws[0].final.theta).all())
+        self.assertEqual(bad.stats["refused"], 4)
+
     def test_checkpoint_resume(self):
         addrs = free_addrs(2)
         with tempfile.TemporaryDirectory() as d:

@@ -563,7 +563,12 @@ class Averager:
 
     def _vet(self, j, r, delta):
         """Returns delta if rank j's delta for round r may be averaged, else
-        None with why (the holder checks it; others take every delta)."""
+        None with why: one with NaN or infinite values never is (it would
+        poison every copy, or fail the round's encoding). The holder checks
+        more."""
+        if not np.isfinite(delta).all():
+            self._log("round %d: refused rank %d's update: not finite" % (r, j))
+            return None, "not finite"
         return delta, ""
 
     def _apply(self, c, h, p):
