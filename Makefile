@@ -52,13 +52,8 @@ deps: ## Install what the tests need: Go modules, the job sandbox (bubblewrap), 
 
 .PHONY: test
 test: deps lint ## Install what the tests need and run every test (about 20 minutes on 2 cores, as root)
-	@# The Python tests run beside the Go ones: the end-to-end suites spend
-	@# most of their time waiting on timers, so the two share the cores well.
-	@py=$$(mktemp); \
-	(TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/python3 -m unittest discover -s python/tests -t python >$$py.log 2>&1; echo $$? >$$py.rc) & \
-	DM_PYTHON=$(VENV)/bin/python3 DM_REQUIRE_TF=1 DM_REQUIRE_BROWSER=1 DM_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout 25m ./...; go=$$?; \
-	wait; echo "== python/tests (run beside the Go tests):"; cat $$py.log; pyrc=$$(cat $$py.rc); rm -f $$py $$py.log $$py.rc; \
-	test $$go -eq 0 && test $$pyrc -eq 0
+	DM_PYTHON=$(VENV)/bin/python3 DM_REQUIRE_TF=1 DM_REQUIRE_BROWSER=1 DM_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout 25m ./...
+	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/python3 -m unittest discover -s python/tests -t python
 	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZTIME) ./p2p
 	$(GO) test -run '^$$' -fuzz FuzzCheckTx -fuzztime $(FUZZEXECS) ./ledger
 	$(GO) test -run '^$$' -fuzz FuzzDecodeTx -fuzztime $(FUZZEXECS) ./ledger

@@ -126,9 +126,20 @@ func TestAnnouncePaceStretchesWithTheMarket(t *testing.T) {
 		st, err := node.client.Lend(ctx)
 		return err == nil && time.Duration(st.AnnounceEveryS)*time.Second == want.Interval && time.Duration(st.OfferTTLS)*time.Second == want.TTL
 	})
-	time.Sleep(time.Second) // the announcement that took the new pace
-	quiet := time.Now()
-	time.Sleep(15 * time.Second)
+	// The announcement that took the new pace carries its stretched TTL;
+	// the quiet starts once it is heard (on a busy machine it may come
+	// seconds after lend reports the pace).
+	var quiet time.Time
+	eventually(t, 10*time.Second, "the announcement that took the new pace", func() bool {
+		for _, a := range heard(flood) {
+			if a.expires.Sub(a.at) > 11*time.Second {
+				quiet = a.at.Add(time.Millisecond)
+				return true
+			}
+		}
+		return false
+	})
+	time.Sleep(15*time.Second - time.Since(quiet))
 	if got := heard(quiet); len(got) > 0 {
 		t.Fatalf("the lender announced %d times in 15 s with %d machines in its book; want every %s", len(got), node.book.Len(), want.Interval)
 	}
