@@ -276,12 +276,22 @@ func (h *Holds) applyLocked(from peer.ID, r HoldRequest, lent p2p.Resources, now
 func (h *Holds) Check(id, job string, launcher peer.ID, now time.Time) (p2p.Resources, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.dropExpired(now)
-	x, ok := h.holds[id]
-	if !ok || !x.committed || x.job != job || (x.from != launcher && x.bidder != launcher) {
+	x := h.launchableLocked(id, job, launcher, now)
+	if x == nil {
 		return p2p.Resources{}, false
 	}
 	return x.res, true
+}
+
+// launchableLocked is hold id if it is committed for job and launcher may
+// use it (its scheduler or its bidder), else nil.
+func (h *Holds) launchableLocked(id, job string, launcher peer.ID, now time.Time) *hold {
+	h.dropExpired(now)
+	x, ok := h.holds[id]
+	if !ok || !x.committed || x.job != job || (x.from != launcher && x.bidder != launcher) {
+		return nil
+	}
+	return x
 }
 
 // Launch takes hold id for a worker of job and reports its resources, if
@@ -290,9 +300,8 @@ func (h *Holds) Check(id, job string, launcher peer.ID, now time.Time) (p2p.Reso
 func (h *Holds) Launch(id, job string, launcher peer.ID, now time.Time) (p2p.Resources, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.dropExpired(now)
-	x, ok := h.holds[id]
-	if !ok || !x.committed || x.job != job || (x.from != launcher && x.bidder != launcher) {
+	x := h.launchableLocked(id, job, launcher, now)
+	if x == nil {
 		return p2p.Resources{}, false
 	}
 	x.launched, x.expires = true, time.Time{}

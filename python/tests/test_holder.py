@@ -11,29 +11,21 @@ test_keras_holder.py runs the same between real Keras processes.
 """
 
 import os
-import socket
 import sys
 import threading
 import time
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
 
 import numpy as np
 
 from deepmarket.train import Averager, Peers
 from deepmarket.train.averager import Dropped, HolderGone
 from deepmarket.train.holder import Holder
-
-
-def free_addrs(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    addrs = tuple("127.0.0.1:%d" % s.getsockname()[1] for s in socks)
-    for s in socks:
-        s.close()
-    return addrs
+from test_averager import free_addrs
 
 D = 40          # features
 H = 5           # inner steps a round

@@ -324,12 +324,8 @@ class Averager:
                 if h["t"] == "state" and h.get("has_state"):
                     return self._adopt(h, p, "resync")
                 why = "it answered %r" % h.get("t")
-            except wire.ProtocolError as e:
-                if "dropped" in str(e):
-                    raise Dropped(str(e)) from None
-                why = _why(e)
-            except (OSError, EOFError, ValueError) as e:
-                why = _why(e)
+            except (OSError, EOFError, ValueError, wire.ProtocolError) as e:
+                why = _holder_failure(e)
             if time.monotonic() > give_up:
                 raise HolderGone("the model's holder (rank %d) did not answer for %.0fs: %s" % (c, self.timeout, why))
             time.sleep(RETRY)
@@ -446,12 +442,8 @@ class Averager:
                     self._adopt(h, p, None)
                     return int(h.get("progress", 0))
                 why = "it is not ready"
-            except wire.ProtocolError as e:
-                if "dropped" in str(e):
-                    raise Dropped(str(e)) from None
-                why = _why(e)
-            except (OSError, EOFError, ValueError) as e:
-                why = _why(e)
+            except (OSError, EOFError, ValueError, wire.ProtocolError) as e:
+                why = _holder_failure(e)
             if time.monotonic() >= deadline:
                 raise HolderGone("the model's holder (rank %d) did not answer for %.0fs: %s"
                                  % (self.holder, self.join_timeout, why))
@@ -957,6 +949,14 @@ class Averager:
             self._log("ignoring the checkpoint %s: its digest does not match" % path)
             return None
         return st
+
+
+def _holder_failure(e):
+    """Why a request to the holder failed, to try again; raises Dropped
+    when the holder dropped us (no use trying again)."""
+    if isinstance(e, wire.ProtocolError) and "dropped" in str(e):
+        raise Dropped(str(e)) from None
+    return _why(e)
 
 
 def _why(e):

@@ -254,12 +254,17 @@ class DiLoCo(_keras.callbacks.Callback):
             self.model.stop_training = True
 
     def _set(self, theta):
-        out, pos = [], 0
-        for shape, dtype in zip(self._shapes, self._dtypes):
-            n = int(np.prod(shape))
-            out.append(theta[pos:pos + n].reshape(shape).astype(dtype, copy=False))
-            pos += n
-        self.model.set_weights(out)
+        self.model.set_weights(_unflatten(theta, self._shapes, self._dtypes))
+
+
+def _unflatten(theta, shapes, dtypes):
+    """The model's weight arrays from a flat vector (what _flatten made)."""
+    out, pos = [], 0
+    for shape, dtype in zip(shapes, dtypes):
+        n = int(np.prod(shape))
+        out.append(theta[pos:pos + n].reshape(shape).astype(dtype, copy=False))
+        pos += n
+    return out
 
 
 def _flatten(weights):

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import env as envmod
 from .holder import Holder
-from .keras_callback import _flatten
+from .keras_callback import _flatten, _unflatten
 
 
 class KerasHolder:
@@ -123,9 +123,4 @@ class KerasHolder:
             self.holder.write_accounts(os.path.join(self.out_dir, "holder.json"))
 
     def _set(self, theta):
-        out, pos = [], 0
-        for shape, dtype in zip(self._shapes, self._dtypes):
-            n = int(np.prod(shape))
-            out.append(theta[pos:pos + n].reshape(shape).astype(dtype, copy=False))
-            pos += n
-        self.model.set_weights(out)
+        self.model.set_weights(_unflatten(theta, self._shapes, self._dtypes))
