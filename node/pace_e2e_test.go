@@ -78,6 +78,7 @@ func TestAnnouncePaceStretchesWithTheMarket(t *testing.T) {
 		c.P2P.AnnounceInterval = Duration{2 * time.Second}
 		c.P2P.OfferTTL = Duration{10 * time.Second}
 		c.P2P.AnnounceBudget = 60 // a minute: stretched past 2 s from 3 machines on
+		c.P2P.ProbeInterval = Duration{} // a measured link re-announces at once
 	}
 	node := startNode(t, homes[0], pace)
 	me := node.Host().ID().String()
@@ -85,6 +86,9 @@ func TestAnnouncePaceStretchesWithTheMarket(t *testing.T) {
 	observer := newRawPeer(t, ctx, chain, node)
 	topic, sub := observer.join(t, p2p.OffersTopic(chain))
 	eventually(t, 10*time.Second, "the observer on the lender's offers topic", func() bool { return len(topic.ListPeers()) > 0 })
+	// The TensorFlow probe's end re-announces at once too (on a busy
+	// machine it ends tens of seconds after start); count from after it.
+	eventually(t, 100*time.Second, "the lender's inventory probe", func() bool { return !node.Inventory().Probing })
 	heard := watchOffers(ctx, t, sub, chain, me)
 	if _, err := node.client.SetLend(ctx, api.LendRequest{Cores: 1, MemBytes: 1 << 30}); err != nil {
 		t.Fatal(err)

@@ -117,6 +117,7 @@ func (n *Node) openStores(ctx context.Context, undo *cleanups) (err error) {
 	}
 	undo.add(func() { n.store.Close() })
 	quick := inventory.Detect(ctx, n.home.Dir, "") // no python: the TF probe runs later, off the start-up path
+	quick.Probing = true
 	n.inv.Store(&quick)
 	nat, err := n.natParams()
 	if err != nil {

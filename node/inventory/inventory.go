@@ -26,6 +26,10 @@ type Inventory struct {
 	Arch       string    `json:"arch"`
 	Python     string    `json:"python,omitempty"`     // version, empty if none
 	TensorFlow string    `json:"tensorflow,omitempty"` // version, empty if not importable
+	// Probing is set while the Python and TensorFlow probe (seconds, off
+	// the start-up path) has not finished: Python and TensorFlow are not
+	// known yet, rather than absent.
+	Probing bool `json:"probing,omitempty"`
 }
 
 // Detect probes the machine: cores, memory, GPUs (through
@@ -146,7 +150,10 @@ except Exception:
 // String summarises the inventory for logs and the CLI.
 func (inv Inventory) String() string {
 	tf := "no TensorFlow"
-	if inv.TensorFlow != "" {
+	switch {
+	case inv.Probing:
+		tf = "TensorFlow not checked yet"
+	case inv.TensorFlow != "":
 		tf = "TensorFlow " + inv.TensorFlow
 	}
 	return fmt.Sprintf("%d cores, %d MiB memory, %d GPUs, %s", inv.Cores, inv.MemBytes>>20, len(inv.GPUs), tf)
