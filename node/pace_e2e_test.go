@@ -77,7 +77,7 @@ func TestAnnouncePaceStretchesWithTheMarket(t *testing.T) {
 	pace := func(c *Config) {
 		c.P2P.AnnounceInterval = Duration{2 * time.Second}
 		c.P2P.OfferTTL = Duration{10 * time.Second}
-		c.P2P.AnnounceBudget = 60 // a minute: stretched past 2 s from 3 machines on
+		c.P2P.AnnounceBudget = 60        // a minute: stretched past 2 s from 3 machines on
 		c.P2P.ProbeInterval = Duration{} // a measured link re-announces at once
 	}
 	node := startNode(t, homes[0], pace)
