@@ -53,9 +53,12 @@ runpy.run_path("hostile_worker.py", run_name="__main__")
 // more as the holder; it refuses every update of worker 2 and drops it,
 // goes on without worker 1, and the job succeeds with the holder's own
 // model. Only worker 0's machine is paid: the lazy and the poisoning
-// machines get nothing of the escrow. (With the holder's checks off the
+// machines get nothing of the escrow. Spot checks are on ([verify]): the
+// holder replays some of worker 0's rounds, which pass, so none of its pay
+// is held back. (With the holder's checks off the
 // same poisoning worker is accepted and wrecks the model:
-// python/tests/test_held_training.py.)
+// python/tests/test_held_training.py, which also catches a worker that
+// claims more steps than it took by its spot checks.)
 func TestHeldDiLoCoPaysOnlyForAcceptedRounds(t *testing.T) {
 	py := jobPython(t)
 	c := startJobCluster(t, py, 3)
@@ -68,7 +71,8 @@ func TestHeldDiLoCoPaysOnlyForAcceptedRounds(t *testing.T) {
 		Command: []string{"python3", "run.py", "1=lazy,2=scaled", "train.py", "--epochs", "3", "--steps-per-epoch", "60",
 			"--join-timeout", "30", "--round-timeout", "20", "--no-overlap"},
 		Dataset: "/usr/share/datasets/fashion-mnist", Workers: 3, Cores: 1, Memory: "2GiB", MaxPrice: "5", MaxDuration: "15m",
-		Training: &p2p.Training{Mode: "diloco", SyncEvery: 20, Compress: "int8", Holder: p2p.HolderSubmitter}}
+		Training: &p2p.Training{Mode: "diloco", SyncEvery: 20, Compress: "int8", Holder: p2p.HolderSubmitter},
+		Verify:   &jobs.VerifyFile{Rate: 0.5}}
 	j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: spec, Yes: true})
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +83,7 @@ func TestHeldDiLoCoPaysOnlyForAcceptedRounds(t *testing.T) {
 		t.Fatalf("the held job: %s (%s), %d run(s)\n%s", j.State, j.Reason, len(j.Runs), log)
 	}
 	for _, want := range []string{"[h] [holder] round 0: closing without rank(s) 1", "refused rank 2's update",
-		"rank 2 dropped", "the model's holder starts on this machine"} {
+		"rank 2 dropped", "the model's holder starts on this machine", "rank 0's spot check passed"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("the log lacks %q\n%s", want, log)
 		}
@@ -87,7 +91,7 @@ func TestHeldDiLoCoPaysOnlyForAcceptedRounds(t *testing.T) {
 	run := j.Current()
 	ws := run.Workers
 	if run.Holder == nil || ws[0].Accepted < 8 || ws[0].AcceptedSeconds <= 0 || ws[1].Accepted != 0 || ws[2].Accepted != 0 ||
-		ws[2].Refused < 3 || !ws[2].Dropped {
+		ws[2].Refused < 3 || !ws[2].Dropped || ws[0].ChecksPassed < 1 || ws[0].HeldSeconds != 0 || ws[0].Forfeited {
 		t.Errorf("the holder's accounts: %+v", ws)
 	}
 

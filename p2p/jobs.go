@@ -3,6 +3,7 @@ package p2p
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -85,6 +86,40 @@ type Training struct {
 	// paid for its worker's accepted rounds, and the job's result is the
 	// holder's output.
 	Holder string `cbor:"holder,omitempty" json:"holder,omitempty" toml:"holder"`
+	// Verify, in a held job, turns on spot checks (a job spec's [verify]).
+	Verify *Verify `cbor:"verify,omitempty" json:"verify,omitempty" toml:"-"`
+}
+
+// Verify is a held job's spot checks: every worker commits to its state at
+// each round's start; the holder replays a Rate share of the rounds it
+// accepted from that state, on that worker's batches, and a round whose
+// update is further than Tolerance (relative) from its replay, a state
+// that is not the one committed, or a check left unanswered forfeits all
+// the worker's pay. Share of each worker's pay is held back until it
+// passes a check.
+type Verify struct {
+	Rate      float64 `cbor:"rate" json:"rate" toml:"rate"`
+	Share     float64 `cbor:"share" json:"share" toml:"share"`
+	Tolerance float64 `cbor:"tolerance" json:"tolerance" toml:"tolerance"`
+}
+
+// Spot check defaults.
+const (
+	DefaultVerifyShare     = 0.2
+	DefaultVerifyTolerance = 0.1
+)
+
+// Validate checks the spot checks' values.
+func (v *Verify) Validate() error {
+	switch {
+	case !(v.Rate > 0 && v.Rate <= 1):
+		return rangeErr("verify rate %g (want the share of rounds replayed, over 0 and at most 1)", v.Rate)
+	case !(v.Share >= 0 && v.Share <= 1):
+		return rangeErr("verify share %g (want the share of pay held back, 0 to 1)", v.Share)
+	case !(v.Tolerance > 0 && v.Tolerance <= 1):
+		return rangeErr("verify tolerance %g (want the relative error allowed, over 0 and at most 1)", v.Tolerance)
+	}
+	return nil
 }
 
 // Held says whether the job's submitter holds the model (Holder).
@@ -137,6 +172,8 @@ func (t *Training) Validate() error {
 		return rangeErr("holder %q (want workers or submitter)", t.Holder)
 	case t.Holder == HolderSubmitter && t.Mode != "diloco":
 		return rangeErr("holder = \"submitter\" applies to mode diloco only")
+	case t.Verify != nil && !t.Held():
+		return rangeErr("spot checks ([verify]) need a held job: [training] mode = \"diloco\", holder = \"submitter\"")
 	case len(t.StepsRatio) > MaxStepsRatio:
 		return rangeErr("steps_ratio has %d values (want at most %d)", len(t.StepsRatio), MaxStepsRatio)
 	}
@@ -145,6 +182,9 @@ func (t *Training) Validate() error {
 		if !(r >= 1/k && r <= 1) || (i == 0 && r != 1) {
 			return rangeErr("steps_ratio[%d] = %g (want 1 for 1 worker, 1/%d to 1 for %d)", i, r, i+1, i+1)
 		}
+	}
+	if t.Verify != nil {
+		return t.Verify.Validate()
 	}
 	return nil
 }
@@ -160,6 +200,11 @@ func (t *Training) Env() []string {
 	}
 	if t.Compress != "" {
 		env = append(env, "DM_COMPRESS="+t.Compress)
+	}
+	if v := t.Verify; v != nil {
+		env = append(env, "DM_VERIFY_RATE="+strconv.FormatFloat(v.Rate, 'g', -1, 64),
+			"DM_VERIFY_SHARE="+strconv.FormatFloat(v.Share, 'g', -1, 64),
+			"DM_VERIFY_TOLERANCE="+strconv.FormatFloat(v.Tolerance, 'g', -1, 64))
 	}
 	return env
 }

@@ -1,6 +1,10 @@
 package p2p
 
-import "testing"
+import (
+	"math"
+	"slices"
+	"testing"
+)
 
 // steps_ratio is the job's own measured statistics: 1 for one worker,
 // then between perfect scaling and no gain; anything else is refused.
@@ -32,5 +36,31 @@ func TestTrainingHolder(t *testing.T) {
 	}
 	if !(&Training{Mode: "diloco", Holder: HolderSubmitter}).Held() || (&Training{Mode: "diloco"}).Held() || (*Training)(nil).Held() {
 		t.Error("Held")
+	}
+}
+
+// Spot checks need a held job and shares within bounds, and reach the
+// workers and the holder as DM_VERIFY_*.
+func TestTrainingVerify(t *testing.T) {
+	held := Training{Mode: "diloco", Holder: HolderSubmitter, Verify: &Verify{Rate: 0.1, Share: 0.2, Tolerance: 0.1}}
+	if err := held.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	env := held.Env()
+	for _, want := range []string{"DM_VERIFY_RATE=0.1", "DM_VERIFY_SHARE=0.2", "DM_VERIFY_TOLERANCE=0.1"} {
+		if !slices.Contains(env, want) {
+			t.Errorf("env %v lacks %s", env, want)
+		}
+	}
+	for _, tr := range []Training{
+		{Mode: "diloco", Verify: &Verify{Rate: 0.1, Tolerance: 0.1}},                                     // not held
+		{Mode: "diloco", Holder: HolderSubmitter, Verify: &Verify{Rate: 0, Tolerance: 0.1}},              // checks nothing
+		{Mode: "diloco", Holder: HolderSubmitter, Verify: &Verify{Rate: 1.5, Tolerance: 0.1}},            // over all rounds
+		{Mode: "diloco", Holder: HolderSubmitter, Verify: &Verify{Rate: 0.1, Share: -1, Tolerance: 0.1}}, // negative share
+		{Mode: "diloco", Holder: HolderSubmitter, Verify: &Verify{Rate: 0.1, Tolerance: math.NaN()}},     // NaN
+	} {
+		if err := tr.Validate(); err == nil {
+			t.Errorf("%+v %+v: no error", tr, *tr.Verify)
+		}
 	}
 }

@@ -352,8 +352,16 @@ func newJobsCmd(c *cli) *cobra.Command {
 // heldNote is what the holder of a held run says of worker w.
 func heldNote(w jobs.Worker) string {
 	note := fmt.Sprintf("%s accepted (%.0f s), %d refused", units.Count(w.Accepted, "round", "rounds"), w.AcceptedSeconds, w.Refused)
-	if w.Dropped {
+	switch {
+	case w.Forfeited:
+		note += ", forfeited its pay: failed a spot check (" + w.CheckFailure + ")"
+	case w.Dropped:
 		note += ", dropped"
+	}
+	if w.ChecksPassed > 0 {
+		note += fmt.Sprintf(", %s passed", units.Count(w.ChecksPassed, "spot check", "spot checks"))
+	} else if w.HeldSeconds > 0 && !w.Forfeited {
+		note += fmt.Sprintf(", pay for %.0f s held back until it passes a spot check", w.HeldSeconds)
 	}
 	if w.Reason != "" {
 		note += "; " + w.Reason

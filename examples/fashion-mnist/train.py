@@ -111,6 +111,13 @@ def parse_args(argv=None):
                    help="diloco, held: the training examples the holder checks every update on")
     p.add_argument("--no-checks", action="store_true",
                    help="diloco, held: the holder averages every update unchecked (to measure what the checks do)")
+    p.add_argument("--verify-rate", type=float, default=float(env.get("DM_VERIFY_RATE") or 0),
+                   help="diloco, held: the share of accepted rounds the holder replays to check them "
+                        "(spot checks, a job's [verify] rate; 0: none)")
+    p.add_argument("--verify-share", type=float, default=float(env.get("DM_VERIFY_SHARE") or 0.2),
+                   help="diloco, held: the share of a worker's pay held back until it passes a spot check")
+    p.add_argument("--verify-tolerance", type=float, default=float(env.get("DM_VERIFY_TOLERANCE") or 0.1),
+                   help="diloco, held: how far (relative) an update may be from its replay")
     p.add_argument("--target-accuracy", type=float, default=None,
                    help="stop once the test accuracy reaches this (checked every --eval-every steps, "
                         "else every epoch) and record the time to it")
@@ -131,6 +138,13 @@ def parse_args(argv=None):
         p.error("--steps-per-epoch must be >= 1")
     if a.train_examples is not None and a.train_examples < 1:
         p.error("--train-examples must be >= 1")
+    for name in ("verify_rate", "verify_share"):
+        if not 0 <= getattr(a, name) <= 1:
+            p.error("--%s must be in [0, 1]" % name.replace("_", "-"))
+    if not a.verify_tolerance > 0:
+        p.error("--verify-tolerance must be > 0")
+    if a.verify_rate > 0:  # the workers' DiLoCo commits to its state each round
+        os.environ["DM_VERIFY_RATE"] = repr(a.verify_rate)
     return a
 
 
@@ -337,11 +351,26 @@ def progress_reporter(keras):
     return progress.keras_callback(keras)
 
 
-def hold(args, tf, keras, dmt, model, x_train, y_train, test_ds, rounds, steps, workers, tag):
+def train_batches(tf, x_train, y_train, seed, batch):
+    """The training batches of a worker whose shuffle seed is seed: every
+    worker reads the whole set in its own order (diloco: a worker lost or
+    added changes nothing about what the others read)."""
+    return (tf.data.Dataset.from_tensor_slices((x_train, y_train))
+            .shuffle(min(len(x_train), 10000), seed=seed, reshuffle_each_iteration=True)
+            .repeat()
+            .batch(batch, drop_remainder=True))
+
+
+def hold(args, tf, keras, dmt, model, x_train, y_train, test_ds, rounds, steps, workers, tag, local_batch):
     """The holder's side of a held diloco job: keeps the model, checks the
     workers' updates on --check-examples training examples of its own, and
-    evaluates every --eval-every steps (else every epoch)."""
+    evaluates every --eval-every steps (else every epoch). With spot checks
+    it replays a worker's round on the batches that worker's pipeline gives."""
     import numpy as np
+
+    def batches(rank, cursor, n):
+        ds = train_batches(tf, x_train, y_train, args.seed + rank, local_batch)
+        return ds.skip(cursor).take(n).as_numpy_iterator()
 
     rng = np.random.default_rng(args.seed + 7)
     pick = rng.choice(len(x_train), size=min(args.check_examples, len(x_train)), replace=False)
@@ -355,7 +384,9 @@ def hold(args, tf, keras, dmt, model, x_train, y_train, test_ds, rounds, steps, 
                              target=args.target_accuracy, sync_every=args.sync_every,
                              compress=args.compress, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
                              checks=not args.no_checks, join_timeout=args.join_timeout,
-                             timeout=args.round_timeout, out_dir=args.out, log=lambda m: log("%s %s" % (tag, m)))
+                             timeout=args.round_timeout, out_dir=args.out, log=lambda m: log("%s %s" % (tag, m)),
+                             batches=batches, verify_rate=args.verify_rate, verify_share=args.verify_share,
+                             verify_tolerance=args.verify_tolerance)
     t_fit = time.time()
     summary = holder.run()
     test_loss, test_acc = model.evaluate(test_ds, verbose=0)
@@ -369,7 +400,8 @@ def hold(args, tf, keras, dmt, model, x_train, y_train, test_ds, rounds, steps, 
               "seconds": round(time.time() - T_START, 3), "fit_seconds": round(time.time() - t_fit, 3),
               "target_accuracy": args.target_accuracy, "target_reached": summary["time_to_target_s"] is not None,
               "sync_every": args.sync_every, "compress": args.compress, "outer_lr": args.outer_lr,
-              "outer_momentum": args.outer_momentum, "tensorflow": tf.__version__, "checks": not args.no_checks}
+              "outer_momentum": args.outer_momentum, "tensorflow": tf.__version__, "checks": not args.no_checks,
+              "verify_rate": args.verify_rate}
     result.update(summary)
     tmp = os.path.join(args.out, "result.json.tmp")
     with open(tmp, "w") as f:
@@ -468,13 +500,7 @@ def main(argv=None):
     opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     if cores:
         opts.threading.private_threadpool_size = max(1, int(float(cores)))
-    # diloco: every worker reads the whole set in its own order (a worker
-    # lost or added changes nothing about what the others read).
-    train_ds = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
-                .shuffle(min(len(x_train), 10000), seed=args.seed + (task_id if diloco else 0),
-                         reshuffle_each_iteration=True)
-                .repeat()
-                .batch(local_batch, drop_remainder=True)
+    train_ds = (train_batches(tf, x_train, y_train, args.seed + (task_id if diloco else 0), local_batch)
                 .with_options(opts)
                 .prefetch(tf.data.AUTOTUNE))
     # Larger batches for evaluation: fewer steps, so fewer all-reduces.
@@ -490,7 +516,7 @@ def main(argv=None):
 
     os.makedirs(args.out, exist_ok=True)
     if args.mode == "diloco" and holding:
-        return hold(args, tf, keras, dmt, model, x_train, y_train, test_ds, rounds, steps, workers, tag)
+        return hold(args, tf, keras, dmt, model, x_train, y_train, test_ds, rounds, steps, workers, tag, local_batch)
     # BackupAndRestore (tf_keras): the chief saves its checkpoint after every
     # epoch in OUT/backup/chief/, other workers write to temporary folders in
     # OUT/backup/; on a restart every worker restores from OUT/backup/chief/.

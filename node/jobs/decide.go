@@ -272,11 +272,17 @@ type HolderAccount struct {
 	Seconds     float64 `json:"seconds"`
 	LastRefusal string  `json:"last_refusal"`
 	Dropped     bool    `json:"dropped"`
+	// Spot checks (see Worker).
+	ChecksPassed int     `json:"checks_passed"`
+	HeldSeconds  float64 `json:"held_seconds"`
+	Forfeited    bool    `json:"forfeited"`
+	CheckFailure string  `json:"check_failure"`
 }
 
 // ApplyAccounts records in run's workers what the holder's accounts say,
 // keyed by rank; figures only grow (a holder restarted from its
-// checkpoint starts its counts again), and ranks outside the run are
+// checkpoint starts its counts again), but a worker that forfeited (failed
+// a spot check) is paid nothing from then on; ranks outside the run are
 // ignored.
 func ApplyAccounts(run *Run, acc map[string]HolderAccount) {
 	for rank, a := range acc {
@@ -291,6 +297,16 @@ func ApplyAccounts(run *Run, acc map[string]HolderAccount) {
 		w.Accepted, w.Refused = max(w.Accepted, a.Accepted), max(w.Refused, a.Refused)
 		w.AcceptedSeconds = max(w.AcceptedSeconds, a.Seconds)
 		w.Dropped = w.Dropped || a.Dropped
+		w.ChecksPassed = max(w.ChecksPassed, a.ChecksPassed)
+		if a.HeldSeconds >= 0 && a.HeldSeconds < 1e9 {
+			w.HeldSeconds = a.HeldSeconds
+		}
+		if a.Forfeited && !w.Forfeited {
+			w.Forfeited, w.CheckFailure = true, p2p.Clip(a.CheckFailure, 200)
+		}
+		if w.Forfeited {
+			w.AcceptedSeconds, w.Dropped = 0, true
+		}
 	}
 }
 

@@ -503,6 +503,22 @@ func TestDecideHeld(t *testing.T) {
 	if owed := OwedSoFar(run, t0); owed["A"] != 600 || owed["B"] != 0 {
 		t.Errorf("owed so far %v", owed)
 	}
+	// A worker caught by a spot check forfeits what it had earned, and
+	// a later account does not give it back.
+	ApplyAccounts(run, map[string]HolderAccount{"0": {Accepted: 11, Seconds: 660, Forfeited: true, Dropped: true,
+		CheckFailure: "round 3 does not replay"}})
+	ApplyAccounts(run, map[string]HolderAccount{"0": {Accepted: 11, Seconds: 700}})
+	if w := run.Workers[0]; !w.Forfeited || w.AcceptedSeconds != 0 || !w.Dropped || w.CheckFailure != "round 3 does not replay" {
+		t.Errorf("after a failed spot check: %+v", w)
+	}
+	if pays, total := PayPlan(run, nil, t0); total != 0 || !pays[0].Failed {
+		t.Errorf("pay plan after a failed spot check %+v (total %d): want nothing, A failed", pays, total)
+	}
+	run.Workers[0] = Worker{Payee: "A", PerHour: 3600, Started: t0.Add(-time.Hour), LastSeen: t0}
+	ApplyAccounts(run, map[string]HolderAccount{"0": {Accepted: 10, Seconds: 480, HeldSeconds: 120}})
+	if w := run.Workers[0]; w.AcceptedSeconds != 480 || w.HeldSeconds != 120 {
+		t.Errorf("held back: %+v", w)
+	}
 
 	running := &p2p.JobStatus{State: p2p.WorkerRunning}
 	tests := []struct {

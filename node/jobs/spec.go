@@ -80,6 +80,16 @@ type File struct {
 	// Training, when set, is how the workers synchronize ([training]
 	// mode = "sync" or "diloco", sync_every, compress).
 	Training *p2p.Training `toml:"training" json:"training,omitempty"`
+	// Verify turns on spot checks in a held job ([verify] rate, share,
+	// tolerance; see p2p.Verify).
+	Verify *VerifyFile `toml:"verify" json:"verify,omitempty"`
+}
+
+// VerifyFile is [verify] as written: share and tolerance have defaults.
+type VerifyFile struct {
+	Rate      float64  `toml:"rate" json:"rate"`
+	Share     *float64 `toml:"share" json:"share,omitempty"`
+	Tolerance *float64 `toml:"tolerance" json:"tolerance,omitempty"`
 }
 
 // Spec is a validated job spec. Bundle and Dataset are either a local
@@ -272,11 +282,26 @@ func (f *File) validateTerms(s *Spec) (err error) {
 // validateTraining checks [training]; its mode defaults to sync.
 func (f *File) validateTraining(s *Spec) error {
 	if f.Training == nil {
+		if f.Verify != nil {
+			return bad("verify", "spot checks need a held job: [training] mode = \"diloco\", holder = \"submitter\"")
+		}
 		return nil
 	}
 	t := *f.Training
 	if t.Mode == "" {
 		t.Mode = "sync"
+	}
+	if v := f.Verify; v != nil {
+		t.Verify = &p2p.Verify{Rate: v.Rate, Share: p2p.DefaultVerifyShare, Tolerance: p2p.DefaultVerifyTolerance}
+		if v.Share != nil {
+			t.Verify.Share = *v.Share
+		}
+		if v.Tolerance != nil {
+			t.Verify.Tolerance = *v.Tolerance
+		}
+		if err := t.Verify.Validate(); err != nil {
+			return bad("verify", "%s", strings.TrimPrefix(err.Error(), p2p.ErrOutOfRange.Error()+": "))
+		}
 	}
 	if err := t.Validate(); err != nil {
 		return bad("training", "%s", strings.TrimPrefix(err.Error(), p2p.ErrOutOfRange.Error()+": "))

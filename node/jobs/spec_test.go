@@ -52,6 +52,15 @@ func TestParseSpec(t *testing.T) {
 		p2p.Training{Mode: "sync", Steps: 5000, Params: 120_000, StepMillis: 55.5, StepsRatio: []float64{1, 0.6, 0.45}}) {
 		t.Errorf("[training] steps, params, step_ms, steps_ratio: %v %+v", err, s)
 	}
+	// [verify] turns on a held job's spot checks, with their defaults.
+	held := good + "[training]\nmode = \"diloco\"\nholder = \"submitter\"\n[verify]\nrate = 0.25\n"
+	if s, err := ParseSpec([]byte(held), dir); err != nil || s.Training == nil || s.Training.Verify == nil ||
+		*s.Training.Verify != (p2p.Verify{Rate: 0.25, Share: p2p.DefaultVerifyShare, Tolerance: p2p.DefaultVerifyTolerance}) {
+		t.Errorf("[verify]: %v %+v", err, s)
+	}
+	if s, err := ParseSpec([]byte(held+"share = 0\ntolerance = 0.05\n"), dir); err != nil || *s.Training.Verify != (p2p.Verify{Rate: 0.25, Tolerance: 0.05}) {
+		t.Errorf("[verify] share = 0: %v %+v", err, s)
+	}
 	// Measured statistics better than perfect scaling are refused.
 	if _, err := ParseSpec([]byte(good+"[training]\nsteps_ratio = [1, 0.3]\n"), dir); err == nil || !strings.Contains(err.Error(), "steps_ratio") {
 		t.Errorf("steps_ratio [1, 0.3]: %v", err)
@@ -101,6 +110,10 @@ func TestSpecErrorsNameTheKey(t *testing.T) {
 		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nsteps = -1", "training"},
 		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nparams = 100000000001", "training"},
 		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nstep_ms = nan", "training"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[verify]\nrate = 0.1", "verify"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\n[verify]\nrate = 0.1", "training"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\nholder = \"submitter\"\n[verify]\nrate = 2", "verify"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\nholder = \"submitter\"\n[verify]\nrate = 0.1\nshare = 1.5", "verify"},
 	} {
 		in := strings.Replace(good, tc.from, tc.to, 1)
 		_, err := ParseSpec([]byte(in), dir)

@@ -98,8 +98,16 @@ type Worker struct {
 	Accepted        int     `json:"accepted,omitempty"`
 	Refused         int     `json:"refused,omitempty"`
 	AcceptedSeconds float64 `json:"accepted_seconds,omitempty"`
-	// Dropped says the holder dropped it for its refused updates.
+	// Dropped says the holder dropped it for its refused updates (or a
+	// failed spot check).
 	Dropped bool `json:"dropped,omitempty"`
+	// With spot checks: the checks it passed; HeldSeconds, the accepted
+	// time whose pay is held back until it passes one; Forfeited, that it
+	// failed one (CheckFailure says how) and is paid nothing.
+	ChecksPassed int     `json:"checks_passed,omitempty"`
+	HeldSeconds  float64 `json:"held_seconds,omitempty"`
+	Forfeited    bool    `json:"forfeited,omitempty"`
+	CheckFailure string  `json:"check_failure,omitempty"`
 }
 
 // Run is one placement of a job: its own bid, holds and escrow. A job is

@@ -5,6 +5,8 @@ train.py with its averaging pushes changed as DM_HOSTILE says.
   random  random normal values in place of the update
   nan     the update with NaN values (sent past the codec, which refuses them)
   empty   an update of zeros: trains, but hands in nothing
+  shirk   a third of its update: the size of the work of fewer steps than
+          it says it took (held mode's checks accept it; spot checks do not)
   lazy    runs nothing at all (a lender that reports its worker running)
 
 Usage: hostile_worker.py TRAIN_PY [train.py's arguments...]
@@ -31,12 +33,14 @@ def main():
     rng = np.random.default_rng(7)
 
     def hostile_push(self, c, delta, steps, stop):
-        if delta is None or how not in ("scaled", "random", "nan", "empty"):
+        if delta is None or how not in ("scaled", "random", "nan", "empty", "shirk"):
             return push(self, c, delta, steps, stop)
         if how == "scaled":
             return push(self, c, delta * np.float32(1000), steps, stop)
         if how == "random":
             return push(self, c, rng.standard_normal(delta.size).astype(np.float32), steps, stop)
+        if how == "shirk":
+            return push(self, c, delta * np.float32(0.3), steps, stop)
         if how == "empty":
             return push(self, c, np.zeros_like(delta), steps, stop)
         bad = np.array(delta, dtype="<f4")

@@ -106,6 +106,24 @@ class HeldTrainingTest(unittest.TestCase):
         self.assertIn("not finite", r["accounts"]["2"]["last_refusal"])
         self.assertGreater(r["test_accuracy"], self.honest["test_accuracy"] - 0.03, outs[-1])
 
+    def test_spot_checks_catch_a_shirker(self):
+        # Its updates help (a third of the real one's size): the holder's
+        # checks accept them, and only a replay of its round shows that
+        # it did not take the steps it says.
+        r, outs, _ = held_job("shirk", workers=2, extra=["--verify-rate", "1"])
+        acc = r["accounts"]
+        self.assertTrue(acc["1"]["forfeited"], acc)
+        self.assertEqual(acc["1"]["seconds"], 0, acc)
+        self.assertIn("does not replay", acc["1"]["check_failure"])
+        self.assertGreaterEqual(acc["0"]["checks_passed"], 1, outs[-1])
+        self.assertFalse(acc["0"]["forfeited"], acc)
+        self.assertEqual(acc["0"]["held_seconds"], 0, acc)
+        self.assertGreater(acc["0"]["seconds"], 0, acc)
+        # Spot checks off: the shirker is paid.
+        r, outs, _ = held_job("shirk", workers=2)
+        self.assertGreater(r["accounts"]["1"]["accepted"], 0, r["accounts"])
+        self.assertGreater(r["accounts"]["1"]["seconds"], 0, r["accounts"])
+
     def test_a_lazy_lender_earns_nothing(self):
         r, outs, _ = held_job("lazy")
         self.assertNotIn("2", r["accounts"])  # never joined: no round to pay

@@ -6,7 +6,11 @@ random, NaN, empty and echoed updates, a worker that never pushes), train
 together; the holder's checks must keep the model as good as the honest
 workers alone make it, and account the hostile ones no accepted round.
 Each hostile case is also run with the checks off, and must then do harm:
-the test of a check that cannot fail would prove nothing.
+the test of a check that cannot fail would prove nothing. Spot checks
+replay a worker's round from the state it committed (the batches it trains
+on follow from its rank and data cursor): a worker that takes fewer steps
+than it says, forges its state or leaves a check unanswered forfeits its
+pay; with spot checks off, the shirker is paid.
 test_keras_holder.py runs the same between real Keras processes.
 """
 
@@ -48,14 +52,36 @@ def mse(theta, x=XV, y=YV):
     return float(np.mean(r * r))
 
 
+STATE = b"plain SGD has no optimizer state"
+
+
+def sgd(theta, rank, cursor, steps):
+    """steps of SGD from theta on rank's shard, the batches following from
+    its data cursor: what a worker does, and what the holder replays."""
+    x, y = X[rank * 600:(rank + 1) * 600], Y[rank * 600:(rank + 1) * 600]
+    w = np.array(theta, dtype=np.float32)
+    for s in range(steps):
+        i = np.random.default_rng([rank, cursor + s]).integers(0, len(x), 64)
+        g = 2 * x[i].T @ (x[i] @ w - y[i]) / 64
+        w -= LR * g.astype(np.float32)
+    return w
+
+
+def replay(theta, state, rank, cursor, steps):
+    if state != STATE:
+        raise ValueError("not an SGD state")
+    return sgd(theta, rank, cursor, steps)
+
+
 class Member:
     """A worker thread: `behaviour` says what it hands in."""
 
-    def __init__(self, rank, addrs, holder, rounds, behaviour="honest", timeout=5.0):
-        self.rank, self.rounds, self.behaviour = rank, rounds, behaviour
+    def __init__(self, rank, addrs, holder, rounds, behaviour="honest", timeout=5.0, verify=False):
+        self.rank, self.rounds, self.behaviour, self.verify = rank, rounds, behaviour, verify
+        self.cursor = 0
         self.log = []
         self.av = Averager(Peers(rank, addrs, "test", holder=holder), sync_every=H, compress="none",
-                           timeout=timeout, join_timeout=10, connect_timeout=2, log=self.log.append)
+                           outer_lr=1.0, outer_momentum=0.0, timeout=timeout, join_timeout=10, connect_timeout=2, log=self.log.append)
         shard = slice(rank * 600, (rank + 1) * 600)
         self.x, self.y = X[shard], Y[shard]
         self.rng = np.random.default_rng(100 + rank)
@@ -65,6 +91,17 @@ class Member:
         self.thread = threading.Thread(target=self._run, daemon=True)
         if behaviour == "nan":  # a hostile worker sends what the codec would not encode
             self.av._push = self._raw_push
+        if behaviour == "mute":  # never answers a spot check
+            self.av._answer_check = lambda c, h: None
+        if behaviour == "forge":  # answers a spot check with another state than it committed
+            self.av._answer_check = self._forged_proof
+
+    def _forged_proof(self, c, h):
+        if isinstance(h.get("check"), int):
+            try:
+                self.av._request(c, {"t": "proof", "for_round": h["check"], "cursor": 0}, b"another state", reuse=True)
+            except Exception as e:
+                self.log.append("forged proof: %s" % e)
 
     def _raw_push(self, c, delta, steps, stop):
         payload = np.ascontiguousarray(delta, dtype="<f4").tobytes()
@@ -76,18 +113,18 @@ class Member:
         return self
 
     def _train(self, theta):
-        w = theta.copy()
-        for _ in range(H):
-            i = self.rng.integers(0, len(self.x), 64)
-            g = 2 * self.x[i].T @ (self.x[i] @ w - self.y[i]) / 64
-            w -= LR * g.astype(np.float32)
+        # A shirker takes 2 of the round's 5 steps and says it took 5.
+        w = sgd(theta, self.rank, self.cursor, 2 if self.behaviour == "shirk" else H)
+        self.cursor += H
         return w
 
     def _local(self, theta):
         honest = self._train(theta)
         b = self.behaviour
-        if b in ("honest", "slow", "late"):
+        if b in ("honest", "slow", "late", "shirk", "mute", "forge", "uncommitted"):
             return honest
+        if b == "faint":  # noise far smaller than any round's work
+            return theta + 1e-4 * self.rng.standard_normal(D).astype(np.float32)
         if b == "scaled":
             return theta - 1000 * (theta - honest)
         if b == "random":
@@ -110,6 +147,8 @@ class Member:
                     self.done.wait(60)
                     break
                 time.sleep({"slow": 0.5, "late": 1.0}.get(self.behaviour, 0.01))
+                if self.verify and self.behaviour != "uncommitted":
+                    self.av.commit_start(STATE, self.cursor)
                 local = self._local(res.theta)
                 before = res.theta
                 res = self.av.sync(local, H)
@@ -120,15 +159,17 @@ class Member:
             self.av.close()
 
 
-def run(behaviours, rounds=20, checks=True, drop_after=100, timeout=5.0):
+def run(behaviours, rounds=20, checks=True, drop_after=100, timeout=5.0, verify_rate=0.0, verify_share=0.2):
     """Runs a holder and one worker per behaviour; returns (holder, members, final theta)."""
     n = len(behaviours)
     addrs = free_addrs(n + 1)
     hp = Peers(n, addrs, "test", holder=n)
     holder = Holder(hp, H, check=mse, checks=checks, compress="none", timeout=timeout, join_timeout=10,
-                    connect_timeout=2, drop_after=drop_after, outer_lr=1.0, outer_momentum=0.0, log=lambda m: None)
+                    connect_timeout=2, drop_after=drop_after, outer_lr=1.0, outer_momentum=0.0, log=lambda m: None,
+                    verify_rate=verify_rate, verify_share=verify_share, replay=replay if verify_rate else None)
     holder.start(np.zeros(D, np.float32))
-    members = [Member(r, addrs, n, rounds, b, timeout=timeout).start() for r, b in enumerate(behaviours)]
+    members = [Member(r, addrs, n, rounds, b, timeout=timeout, verify=verify_rate > 0).start()
+               for r, b in enumerate(behaviours)]
     while True:
         res = holder.next_round()
         if res is None or res.round >= rounds:
@@ -160,18 +201,19 @@ class HolderTest(unittest.TestCase):
             self.assertIsNone(m.error)
 
     def test_hostile_updates_are_refused(self):
-        for bad in ["scaled", "random", "nan", "empty", "echo"]:
+        for bad in ["scaled", "random", "nan", "empty", "echo", "faint"]:
             with self.subTest(bad):
                 holder, members, theta = run(["honest", "honest", bad])
                 acc = holder.accounts()
-                self.assertEqual(acc["2"]["accepted"], 0, acc)
+                # (a faint update's first round has no median to be under)
+                self.assertLessEqual(acc["2"]["accepted"], 1 if bad == "faint" else 0, acc)
                 self.assertGreater(acc["2"]["refused"], 15, acc)
                 self.assertGreaterEqual(acc["0"]["accepted"], 19, acc)
                 self.assertLess(mse(theta), 1.5 * self.honest_loss + 0.01, "%s: %.4f vs %.4f honest"
                                 % (bad, mse(theta), self.honest_loss))
 
     def test_without_the_checks_they_do_harm(self):
-        for bad in ["scaled", "random", "nan", "empty", "echo"]:
+        for bad in ["scaled", "random", "nan", "empty", "echo", "faint"]:
             with self.subTest(bad):
                 if bad == "nan":  # the average cannot even be sent: the holder fails
                     with self.assertRaisesRegex(ValueError, "NaN"):
@@ -256,6 +298,54 @@ class HolderTest(unittest.TestCase):
         self.assertIsNone(honest.error)
         self.assertIsInstance(impostor.error, HolderGone)
         self.assertIn("not a peer", str(impostor.error))
+
+    def test_spot_checks_catch_a_shirker_and_pay_the_honest(self):
+        holder, members, theta = run(["honest", "honest", "shirk"], rounds=12, verify_rate=0.5)
+        acc = holder.accounts()
+        for r in ("0", "1"):
+            self.assertGreater(acc[r]["checks_passed"], 0, acc)
+            self.assertFalse(acc[r]["forfeited"], acc)
+            self.assertEqual(acc[r]["held_seconds"], 0, acc)  # passed: nothing held back
+            self.assertGreater(acc[r]["seconds"], 0, acc)
+            self.assertEqual(len(acc[r]["chain"]), 64, acc)
+        bad = acc["2"]
+        self.assertTrue(bad["forfeited"] and bad["dropped"], acc)
+        self.assertEqual(bad["seconds"], 0, acc)
+        self.assertIn("does not replay", bad["check_failure"])
+        # Dropped, or the job ended first (caught at its last rounds).
+        self.assertIsInstance(members[2].error, (Dropped, HolderGone))
+        self.assertLess(mse(theta), 0.05)
+        # Spot checks off: its rounds help the loss a little, and it is paid.
+        holder, _, _ = run(["honest", "honest", "shirk"], rounds=12)
+        acc = holder.accounts()
+        self.assertGreater(acc["2"]["accepted"], 5, acc)
+        self.assertGreater(acc["2"]["seconds"], 0, acc)
+
+    def test_a_forged_or_unanswered_check_forfeits(self):
+        for bad, why in [("forge", "not the one it committed"), ("mute", "did not answer")]:
+            with self.subTest(bad):
+                holder, members, _ = run(["honest", bad], rounds=12, verify_rate=1.0)
+                acc = holder.accounts()
+                self.assertTrue(acc["1"]["forfeited"], acc)
+                self.assertEqual(acc["1"]["seconds"], 0, acc)
+                self.assertIn(why, acc["1"]["check_failure"])
+                self.assertFalse(acc["0"]["forfeited"], acc)
+                self.assertGreaterEqual(acc["0"]["checks_passed"], 1, acc)
+
+    def test_the_share_is_held_back_until_a_check_passes(self):
+        # Never checked (a rate too small to draw in 4 rounds, in practice):
+        # the share stays out of its pay.
+        holder, _, _ = run(["honest", "honest"], rounds=4, verify_rate=1e-12, verify_share=0.25)
+        acc = holder.accounts()
+        for a in acc.values():
+            self.assertEqual(a["checks_passed"], 0, acc)
+            self.assertAlmostEqual(a["held_seconds"], 0.25 * (a["seconds"] + a["held_seconds"]), places=2)
+        # A worker that commits to nothing while checks are on is refused.
+        holder, _, _ = run(["honest", "uncommitted"], rounds=4, verify_rate=1e-12)
+        acc = holder.accounts()
+        self.assertEqual(acc["1"]["accepted"], 0, acc)
+        self.assertIn("no commitment", acc["1"]["last_refusal"])
+        self.assertEqual(acc["0"]["accepted"], 4, acc)
 
     def test_the_holder_refuses_to_be_a_worker(self):
         addrs = free_addrs(2)

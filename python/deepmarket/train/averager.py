@@ -53,6 +53,13 @@ update it sends back averages only those it accepted. A worker that cannot
 reach the holder for `timeout` fails (HolderGone); one the holder dropped
 for its refused updates fails too (Dropped).
 
+Spot checks (held mode, optional): a worker given its state at each
+round's start (commit_start: its inner optimizer's state and its data
+cursor) sends that state's digest with its push, a commitment; when the
+holder's answer names a round to check, the worker sends the state itself
+(a "proof"), and the holder replays the round's inner steps from it to see
+that the update is what those steps make (holder.py).
+
 This module needs numpy only; keras_callback.py adapts it to Keras.
 """
 
@@ -191,6 +198,7 @@ class Averager:
                       "bytes_sent": 0, "bytes_received": 0, "seconds": 0.0}
         self._t0 = None
         self._expect_until = 0.0         # a founder's first round waits for all until then
+        self._proofs = {}                # round -> (state bytes, digest, data cursor): spot checks
 
     # ------------------------------------------------------------ public API
 
@@ -315,20 +323,52 @@ class Averager:
         while True:
             try:
                 h, p = self._push(c, delta, steps, stop)
+                update = h
                 if h["t"] == "update":
                     res = self._apply(c, h, p)
                     if res is not None:
+                        self._answer_check(c, update)
                         return res
                     self._log("resync from the holder: its update does not reproduce its digest")
                     h, p = self._request(c, {"t": "hello", "join": True, "want_state": True}, reuse=True)
                 if h["t"] == "state" and h.get("has_state"):
-                    return self._adopt(h, p, "resync")
+                    res = self._adopt(h, p, "resync")
+                    self._answer_check(c, update)
+                    return res
                 why = "it answered %r" % h.get("t")
             except (OSError, EOFError, ValueError, wire.ProtocolError) as e:
                 why = _holder_failure(e)
             if time.monotonic() > give_up:
                 raise HolderGone("the model's holder (rank %d) did not answer for %.0fs: %s" % (c, self.timeout, why))
             time.sleep(RETRY)
+
+    def commit_start(self, state, cursor):
+        """Records this worker's state at the start of the current round
+        (held mode with spot checks): the bytes of its inner optimizer's
+        state and how many batches it has trained on so far. Their digest
+        goes with this round's push; the bytes go to the holder if it asks
+        to check the round. The last two rounds are kept."""
+        r = self.round
+        self._proofs[r] = (bytes(state), hashlib.sha256(state).hexdigest(), int(cursor))
+        for old in [k for k in self._proofs if k < r - 1]:
+            del self._proofs[old]
+
+    def _answer_check(self, c, h):
+        """Sends the holder the state it asked for to replay a round (a
+        spot check); a round whose state we no longer have goes unanswered."""
+        rc = h.get("check")
+        if not isinstance(rc, int):
+            return
+        proof = self._proofs.get(rc)
+        if proof is None:
+            self._log("the holder asked to check round %d, whose state this worker no longer has" % rc)
+            return
+        try:
+            rh, _ = self._request(c, {"t": "proof", "for_round": rc, "cursor": proof[2]}, proof[0], reuse=True)
+            if rh.get("t") != "ok":
+                self._log("the holder answered the state of round %d with %r" % (rc, rh.get("t")))
+        except (OSError, EOFError, ValueError, wire.ProtocolError) as e:
+            self._log("could not send the state of round %d for its spot check: %s" % (rc, _why(e)))
 
     def request_stop(self):
         """Marks the global state stopped: the next round tells every worker."""
@@ -553,11 +593,11 @@ class Averager:
         got and the ranks whose deltas were refused; the holder keeps its
         accounts here."""
 
-    def _vet(self, j, r, delta):
+    def _vet(self, j, r, delta, h=None, payload=b""):
         """Returns delta if rank j's delta for round r may be averaged, else
         None with why: one with NaN or infinite values never is (it would
         poison every copy, or fail the round's encoding). The holder checks
-        more."""
+        more (h is the push's header, payload its encoded delta)."""
         if not np.isfinite(delta).all():
             self._log("round %d: refused rank %d's update: not finite" % (r, j))
             return None, "not finite"
@@ -643,6 +683,9 @@ class Averager:
         if delta is not None:
             meta, payload = codecs.encode(delta, self.codec)
             h.update(meta)
+            proof = self._proofs.get(self._state.round) if self.held else None
+            if proof is not None:
+                h["commit"] = {"state": proof[1], "cursor": proof[2]}
         return self._request(c, h, payload, reuse=True)
 
     def _request(self, j, h, payload=b"", reuse=False):
@@ -777,6 +820,8 @@ class Averager:
                     self._on_hello(sock, j, h)
                 elif t == "push":
                     self._on_push(sock, j, h, p)
+                elif t == "proof":
+                    self._on_proof(sock, j, h, p)
                 elif t == "bye":
                     abrupt = False
                     if h.get("leaving"):
@@ -852,7 +897,7 @@ class Averager:
         if delta is not None and delta.size != self._n:
             return self._send(sock, {"t": "error", "msg": "delta has %d weights, ours %d" % (delta.size, self._n)})
         if delta is not None:
-            delta, why = self._vet(j, r, delta)
+            delta, why = self._vet(j, r, delta, h, p)
             if delta is None and why.startswith("dropped"):
                 return self._send(sock, {"t": "error", "msg": why})
         with self._cv:
@@ -873,7 +918,15 @@ class Averager:
             return self._send(sock, {"t": "bye", "leaving": True})
         with self._cv:
             _, rh, rp = self._results[r]
-        self._send(sock, rh, rp)
+        self._send(sock, self._answer(j, rh), rp)
+
+    def _answer(self, j, h):
+        """The round's update header as sent to rank j (the holder adds the
+        round it wants j to prove, if any)."""
+        return h
+
+    def _on_proof(self, sock, j, h, p):
+        self._send(sock, {"t": "error", "msg": "rank %d holds no spot checks" % self.rank})
 
     def _check_coordinator(self, coord):
         """We are asked to coordinate a round we think coord has: if coord

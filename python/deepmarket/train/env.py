@@ -19,6 +19,10 @@
                    it the holder listens on DM_AVG_HOLDER for all ranks
   DM_ROLE          "holder" on the holder's own process (its rank is then
                    the holder's), else "worker"
+  DM_VERIFY_RATE, DM_VERIFY_SHARE, DM_VERIFY_TOLERANCE  a held job's spot
+                   checks ([verify]: rate, share, tolerance; see holder.py):
+                   workers commit to their state each round when the rate
+                   is over 0, and the holder replays that share of rounds
   DM_OUTPUT_DIR    where the coordinator writes its checkpoint
   DM_JOB_ID        tags every frame, so two jobs never average together
 """

@@ -9,6 +9,8 @@ A worker's delta is refused when:
   - it is empty (a worker that trained nothing, or says it did);
   - its norm is over `norm_factor` times the median of the deltas accepted
     in the last rounds (a scaled update);
+  - its norm is under 1/`norm_factor` of that median, for the steps it
+    says it took (a faint update: noise dressed as work);
   - it repeats the last global update (cosine similarity above `echo`): a
     worker that trained nothing and hands back what everyone received;
   - the worker's model, theta - delta, has a loss on the holder's own
@@ -25,14 +27,38 @@ twice the round's low median: a worker that holds its update back is not
 paid for the wait), which is what the worker is paid for. `accounts()` returns them; `write_accounts`
 writes them where the node reads them.
 
-What it does not guarantee: a worker that trains on other data than it was
-given, or fewer steps than it says, is accepted as long as its update helps
-the validation loss; the check catches updates that do not help, not work
-that was done differently.
+What the checks alone do not guarantee: a worker that trains on other
+data than it was given, or fewer steps than it says, is accepted as long as
+its update helps the validation loss; they catch updates that do not help,
+not work that was done differently. Spot checks catch that:
+
+Spot checks (verify_rate > 0, a job's [verify]): every worker commits to
+its state at each round's start (the digest of its inner optimizer's state
+and its data cursor, sent with its push). With probability verify_rate the
+holder asks a worker to prove an accepted round: the worker sends that
+state, the holder checks it against the commitment, and `replay(theta,
+state, rank, cursor, steps)` (the job's code) takes the round's inner steps
+again from the round's global weights on the worker's own batches. The
+update passes when it is within verify_tolerance (relative L2 error) of the
+replayed one. A worker that fails a check, sends a state other than the one
+it committed, or leaves a check unanswered past its next round forfeits
+all its pay for the job and is dropped. Until a worker has passed a check,
+verify_share of its pay is held back (an honest worker never checked keeps
+that share out). The holder keeps a hash chain of each worker's
+commitments and updates (accounts' "chain"). A check costs the holder one
+worker round of compute, in the background; verify_rate 0.1 adds a tenth of
+one worker's training to the submitter's machine. It proves the steps were
+taken from the committed state on the batches the job gave that worker; it
+does not prove the committed state came from honest earlier rounds (each
+round is checked from its own start), and a round never checked is paid
+unproven.
 """
 
+import hashlib
 import json
 import os
+import queue
+import random
 import statistics
 import threading
 import time
@@ -62,7 +88,8 @@ class Holder(Averager):
     """
 
     def __init__(self, peers, sync_every, check=None, checks=True, tolerance=0.1, norm_factor=10.0, echo=0.98,
-                 drop_after=3, pay_cap=2.0, **kw):
+                 drop_after=3, pay_cap=2.0, verify_rate=0.0, verify_share=0.2, verify_tolerance=0.1, replay=None,
+                 **kw):
         if peers.holder is None or peers.rank != peers.holder:
             raise ValueError("the holder runs as the holder's rank (%r), not rank %d" % (peers.holder, peers.rank))
         super().__init__(peers, sync_every, **kw)
@@ -81,8 +108,22 @@ class Holder(Averager):
         self._streak = {}                     # rank -> refused rounds in a row
         self._dropped = set()
         self.check_seconds = 0.0              # time spent in check(), all rounds
+        if not 0.0 <= float(verify_rate) <= 1.0 or not 0.0 <= float(verify_share) <= 1.0:
+            raise ValueError("verify_rate and verify_share are shares, 0 to 1")
+        if float(verify_rate) > 0 and replay is None:
+            raise ValueError("spot checks (verify_rate > 0) need replay(theta, state, rank, cursor, steps)")
+        self.verify_rate, self.verify_share = float(verify_rate), float(verify_share)
+        self.verify_tolerance, self.replay = float(verify_tolerance), replay
+        self.replay_seconds = 0.0             # time spent replaying rounds, all checks
+        self._rng = random.SystemRandom()     # which rounds are checked: nothing a worker can predict
+        self._open = {}                       # rank -> its open spot check
+        self._replays = queue.Queue()
+        self._replayer = None
 
     def start(self, theta, trainable=None):
+        if self.verify_rate > 0:
+            self._replayer = threading.Thread(target=self._replay_loop, daemon=True, name="replay")
+            self._replayer.start()
         res = super().start(theta, trainable)
         self._round_start = time.monotonic()
         self._prepare_base()
@@ -102,11 +143,30 @@ class Holder(Averager):
         """Per rank: rounds accepted and refused, seconds of the accepted
         rounds, the last refusal's reason, whether it was dropped."""
         with self._cv:
-            return {str(j): dict(a) for j, a in sorted(self._accounts.items())}
+            return {str(j): self._paid(a) for j, a in sorted(self._accounts.items())}
+
+    def _paid(self, a):
+        """A worker's accounts as the node reads them: seconds is what it
+        is paid for now (0 once it forfeited; its earned seconds less the
+        held-back share until it passed a spot check)."""
+        out = {k: v for k, v in a.items() if k != "earned"}
+        earned = a["earned"]
+        held = 0.0
+        if a.get("forfeited"):
+            held, earned = earned, 0.0
+        elif self.verify_rate > 0 and not a.get("checks_passed"):
+            held = earned * self.verify_share
+        out["seconds"] = round(earned - held if not a.get("forfeited") else 0.0, 3)
+        if self.verify_rate > 0:
+            out["held_seconds"] = round(held, 3)
+        return out
 
     def write_accounts(self, path):
         """Writes accounts() (and the holder's round and check time) to path, atomically."""
         doc = {"round": self.round, "check_seconds": round(self.check_seconds, 3), "workers": self.accounts()}
+        if self.verify_rate > 0:
+            doc["verify"] = {"rate": self.verify_rate, "share": self.verify_share,
+                             "tolerance": self.verify_tolerance, "replay_seconds": round(self.replay_seconds, 3)}
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(doc, f, indent=1, sort_keys=True)
@@ -125,28 +185,120 @@ class Holder(Averager):
                 self._base = (st.digest, float(self.check(st.theta)))
                 self.check_seconds += time.monotonic() - t
 
-    def _vet(self, j, r, delta):
+    def _vet(self, j, r, delta, h=None, payload=b""):
         now = time.monotonic()
         with self._cv:
             if j in self._dropped:
-                return None, "dropped: %d updates refused in a row" % self.drop_after
+                return None, self._dropped_why(j)
             st, last = self._state, self._last_avg
             if r != st.round:
                 return delta, ""  # the round closed meanwhile: the push is answered as late, not averaged
             seconds = now - self._round_start
             norms = list(self._norms)
-        ok, why = True, ""
-        if self.checks:
-            ok, why = self._judge(st, delta, norms, last)
+            why = ""
+            if self.verify_rate > 0:
+                why = self._commitment(j, r, (h or {}).get("commit"), payload)
+                if why.startswith("dropped"):
+                    return None, why
+        ok = not (self.verify_rate > 0 and why)
+        if self.checks and ok:
+            ok, why = self._judge(st, delta, norms, last, int((h or {}).get("steps", self.H)))
         with self._cv:
             a = self._account(j)
             self._verdicts[j] = (r, ok, why, seconds, float(np.linalg.norm(delta)) if ok else 0.0)
             if not ok:
                 a["last_refusal"] = "round %d: %s" % (r, why)
                 self._log("round %d: refused rank %d's update: %s" % (r, j, why))
+            elif self.verify_rate > 0 and j not in self._open and self._rng.random() < self.verify_rate:
+                commit = h["commit"]
+                self._open[j] = {"round": r, "theta": st.theta.copy(), "delta": np.array(delta, dtype=np.float32),
+                                 "steps": int(h.get("steps", 0)), "cursor": commit["cursor"],
+                                 "state": commit["state"], "proof": None}
         return (delta, "") if ok else (None, why)
 
-    def _judge(self, st, delta, norms, last):
+    # ------------------------------------------------------------ spot checks
+
+    def _commitment(self, j, r, commit, payload):
+        """Records rank j's commitment for round r in its chain (caller
+        holds _cv); returns why its push is refused ("" if it is not). A
+        spot check left unanswered past the round after it fails the worker."""
+        o = self._open.get(j)
+        if o is not None and o["proof"] is None and r >= o["round"] + 2:
+            return self._fail(j, "it did not answer the spot check of round %d" % o["round"])
+        if not (isinstance(commit, dict) and isinstance(commit.get("state"), str) and len(commit["state"]) == 64
+                and isinstance(commit.get("cursor"), int) and commit["cursor"] >= 0):
+            return "no commitment to its state (spot checks are on)"
+        a = self._account(j)
+        link = "%d:%d:%s:%s" % (r, commit["cursor"], commit["state"], hashlib.sha256(payload).hexdigest())
+        a["chain"] = hashlib.sha256((a.get("chain", "") + link).encode()).hexdigest()
+        return ""
+
+    def _answer(self, j, h):
+        with self._cv:
+            o = self._open.get(j)
+            if o is not None and o["proof"] is None and o["round"] >= h.get("from_round", 0) - 1:
+                return dict(h, check=o["round"])
+        return h
+
+    def _on_proof(self, sock, j, h, p):
+        rc = h.get("for_round")
+        with self._cv:
+            o = self._open.get(j)
+            if o is None or o["round"] != rc or o["proof"] is not None:
+                return self._send(sock, {"t": "error", "msg": "no spot check of round %r is open" % rc})
+            if hashlib.sha256(p).hexdigest() != o["state"]:
+                why = self._fail(j, "its state for round %d is not the one it committed" % rc)
+                return self._send(sock, {"t": "error", "msg": why})
+            o["proof"] = bytes(p)
+        self._replays.put(j)
+        self._send(sock, {"t": "ok"})
+
+    def _replay_loop(self):
+        while True:
+            j = self._replays.get()
+            if j is None:
+                return
+            with self._cv:
+                o = self._open.get(j)
+            if o is None:
+                continue
+            t = time.monotonic()
+            try:
+                local = np.asarray(self.replay(o["theta"], o["proof"], j, o["cursor"], o["steps"]), dtype=np.float32)
+                replayed = o["theta"] - local.ravel()
+                err = float(np.linalg.norm(o["delta"] - replayed)) / max(float(np.linalg.norm(replayed)), 1e-12)
+                why = "" if np.isfinite(err) and err <= self.verify_tolerance else \
+                    "round %d does not replay: its update is %.3g away from the %d steps' (tolerance %g)" % (
+                        o["round"], err, o["steps"], self.verify_tolerance)
+            except Exception as e:  # a state that is not one: the worker's doing
+                err, why = float("nan"), "round %d could not be replayed from its state: %s" % (o["round"], e)
+            dt = time.monotonic() - t
+            with self._cv:
+                self.replay_seconds += dt
+                a = self._account(j)
+                if why:
+                    self._fail(j, why)
+                else:
+                    a["checks_passed"] = a.get("checks_passed", 0) + 1
+                    self._open.pop(j, None)
+                    self._log("round %d: rank %d's spot check passed (%d steps replayed in %.1fs, error %.3g)"
+                              % (o["round"], j, o["steps"], dt, err))
+
+    def _fail(self, j, why):
+        """Rank j failed a spot check (caller holds _cv): it forfeits its pay
+        and is dropped. Returns the reason its pushes get from now on."""
+        a = self._account(j)
+        self._open.pop(j, None)
+        if not a.get("forfeited"):
+            a.update(forfeited=True, check_failure=why, dropped=True)
+            self._log("rank %d failed a spot check and forfeits its pay: %s" % (j, why))
+        self._dropped.add(j)
+        self._dead.add(j)
+        self._members.discard(j)
+        self._cv.notify_all()
+        return "dropped: " + why
+
+    def _judge(self, st, delta, norms, last, steps):
         if not np.isfinite(delta).all():
             return False, "not finite"
         n = float(np.linalg.norm(delta))
@@ -156,6 +308,11 @@ class Holder(Averager):
             med = statistics.median(norms)
             if med > 0 and n > self.norm_factor * med:
                 return False, "norm %.3g, over %g times the median %.3g" % (n, self.norm_factor, med)
+            # A faint update (noise dressed as work) helps nothing and
+            # harms nothing: the loss check lets it through, this does not.
+            floor = med / self.norm_factor * min(1.0, steps / self.H)
+            if n < floor:
+                return False, "norm %.3g, under 1/%g of the median %.3g for %d steps" % (n, self.norm_factor, med, steps)
         if last is not None:
             ln = float(np.linalg.norm(last))
             if ln > 0 and float(np.dot(delta, last)) / (n * ln) > self.echo:
@@ -174,8 +331,12 @@ class Holder(Averager):
         return True, ""
 
     def _account(self, j):
-        return self._accounts.setdefault(j, {"accepted": 0, "refused": 0, "seconds": 0.0, "last_refusal": "",
-                                             "dropped": False})
+        a = self._accounts.get(j)
+        if a is None:
+            a = self._accounts[j] = {"accepted": 0, "refused": 0, "earned": 0.0, "last_refusal": "", "dropped": False}
+            if self.verify_rate > 0:
+                a.update(checks_passed=0, forfeited=False, check_failure="", chain="")
+        return a
 
     def _closed(self, r, got, refused, header):
         accepted = {j for j, _, _ in got}
@@ -189,7 +350,7 @@ class Holder(Averager):
             if j in accepted:
                 a["accepted"] += 1
                 if v and v[0] == r:
-                    a["seconds"] = round(a["seconds"] + (v[3] if cap is None else min(v[3], cap)), 3)
+                    a["earned"] = round(a["earned"] + (v[3] if cap is None else min(v[3], cap)), 3)
                     self._norms.append(v[4])
                 self._streak[j] = 0
             else:
@@ -218,11 +379,31 @@ class Holder(Averager):
         with self._cv:
             self._dead |= self._lagging
         super().close(finished)
+        if self._replayer is not None:  # the checks asked and answered finish
+            self._replays.put(None)
+            self._replayer.join(timeout=max(60.0, 2 * self.timeout))
+
+    def _dropped_why(self, j):
+        """Why rank j was dropped, or "" if it was not."""
+        with self._cv:
+            if j not in self._dropped:
+                return ""
+            return "dropped: " + (self._account(j).get("check_failure")
+                                  or "%d updates refused in a row" % self.drop_after)
 
     def _on_hello(self, sock, j, h):
-        if j in self._dropped:
-            return self._send(sock, {"t": "error", "msg": "dropped: %d updates refused in a row" % self.drop_after})
+        why = self._dropped_why(j)
+        if why:
+            return self._send(sock, {"t": "error", "msg": why})
         return super()._on_hello(sock, j, h)
+
+    def _on_push(self, sock, j, h, p):
+        # A dropped worker hears so on every push, a late one too (a late
+        # push is otherwise answered with the update it missed).
+        why = self._dropped_why(j)
+        if why:
+            return self._send(sock, {"t": "error", "msg": why})
+        return super()._on_push(sock, j, h, p)
 
 
 __all__ = ["Holder", "Sync"]

@@ -49,6 +49,12 @@ class DiLoCo(_keras.callbacks.Callback):
     round waits for a slow or silent worker), join_timeout (120 s),
     connect_timeout (10 s); log (print).
 
+    Spot checks (held mode with $DM_VERIFY_RATE, a job's [verify]): at each
+    round's start the worker commits to its inner optimizer's state and its
+    data cursor (the batches it has trained on), and sends that state when
+    the holder asks to replay the round (holder.py). Overlap is then off: a
+    round must start from the global weights to be replayed.
+
     When fit ends, the model holds the global weights (the same on every
     worker). Each epoch's logs get diloco_round. After fit, `stats` holds
     this worker's rounds, seconds worked, bytes sent and received.
@@ -66,7 +72,8 @@ class DiLoCo(_keras.callbacks.Callback):
             compress = None
         self.peers = envmod.from_env(rank=rank, addrs=peers)
         self.sync_every = int(sync_every)
-        self.overlap = bool(overlap) and self.peers.world > 1
+        self.verify = self.peers.holder is not None and float(os.environ.get("DM_VERIFY_RATE") or 0) > 0
+        self.overlap = bool(overlap) and self.peers.world > 1 and not self.verify
         self.rounds = rounds
         self.checkpoint_dir = checkpoint_dir if checkpoint_dir is not None else os.environ.get("DM_OUTPUT_DIR")
         tag = "[diloco %d/%d]" % (self.peers.rank, self.peers.world)
@@ -82,6 +89,7 @@ class DiLoCo(_keras.callbacks.Callback):
         self._done = 0       # inner steps since this worker's last hand-in
         self._target = self.sync_every
         self._step_s = None
+        self._batches = 0    # batches trained on in this fit: the data cursor a spot check replays from
         self._t_batch = time.monotonic()
         self._pool = None
         self._inflight = None  # (future of Averager.sync, the weights handed in)
@@ -164,6 +172,7 @@ class DiLoCo(_keras.callbacks.Callback):
         self._step_s = dt if self._step_s is None else 0.9 * self._step_s + 0.1 * dt
         self.synced = False
         self._done += 1
+        self._batches += 1
         self.averager.progress = self.sync_every - (self._target - self._done)
         if self._inflight is not None and self._inflight[0].done():
             self._land()
@@ -252,9 +261,50 @@ class DiLoCo(_keras.callbacks.Callback):
         self._target = res.steps
         if res.stop or (self.rounds is not None and res.round >= self.rounds):
             self.model.stop_training = True
+        elif self.verify:
+            self.averager.commit_start(optimizer_state(self.model.optimizer), self._batches)
 
     def _set(self, theta):
         self.model.set_weights(_unflatten(theta, self._shapes, self._dtypes))
+
+
+_STATE_MAGIC = b"DMOPT1"
+
+
+def optimizer_state(opt):
+    """The optimizer's variables (their values, in order) as bytes."""
+    vs = opt.variables() if callable(opt.variables) else opt.variables
+    arrays = [np.asarray(v.numpy()) for v in vs]
+    head = json.dumps([[a.dtype.str, list(a.shape)] for a in arrays]).encode()
+    return b"".join([_STATE_MAGIC, len(head).to_bytes(4, "little"), head] +
+                    [np.ascontiguousarray(a).tobytes() for a in arrays])
+
+
+def load_optimizer_state(opt, state):
+    """Sets the optimizer's variables from optimizer_state's bytes. A
+    state of fewer variables (an optimizer not built yet: its step count
+    alone) sets those, and the others (its slots) to zero, as new."""
+    vs = opt.variables() if callable(opt.variables) else opt.variables
+    if not state.startswith(_STATE_MAGIC) or len(state) < len(_STATE_MAGIC) + 4:
+        raise ValueError("not an optimizer state")
+    n = int.from_bytes(state[len(_STATE_MAGIC):len(_STATE_MAGIC) + 4], "little")
+    pos = len(_STATE_MAGIC) + 4 + n
+    specs = json.loads(state[len(_STATE_MAGIC) + 4:pos])
+    for v in vs[len(specs):]:
+        v.assign(np.zeros(v.shape, v.dtype.as_numpy_dtype))
+    if len(specs) > len(vs):
+        raise ValueError("the state has %d optimizer variables, the model's optimizer %d" % (len(specs), len(vs)))
+    for (dt, shape), v in zip(specs, vs):
+        dt = np.dtype(dt)
+        if tuple(shape) != tuple(v.shape) or dt != np.dtype(v.dtype.as_numpy_dtype):
+            raise ValueError("optimizer variable %s is %s %s, the state's %s %s" % (v.name, v.dtype.name, v.shape, dt, shape))
+        size = int(np.prod(shape)) * dt.itemsize
+        if pos + size > len(state):
+            raise ValueError("the optimizer state is cut short")
+        v.assign(np.frombuffer(state, dtype=dt, count=int(np.prod(shape)), offset=pos).reshape(shape))
+        pos += size
+    if pos != len(state):
+        raise ValueError("the optimizer state has %d bytes too many" % (len(state) - pos))
 
 
 def _unflatten(theta, shapes, dtypes):

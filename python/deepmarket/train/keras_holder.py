@@ -10,13 +10,14 @@ copy, not a lender's).
 """
 
 import os
+import threading
 import time
 
 import numpy as np
 
 from . import env as envmod
 from .holder import Holder
-from .keras_callback import _flatten, _unflatten
+from .keras_callback import _flatten, _keras, _unflatten, load_optimizer_state
 
 
 class KerasHolder:
@@ -33,11 +34,19 @@ class KerasHolder:
     round waits for a silent worker; join_timeout (300 s): how long the first
     round waits for the workers to start. out_dir ($DM_OUTPUT_DIR): where
     holder.json (the accounts, rewritten every round) and the checkpoint go.
+
+    Spot checks: verify_rate ($DM_VERIFY_RATE, else 0: none), verify_share
+    ($DM_VERIFY_SHARE, else 0.2) and verify_tolerance ($DM_VERIFY_TOLERANCE,
+    else 0.1) as Holder's; they need batches(rank, cursor, steps): the
+    batches (x, y) worker `rank` trained on from its cursor-th on, as its
+    own input pipeline gives them (same seed, same order). A checked round
+    is replayed on a copy of the model with a copy of its optimizer.
     """
 
     def __init__(self, model, x_val, y_val, rounds, evaluate=None, eval_every=1, target=None, sync_every=None,
                  compress=None, outer_lr=0.7, outer_momentum=0.9, checks=True, tolerance=0.1, drop_after=3,
-                 timeout=60.0, join_timeout=300.0, out_dir=None, log=None):
+                 timeout=60.0, join_timeout=300.0, out_dir=None, log=None, batches=None, verify_rate=None,
+                 verify_share=None, verify_tolerance=None):
         import tensorflow as tf
 
         self.model, self.rounds, self.evaluate = model, int(rounds), evaluate
@@ -68,7 +77,20 @@ class KerasHolder:
             self._set(theta)
             return float(val_loss())
 
+        if verify_rate is None:
+            verify_rate = float(os.environ.get("DM_VERIFY_RATE") or 0)
+        if verify_share is None:
+            verify_share = float(os.environ.get("DM_VERIFY_SHARE") or 0.2)
+        if verify_tolerance is None:
+            verify_tolerance = float(os.environ.get("DM_VERIFY_TOLERANCE") or 0.1)
+        if verify_rate > 0 and batches is None:
+            raise ValueError("spot checks need batches(rank, cursor, steps): the batches a worker trained on")
+        self.batches = batches
+        self._replay_lock = threading.Lock()
+        self._replica = None
         self.holder = Holder(self.peers, sync_every, check=check, checks=checks, tolerance=tolerance,
+                             verify_rate=verify_rate, verify_share=verify_share, verify_tolerance=verify_tolerance,
+                             replay=self._replay if verify_rate > 0 else None,
                              drop_after=drop_after, compress=compress, outer_lr=outer_lr,
                              outer_momentum=outer_momentum, timeout=timeout, join_timeout=join_timeout,
                              checkpoint_dir=self.out_dir, job=os.environ.get("DM_JOB_ID", ""), log=self._log)
@@ -112,6 +134,7 @@ class KerasHolder:
         self._write_accounts()
         h = self.holder
         return {"rounds": h.round, "accounts": h.accounts(), "check_seconds": round(h.check_seconds, 3),
+                "replay_seconds": round(h.replay_seconds, 3),
                 "round_seconds": round(sum(self.round_seconds), 3),
                 "round_times": [round(x, 3) for x in self.round_seconds], "evals": self.history,
                 "time_to_target_s": round(self.reached_at, 3) if self.reached_at is not None else None,
@@ -124,3 +147,26 @@ class KerasHolder:
 
     def _set(self, theta):
         self.model.set_weights(_unflatten(theta, self._shapes, self._dtypes))
+
+    def _replay(self, theta, state, rank, cursor, steps):
+        """A worker's round again: steps of its inner optimizer from theta
+        and the optimizer state it committed, on its batches from cursor on;
+        returns the weights they reach (flat). Runs on the holder's replay
+        thread, on a copy of the model."""
+        with self._replay_lock:
+            if self._replica is None:
+                m = _keras.models.clone_model(self.model)
+                opt = self.model.optimizer.__class__.from_config(self.model.optimizer.get_config())
+                m.compile(optimizer=opt, loss=self.model.loss)
+                opt.build(m.trainable_variables)
+                self._replica = m
+            m = self._replica
+            m.set_weights(_unflatten(theta, self._shapes, self._dtypes))
+            load_optimizer_state(m.optimizer, state)
+            n = 0
+            for x, y in self.batches(rank, cursor, steps):
+                m.train_on_batch(x, y)
+                n += 1
+            if n != steps:
+                raise ValueError("its data gives %d batches from cursor %d, not %d" % (n, cursor, steps))
+            return _flatten(m.get_weights())

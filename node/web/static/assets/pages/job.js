@@ -84,7 +84,7 @@ export function render(main, { params, navigate }) {
         [w.moniker || shortPeer(w.machine), h("div", { class: "muted small mono" }, shortPeer(w.machine))],
         w.site || "",
         [workerState(w), w.reason ? h("div", { class: "small" }, w.reason) : null,
-          held ? h("div", { class: "small" }, `${w.accepted || 0} rounds accepted, ${w.refused || 0} refused${w.dropped ? ", dropped" : ""}`) : null],
+          held ? h("div", { class: "small" }, heldNote(w)) : null],
         credits(w.per_hour),
         when(w.started),
         ago(w.last_seen),
@@ -205,4 +205,14 @@ export function render(main, { params, navigate }) {
     if (src) src.close();
     stop();
   };
+}
+
+// heldNote is what the holder of a held run says of worker w.
+function heldNote(w) {
+  let note = `${w.accepted || 0} rounds accepted, ${w.refused || 0} refused`;
+  if (w.forfeited) note += `, forfeited its pay: failed a spot check (${w.check_failure || ""})`;
+  else if (w.dropped) note += ", dropped";
+  if (w.checks_passed) note += `, ${w.checks_passed} spot check${w.checks_passed === 1 ? "" : "s"} passed`;
+  else if (w.held_seconds && !w.forfeited) note += `, pay for ${Math.round(w.held_seconds)} s held back until it passes a spot check`;
+  return note;
 }
