@@ -129,7 +129,7 @@ bench-training: deps build ## Root: time to 0.90 on 1, 2 and 3 emulated machines
 	$(GO) run ./bench/training -bin $(BIN) -python $(VENV)/bin/python3 -out bench/results/training $(TRAINING_FLAGS)
 
 .PHONY: bench-gpu
-bench-held: deps ## Held DiLoCo: the holder's checks' share of a round (goal <= 5%), its CPU with 3 workers (goal <= 1 core), one poisoning worker of 3 against all honest (goal within 0.5 points) and its share of the pay, checks on and off (~6 min); report in bench/results/held
+bench-held: deps ## Held DiLoCo: the holder's checks' share of a round (goal <= 5%), its CPU with 3 workers (goal <= 1 core), one poisoning worker of 3 against all honest (goal within 0.5 points) and its share of the pay, checks on and off; spot checks' replay time and a shirker's pay with them on and off (~8 min); report in bench/results/held
 	$(VENV)/bin/python3 bench/held/bench_held.py $(HELD_FLAGS)
 
 .PHONY: bench-held

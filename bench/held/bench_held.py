@@ -2,9 +2,12 @@
 """Held DiLoCo, side by side: what the holder's checks cost and what they save.
 
 Runs the example's train.py as the holder and 3 workers, processes on
-loopback, in four settings: all honest with the checks on and off, and one
+loopback, in seven settings: all honest with the checks on and off, one
 worker multiplying its updates by 1000 (hostile_worker.py) with the checks
-on and off. Every setting runs the same rounds from the same seeds.
+on and off, and spot checks: all honest with them on, and one worker
+handing in a third of its update (a shirker: the work of fewer steps than
+it says) with them on and off. Every setting runs the same rounds from the
+same seeds.
 
 Machines of known size, emulated by CPU affinity on this 2-core machine:
 the holder alone on CPU 0 (a 1-core submitter), the 3 workers together on
@@ -16,7 +19,10 @@ CPU 1 (a third of a core each). Printed and written to OUT (json and md):
   - the final test accuracy with one poisoning worker of 3, beside all
     honest (goal: within 0.5 points) and with the checks off;
   - the share of the accepted seconds (what the escrow pays) that went to
-    the poisoning worker (goal 0).
+    the poisoning worker (goal 0);
+  - spot checks: the replay's time per check, the round time with them on
+    over off, and the shirker's share of the paid seconds with them on
+    (0 once it is caught) and off.
 """
 
 import argparse
@@ -53,11 +59,11 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / tick
 
 
-def run(args, hostile, checks, workers=3):
+def run(args, hostile, checks, verify=0.0, workers=3):
     addrs = free_addrs(workers + 1)
     common = ["--mode", "diloco", "--data", DATA, "--model", args.model, "--epochs", str(args.epochs),
               "--steps-per-epoch", str(args.steps), "--sync-every", str(args.sync_every), "--compress", "int8",
-              "--no-overlap", "--join-timeout", "60", "--round-timeout", "60"]
+              "--no-overlap", "--join-timeout", "60", "--round-timeout", "60", "--verify-rate", str(verify)]
     with tempfile.TemporaryDirectory() as d:
         procs = []
         for rank in range(workers + 1):
@@ -110,18 +116,26 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--steps", type=int, default=200, help="steps per epoch per worker")
     p.add_argument("--sync-every", type=int, default=50)
+    p.add_argument("--verify-rate", type=float, default=0.25, help="the spot checks' rate in their settings")
     p.add_argument("--out", default=os.path.join(REPO, "bench", "results", "held"))
     args = p.parse_args()
     if not os.path.isdir(DATA):
         raise SystemExit("no Fashion-MNIST in %s: apt-get install dataset-fashion-mnist" % DATA)
     rows = {}
-    for name, hostile, checks in [("honest, checks on", None, True), ("honest, checks off", None, False),
-                                  ("1 poisoning of 3, checks on", "scaled", True),
-                                  ("1 poisoning of 3, checks off", "scaled", False)]:
+    spot = "spot checks %g" % args.verify_rate
+    for name, hostile, checks, verify in [
+            ("honest, checks on", None, True, 0), ("honest, checks off", None, False, 0),
+            ("1 poisoning of 3, checks on", "scaled", True, 0), ("1 poisoning of 3, checks off", "scaled", False, 0),
+            ("honest, " + spot, None, True, args.verify_rate),
+            ("1 shirker of 3, " + spot, "shirk", True, args.verify_rate),
+            ("1 shirker of 3, spot checks off", "shirk", True, 0)]:
         t = time.monotonic()
-        r = run(args, hostile, checks)
+        r = run(args, hostile, checks, verify)
         acc = r["accounts"]
-        total = sum(a["seconds"] for a in acc.values()) or 1.0
+        # What the escrow pays: the paid seconds, and the held-back ones an
+        # honest worker gets once it passes a check.
+        total = sum(a["seconds"] + a.get("held_seconds", 0) * (not a.get("forfeited")) for a in acc.values()) or 1.0
+        checked = sum(a.get("checks_passed", 0) for a in acc.values()) + sum(bool(a.get("forfeited")) for a in acc.values())
         rows[name] = {
             "test_accuracy": r["test_accuracy"], "rounds": r["rounds"],
             # The median round after the first (which waits for the workers to start).
@@ -130,15 +144,29 @@ def main():
             "holder_cores": r["holder_cores"],
             "poisoner_share": round(acc.get("2", {}).get("seconds", 0.0) / total, 4) if hostile else None,
             "accepted": {k: v["accepted"] for k, v in acc.items()},
+            "verify_rate": verify, "checks": checked,
+            "replay_s_per_check": round(r.get("replay_seconds", 0) / checked, 3) if checked else None,
+            "caught": bool(acc.get("2", {}).get("forfeited")) if hostile == "shirk" else None,
             "wall_s": round(time.monotonic() - t, 1)}
-        print("%-30s accuracy %.4f, %d rounds of %.2f s, checks %.4f s a round, holder %.2f cores%s"
+        print("%-34s accuracy %.4f, %d rounds of %.2f s, checks %.4f s a round, holder %.2f cores%s%s"
               % (name, r["test_accuracy"], r["rounds"], rows[name]["round_s"], rows[name]["check_s_per_round"],
                  r["holder_cores"] or 0,
-                 ", poisoner paid %.1f%% of the accepted seconds" % (100 * rows[name]["poisoner_share"])
+                 ", %d spot checks of %.2f s" % (checked, rows[name]["replay_s_per_check"]) if checked else "",
+                 ", the %s paid %.1f%% of the accepted seconds" % ("poisoner" if hostile == "scaled" else "shirker",
+                                                                   100 * rows[name]["poisoner_share"])
                  if hostile else ""), flush=True)
     on, off = rows["honest, checks on"], rows["honest, checks off"]
     bad, badoff = rows["1 poisoning of 3, checks on"], rows["1 poisoning of 3, checks off"]
+    von, shirk, shirkoff = rows["honest, " + spot], rows["1 shirker of 3, " + spot], rows["1 shirker of 3, spot checks off"]
     summary = {
+        "verify_rate": args.verify_rate,
+        "round_time_spot_checks_on_over_off": round(von["round_s"] / on["round_s"], 3),
+        "replay_s_per_check": von["replay_s_per_check"],
+        "spot_checks_honest": von["checks"],
+        "shirker_caught": shirk["caught"],
+        "shirker_share_spot_checks_on": shirk["poisoner_share"],
+        "shirker_share_spot_checks_off": shirkoff["poisoner_share"],
+        "shirker_minus_honest_points": round(100 * (shirk["test_accuracy"] - von["test_accuracy"]), 2),
         "check_share_of_round": round(on["check_s_per_round"] / on["round_s"], 4),
         "round_time_checks_on_over_off": round(on["round_s"] / off["round_s"], 3),
         "holder_cores_max": max(r["holder_cores"] or 0 for r in rows.values()),
@@ -156,6 +184,13 @@ def main():
           "accuracy %.4f" % (summary["poisoned_minus_honest_points"], summary["poisoned_checks_off_accuracy"]))
     print("share of the paid seconds to the poisoning worker: %.1f%% checks on (goal 0), %.1f%% checks off"
           % (100 * summary["poisoner_share_checks_on"], 100 * summary["poisoner_share_checks_off"]))
+    print("spot checks at %g: round time %.3fx of checks alone; %d checks of the honest run, %.2f s of replay each, "
+          "on the holder's core" % (args.verify_rate, summary["round_time_spot_checks_on_over_off"],
+                                    summary["spot_checks_honest"], summary["replay_s_per_check"] or 0))
+    print("1 shirker of 3 (a third of its update): %s; its share of the paid seconds %.1f%% with spot checks, "
+          "%.1f%% without" % ("caught" if summary["shirker_caught"] else "NOT caught",
+                              100 * summary["shirker_share_spot_checks_on"],
+                              100 * summary["shirker_share_spot_checks_off"]))
     os.makedirs(args.out, exist_ok=True)
     doc = {"machines": "holder pinned to CPU 0 (1 core), 3 workers pinned together to CPU 1 (1/3 core each), "
                        "processes on loopback", "model": args.model, "epochs": args.epochs,
@@ -167,11 +202,13 @@ def main():
         f.write("# Held DiLoCo: the holder's checks (`make bench-held`)\n\n")
         f.write("%s; train.py --model %s, %d epochs of %d steps a worker, sync every %d, int8.\n\n"
                 % (doc["machines"], args.model, args.epochs, args.steps, args.sync_every))
-        f.write("| setting | test accuracy | rounds | round (s) | checks a round (s) | holder cores | poisoner's share |\n")
-        f.write("|---|---|---|---|---|---|---|\n")
+        f.write("| setting | test accuracy | rounds | round (s) | checks a round (s) | holder cores | spot checks "
+                "(replay s each) | hostile worker's share |\n")
+        f.write("|---|---|---|---|---|---|---|---|\n")
         for name, r in rows.items():
-            f.write("| %s | %.4f | %d | %.3f | %.4f | %.2f | %s |\n" % (
+            f.write("| %s | %.4f | %d | %.3f | %.4f | %.2f | %s | %s |\n" % (
                 name, r["test_accuracy"], r["rounds"], r["round_s"], r["check_s_per_round"], r["holder_cores"] or 0,
+                "%d (%.2f)" % (r["checks"], r["replay_s_per_check"]) if r["checks"] else "",
                 "" if r["poisoner_share"] is None else "%.1f%%" % (100 * r["poisoner_share"])))
         f.write("\nround time checks on/off %.3fx (goal <= 1.05x; the checks' own time, %.1f%% of a round, runs on "
                 "the holder's core while the workers train); holder %.2f cores "
@@ -181,6 +218,14 @@ def main():
                    summary["holder_cores_max"], summary["poisoned_minus_honest_points"],
                    summary["poisoned_checks_off_accuracy"], 100 * summary["poisoner_share_checks_on"],
                    100 * summary["poisoner_share_checks_off"]))
+        f.write("\nSpot checks at rate %g: round time %.3fx of the checks alone (the replay runs on the holder's core "
+                "beside them), %d checks in the honest run at %.2f s of replay each; one shirker of 3 (a third of its "
+                "update: the work of fewer steps than it says, which the checks accept) was %s, and its share of the "
+                "paid seconds was %.1f%% with spot checks, %.1f%% without (%+.2f points of accuracy against honest).\n"
+                % (args.verify_rate, summary["round_time_spot_checks_on_over_off"], summary["spot_checks_honest"],
+                   summary["replay_s_per_check"] or 0, "caught" if summary["shirker_caught"] else "not caught",
+                   100 * summary["shirker_share_spot_checks_on"], 100 * summary["shirker_share_spot_checks_off"],
+                   summary["shirker_minus_honest_points"]))
     print("wrote %s" % os.path.join(args.out, "held.md"))
 
 
