@@ -19,6 +19,7 @@ import (
 	"image/png"
 	"io"
 	"net/http"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -541,6 +542,21 @@ out = pathlib.Path(os.environ["DM_OUTPUT_DIR"])
 out.mkdir(parents=True, exist_ok=True)
 (out / "answer.txt").write_text("42 from rank %s\n" % os.environ["DM_RANK"])
 print("hello from the dashboard test", flush=True)
+# Training, as the deepmarket package reports it: steps of a total, the
+# loss and accuracy, an evaluation every 6 steps (the page's curves).
+import json, time
+report = pathlib.Path(os.environ["DM_PROGRESS_FILE"])
+ev = {}
+for step in range(1, 19):
+    time.sleep(0.4)
+    rec = {"units": step, "steps": step, "total": 18, "loss": 2.0 / step, "accuracy": 0.5 + step / 40}
+    if step % 6 == 0:
+        ev = {"eval_loss": 2.2 / step, "eval_accuracy": 0.48 + step / 40, "eval_at": step}
+    rec.update(ev)
+    report.with_name("p.tmp").write_text(json.dumps(rec))
+    report.with_name("p.tmp").replace(report)
+    print("step %d" % step, flush=True)
+print("2026-11-27 00:53:30.272382: I tensorflow/core/util/port.cc:153] oneDNN custom operations are on.", flush=True)
 `
 	if err := os.WriteFile(filepath.Join(bundle, "job.py"), []byte(script), 0o644); err != nil {
 		t.Fatal(err)
@@ -601,7 +617,24 @@ max_duration = "5m"
 		t.Fatalf("job %s: %s (%s), bundle %s, want succeeded with bundle %s", id, j.State, j.Reason, j.BundleCID, cid)
 	}
 	jobsTab.waitText(10*time.Second, "#result-cid", j.ResultCID)
+	// Its result and curves: the last evaluation, the loss and accuracy
+	// drawn per worker, against steps and then time; TensorFlow's noise
+	// left out of the log until asked for.
+	jobsTab.waitText(10*time.Second, "#job-accuracy", "accuracy 0.9300")
+	jobsTab.waitText(time.Second, "#job-progress", "Ended")
+	jobsTab.wait(5*time.Second, "the curves", `document.querySelectorAll("#job-curves svg polyline").length === 2 && document.querySelectorAll("#job-curves svg circle").length >= 6`)
+	if s := j.Summary; s == nil || math.Abs(s.Accuracy-0.93) > 1e-9 || !s.Evaluated || s.Duration <= 0 || s.Ended.IsZero() {
+		t.Errorf("the job's summary: %+v", s)
+	}
+	if !strings.Contains(js[string](jobsTab, textOf("#job-logs")), "step 18") || strings.Contains(js[string](jobsTab, textOf("#job-logs")), "oneDNN") {
+		t.Errorf("the log, TensorFlow's noise left out: %q", js[string](jobsTab, textOf("#job-logs")))
+	}
+	jobsTab.waitText(time.Second, "#log-hidden", "1 line left out")
+	jobsTab.do("show TensorFlow's messages", chromedp.Click(chromedp.ID("log-verbose"), chromedp.NodeVisible))
+	jobsTab.waitText(time.Second, "#job-logs", "oneDNN")
 	jobsTab.shot("job")
+	jobsTab.do("draw the curves against time", chromedp.Click(chromedp.ID("curves-axis"), chromedp.NodeVisible))
+	jobsTab.waitText(time.Second, "#curves-axis", "Against steps")
 
 	// The download link gives the chief's output.
 	b64 := js[string](jobsTab, `fetch(document.querySelector("#result-download").href)

@@ -357,11 +357,44 @@ type JobStatus struct {
 	Progress *Progress `cbor:"prog,omitempty" json:"progress,omitempty"`
 }
 
-// Progress is a worker's own count of the work it has done (steps,
-// batches: a number that only grows while it works) and its last loss.
+// Progress is a worker's own count of the work it has done (units:
+// steps, batches, any number that only grows while it works) and its last
+// loss; a training program also says its training steps out of how many
+// it plans (Steps of Total: the job's share done and its ETA), its last
+// training accuracy, and what its last evaluation gave (EvalLoss,
+// EvalAccuracy, at step EvalAt). A figure it does not report is 0.
 type Progress struct {
-	Units uint64  `cbor:"units" json:"units"`
-	Loss  float64 `cbor:"loss,omitempty" json:"loss,omitempty"`
+	Units        uint64  `cbor:"units" json:"units"`
+	Loss         float64 `cbor:"loss,omitempty" json:"loss,omitempty"`
+	Steps        uint64  `cbor:"steps,omitempty" json:"steps,omitempty"`
+	Total        uint64  `cbor:"total,omitempty" json:"total,omitempty"`
+	Accuracy     float64 `cbor:"acc,omitempty" json:"accuracy,omitempty"`
+	EvalLoss     float64 `cbor:"eloss,omitempty" json:"eval_loss,omitempty"`
+	EvalAccuracy float64 `cbor:"eacc,omitempty" json:"eval_accuracy,omitempty"`
+	EvalAt       uint64  `cbor:"eat,omitempty" json:"eval_at,omitempty"`
+}
+
+// MaxProgressCount bounds a progress report's counts.
+const MaxProgressCount = 1 << 50
+
+// Validate checks a progress report's figures: finite, accuracies a
+// share, counts within bounds.
+func (p *Progress) Validate() error {
+	for _, l := range []float64{p.Loss, p.EvalLoss} {
+		if !(math.Abs(l) < math.MaxFloat32) { // NaN too
+
+			return rangeErr("progress loss %v", l)
+		}
+	}
+	for _, a := range []float64{p.Accuracy, p.EvalAccuracy} {
+		if !(a >= 0 && a <= 1) {
+			return rangeErr("progress accuracy %v (want 0 to 1)", a)
+		}
+	}
+	if max(p.Units, p.Steps, p.Total, p.EvalAt) > MaxProgressCount {
+		return rangeErr("progress count over %d", uint64(MaxProgressCount))
+	}
+	return nil
 }
 
 // Validate checks a machine's report on worker index of job: a state
@@ -377,8 +410,11 @@ func (s *JobStatus) Validate(job string, index int) error {
 		return rangeErr("reason of %d bytes", len(s.Reason))
 	case s.LogBytes < 0 || s.Started < 0 || s.Ended < 0 || s.SuspendedMs < 0:
 		return rangeErr("negative log size or time")
-	case s.Progress != nil && (math.IsNaN(s.Progress.Loss) || math.IsInf(s.Progress.Loss, 0)):
-		return rangeErr("progress loss %v", s.Progress.Loss)
+	}
+	if s.Progress != nil {
+		if err := s.Progress.Validate(); err != nil {
+			return err
+		}
 	}
 	for _, c := range []string{s.Result, s.Checkpoint} {
 		if c != "" && !cidRE.MatchString(c) {

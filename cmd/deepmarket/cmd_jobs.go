@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,7 +21,7 @@ import (
 )
 
 func newSubmitCmd(c *cli) *cobra.Command {
-	var yes, wait, asJSON bool
+	var yes, wait, asJSON, verbose bool
 	cmd := &cobra.Command{
 		Use:   "submit JOB.toml",
 		Short: "Submit a training job: quote it, confirm, pay into escrow, launch it on lent machines",
@@ -139,11 +140,13 @@ would cost. Nothing is paid while it waits; cancel takes it out.`,
 				}
 				return nil
 			}
-			out := c.out
-			if asJSON {
-				out = io.Discard
+			var out io.WriteCloser = nopCloser{io.Discard}
+			if !asJSON {
+				out = logWriter(c.out, verbose)
 			}
-			if err := followLogs(ctx, cl, j.ID, 0, out); err != nil {
+			err = followLogs(ctx, cl, j.ID, 0, out)
+			out.Close()
+			if err != nil {
 				return err
 			}
 			j, err = cl.Job(ctx, j.ID)
@@ -161,7 +164,8 @@ would cost. Nothing is paid while it waits; cancel takes it out.`,
 		},
 	}
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "submit without asking to confirm the quote")
-	cmd.Flags().BoolVar(&wait, "wait", false, "follow the job's logs until it ends; exit non-zero unless it succeeded")
+	cmd.Flags().BoolVar(&wait, "wait", false, "follow the job's logs until it ends (with its progress); exit non-zero unless it succeeded")
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "with --wait: also print TensorFlow's start-up messages (left out by default)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print {job_id, state, max_price, ...} as JSON")
 	return cmd
 }
@@ -210,6 +214,9 @@ func showQuote(w io.Writer, j *jobs.Job) {
 			fmt.Fprintf(w, "; %s would finish sooner", units.Count(p.Fewest, "worker", "workers"))
 		}
 		fmt.Fprint(w, "\n\n")
+	} else {
+		fmt.Fprintf(w, "expected duration: not predicted (give [training] steps and params in the spec for a prediction); it runs %s at most\n\n",
+			j.Spec.MaxDuration)
 	}
 }
 
@@ -290,10 +297,25 @@ func newJobsCmd(c *cli) *cobra.Command {
 			if j.State == jobs.Waiting && j.Queue != nil && j.Queue.Position > 0 {
 				state = fmt.Sprintf("waiting (#%d)", j.Queue.Position)
 			}
-			rows = append(rows, []string{short(j.ID), j.Spec.Name, state, fmt.Sprint(j.Spec.Workers),
-				units.FormatCredits(j.Cost), j.Created.Local().Format("2006-01-02 15:04"), j.ResultCID})
+			accuracy, took, ended := "-", "-", "-"
+			if s := j.Summary; s != nil {
+				if s.Percent > 0 && !j.State.Terminal() {
+					state += fmt.Sprintf(" %s%%", strconv.FormatFloat(s.Percent, 'f', -1, 64))
+				}
+				if s.Accuracy > 0 {
+					accuracy = fmt.Sprintf("%.4f", s.Accuracy)
+				}
+				if s.Duration > 0 {
+					took = (time.Duration(s.Duration) * time.Second).String()
+				}
+				if !s.Ended.IsZero() {
+					ended = s.Ended.Local().Format("01-02 15:04")
+				}
+			}
+			rows = append(rows, []string{short(j.ID), j.Spec.Name, state, fmt.Sprint(j.Spec.Workers), accuracy, took,
+				units.FormatCredits(j.Cost), j.Created.Local().Format("01-02 15:04"), ended, j.ResultCID})
 		}
-		c.table("JOB\tNAME\tSTATE\tWORKERS\tCOST\tSUBMITTED\tRESULT", rows)
+		c.table("JOB\tNAME\tSTATE\tWORKERS\tACCURACY\tTOOK\tCOST\tSUBMITTED\tENDED\tRESULT", rows)
 		return nil
 	})
 	show := &cobra.Command{
@@ -321,6 +343,7 @@ func newJobsCmd(c *cli) *cobra.Command {
 				fmt.Fprintf(c.out, "\nit would run now for %s credits (its max price: %s)", units.FormatCredits(q.PriceNow), units.FormatCredits(j.Spec.MaxPrice))
 			}
 		}
+		printSummary(c.out, j)
 		fmt.Fprintf(c.out, "\ncommand: %s\nbundle %s, dataset %s\ncost %s credits of at most %s\n", strings.Join(j.Spec.Command, " "),
 			j.BundleCID, orStr(j.DatasetCID, "none"), units.FormatCredits(j.Cost), units.FormatCredits(j.Spec.MaxPrice))
 		if r := j.Current(); r != nil {
@@ -347,6 +370,33 @@ func newJobsCmd(c *cli) *cobra.Command {
 	})
 	cmd.AddCommand(show)
 	return cmd
+}
+
+// printSummary says a job's progress, result and times (jobs.Summary)
+// after its state line.
+func printSummary(w io.Writer, j *jobs.Job) {
+	s := j.Summary
+	if s == nil {
+		return
+	}
+	if s.Total > 0 && !j.State.Terminal() {
+		fmt.Fprintf(w, "\n%s", jobs.ProgressLine(s))
+	} else if s.Accuracy > 0 || s.Loss != 0 {
+		fmt.Fprintf(w, "\nresult: ")
+		if s.Accuracy > 0 {
+			fmt.Fprintf(w, "accuracy %.4f, ", s.Accuracy)
+		}
+		fmt.Fprintf(w, "loss %.4g (%s)", s.Loss, s.From)
+	}
+	switch {
+	case !s.Ended.IsZero() && !s.Started.IsZero():
+		fmt.Fprintf(w, "\nran %s: %s to %s", time.Duration(s.Duration)*time.Second, s.Started.Local().Format("2006-01-02 15:04:05"),
+			s.Ended.Local().Format("15:04:05"))
+	case !s.Ended.IsZero():
+		fmt.Fprintf(w, "\nended %s", s.Ended.Local().Format("2006-01-02 15:04:05"))
+	case !s.Started.IsZero():
+		fmt.Fprintf(w, "\nrunning for %s, since %s", time.Duration(s.Duration)*time.Second, s.Started.Local().Format("2006-01-02 15:04:05"))
+	}
 }
 
 // heldNote is what the holder of a held run says of worker w.
@@ -377,7 +427,7 @@ func orStr(a, b string) string {
 }
 
 func newLogsCmd(c *cli) *cobra.Command {
-	var follow bool
+	var follow, verbose bool
 	cmd := &cobra.Command{
 		Use:   "logs ID",
 		Short: "Print a job's log: what the node did and every worker's output",
@@ -392,8 +442,10 @@ func newLogsCmd(c *cli) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			out := logWriter(c.out, verbose)
+			defer out.Close()
 			if follow {
-				return followLogs(cmd.Context(), cl, args[0], 0, c.out)
+				return followLogs(cmd.Context(), cl, args[0], 0, out)
 			}
 			var off int64
 			for {
@@ -401,7 +453,7 @@ func newLogsCmd(c *cli) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				io.WriteString(c.out, lg.Data)
+				io.WriteString(out, lg.Data)
 				if lg.Data == "" {
 					return nil
 				}
@@ -410,6 +462,7 @@ func newLogsCmd(c *cli) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing until the job ends")
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "also print TensorFlow's start-up messages (left out by default)")
 	return cmd
 }
 

@@ -391,6 +391,13 @@ def hold(args, tf, keras, dmt, model, x_train, y_train, test_ds, rounds, steps, 
     summary = holder.run()
     test_loss, test_acc = model.evaluate(test_ds, verbose=0)
     log("%s test: loss %.4f accuracy %.4f" % (tag, test_loss, test_acc))
+    try:  # the job's result, as the submitter's node shows it
+        steps_done = summary["rounds"] * args.sync_every
+        import_deepmarket("progress").report(summary["rounds"], force=True, steps=steps_done,
+                                             total=rounds * args.sync_every, eval_loss=test_loss,
+                                             eval_accuracy=test_acc, eval_at=steps_done)
+    except ImportError:
+        pass
     model.save(os.path.join(args.out, "model.keras"))
     acc = summary["accounts"]
     log("%s accounts: %s" % (tag, ", ".join("rank %s %d accepted %d refused%s" % (
@@ -676,6 +683,7 @@ def main(argv=None):
         return 0
 
     t_eval = time.time()
+    log("%s evaluating the model on %d test examples..." % (tag, len(x_test)))
     test_loss, test_acc = model.evaluate(test_ds, verbose=0, callbacks=eval_callbacks)
     log("%s test: loss %.4f accuracy %.4f (%.1fs)" % (tag, test_loss, test_acc, time.time() - t_eval))
 

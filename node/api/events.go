@@ -37,6 +37,7 @@ type JobSummary struct {
 	Updated   time.Time       `json:"updated"`
 	Workers   []WorkerSummary `json:"workers"`
 	Queue     *jobs.Queued    `json:"queue,omitempty"`
+	Summary   *jobs.Summary   `json:"summary,omitempty"`
 }
 
 // WorkerSummary is a job's worker in the "jobs" event.
@@ -81,7 +82,7 @@ func (s *Server) eventTopics(r *http.Request) map[string]any {
 			sum := make([]JobSummary, 0, len(l))
 			for _, j := range l {
 				js := JobSummary{ID: j.ID, Name: j.Spec.Name, State: j.State, Reason: j.Reason, Confirmed: j.Confirmed, Cost: j.Cost,
-					Updated: j.Updated, Workers: []WorkerSummary{}, Queue: j.Queue}
+					Updated: j.Updated, Workers: []WorkerSummary{}, Queue: j.Queue, Summary: j.Summary}
 				for _, w := range j.Workers {
 					js.Workers = append(js.Workers, WorkerSummary{Machine: w.Machine, State: w.State, LastSeen: w.LastSeen})
 				}

@@ -92,6 +92,16 @@ type Worker struct {
 	Units      uint64    `json:"units,omitempty"`
 	Loss       float64   `json:"loss,omitempty"`
 	ProgressAt time.Time `json:"progress_at,omitzero"`
+	// Steps of Total, Accuracy and the last evaluation (EvalLoss and
+	// EvalAccuracy at step EvalAt) are what a training program last
+	// reported (p2p.Progress); Curve is its reports over the run.
+	Steps        uint64  `json:"steps,omitempty"`
+	Total        uint64  `json:"total_steps,omitempty"`
+	Accuracy     float64 `json:"accuracy,omitempty"`
+	EvalLoss     float64 `json:"eval_loss,omitempty"`
+	EvalAccuracy float64 `json:"eval_accuracy,omitempty"`
+	EvalAt       uint64  `json:"eval_at,omitempty"`
+	Curve        []Point `json:"curve,omitempty"`
 	// Accepted and Refused count its rounds the model's holder accepted
 	// and refused (a held job); AcceptedSeconds is the time those
 	// accepted took: what its machine is paid for.
@@ -168,6 +178,8 @@ type Job struct {
 	// Queue is the job's place in its submitter's queue while it waits
 	// (and since when it has, while it bids from there).
 	Queue *Queued `json:"queue,omitempty"`
+	// Summary is worked out when the job is read, not stored (Summarize).
+	Summary *Summary `json:"summary,omitempty"`
 }
 
 // Queued is what a job waiting in its submitter's queue shows: since

@@ -17,7 +17,7 @@ import (
 var progressFile = filepath.Join("tmp", "progress.json")
 
 // maxProgressBytes bounds what is read of a worker's progress file.
-const maxProgressBytes = 512
+const maxProgressBytes = 1024
 
 // readProgress is what worker w last reported of its progress, nil when
 // it has not (or wrote something else). The file is the job's: it is
@@ -44,16 +44,28 @@ func (e *Executor) readProgress(w *worker) *p2p.Progress {
 	}
 	var rec struct {
 		Units *uint64 `json:"units"`
-		Loss  float64 `json:"loss"`
+		p2p.Progress
 	}
 	if json.Unmarshal(b, &rec) != nil || rec.Units == nil {
 		return nil
 	}
-	p := &p2p.Progress{Units: *rec.Units, Loss: rec.Loss}
-	if math.IsNaN(p.Loss) || math.IsInf(p.Loss, 0) {
-		p.Loss = 0
+	p := rec.Progress
+	p.Units = *rec.Units
+	// A figure out of bounds is left out, not the report.
+	for _, f := range []*float64{&p.Loss, &p.EvalLoss} {
+		if !(math.Abs(*f) < math.MaxFloat32) {
+			*f = 0
+		}
 	}
-	return p
+	for _, f := range []*float64{&p.Accuracy, &p.EvalAccuracy} {
+		if !(*f >= 0 && *f <= 1) {
+			*f = 0
+		}
+	}
+	if max(p.Units, p.Steps, p.Total, p.EvalAt) > p2p.MaxProgressCount {
+		return nil
+	}
+	return &p
 }
 
 // statusOf is worker w's report to its submitter, with its progress.

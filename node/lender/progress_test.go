@@ -44,11 +44,23 @@ func TestReadProgress(t *testing.T) {
 	if p := e.readProgress(w); p == nil || *p != (p2p.Progress{Units: 42, Loss: 0.31}) {
 		t.Errorf("the package's report: %+v", p)
 	}
+	// A training program's report: steps of total, accuracy, evaluation.
+	write(`{"units": 50, "loss": 0.4, "steps": 45, "total": 900, "accuracy": 0.81, "eval_loss": 0.45, "eval_accuracy": 0.8, "eval_at": 40}`)
+	if p := e.readProgress(w); p == nil || *p != (p2p.Progress{Units: 50, Loss: 0.4, Steps: 45, Total: 900, Accuracy: 0.81,
+		EvalLoss: 0.45, EvalAccuracy: 0.8, EvalAt: 40}) {
+		t.Errorf("a training report: %+v", p)
+	}
+	// A figure out of bounds is left out; the count still counts.
+	write(`{"units": 51, "loss": -1e300, "accuracy": 7, "eval_accuracy": -0.5, "eval_loss": 1e300}`)
+	if p := e.readProgress(w); p == nil || *p != (p2p.Progress{Units: 51}) {
+		t.Errorf("figures out of bounds: %+v", p)
+	}
 	for name, s := range map[string]string{
-		"negative":  `{"units": -1}`,
-		"no units":  `{"loss": 0.5}`,
-		"not JSON":  `units=5`,
-		"too large": `{"units": 1, "pad": "` + strings.Repeat("x", 1<<20) + `"}`,
+		"a count out of bounds": `{"units": 5, "total": 1e18}`,
+		"negative":              `{"units": -1}`,
+		"no units":              `{"loss": 0.5}`,
+		"not JSON":              `units=5`,
+		"too large":             `{"units": 1, "pad": "` + strings.Repeat("x", 1<<20) + `"}`,
 	} {
 		write(s)
 		if p := e.readProgress(w); p != nil {

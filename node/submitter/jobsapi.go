@@ -190,11 +190,13 @@ func (m *Manager) Job(ctx context.Context, id string) (*jobs.Job, error) {
 	return &snapshot, nil
 }
 
-// placeIn fills in a waiting job's position in the queue.
+// placeIn fills in what is worked out when a job is read: a waiting
+// job's position in the queue, and its summary.
 func placeIn(j *jobs.Job, positions map[string]int) {
 	if j.Queue != nil {
 		j.Queue.Position = positions[j.ID]
 	}
+	j.Summary = jobs.Summarize(j, time.Now())
 }
 
 // Jobs lists this node's jobs, newest first.

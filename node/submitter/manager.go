@@ -126,14 +126,28 @@ func copyJob(j *jobs.Job) jobs.Job {
 	c := *j
 	c.Runs = slices.Clone(j.Runs)
 	for i := range c.Runs {
-		c.Runs[i].Workers = slices.Clone(j.Runs[i].Workers)
+		c.Runs[i].Workers = cloneWorkers(j.Runs[i].Workers)
+		if h := j.Runs[i].Holder; h != nil {
+			hc := *h
+			hc.Curve = slices.Clone(h.Curve)
+			c.Runs[i].Holder = &hc
+		}
 	}
-	c.Workers = slices.Clone(j.Workers)
+	c.Workers = cloneWorkers(j.Workers)
 	if j.Queue != nil {
 		q := *j.Queue
 		c.Queue = &q
 	}
 	return c
+}
+
+// cloneWorkers copies ws and their curves (which grow in place).
+func cloneWorkers(ws []jobs.Worker) []jobs.Worker {
+	out := slices.Clone(ws)
+	for i := range out {
+		out[i].Curve = slices.Clone(ws[i].Curve)
+	}
+	return out
 }
 
 // save persists j's current state (under the manager's lock: callers
@@ -145,7 +159,7 @@ func (m *Manager) save(j *jobs.Job, f func()) {
 	}
 	j.Updated = time.Now().UTC()
 	if r := j.Current(); r != nil {
-		j.Workers = slices.Clone(r.Workers)
+		j.Workers = cloneWorkers(r.Workers)
 	}
 	snapshot := copyJob(j)
 	if ch, ok := m.changed[j.ID]; ok {

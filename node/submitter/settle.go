@@ -104,6 +104,6 @@ func (m *Manager) settle(ctx context.Context, j *jobs.Job, k int, lost map[int]b
 		}
 	})
 	if tx != "" {
-		m.logf(j, "settled: paid %s credits to %d machine(s), refunded %s (tx %s)", units.FormatCredits(total), len(pays), units.FormatCredits(run.Escrow-total), tx)
+		m.logf(j, "settled: paid %s credits to %s, refunded %s (tx %s)", units.FormatCredits(total), units.Count(len(pays), "machine", "machines"), units.FormatCredits(run.Escrow-total), tx)
 	}
 }

@@ -22,6 +22,7 @@ func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (jobs.RunEn
 	lastReceipt := time.Time{}
 	lost := map[int]bool{}
 	var failedSince time.Time // the first poll that found a failure
+	var said progressSaid
 	for {
 		select {
 		case <-ctx.Done():
@@ -38,6 +39,7 @@ func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (jobs.RunEn
 			m.move(j, jobs.Running, "")
 		}
 		f := jobs.Survey(sts, run.Workers, lost, now)
+		m.sayProgress(j, &said, now)
 		if run.Held() {
 			hst := m.pollHolder(ctx, j, run, now)
 			lost = f.Lost
@@ -67,6 +69,38 @@ func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (jobs.RunEn
 			return end, true
 		}
 	}
+}
+
+// progressSaid is the progress last written to a job's log.
+type progressSaid struct {
+	at      time.Time
+	percent float64
+	eval    float64
+}
+
+// progressEvery is how often a running job's log says its progress, at
+// most; it also says so at every tenth of the way and every new evaluation.
+const progressEvery = time.Minute
+
+// sayProgress writes the job's progress to its log (what `logs` and
+// `submit --wait` show): steps of the planned total, the share done, the
+// ETA, and the last loss, accuracy and evaluation.
+func (m *Manager) sayProgress(j *jobs.Job, said *progressSaid, now time.Time) {
+	m.mu.Lock()
+	s := jobs.Summarize(j, now)
+	m.mu.Unlock()
+	if s == nil || s.Total == 0 {
+		return
+	}
+	eval := 0.0
+	if s.Evaluated {
+		eval = s.Accuracy + s.Loss
+	}
+	if now.Sub(said.at) < progressEvery && int(s.Percent/10) == int(said.percent/10) && eval == said.eval {
+		return
+	}
+	*said = progressSaid{at: now, percent: s.Percent, eval: eval}
+	m.logf(j, "%s", jobs.ProgressLine(s))
 }
 
 // pollHolder asks the model's holder of a held run how it is, pulls its
@@ -109,6 +143,9 @@ func (m *Manager) pollHolder(ctx context.Context, j *jobs.Job, run *jobs.Run, no
 	m.save(j, func() {
 		run.Holder.State, run.Holder.ExitCode, run.Holder.Reason, run.Holder.LastSeen = st.State, st.ExitCode, st.Reason, now.UTC()
 		run.Holder.LogOffset = h.LogOffset
+		if p := st.Progress; p != nil && st.Validate(run.ID, idx) == nil {
+			recordTraining(run.Holder, p, run.Started, now)
+		}
 		jobs.ApplyAccounts(run, doc.Workers)
 	})
 	return &st
@@ -222,8 +259,18 @@ func recordStatuses(j *jobs.Job, run *jobs.Run, sts []*p2p.JobStatus, now time.T
 				w.ProgressAt = now
 			}
 			w.Units, w.Loss, run.Progress = max(w.Units, p.Units), p.Loss, true
+			recordTraining(w, p, run.Started, now)
 		}
 	}
+}
+
+// recordTraining notes a training program's report in w (its curve).
+func recordTraining(w *jobs.Worker, p *p2p.Progress, started, now time.Time) {
+	steps := p.Steps
+	if steps == 0 && p.Total == 0 {
+		steps = p.Units // a report of units alone: its curve is over them
+	}
+	jobs.Record(w, steps, p.Total, p.Loss, p.Accuracy, p.EvalLoss, p.EvalAccuracy, p.EvalAt, now.Sub(started).Seconds())
 }
 
 func clampTime(t, lo, hi time.Time) time.Time {

@@ -11,8 +11,15 @@ stops growing for the job's `stall_after` stops the run, and each worker is
 paid only up to the last time its count grew. A worker of such a run that
 never reports is paid nothing.
 
+A training program says more, for the people who wait for it: its training
+steps out of the total it plans (`steps`, `total`: the job's share done and
+its ETA in `deepmarket jobs show`, `submit --wait` and the job page), its
+last training accuracy, and its last evaluation (`eval_loss`,
+`eval_accuracy`, at step `eval_at`): the job's result and its curves.
+
 Keras jobs add a callback, which reports every training and evaluation
-batch (at most once a second):
+batch (at most once a second), with the steps of fit's epochs and the
+accuracy and evaluations Keras logs:
 
     import deepmarket.progress as progress
     progress.report(0)   # started: the run's workers are now held to it
@@ -34,9 +41,20 @@ MIN_INTERVAL = 1.0
 _last = {"at": 0.0, "units": -1}
 
 
-def report(units, loss=None, path=None, force=False):
+def _finite(x):
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def report(units, loss=None, path=None, force=False, steps=None, total=None, accuracy=None, eval_loss=None,
+           eval_accuracy=None, eval_at=None):
     """Records that `units` of work are done (a count that only grows) and
-    the last loss. Returns whether the file was written."""
+    the last loss; a training program adds its training steps of the
+    total it plans, its last accuracy and its last evaluation's loss and
+    accuracy (at step eval_at). Returns whether the file was written."""
     path = path or os.environ.get(ENV)
     if not path:
         return False
@@ -47,8 +65,13 @@ def report(units, loss=None, path=None, force=False):
     if not force and units > 0 and now - _last["at"] < MIN_INTERVAL:
         return False
     rec = {"units": units}
-    if loss is not None and math.isfinite(float(loss)):
-        rec["loss"] = float(loss)
+    for key, v in (("loss", loss), ("accuracy", accuracy), ("eval_loss", eval_loss), ("eval_accuracy", eval_accuracy)):
+        v = _finite(v) if v is not None else None
+        if v is not None:
+            rec[key] = v
+    for key, v in (("steps", steps), ("total", total), ("eval_at", eval_at)):
+        if v is not None and int(v) >= 0:
+            rec[key] = int(v)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(rec, f)
@@ -66,26 +89,62 @@ def keras_callback(keras):
             super().__init__()
             self.units = 0
             self.loss = None
+            self.accuracy = None
+            self.steps = 0          # training steps, the epochs before this fit's first counted
+            self.total = None       # fit's epochs x steps per epoch
+            self.per_epoch = None
+            self.evaluation = {}    # the last evaluation: eval_loss, eval_accuracy, eval_at
 
-        def _tick(self, logs):
-            self.units += 1
-            if logs and "loss" in logs:
-                try:
-                    self.loss = float(logs["loss"])
-                except (TypeError, ValueError):
-                    pass
-            report(self.units, self.loss)
+        def _report(self, force=False):
+            report(self.units, self.loss, force=force, steps=self.steps if self.total else None, total=self.total,
+                   accuracy=self.accuracy, **self.evaluation)
+
+        def on_train_begin(self, logs=None):
+            # Read now: evaluate() inside fit gives the callback its own params.
+            p = self.params or {}
+            if p.get("steps") and p.get("epochs"):
+                self.per_epoch, self.total = int(p["steps"]), int(p["steps"]) * int(p["epochs"])
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if self.per_epoch:
+                self.steps = max(self.steps, epoch * self.per_epoch)  # a resumed fit starts past 0
 
         def on_train_batch_end(self, batch, logs=None):
-            self._tick(logs)
+            self.units += 1
+            self.steps += 1
+            if logs:
+                self.loss = _finite(logs.get("loss")) if "loss" in logs else self.loss
+                acc = _accuracy(logs)
+                self.accuracy = acc if acc is not None else self.accuracy
+            self._report()
 
         def on_test_batch_end(self, batch, logs=None):
-            self._tick(None)
+            self.units += 1
+            self._report()
 
         def on_train_end(self, logs=None):
-            report(self.units, self.loss, force=True)
+            self._report(force=True)
 
         def on_test_end(self, logs=None):
-            report(self.units, self.loss, force=True)
+            if logs:
+                ev = {"eval_at": self.steps}
+                loss, acc = _finite(logs.get("loss")), _accuracy(logs)
+                if loss is not None and loss >= 0:
+                    ev["eval_loss"] = loss
+                if acc is not None:
+                    ev["eval_accuracy"] = acc
+                if len(ev) > 1:
+                    self.evaluation = ev
+            self._report(force=True)
 
     return Progress()
+
+
+def _accuracy(logs):
+    """The accuracy Keras logged, under whichever name the metric got."""
+    for key in ("accuracy", "acc", "sparse_categorical_accuracy", "categorical_accuracy", "binary_accuracy"):
+        if key in logs:
+            v = _finite(logs[key])
+            if v is not None and 0 <= v <= 1:
+                return v
+    return None

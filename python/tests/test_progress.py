@@ -60,6 +60,26 @@ class ProgressTest(unittest.TestCase):
             cb.on_test_end()
         self.assertEqual(self.read(), {"units": 4, "loss": -0.5})
 
+    def test_keras_callback_reports_steps_accuracy_and_evaluations(self):
+        with mock.patch.dict(os.environ, {progress.ENV: self.path}):
+            cb = progress.keras_callback(FakeKeras)
+            cb.params = {"epochs": 3, "steps": 10}
+            cb.on_train_begin()
+            cb.on_epoch_begin(1)  # a fit resumed at its second epoch
+            cb.on_train_batch_end(0, {"loss": 0.9, "accuracy": 0.7})
+            cb.params = {"epochs": 1, "steps": 5}  # evaluate() inside fit gives its own
+            cb.on_test_batch_end(0)
+            cb.on_test_end({"loss": 0.8, "accuracy": 0.75})
+            cb.on_train_batch_end(1, {"loss": 0.85, "sparse_categorical_accuracy": 0.72})
+            cb.on_train_end()
+        self.assertEqual(self.read(), {"units": 3, "loss": 0.85, "accuracy": 0.72, "steps": 12, "total": 30,
+                                       "eval_loss": 0.8, "eval_accuracy": 0.75, "eval_at": 11})
+
+    def test_figures_out_of_bounds_are_left_out(self):
+        progress.report(4, 0.5, path=self.path, force=True, accuracy=float("inf"), eval_loss=float("nan"),
+                        steps=-2, total=10)
+        self.assertEqual(self.read(), {"units": 4, "loss": 0.5, "total": 10})
+
 
 if __name__ == "__main__":
     unittest.main()

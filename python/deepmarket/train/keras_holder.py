@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from .. import progress
 from . import env as envmod
 from .holder import Holder
 from .keras_callback import _flatten, _keras, _unflatten, load_optimizer_state
@@ -107,6 +108,9 @@ class KerasHolder:
         self._log("holding the model for %d workers: %d rounds of %d steps, checks %s"
                   % (self.peers.workers, self.rounds, self.holder.H, "on" if self.holder.checks else "off"))
         stopping = False
+        H = self.holder.H
+        evaluation = {}
+        progress.report(0, force=True, steps=0, total=self.rounds * H)
         while True:
             t = time.monotonic()
             res = self.holder.next_round()
@@ -115,6 +119,8 @@ class KerasHolder:
                 break
             self.round_seconds.append(time.monotonic() - t)
             self._write_accounts()
+            # A worker's steps so far and in all: the job's share done.
+            progress.report(res.round, steps=res.round * H, total=self.rounds * H, **evaluation)
             if res.stop or res.round >= self.rounds:
                 break
             if self.evaluate and not stopping and (res.round % self.eval_every == 0):
@@ -123,6 +129,8 @@ class KerasHolder:
                 at = time.monotonic() - t0
                 self.history.append([round(at, 3), res.round, round(float(acc), 4)])
                 self._log("round %d: test accuracy %.4f (loss %.4f)" % (res.round, acc, loss))
+                evaluation = {"eval_loss": loss, "eval_accuracy": acc, "eval_at": res.round * H}
+                progress.report(res.round, force=True, steps=res.round * H, total=self.rounds * H, **evaluation)
                 if self.target is not None and acc >= self.target:
                     self.reached_at = at
                     self._log("reached the target accuracy %.4f at round %d: stopping the workers"

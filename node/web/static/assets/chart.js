@@ -130,3 +130,66 @@ export function lineChart({ title, points, series, fmt, summary, minSpan = 60000
     frame(title, summary, [ax.nodes, lines, labels]),
     legend(series.map((se, j) => [`series-${j}`, se.label])));
 }
+
+// niceRange is an axis over [lo, hi] in round steps (1, 2 or 5 times a
+// power of ten), for values of any size (losses, accuracies, steps).
+function niceRange(lo, hi) {
+  if (!(hi > lo)) hi = lo + (lo === 0 ? 1 : Math.abs(lo) * 0.1);
+  const raw = (hi - lo) / TICKS;
+  const p = Math.pow(10, Math.floor(Math.log10(raw)));
+  let step = 10 * p;
+  for (const m of [1, 2, 5]) {
+    if (raw <= m * p) {
+      step = m * p;
+      break;
+    }
+  }
+  const first = Math.floor(lo / step) * step;
+  const last = Math.ceil(hi / step) * step;
+  return { lo: first, hi: last, step };
+}
+
+function tickLabel(v, step) {
+  const digits = Math.max(0, -Math.floor(Math.log10(step) + 1e-9));
+  return v.toFixed(Math.min(6, digits));
+}
+
+// curveChart draws training curves: one line per series over x (steps or
+// seconds), series [{label, points: [[x, y]], dots (draw each point: an
+// evaluation)}]. fmtX labels the x axis.
+export function curveChart({ title, series, summary, fmtX = String, xLabel = "" }) {
+  const all = series.flatMap((se) => se.points);
+  const xs = niceRange(Math.min(0, ...all.map((p) => p[0])), Math.max(1, ...all.map((p) => p[0])));
+  const ys = niceRange(Math.min(...all.map((p) => p[1])), Math.max(...all.map((p) => p[1])));
+  const labels = [];
+  for (let v = ys.lo; v <= ys.hi + ys.step / 2; v += ys.step) labels.push([v, tickLabel(v, ys.step)]);
+  const left = Math.max(32, 8 + 7 * Math.max(...labels.map(([, t]) => t.length)));
+  const plotW = W - left - PAD.r;
+  const plotH = H - PAD.t - PAD.b;
+  const x = (v) => left + ((v - xs.lo) / (xs.hi - xs.lo)) * plotW;
+  const y = (v) => PAD.t + plotH * (1 - (v - ys.lo) / (ys.hi - ys.lo));
+  const grid = labels.map(([v, text]) => s("g", { class: "grid" },
+    s("line", { x1: left, x2: W - PAD.r, y1: y(v), y2: y(v) }),
+    s("text", { x: left - 6, y: y(v) + 4, "text-anchor": "end" }, text)));
+  const base = s("g", { class: "axis" }, s("line", { x1: left, x2: W - PAD.r, y1: PAD.t + plotH, y2: PAD.t + plotH }));
+  const xt = [];
+  for (let v = xs.lo; v <= xs.hi + xs.step / 2; v += xs.step) {
+    xt.push(s("text", { x: x(v).toFixed(1), y: H - PAD.b + 16, "text-anchor": "middle" }, fmtX(v)));
+  }
+  if (xLabel) xt.push(s("text", { x: W - PAD.r, y: H - 4, "text-anchor": "end" }, xLabel));
+  const lines = series.map((se, j) => {
+    const g = s("g", { class: `series-${j % 6}` });
+    const pts = se.points.map((p) => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`);
+    if (!se.dots && pts.length > 1) g.append(s("polyline", { class: `series-${j % 6}`, points: pts.join(" ") }));
+    se.points.forEach((p, i) => {
+      if (se.dots || i === se.points.length - 1) {
+        g.append(s("circle", { class: `series-${j % 6}`, cx: x(p[0]).toFixed(1), cy: y(p[1]).toFixed(1), r: se.dots ? 4 : 3 },
+          s("title", null, `${se.label}: ${p[1].toFixed(4)} at ${fmtX(p[0])}`)));
+      }
+    });
+    return g;
+  });
+  return h("figure", { class: "chart-figure" },
+    frame(title, summary, [grid, base, xt, lines]),
+    legend(series.map((se, j) => [`series-${j % 6}`, se.label + (se.dots ? " (evaluated)" : "")])));
+}

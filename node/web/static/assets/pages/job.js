@@ -3,13 +3,55 @@
 
 import { api, live } from "../api.js";
 import { h, fill, table, dl } from "../dom.js";
-import { credits, shortPeer, when, ago, size, nsToDuration, joinCommand } from "../format.js";
+import { credits, shortPeer, when, ago, size, nsToDuration, joinCommand, duration } from "../format.js";
+import { curveChart } from "../chart.js";
 import { jobState, workerState, staleWorker } from "./common.js";
 import { quotePanel, waitPanel } from "./jobs.js";
 
 const TERMINAL = ["succeeded", "failed", "cancelled"];
 const LOG_KEEP = 256 * 1024; // characters of log kept on the page
 
+// NOISE matches TensorFlow's start-up lines (the node's jobs.IsNoise),
+// after a worker's tag: hidden unless the reader asks for them.
+const NOISE = new RegExp("^(\\[(w\\d+|h)\\] )?(" + [
+  "\\d{4}-\\d\\d-\\d\\d \\d\\d:\\d\\d:\\d\\d\\.\\d+: [IWE] (tensorflow|external)/",
+  "[IWE]\\d{4} \\d\\d:\\d\\d:\\d+\\.\\d+ +\\d+ \\S+:\\d+\\] ",
+  "WARNING: All log messages before absl::InitializeLog\\(\\) is called are written to STDERR",
+  "(WARNING|INFO):(tensorflow|absl):",
+  "To enable the following instructions: ",
+  "oneDNN custom operations are on",
+  "Could not find cuda drivers",
+].join("|") + ")");
+
+export function quietLog(text) {
+  let hidden = 0;
+  const kept = text.split("\n").filter((l) => {
+    if (NOISE.test(l)) {
+      hidden++;
+      return false;
+    }
+    return true;
+  });
+  return { text: kept.join("\n"), hidden };
+}
+
+// curves: the run's training curves as chart series, over steps or
+// seconds: each worker's (and the holder's) training loss or accuracy,
+// and its evaluations as dots.
+export function curves(run, key, evalKey, overTime) {
+  const who = (run.workers || []).map((w, i) => [`worker ${i}`, w]);
+  if (run.holder) who.push(["holder", run.holder]);
+  const out = [];
+  for (const [name, w] of who) {
+    const pts = (w.curve || []).filter((p) => p[key] !== undefined);
+    const evs = (w.curve || []).filter((p) => p[evalKey] !== undefined);
+    const at = (p) => (overTime ? p.t : p.step);
+    if (pts.length) out.push({ label: `${name} training`, points: pts.map((p) => [at(p), p[key]]) });
+    // An evaluation is drawn at the step it was made at (when it was reported, over time).
+    if (evs.length) out.push({ label: name, points: evs.map((p) => [overTime ? p.t : p.eval_at || p.step, p[evalKey]]), dots: true });
+  }
+  return out;
+}
 // costSoFar: what settled runs cost, plus the current run's workers at
 // their hourly price for the time they ran (what the node will pay).
 export function costSoFar(j, now = Date.now()) {
@@ -35,6 +77,10 @@ export function render(main, { params, navigate }) {
   const id = params[0];
   const head = h("div", { id: "job-head" }, h("h1", null, "Job"), h("p", { class: "muted" }, "…"));
   const summary = h("div", { id: "job-summary" });
+  const progress = h("div", { id: "job-progress" });
+  const charts = h("div", { id: "job-curves" });
+  let overTime = false;
+  let verbose = false;
   const workers = h("div", { id: "job-workers" });
   const result = h("div", { id: "job-result" });
   const actions = h("div", { id: "job-actions" });
@@ -44,6 +90,7 @@ export function render(main, { params, navigate }) {
     h("div", { class: "cols" },
       h("section", { "aria-labelledby": "js-h" }, h("h2", { id: "js-h" }, "Summary"), summary),
       h("section", { "aria-labelledby": "jr-h" }, h("h2", { id: "jr-h" }, "Result"), result)),
+    h("section", { "aria-labelledby": "jp-h" }, h("h2", { id: "jp-h" }, "Training"), progress, charts),
     h("section", { "aria-labelledby": "jw-h" }, h("h2", { id: "jw-h" }, "Workers"), workers),
     h("section", { "aria-labelledby": "jl-h" }, h("h2", { id: "jl-h" }, "Log"), logs));
 
@@ -67,13 +114,15 @@ export function render(main, { params, navigate }) {
       ["Bundle", h("span", { class: "mono small" }, j.bundle_cid || j.spec.bundle)],
       j.dataset_cid || j.spec.dataset ? ["Dataset", h("span", { class: "mono small" }, j.dataset_cid || j.spec.dataset)] : null,
       run.per_hour ? ["Price per hour", `${credits(run.per_hour)} credits`] : null,
-      run.escrow ? ["In escrow", `${credits(run.escrow)} credits`] : null,
+      run.escrow && !run.settled ? ["In escrow", `${credits(run.escrow)} credits`] : null,
+      run.escrow && run.settled ? ["Refunded", `${credits(run.escrow - (run.paid || 0))} credits of the ${credits(run.escrow)} in escrow`] : null,
       ["Cost so far", h("span", { id: "job-cost" }, `${credits(costSoFar(j))} credits`)],
       (j.runs || []).length > 1 ? ["Runs", `${j.runs.length} (re-placed after a lost worker)`] : null,
       j.state === "waiting" && j.queue ? ["In the queue", h("span", { id: "job-queue" },
         `#${j.queue.position || "?"} since ${when(j.queue.since)}, ${j.queue.bids} bids so far` +
         (j.queue.price_now ? `; it would run now for ${credits(j.queue.price_now)} credits` : ""))] : null,
     ]));
+    drawTraining(j, run);
     const ws = j.workers || [];
     const held = !!((j.runs || [])[(j.runs || []).length - 1] || {}).holder;
     fill(workers, table({
@@ -101,6 +150,45 @@ export function render(main, { params, navigate }) {
       fill(result, h("p", { class: "muted" }, TERMINAL.includes(j.state) ? "This job left no result." : "The chief's output appears here when the job succeeds."));
     }
     drawActions();
+  }
+
+  function drawTraining(j, run) {
+    const sm = j.summary || {};
+    const rows = [];
+    if (sm.total_steps && !TERMINAL.includes(j.state)) {
+      rows.push(["Progress", h("div", { id: "job-progress-text" },
+        h("div", { class: "progress-bar", role: "progressbar", "aria-valuemin": "0", "aria-valuemax": "100", "aria-valuenow": String(sm.percent || 0) },
+          h("span", { style: `width: ${Math.min(100, sm.percent || 0)}%` })),
+        `${sm.percent || 0}% (${sm.steps} of ${sm.total_steps} steps)` + (sm.eta_s ? `, about ${duration(sm.eta_s)} left` : ""))]);
+    }
+    if (sm.accuracy || sm.loss) {
+      rows.push([TERMINAL.includes(j.state) ? "Result" : "Latest", h("span", { id: "job-accuracy" },
+        (sm.accuracy ? `accuracy ${sm.accuracy.toFixed(4)}, ` : "") + `loss ${Number(sm.loss).toPrecision(4)} (${sm.from})`)]);
+    }
+    if (sm.started) rows.push(["Started", when(sm.started)]);
+    if (sm.ended) rows.push(["Ended", `${when(sm.ended)} (ran ${duration(sm.duration_s || 0)})`]);
+    else if (sm.duration_s) rows.push(["Running for", duration(sm.duration_s)]);
+    fill(progress, rows.length ? dl(rows) : h("p", { class: "muted" }, "Progress, accuracy and curves appear here once the workers report them (the deepmarket package's progress callback)."));
+    const loss = curves(run, "loss", "eval_loss", overTime);
+    const acc = curves(run, "acc", "eval_acc", overTime);
+    if (!loss.length && !acc.length) {
+      charts.replaceChildren();
+      return;
+    }
+    const fmtX = overTime ? (v) => duration(v) : (v) => String(Math.round(v));
+    const toggle = h("button", { type: "button", id: "curves-axis", class: "small" }, overTime ? "Against steps" : "Against time");
+    toggle.addEventListener("click", () => {
+      overTime = !overTime;
+      drawTraining(job, (job.runs || [])[job.runs.length - 1] || {});
+    });
+    const last = (se) => se.points[se.points.length - 1][1].toFixed(4);
+    fill(charts, h("div", { class: "actions" }, toggle),
+      loss.length ? h("h3", null, "Loss") : null,
+      loss.length ? curveChart({ title: "Loss", series: loss, fmtX, xLabel: overTime ? "time" : "steps",
+        summary: "Loss " + (overTime ? "over time" : "over steps") + ": " + loss.map((se) => `${se.label} ${last(se)}`).join(", ") }) : null,
+      acc.length ? h("h3", null, "Accuracy") : null,
+      acc.length ? curveChart({ title: "Accuracy", series: acc, fmtX, xLabel: overTime ? "time" : "steps",
+        summary: "Accuracy " + (overTime ? "over time" : "over steps") + ": " + acc.map((se) => `${se.label} ${last(se)}`).join(", ") }) : null);
   }
 
   function drawActions() {
@@ -160,7 +248,19 @@ export function render(main, { params, navigate }) {
     draw();
   }
 
-  // Logs, live.
+  // Logs, live; TensorFlow's start-up noise hidden unless asked for.
+  const showAll = h("input", { type: "checkbox", id: "log-verbose" });
+  const hiddenNote = h("span", { class: "muted small", id: "log-hidden" });
+  showAll.addEventListener("change", () => {
+    verbose = showAll.checked;
+    showLog();
+  });
+  logs.before(h("p", { class: "small" }, h("label", null, showAll, " Show TensorFlow's start-up messages "), hiddenNote));
+  function showLog() {
+    const q = verbose ? { text, hidden: 0 } : quietLog(text);
+    logs.textContent = q.text;
+    hiddenNote.textContent = q.hidden ? `(${q.hidden} ${q.hidden === 1 ? "line" : "lines"} left out)` : "";
+  }
   let offset = 0;
   let src = null;
   let text = "";
@@ -173,7 +273,7 @@ export function render(main, { params, navigate }) {
       const atEnd = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 4;
       text += chunk.data;
       if (text.length > LOG_KEEP) text = "…\n" + text.slice(text.length - LOG_KEEP);
-      logs.textContent = text;
+      showLog();
       if (atEnd) logs.scrollTop = logs.scrollHeight;
     });
     src.addEventListener("done", () => src.close());

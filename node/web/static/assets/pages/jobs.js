@@ -3,7 +3,7 @@
 
 import { api, upload, live } from "../api.js";
 import { h, fill, table, dl } from "../dom.js";
-import { credits, size, shortID, shortPeer, ago, when, splitCommand, joinCommand } from "../format.js";
+import { credits, size, shortID, shortPeer, ago, when, splitCommand, joinCommand, duration, nsToDuration } from "../format.js";
 import { field, formError, clearErrors, showError, busy } from "../forms.js";
 import { jobState, isProblemJob, section } from "./common.js";
 
@@ -67,6 +67,9 @@ export function quotePanel(job, handlers) {
       ["Sites", sites.join(", ") || "—"],
       ["Price per hour", h("span", { id: "quote-per-hour" }, `${credits(run.per_hour)} credits`)],
       ["Most it can cost", h("span", { id: "quote-total" }, `${credits(run.quoted_total)} credits`, h("span", { class: "muted small" }, ` (for ${(job.spec.max_duration_ns / 3.6e12).toFixed(2).replace(/\.?0+$/, "")} h at most; your limit is ${credits(job.spec.max_price)})`))],
+      ["Expected duration", h("span", { id: "quote-duration" }, run.predicted
+        ? `${duration(run.predicted.total_s)} to train (${run.predicted.speed_up.toFixed(2)}x one worker's speed)`
+        : `not predicted (give [training] steps and params for a prediction); at most ${nsToDuration(job.spec.max_duration_ns)}`)],
       run.held_until ? ["Machines held until", when(run.held_until)] : null,
     ]),
     h("p", { class: "small muted" }, "Confirming locks your maximum price in escrow on the ledger; what the workers do not use comes back."),
@@ -238,15 +241,21 @@ export function render(main, { navigate }) {
   const stop = live.on("jobs", (jobs) => {
     fill(list, table({
       id: "jobs-table",
-      columns: [{ label: "Job" }, { label: "ID" }, { label: "State" }, { label: "Workers", num: true }, { label: "Cost", num: true }, { label: "Updated" }],
-      rows: jobs.map((j) => [
-        h("a", { href: `/jobs/${j.id}`, "data-nav": "" }, j.name),
-        h("span", { class: "mono small" }, shortID(j.id)),
-        [jobState(j), j.reason && (j.state === "failed" || j.state === "waiting") ? h("div", { class: "small" }, j.reason) : null],
-        String((j.workers || []).length),
-        credits(j.cost),
-        ago(j.updated),
-      ]),
+      columns: [{ label: "Job" }, { label: "ID" }, { label: "State" }, { label: "Workers", num: true }, { label: "Accuracy", num: true }, { label: "Took", num: true }, { label: "Cost", num: true }, { label: "Updated" }],
+      rows: jobs.map((j) => {
+        const sm = j.summary || {};
+        return [
+          h("a", { href: `/jobs/${j.id}`, "data-nav": "" }, j.name),
+          h("span", { class: "mono small" }, shortID(j.id)),
+          [jobState(j), sm.percent && !["succeeded", "failed", "cancelled"].includes(j.state) ? h("span", { class: "small" }, ` ${sm.percent}%`) : null,
+            j.reason && (j.state === "failed" || j.state === "waiting") ? h("div", { class: "small" }, j.reason) : null],
+          String((j.workers || []).length),
+          sm.accuracy ? sm.accuracy.toFixed(4) : "—",
+          sm.duration_s ? duration(sm.duration_s) : "—",
+          credits(j.cost),
+          ago(j.updated),
+        ];
+      }),
       rowAttrs: (i) => ({ class: isProblemJob(jobs[i]) ? "panic" : null }),
       empty: "No jobs submitted from this node yet.",
     }));
