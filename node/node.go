@@ -140,6 +140,7 @@ func (n *Node) Lend() api.LendState {
 	if n.Inventory().TensorFlow != "" {
 		st.Frameworks = append(st.Frameworks, "tensorflow")
 	}
+	st.Checking = n.Inventory().Probing
 	st.NAT = p2p.NATOf(n.host)
 	st.Holds = n.holds.List(now)
 	return st

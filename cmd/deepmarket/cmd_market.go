@@ -65,17 +65,18 @@ func reachability(n p2p.NATStatus) string {
 
 // parsePrices reads --price "core=0.5,mem=0.1,gpu=2" (credits per
 // unit-hour) over the defaults given.
-func parsePrices(s string) (*p2p.Prices, error) {
-	var p p2p.Prices
+// parsePrices reads --price; given names the units it sets.
+func parsePrices(s string) (p *p2p.Prices, given []string, err error) {
+	p = &p2p.Prices{}
 	seen := map[string]bool{}
 	for _, part := range strings.Split(s, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
 		if !ok {
-			return nil, fmt.Errorf("--price %q: want core=CREDITS,mem=CREDITS,gpu=CREDITS (per unit-hour; mem per GiB-hour)", s)
+			return nil, nil, fmt.Errorf("--price %q: want core=CREDITS,mem=CREDITS,gpu=CREDITS (per unit-hour; mem per GiB-hour)", s)
 		}
 		amount, err := units.ParseCredits(v)
 		if err != nil {
-			return nil, fmt.Errorf("--price %s: %v", k, err)
+			return nil, nil, fmt.Errorf("--price %s: %v", k, err)
 		}
 		switch strings.ToLower(k) {
 		case "core", "cores", "cpu":
@@ -85,14 +86,15 @@ func parsePrices(s string) (*p2p.Prices, error) {
 		case "gpu", "gpus":
 			p.GPUHour, k = amount, "gpu"
 		default:
-			return nil, fmt.Errorf("--price: unknown resource %q (want core, mem or gpu)", k)
+			return nil, nil, fmt.Errorf("--price: unknown resource %q (want core, mem or gpu)", k)
 		}
 		if seen[k] {
-			return nil, fmt.Errorf("--price: %s given twice", k)
+			return nil, nil, fmt.Errorf("--price: %s given twice", k)
 		}
 		seen[k] = true
+		given = append(given, k)
 	}
-	return &p, nil
+	return p, given, nil
 }
 
 func newLendCmd(c *cli) *cobra.Command {
@@ -119,6 +121,10 @@ is linked to a member's account (deepmarket ledger link).
 Reserve prices are floors in credits per unit-hour (memory per GiB-hour);
 without --price the [prices] of config.toml apply.
 
+A machine already lending changes only what the flags name: the others
+(cores, memory, GPUs, window, each price, --suspend-above) stay as they are,
+and the reply says which were kept. --window all lends all day again.
+
 The owner comes first with --suspend-above CORES: while the machine's own
 load (its owner's programs, not the jobs' or the node's) is above CORES, the
 jobs here are suspended, unpaid, and nothing is offered; they resume once the
@@ -127,6 +133,7 @@ owner stays ([owner] in config.toml has the timings).`,
 		Example: `  deepmarket lend --cores 4 --mem 8GiB
   deepmarket lend --cores 8 --mem 16G --gpus 1 --window 19:00-07:00 --price core=0.2,mem=0.05,gpu=2
   deepmarket lend --cores 2 --mem 4GiB --suspend-above 0.5   # a desktop: its user first
+  deepmarket lend --price gpu=3                               # the GPU's price only
   deepmarket lend --stop
   deepmarket lend --release 3f2a9c0e11d4b7a6`,
 		Args: noArgs,
@@ -140,30 +147,33 @@ owner stays ([owner] in config.toml has the timings).`,
 			if release != "" && (stop || setting) {
 				return usageError{fmt.Errorf("--release takes no other lend flags")}
 			}
+			// The flags given, checked before asking the node anything.
 			var req api.LendRequest
+			var size uint64
 			if setting {
-				if !f.Changed("cores") || !f.Changed("mem") {
-					return usageError{fmt.Errorf("lending needs both --cores and --mem (e.g. --cores 4 --mem 8GiB)")}
-				}
-				if cores <= 0 {
+				var err error
+				if f.Changed("cores") && cores <= 0 {
 					return usageError{fmt.Errorf("--cores %d: lend at least 1 core", cores)}
 				}
 				if gpus < 0 {
 					return usageError{fmt.Errorf("--gpus %d: cannot be negative", gpus)}
 				}
-				size, err := units.ParseSize(mem)
-				if err != nil {
-					return usageError{fmt.Errorf("--mem: %v", err)}
+				if f.Changed("mem") {
+					if size, err = units.ParseSize(mem); err != nil {
+						return usageError{fmt.Errorf("--mem: %v", err)}
+					}
+					if size == 0 {
+						return usageError{fmt.Errorf("--mem %s: lend more than 0 bytes", mem)}
+					}
 				}
-				if size == 0 {
-					return usageError{fmt.Errorf("--mem %s: lend more than 0 bytes", mem)}
+				if window == "all" {
+					window = ""
 				}
 				if window != "" {
 					if _, err := p2p.ParseWindow(window); err != nil {
 						return usageError{fmt.Errorf("--window: %v", err)}
 					}
 				}
-				req = api.LendRequest{Cores: cores, MemBytes: size, GPUs: gpus, Window: window}
 				if f.Changed("suspend-above") {
 					if suspendAbove < 0 {
 						return usageError{fmt.Errorf("--suspend-above %v: cannot be negative (0: never suspend)", suspendAbove)}
@@ -171,17 +181,36 @@ owner stays ([owner] in config.toml has the timings).`,
 					req.SuspendAbove = &suspendAbove
 				}
 				if price != "" {
-					if req.Price, err = parsePrices(price); err != nil {
+					if req.Price, req.PriceGiven, err = parsePrices(price); err != nil {
 						return usageError{err}
 					}
 				}
+				req.Cores, req.MemBytes, req.GPUs, req.Window = cores, size, gpus, window
+			}
+			partial := setting && (!f.Changed("cores") || !f.Changed("mem"))
+			unknown := func(err error) error { // a partial change needs what is lent now
+				if partial {
+					return usageError{fmt.Errorf("lending needs both --cores and --mem (e.g. --cores 4 --mem 8GiB), "+
+						"unless this machine lends already, which its node could not say: %v", err)}
+				}
+				return err
 			}
 			cl, err := c.client()
 			if err != nil {
-				return err
+				return unknown(err)
 			}
 			ctx, cancel := timeout(cmd.Context())
 			defer cancel()
+			var kept []string
+			if setting {
+				cur, err := cl.Lend(ctx)
+				if err != nil {
+					return unknown(err)
+				}
+				if kept, err = keepLend(&req, cur.Settings, f.Changed); err != nil {
+					return err
+				}
+			}
 			var st api.LendState
 			switch {
 			case stop:
@@ -203,6 +232,9 @@ owner stays ([owner] in config.toml has the timings).`,
 				return c.printJSON(st)
 			}
 			printLendState(c, st, stop)
+			if len(kept) > 0 {
+				fmt.Fprintf(c.out, "Kept as they were: %s.\n", strings.Join(kept, ", "))
+			}
 			return nil
 		},
 	}
@@ -210,13 +242,48 @@ owner stays ([owner] in config.toml has the timings).`,
 	f.IntVar(&cores, "cores", 0, "cores to lend")
 	f.StringVar(&mem, "mem", "", "memory to lend: 8GiB, 8G, 8192MiB ...")
 	f.IntVar(&gpus, "gpus", 0, "GPUs to lend (detected with nvidia-smi)")
-	f.StringVar(&window, "window", "", "daily availability window HH:MM-HH:MM, local time (default: all day)")
+	f.StringVar(&window, "window", "", "daily availability window HH:MM-HH:MM, local time, or all (default: all day; a machine lending already keeps its window)")
 	f.StringVar(&price, "price", "", "reserve prices per unit-hour: core=CREDITS,mem=CREDITS,gpu=CREDITS")
 	f.Float64Var(&suspendAbove, "suspend-above", 0, "suspend the jobs while the owner's own load is above this many cores (0: never; default: [owner] suspend_above)")
 	f.BoolVar(&stop, "stop", false, "stop lending and withdraw the offer")
 	f.StringVar(&release, "release", "", "drop the hold with this ID (one that runs no worker)")
 	f.BoolVar(&asJSON, "json", false, "print as JSON")
 	return cmd
+}
+
+// keepLend fills in what a lend request's flags leave out from what the
+// machine lends now (prev, nil when it lends nothing: then --cores and
+// --mem are needed), and says what it kept.
+func keepLend(req *api.LendRequest, prev *api.LendRequest, changed func(string) bool) ([]string, error) {
+	if prev == nil {
+		if !changed("cores") || !changed("mem") {
+			return nil, usageError{fmt.Errorf("lending needs both --cores and --mem (e.g. --cores 4 --mem 8GiB)")}
+		}
+		return nil, nil
+	}
+	var kept []string
+	keep := func(flag, name string, apply func(), shown bool) {
+		if !changed(flag) {
+			apply()
+			if shown {
+				kept = append(kept, name)
+			}
+		}
+	}
+	keep("cores", "cores", func() { req.Cores = prev.Cores }, true)
+	keep("mem", "memory", func() { req.MemBytes = prev.MemBytes }, true)
+	keep("gpus", "GPUs", func() { req.GPUs = prev.GPUs }, prev.GPUs > 0)
+	keep("window", "window", func() { req.Window = prev.Window }, prev.Window != "")
+	keep("suspend-above", "suspend-above", func() { req.SuspendAbove = prev.SuspendAbove }, prev.SuspendAbove != nil)
+	if !changed("price") {
+		req.Price = prev.Price
+		if prev.Price != nil {
+			kept = append(kept, "prices")
+		}
+	} else if len(req.PriceGiven) < 3 {
+		kept = append(kept, "the prices not given")
+	}
+	return kept, nil
 }
 
 func flagOf(field string) string {
@@ -249,6 +316,14 @@ func printLendState(c *cli, st api.LendState, stopped bool) {
 		return
 	}
 	fmt.Fprintf(c.out, "Lending %d cores, %s memory, %d GPUs, %s\n", s.Cores, units.FormatSize(s.MemBytes), s.GPUs, window)
+	switch {
+	case s.SuspendAbove == nil:
+		fmt.Fprintln(c.out, "Owner first: as config.toml's [owner] suspend_above says")
+	case *s.SuspendAbove == 0:
+		fmt.Fprintln(c.out, "Owner first: never (the jobs run whatever the owner's own load)")
+	default:
+		fmt.Fprintf(c.out, "Owner first: the jobs are suspended while the owner's own load is above %g cores\n", *s.SuspendAbove)
+	}
 	if s.Price != nil {
 		fmt.Fprintf(c.out, "Reserve prices: %s/core-hour, %s/GiB-hour, %s/GPU-hour (credits)\n",
 			units.FormatCredits(s.Price.CoreHour), units.FormatCredits(s.Price.MemGiBHour), units.FormatCredits(s.Price.GPUHour))
@@ -263,14 +338,22 @@ func printLendState(c *cli, st api.LendState, stopped bool) {
 		}
 	case st.OwnerBusy != "":
 		fmt.Fprintf(c.out, "Offer: none now: %s ([owner] policy; its jobs are suspended meanwhile).\n", st.OwnerBusy)
-	default:
+	case !st.Registered:
+		fmt.Fprintln(c.out, "Offer: none: peers refuse the offers of a machine the ledger does not back (see the warning below).")
+	case s.Window != "":
 		fmt.Fprintln(c.out, "Offer: none now (outside the window).")
+	default:
+		fmt.Fprintln(c.out, "Offer: none yet (it is being announced).")
 	}
 	if st.NextChange != nil {
 		fmt.Fprintf(c.out, "Window changes at %s\n", st.NextChange.Local().Format("Mon 15:04"))
 	}
 	if len(st.Frameworks) > 0 {
-		fmt.Fprintf(c.out, "Runs: %s jobs\n", strings.Join(st.Frameworks, " and "))
+		fmt.Fprintf(c.out, "Runs: %s jobs", strings.Join(st.Frameworks, " and "))
+		if st.Checking {
+			fmt.Fprint(c.out, " (checking whether its Python runs TensorFlow: seconds after the node starts)")
+		}
+		fmt.Fprintln(c.out)
 	}
 	fmt.Fprintf(c.out, "Reachable: %s\n", reachability(st.NAT))
 	for _, w := range st.Warnings {

@@ -101,6 +101,10 @@ type LendRequest struct {
 	GPUs     int         `json:"gpus"`
 	Window   string      `json:"window,omitempty"`
 	Price    *p2p.Prices `json:"price,omitempty"` // nil: the configured defaults
+	// PriceGiven, when set, names the units of Price the request sets
+	// (core, mem, gpu); the others keep what is lent now, else the
+	// configured defaults.
+	PriceGiven []string `json:"price_given,omitempty"`
 	// SuspendAbove, when set, is the owner's own CPU load (cores) above
 	// which the jobs here are suspended; 0 never; nil: [owner] suspend_above.
 	SuspendAbove *float64 `json:"suspend_above,omitempty"`
@@ -134,6 +138,9 @@ type LendState struct {
 	// Frameworks are what jobs this machine runs: generic always,
 	// tensorflow when its Python imports TensorFlow.
 	Frameworks []string `json:"frameworks,omitempty"`
+	// Checking says whether TensorFlow runs here is not known yet: the
+	// node's probe of its Python (seconds after start) has not ended.
+	Checking bool `json:"checking_frameworks,omitempty"`
 	// NAT is how peers reach this machine (as in Status): a private one is
 	// reached through a relay and a hole punch.
 	NAT p2p.NATStatus `json:"nat"`

@@ -202,6 +202,9 @@ func (l *Lender) LentGPUs() int {
 
 // Set validates, persists and announces new settings.
 func (l *Lender) Set(ctx context.Context, req api.LendRequest) (api.LendState, error) {
+	if req.Price != nil && len(req.PriceGiven) > 0 {
+		req.Price = l.mergePrice(*req.Price, req.PriceGiven)
+	}
 	s, err := ValidateLend(req, l.p.Inventory(), l.p.Defaults)
 	if err != nil {
 		return api.LendState{}, err
@@ -218,6 +221,29 @@ func (l *Lender) Set(ctx context.Context, req api.LendRequest) (api.LendState, e
 		return api.LendState{}, fmt.Errorf("settings saved, but announcing failed (it will be retried): %w", err)
 	}
 	return l.State(time.Now()), nil
+}
+
+// mergePrice is p for the units given, and for the others what is lent
+// now, else the configured defaults.
+func (l *Lender) mergePrice(p p2p.Prices, given []string) *p2p.Prices {
+	l.mu.Lock()
+	base := l.p.Defaults
+	if l.set != nil {
+		base = l.set.Price
+	}
+	l.mu.Unlock()
+	out := base
+	for _, u := range given {
+		switch u {
+		case "core":
+			out.CoreHour = p.CoreHour
+		case "mem":
+			out.MemGiBHour = p.MemGiBHour
+		case "gpu":
+			out.GPUHour = p.GPUHour
+		}
+	}
+	return &out
 }
 
 // Stop forgets the settings and withdraws the offer at once.
