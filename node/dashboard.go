@@ -338,8 +338,13 @@ func describe(h ledger.HistoryEntry, me string, mine map[string]bool) api.Activi
 			}
 		}
 		if from == me {
-			e.Out, e.Unlocked = paid, h.Amount("refund")
+			// Spent is all the job paid, your own machines' share
+			// included (it comes back as earned): the figures add up.
+			e.Out, e.Unlocked = paid+earned, h.Amount("refund")
 			e.What = fmt.Sprintf("job %s settled: paid its machines, the rest refunded", short(e.Job))
+			if earned > 0 {
+				e.What += " (your own machines earned part of it)"
+			}
 		} else {
 			e.Counterparty = from
 			e.What = fmt.Sprintf("earned by your machine from job %s", short(e.Job))

@@ -29,7 +29,8 @@ func TestDescribeSaysWhatMovedCredits(t *testing.T) {
 		{"grant given from quota", entry(ledger.TypeGrant, map[string]string{"from": me, "to": other, "amount": "100"}), 0, 0, 0, 0, other},
 		{"escrow opened", entry(ledger.TypeOpenEscrow, map[string]string{"from": me, "job": "j1", "amount": "1000"}), 0, 0, 1000, 0, ""},
 		{"my job settled", entry(ledger.TypeSettle, map[string]string{"from": me, "job": "j1", "refund": "900"}, other+"=60", third+"=40"), 0, 100, 0, 900, ""},
-		{"my job on my own machine", entry(ledger.TypeSettle, map[string]string{"from": me, "job": "j1", "refund": "900"}, other+"=60", me+"=40"), 40, 60, 0, 900, ""},
+		// Spent is all the job paid; what its own machine earned comes back as earned.
+		{"my job on my own machine", entry(ledger.TypeSettle, map[string]string{"from": me, "job": "j1", "refund": "900"}, other+"=60", me+"=40"), 40, 100, 0, 900, ""},
 		{"my machines paid", entry(ledger.TypeSettle, map[string]string{"from": other, "job": "j2", "refund": "1"}, third+"=10", "dm1mymachine=30", me+"=20"), 50, 0, 0, 0, other},
 		{"claimed for me", entry(ledger.TypeClaim, map[string]string{"job": "j3", "to": me, "amount": "12"}), 12, 0, 0, 0, ""},
 		{"claimed from me", entry(ledger.TypeClaim, map[string]string{"job": "j3", "to": other, "amount": "12"}), 0, 12, 0, 0, other},

@@ -246,6 +246,10 @@ func (n *Node) PublishBid(ctx context.Context, req api.PublishBidRequest) (api.S
 		return api.SeenBid{}, err
 	}
 	now := time.Now().UTC()
+	// Gossip does not hand a node its own messages: its bids join the log
+	// here, so `bids` lists this node's jobs' too.
+	bid := req.Bid
+	n.bids.Add(&p2p.Received{Signer: n.host.ID(), Type: p2p.TypeBid, Expiry: now.Add(ttl), Payload: &bid}, now)
 	return api.SeenBid{Bid: req.Bid, From: n.host.ID().String(), ReceivedAt: now, ExpiresAt: now.Add(ttl)}, nil
 }
 

@@ -205,6 +205,13 @@ func showQuote(w io.Writer, j *jobs.Job) {
 		}
 		fmt.Fprintf(w, "  worker %d  %-16s %-12s %s credits/h\n", i, name, wk.Site, units.FormatCredits(wk.PerHour))
 	}
+	for _, wk := range r.Workers[1:] {
+		if wk.PerHour != r.Workers[0].PerHour {
+			fmt.Fprintln(w, "  (a worker's price is its machine's marginal cost at the load the workers placed before it leave there,\n"+
+				"  and the lender's reserve price at least: deepmarket prices shows each machine's load)")
+			break
+		}
+	}
 	fmt.Fprintf(w, "price: %s credits an hour; at most %s credits for %s (your max price %s, locked in escrow, the rest refunded)\n\n",
 		units.FormatCredits(r.PerHour), units.FormatCredits(r.Quoted), j.Spec.MaxDuration, units.FormatCredits(j.Spec.MaxPrice))
 	if p := r.Predicted; p != nil {

@@ -97,6 +97,7 @@ func newHistoryCmd(c *cli) *cobra.Command {
 				}
 			}
 			amount := e.Attrs["amount"]
+			sign := historySign(e, who)
 			if e.Type == "settle" {
 				// What the settlement moved for this account: its pay as a
 				// machine, or its refund as the payer.
@@ -116,6 +117,9 @@ func newHistoryCmd(c *cli) *cobra.Command {
 			if amount != "" {
 				v, _ := strconv.ParseUint(amount, 10, 64)
 				amount = units.FormatCredits(v)
+				if v > 0 {
+					amount = sign + amount
+				}
 			}
 			for _, p := range e.Paid { // machine=micro-credits, shown in credits like the column
 				if a, v, ok := strings.Cut(p, "="); ok {
@@ -127,9 +131,34 @@ func newHistoryCmd(c *cli) *cobra.Command {
 			}
 			rows = append(rows, []string{strconv.FormatInt(e.Height, 10), e.Type, amount, strings.Join(detail, " ")})
 		}
-		c.table("HEIGHT\tTYPE\tCREDITS\tDETAILS", rows)
+		c.table("HEIGHT\tTYPE\tCREDITS (+ in, - out)\tDETAILS", rows)
 		return nil
 	})
+}
+
+// historySign is which way a transaction moved credits for account who:
+// "+" in, "-" out, "" neither (a grant its issuer made: minted, not paid).
+func historySign(e ledger.HistoryEntry, who string) string {
+	switch e.Type {
+	case ledger.TypeTransfer:
+		if e.Attrs["from"] == who && e.Attrs["to"] != who {
+			return "-"
+		}
+		if e.Attrs["to"] == who && e.Attrs["from"] != who {
+			return "+"
+		}
+	case ledger.TypeGrant, ledger.TypeClaim:
+		if e.Attrs["to"] == who {
+			return "+"
+		}
+	case ledger.TypeOpenEscrow:
+		if e.Attrs["from"] == who {
+			return "-"
+		}
+	case ledger.TypeSettle, ledger.TypeExpire: // pay to a machine, the rest back to the payer
+		return "+"
+	}
+	return ""
 }
 
 // outcomeUnknown is a send whose outcome the CLI cannot know: the

@@ -436,12 +436,12 @@ func newPeersCmd(c *cli) *cobra.Command {
 }
 
 func newBidsCmd(c *cli) *cobra.Command {
-	cmd := &cobra.Command{Use: "bids", Short: "List job bids seen recently (for debugging)", Args: noArgs}
+	cmd := &cobra.Command{Use: "bids", Short: "List job bids seen recently, this node's own included (for debugging)", Args: noArgs}
 	return showCmd(c, cmd, func(ctx context.Context, cl *api.Client, _ []string) ([]api.SeenBid, error) {
 		return cl.Bids(ctx)
 	}, func(bids []api.SeenBid) error {
 		if len(bids) == 0 {
-			fmt.Fprintln(c.out, "No bids seen.")
+			fmt.Fprintln(c.out, "No bids seen in the last minutes, this node's own included.")
 			return nil
 		}
 		var rows [][]string

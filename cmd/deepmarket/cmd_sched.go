@@ -20,7 +20,9 @@ func newPricesCmd(c *cli) *cobra.Command {
 the machine is idle and rises exponentially as it fills (the marginal-cost model
 of Amir, Awerbuch and Borgstrom); a lender's reserve price is a floor, and a
 machine that may leave costs more for its risk. Prices are in credits per
-unit-hour (memory per GiB-hour).`,
+unit-hour (memory per GiB-hour). So two workers of the same shape cost
+differently on one machine: the second is priced at the load the first
+leaves (the LOAD column).`,
 		Args: noArgs,
 	}
 	return showCmd(c, cmd, func(ctx context.Context, cl *api.Client, _ []string) (api.MarketPrices, error) {
@@ -30,8 +32,8 @@ unit-hour (memory per GiB-hour).`,
 			fmt.Fprintf(c.out, "no machines in view (subset %q): no offers held yet\n", p.Subset)
 			return nil
 		}
-		fmt.Fprintf(c.out, "market (%d machines, subset %s): lowest %s, median %s\n\n", len(p.Machines), p.Subset,
-			unitPrices(p.Lowest), unitPrices(p.Median))
+		fmt.Fprintf(c.out, "market (%d machines, subset %s), credits an hour:\n  lowest: %s\n  median: %s\n\n", len(p.Machines), p.Subset,
+			labelledPrices(p.Lowest), labelledPrices(p.Median))
 		rows := make([][]string, 0, len(p.Machines))
 		for _, m := range p.Machines {
 			state := "available"
@@ -44,6 +46,11 @@ unit-hour (memory per GiB-hour).`,
 		c.table("MACHINE\tSITE\tPEER\tFREE (cores/mem/GPUs)\tLOAD\tPRICE (core/GiB/GPU per hour)\tSTATE", rows)
 		return nil
 	})
+}
+
+// labelledPrices says unit prices with their units.
+func labelledPrices(u scheduler.UnitPrices) string {
+	return fmt.Sprintf("%s a core, %s a GiB of memory, %s a GPU", units.FormatCredits(u.Core), units.FormatCredits(u.MemGiB), units.FormatCredits(u.GPU))
 }
 
 func unitPrices(u scheduler.UnitPrices) string {

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/p2p"
 )
@@ -33,5 +34,26 @@ func TestKeepLend(t *testing.T) {
 	}
 	if _, err := keepLend(&api.LendRequest{}, nil, changed("cores")); err == nil {
 		t.Error("a first lend without --mem: no error")
+	}
+}
+
+// A signed history: what came in, what went out, for whom.
+func TestHistorySign(t *testing.T) {
+	e := func(typ string, attrs map[string]string) ledger.HistoryEntry { return ledger.HistoryEntry{Type: typ, Attrs: attrs} }
+	for _, tt := range []struct {
+		e    ledger.HistoryEntry
+		want string
+	}{
+		{e(ledger.TypeTransfer, map[string]string{"from": "me", "to": "you"}), "-"},
+		{e(ledger.TypeTransfer, map[string]string{"from": "you", "to": "me"}), "+"},
+		{e(ledger.TypeGrant, map[string]string{"from": "me", "to": "you"}), ""},
+		{e(ledger.TypeGrant, map[string]string{"from": "issuer", "to": "me"}), "+"},
+		{e(ledger.TypeOpenEscrow, map[string]string{"from": "me"}), "-"},
+		{e(ledger.TypeSettle, map[string]string{"from": "me"}), "+"},
+		{e(ledger.TypeClaim, map[string]string{"to": "me"}), "+"},
+	} {
+		if got := historySign(tt.e, "me"); got != tt.want {
+			t.Errorf("%s %v: %q, want %q", tt.e.Type, tt.e.Attrs, got, tt.want)
+		}
 	}
 }
