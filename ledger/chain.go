@@ -18,6 +18,7 @@ import (
 	cfg "github.com/cometbft/cometbft/config"
 	cmted "github.com/cometbft/cometbft/crypto/ed25519"
 	cmtlog "github.com/cometbft/cometbft/libs/log"
+	"github.com/cometbft/cometbft/libs/service"
 	nm "github.com/cometbft/cometbft/node"
 	cmtp2p "github.com/cometbft/cometbft/p2p"
 	"github.com/cometbft/cometbft/privval"
@@ -254,12 +255,23 @@ func (a slogAdapter) Error(msg string, kv ...any) {
 			return
 		}
 	}
-	if msg == "Stopped accept routine, as transport is closed" {
+	// Its block-sync reactor stops a pool it stopped already when it
+	// switched to consensus: "Error stopping pool" with "already stopped".
+	if msg == "Stopped accept routine, as transport is closed" || msg == "Error stopping pool" && alreadyStopped(kv) {
 		a.l.Debug(msg, kv...)
 		return
 	}
 	a.l.Error(msg, kv...)
 }
+func alreadyStopped(kv []any) bool {
+	for _, v := range kv {
+		if err, ok := v.(error); ok && errors.Is(err, service.ErrAlreadyStopped) {
+			return true
+		}
+	}
+	return false
+}
+
 func (a slogAdapter) With(kv ...any) cmtlog.Logger {
 	return slogAdapter{a.l.With(kv...)}
 }

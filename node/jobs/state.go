@@ -62,6 +62,10 @@ func CanMove(from, to State) bool {
 // reports one of p2p's worker states.
 const WorkerPlaced p2p.WorkerState = "placed"
 
+// WorkerReleased is a placed worker whose job ended before its machine
+// started it: its hold is released.
+const WorkerReleased p2p.WorkerState = "released"
+
 // Worker is one of a job's workers, as its submitter knows it.
 type Worker struct {
 	Machine  string          `json:"machine"` // peer ID

@@ -213,6 +213,15 @@ func (m *Manager) move(j *jobs.Job, to jobs.State, reason string) bool {
 		if reason != "" || to == jobs.Quoting {
 			j.Reason = reason
 		}
+		if r := j.Current(); r != nil && to.Terminal() {
+			// Workers a machine never started (a declined quote, a job
+			// cancelled before launch) are released, not still placed.
+			for i := range r.Workers {
+				if r.Workers[i].State == jobs.WorkerPlaced {
+					r.Workers[i].State = jobs.WorkerReleased
+				}
+			}
+		}
 	})
 	m.logf(j, "state %s%s", to, map[bool]string{true: ": " + reason, false: ""}[reason != ""])
 	return true

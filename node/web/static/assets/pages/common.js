@@ -44,7 +44,7 @@ export function machineState(m) {
 
 export function workerState(w) {
   const stale = staleWorker(w);
-  const cls = w.state === "failed" || stale ? "panic" : w.state === "running" ? "good" : w.state === "exited" ? "" : "busy";
+  const cls = w.state === "failed" || stale ? "panic" : w.state === "running" ? "good" : w.state === "exited" || w.state === "released" ? "" : "busy";
   return h("span", { class: `badge ${cls}`, dataset: { state: w.state } }, stale ? `${w.state} (not heard from) ⚠` : w.state);
 }
 
