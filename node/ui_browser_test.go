@@ -667,6 +667,11 @@ max_duration = "5m"
 			if dj.State != jobs.Cancelled || dj.Cost != 0 {
 				t.Errorf("the declined job: %s, cost %d", dj.State, dj.Cost)
 			}
+			for _, w := range dj.Workers {
+				if w.State != jobs.WorkerReleased {
+					t.Errorf("a worker of the declined job is %s, not released", w.State)
+				}
+			}
 		}
 	}
 	if declined != 1 {
