@@ -75,6 +75,10 @@ func TestBidsTravel(t *testing.T) {
 		got := bids[0]
 		return got.JobID == bid.JobID && got.Submitter == string(a.Key().Address()) && got.From == a.Host().ID().String() && got.Workers == 2
 	})
+	// Its own node lists it too, once.
+	if bids, err := a.client.Bids(t.Context()); err != nil || len(bids) != 1 || bids[0].JobID != bid.JobID {
+		t.Errorf("the bidder's own bids: %+v (%v)", bids, err)
+	}
 	bad := bid
 	bad.Workers = 0
 	if _, err := a.client.PublishBid(t.Context(), api.PublishBidRequest{Bid: bad}); err == nil {

@@ -72,6 +72,9 @@ type Software struct {
 	Python     string `cbor:"python,omitempty" json:"python,omitempty"`
 	TensorFlow string `cbor:"tf,omitempty" json:"tensorflow,omitempty"`
 	Version    string `cbor:"dm" json:"deepmarket"`
+	// Checking says the machine's node has not finished probing its
+	// Python yet (seconds after it starts): TensorFlow may come.
+	Checking bool `cbor:"chk,omitempty" json:"checking,omitempty"`
 }
 
 // Offer is a machine's announcement of what it lends. It is signed by the

@@ -3,8 +3,8 @@ package jobs
 import (
 	"fmt"
 	"math"
-	"strings"
 	"strconv"
+	"strings"
 	"time"
 )
 

@@ -68,6 +68,7 @@ func (o OfferSource) Build(s LendSettings, now time.Time) p2p.Offer {
 		Price:     s.Price,
 		Window:    s.Window,
 		Addrs:     addrs,
-		Software:  p2p.Software{OS: inv.OS, Arch: inv.Arch, Python: inv.Python, TensorFlow: inv.TensorFlow, Version: o.Version},
+		Software: p2p.Software{OS: inv.OS, Arch: inv.Arch, Python: inv.Python, TensorFlow: inv.TensorFlow, Version: o.Version,
+			Checking: inv.Probing},
 	}
 }

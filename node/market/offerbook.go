@@ -171,7 +171,14 @@ func (l *BidLog) Add(rec *p2p.Received, now time.Time) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.bids = append(l.bids, SeenBid{Bid: *bid, From: rec.Signer, Received: now, Expires: rec.Expiry})
+	seen := SeenBid{Bid: *bid, From: rec.Signer, Received: now, Expires: rec.Expiry}
+	for i := range l.bids { // the same job again (its own node's copy, a re-bid): the latest
+		if b := &l.bids[i]; b.From == seen.From && b.Bid.JobID == seen.Bid.JobID {
+			*b = seen
+			return
+		}
+	}
+	l.bids = append(l.bids, seen)
 	if len(l.bids) > l.max {
 		l.bids = append(l.bids[:0], l.bids[len(l.bids)-l.max:]...)
 	}

@@ -47,9 +47,18 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) (p2p.Quote, []holdRef
 	now := time.Now()
 	idx, v, offers := q.p.Market.Indexed(now, b.Framework)
 	if len(v.Machines) == 0 && b.Framework == "tensorflow" {
-		if _, all, _ := q.p.Market.Indexed(now, ""); len(all.Machines) > 0 {
-			return p2p.Quote{JobID: b.JobID, Resource: "framework", Reason: fmt.Sprintf(
-				"none of the %d machines in view has TensorFlow (their owners can point [inventory] python at a virtualenv with tensorflow)", len(all.Machines))}, nil
+		if _, all, anyOffers := q.p.Market.Indexed(now, ""); len(all.Machines) > 0 {
+			checking := 0
+			for _, o := range anyOffers {
+				if o.Software.Checking {
+					checking++
+				}
+			}
+			why := fmt.Sprintf("none of the %d machines in view has TensorFlow (their owners can point [inventory] python at a virtualenv with tensorflow)", len(all.Machines))
+			if checking > 0 {
+				why = fmt.Sprintf("none of the %d machines in view has TensorFlow yet: %d of them are still checking (their nodes started moments ago); the job bids again when they say", len(all.Machines), checking)
+			}
+			return p2p.Quote{JobID: b.JobID, Resource: "framework", Reason: why}, nil
 		}
 	}
 	job := market.SchedulerJob(b)

@@ -211,3 +211,22 @@ func TestDecideScoreAndPriceNow(t *testing.T) {
 		t.Errorf("priceNow without price refusals = %d", got)
 	}
 }
+
+// A TensorFlow job refused while the only machine's offer did not yet say
+// it runs TensorFlow (its node still probing) bids again as soon as the
+// offer says so, not at the end of its back-off.
+func TestDecideRebidsWhenTensorFlowAppears(t *testing.T) {
+	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	probing := p2p.Offer{Machine: "a", Lent: core(2)}
+	rooms, fp := roomsOf([]p2p.Offer{probing})
+	w := &waiter{id: "tf", since: now, need: shape{workers: 2, per: core(1), tensorflow: true}, next: now.Add(2 * time.Minute), seen: fp}
+	if got := pickBidders([]*waiter{w}, rooms, fp, now, time.Hour, 4); len(got) != 0 {
+		t.Fatalf("no TensorFlow shown: picked %v", got)
+	}
+	probed := probing
+	probed.Software.TensorFlow = "2.20.0"
+	rooms, fp = roomsOf([]p2p.Offer{probed})
+	if got := pickBidders([]*waiter{w}, rooms, fp, now.Add(time.Second), time.Hour, 4); len(got) != 1 || got[0].blind {
+		t.Errorf("TensorFlow shown: picked %v", got)
+	}
+}
