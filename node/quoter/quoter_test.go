@@ -284,3 +284,26 @@ func TestQuotesPredictTrainingTime(t *testing.T) {
 		t.Errorf("no steps or params: %+v", plain)
 	}
 }
+
+// A TensorFlow bid on machines without TensorFlow says why; while their
+// nodes are still checking their Python it says that, not "no TensorFlow".
+func TestTensorFlowBidOnMachinesStillChecking(t *testing.T) {
+	for _, checking := range []bool{false, true} {
+		book := market.NewOfferBook(10, 10)
+		now := time.Now()
+		id := newPeerID(t)
+		book.Apply(&p2p.Received{Signer: id, Seq: 1, Expiry: now.Add(time.Hour), Payload: &p2p.Offer{
+			Machine: id.String(), Owner: "owner", Lent: p2p.Resources{Cores: 2, MemBytes: 2 << 30},
+			Software: p2p.Software{Checking: checking}}}, now)
+		q := New(Params{Self: newPeerID(t), Market: market.New(market.Params{Book: book, Subset: market.SubsetAll}),
+			Holds: &machines{free: map[peer.ID]p2p.Resources{}, down: map[peer.ID]bool{}, held: map[string]peer.ID{}},
+			Quotes: SendFunc(func(context.Context, peer.ID, p2p.Quote) error { return nil }), Logger: slog.New(slog.DiscardHandler)})
+		bid := p2p.Bid{JobID: "tf", Workers: 1, PerWorker: p2p.Resources{Cores: 1, MemBytes: 128 << 20}, MaxPrice: 10_000_000,
+			Duration: 600, Framework: "tensorflow"}
+		quote, _ := q.answerBid(t.Context(), bidWork{bid: bid, bidder: newPeerID(t)})
+		want := map[bool]string{false: "has TensorFlow (their owners", true: "1 of them are still checking"}[checking]
+		if quote.Resource != "framework" || !strings.Contains(quote.Reason, want) {
+			t.Errorf("checking %v: %+v, want a reason with %q", checking, quote, want)
+		}
+	}
+}
