@@ -94,6 +94,12 @@ def keras_callback(keras):
             self.total = None       # fit's epochs x steps per epoch
             self.per_epoch = None
             self.evaluation = {}    # the last evaluation: eval_loss, eval_accuracy, eval_at
+            # A batch's logged loss and accuracy are the epoch's running
+            # means, except across replicas (MultiWorkerMirroredStrategy),
+            # where tf_keras logs figures that are not (loss 1.1 and
+            # accuracy 0.998 for an epoch of 0.55 and 0.81): there the
+            # epochs' figures only.
+            self.batch_figures = True
 
         def _report(self, force=False):
             report(self.units, self.loss, force=force, steps=self.steps if self.total else None, total=self.total,
@@ -104,6 +110,8 @@ def keras_callback(keras):
             p = self.params or {}
             if p.get("steps") and p.get("epochs"):
                 self.per_epoch, self.total = int(p["steps"]), int(p["steps"]) * int(p["epochs"])
+            strategy = getattr(getattr(self, "model", None), "distribute_strategy", None)
+            self.batch_figures = int(getattr(strategy, "num_replicas_in_sync", 1) or 1) <= 1
 
         def on_epoch_begin(self, epoch, logs=None):
             if self.per_epoch:
@@ -112,11 +120,19 @@ def keras_callback(keras):
         def on_train_batch_end(self, batch, logs=None):
             self.units += 1
             self.steps += 1
-            if logs:
-                self.loss = _finite(logs.get("loss")) if "loss" in logs else self.loss
-                acc = _accuracy(logs)
-                self.accuracy = acc if acc is not None else self.accuracy
+            if logs and self.batch_figures:
+                self._figures(logs)
             self._report()
+
+        def _figures(self, logs):
+            self.loss = _finite(logs.get("loss")) if "loss" in logs else self.loss
+            acc = _accuracy(logs)
+            self.accuracy = acc if acc is not None else self.accuracy
+
+        def on_epoch_end(self, epoch, logs=None):
+            if logs:
+                self._figures(logs)
+            self._report(force=True)
 
         def on_test_batch_end(self, batch, logs=None):
             self.units += 1

@@ -75,6 +75,16 @@ class ProgressTest(unittest.TestCase):
         self.assertEqual(self.read(), {"units": 3, "loss": 0.85, "accuracy": 0.72, "steps": 12, "total": 30,
                                        "eval_loss": 0.8, "eval_accuracy": 0.75, "eval_at": 11})
 
+    def test_across_replicas_the_epochs_figures_only(self):
+        with mock.patch.dict(os.environ, {progress.ENV: self.path}):
+            cb = progress.keras_callback(FakeKeras)
+            cb.model = types.SimpleNamespace(distribute_strategy=types.SimpleNamespace(num_replicas_in_sync=2))
+            cb.params = {"epochs": 1, "steps": 2}
+            cb.on_train_begin()
+            cb.on_train_batch_end(0, {"loss": 1.1, "accuracy": 0.998})  # what tf_keras logs there
+            cb.on_epoch_end(0, {"loss": 0.55, "accuracy": 0.81})
+        self.assertEqual(self.read(), {"units": 1, "loss": 0.55, "accuracy": 0.81, "steps": 1, "total": 2})
+
     def test_figures_out_of_bounds_are_left_out(self):
         progress.report(4, 0.5, path=self.path, force=True, accuracy=float("inf"), eval_loss=float("nan"),
                         steps=-2, total=10)
