@@ -1,6 +1,7 @@
 package lender
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -487,5 +488,12 @@ func (w *worker) readLog(off int64) p2p.Logs {
 	if jl == nil {
 		return p2p.Logs{Next: off}
 	}
-	return jl.Read(off)
+	lg := jl.Read(off)
+	// Paths under the worker's dir exist only here: its submitter reads
+	// them relative to it ("out/model.keras", the job's result). Next
+	// stays the log's own offset.
+	if w.dir != "" {
+		lg.Data = bytes.ReplaceAll(lg.Data, []byte(w.dir+"/"), nil)
+	}
+	return lg
 }

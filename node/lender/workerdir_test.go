@@ -302,3 +302,22 @@ func TestSweepRemovesOldLogs(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkerLogSaysPathsRelativeToTheWorker: a worker's output names paths
+// in its dir, which exist only on this machine; its submitter reads them
+// relative to the worker's dir, and the offsets stay the log's own.
+func TestWorkerLogSaysPathsRelativeToTheWorker(t *testing.T) {
+	e := testExecutor(t)
+	l, err := openWorkerLog(e.logs, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	w := &worker{dir: "/var/tmp/deepmarket-jobs/x1/job-0", log: l}
+	line := "wrote /var/tmp/deepmarket-jobs/x1/job-0/out/model.keras and /etc/hostname\n"
+	l.Write([]byte(line))
+	got := w.readLog(0)
+	if string(got.Data) != "wrote out/model.keras and /etc/hostname\n" || got.Next != int64(len(line)) {
+		t.Errorf("read %q, next %d", got.Data, got.Next)
+	}
+}
