@@ -15,7 +15,9 @@ func TestKeepLend(t *testing.T) {
 	half := 0.5
 	prev := &api.LendRequest{Cores: 4, MemBytes: 8 << 30, GPUs: 1, Window: "19:00-07:00",
 		Price: &p2p.Prices{CoreHour: 1, MemGiBHour: 2, GPUHour: 3}, SuspendAbove: &half}
-	changed := func(flags ...string) func(string) bool { return func(f string) bool { return slices.Contains(flags, f) } }
+	changed := func(flags ...string) func(string) bool {
+		return func(f string) bool { return slices.Contains(flags, f) }
+	}
 
 	req := api.LendRequest{Price: &p2p.Prices{GPUHour: 9}, PriceGiven: []string{"gpu"}}
 	kept, err := keepLend(&req, prev, changed("price"))
@@ -39,7 +41,9 @@ func TestKeepLend(t *testing.T) {
 
 // A signed history: what came in, what went out, for whom.
 func TestHistorySign(t *testing.T) {
-	e := func(typ string, attrs map[string]string) ledger.HistoryEntry { return ledger.HistoryEntry{Type: typ, Attrs: attrs} }
+	e := func(typ string, attrs map[string]string) ledger.HistoryEntry {
+		return ledger.HistoryEntry{Type: typ, Attrs: attrs}
+	}
 	for _, tt := range []struct {
 		e    ledger.HistoryEntry
 		want string

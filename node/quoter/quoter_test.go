@@ -296,7 +296,7 @@ func TestTensorFlowBidOnMachinesStillChecking(t *testing.T) {
 			Machine: id.String(), Owner: "owner", Lent: p2p.Resources{Cores: 2, MemBytes: 2 << 30},
 			Software: p2p.Software{Checking: checking}}}, now)
 		q := New(Params{Self: newPeerID(t), Market: market.New(market.Params{Book: book, Subset: market.SubsetAll}),
-			Holds: &machines{free: map[peer.ID]p2p.Resources{}, down: map[peer.ID]bool{}, held: map[string]peer.ID{}},
+			Holds:  &machines{free: map[peer.ID]p2p.Resources{}, down: map[peer.ID]bool{}, held: map[string]peer.ID{}},
 			Quotes: SendFunc(func(context.Context, peer.ID, p2p.Quote) error { return nil }), Logger: slog.New(slog.DiscardHandler)})
 		bid := p2p.Bid{JobID: "tf", Workers: 1, PerWorker: p2p.Resources{Cores: 1, MemBytes: 128 << 20}, MaxPrice: 10_000_000,
 			Duration: 600, Framework: "tensorflow"}
