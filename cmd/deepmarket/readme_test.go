@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -102,6 +103,52 @@ func TestReadmeQuickStart(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(result, "model.keras")); err != nil {
 		t.Errorf("no trained model: %v", err)
 	}
+
+	// The tour of the CLI, against the quick start's node: every line that
+	// reads (or adds the packaged data) runs as written, its optional
+	// [groups] left out; the others need values of a reader's own (an
+	// address, a CID) or change the machine (TestDocsNameRealCommands
+	// checks them against the CLI).
+	ran := 0
+	for _, line := range tourLines(t, filepath.Join(repo, "README.md")) {
+		t.Logf("$ %s", line)
+		runLine(t, dir, env, line)
+		ran++
+	}
+	if ran < 12 {
+		t.Errorf("ran %d of the tour's commands; the README's tour lost its readers", ran)
+	}
+}
+
+// tourRuns are the tour's commands a test can run as written: they read,
+// or add the packaged dataset.
+var tourRuns = map[string]bool{"keys show": true, "status": true, "ui": true, "lend": true, "offers": true, "peers": true,
+	"bids": true, "ledger balance": true, "ledger history": true, "ledger audit": true, "prices": true, "quote": true,
+	"data add": true, "data ls": true}
+
+// tourLines are the README tour's lines of tourRuns, optional [groups]
+// and comments left out; a lend with flags changes the machine, and is
+// left out.
+func tourLines(t *testing.T, readme string) []string {
+	var out []string
+	for _, c := range docCommands(t, readme) {
+		line := strings.TrimSpace(optional.ReplaceAllString(docComment.ReplaceAllString(c.text, ""), ""))
+		words := splitWords(line)
+		if len(words) < 2 || words[0] != "deepmarket" || strings.ContainsAny(line, "$|&;<>") {
+			continue
+		}
+		key := words[1]
+		if (key == "ledger" || key == "data" || key == "keys") && len(words) > 2 {
+			key += " " + words[2]
+		}
+		switch {
+		case !tourRuns[key], key == "lend" && len(words) > 2, slices.ContainsFunc(words[1:], placeholder.MatchString),
+			key == "data add" && !slices.Contains(words, "/usr/share/datasets/fashion-mnist"):
+			continue
+		}
+		out = append(out, strings.Join(words, " "))
+	}
+	return out
 }
 
 // quickStart returns the command lines of the README's quick start block,
