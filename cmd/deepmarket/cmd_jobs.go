@@ -205,13 +205,7 @@ func showQuote(w io.Writer, j *jobs.Job) {
 		}
 		fmt.Fprintf(w, "  worker %d  %-16s %-12s %s credits/h\n", i, name, wk.Site, units.FormatCredits(wk.PerHour))
 	}
-	for _, wk := range r.Workers[1:] {
-		if wk.PerHour != r.Workers[0].PerHour {
-			fmt.Fprintln(w, "  (a worker's price is its machine's marginal cost at the load the workers placed before it leave there,\n"+
-				"  and the lender's reserve price at least: deepmarket prices shows each machine's load)")
-			break
-		}
-	}
+	explainPrices(w, r.Workers, "  ")
 	fmt.Fprintf(w, "price: %s credits an hour; at most %s credits for %s (your max price %s, locked in escrow, the rest refunded)\n\n",
 		units.FormatCredits(r.PerHour), units.FormatCredits(r.Quoted), j.Spec.MaxDuration, units.FormatCredits(j.Spec.MaxPrice))
 	if p := r.Predicted; p != nil {
@@ -259,7 +253,7 @@ func printJobEnd(w io.Writer, j *jobs.Job) {
 	}
 	fmt.Fprintf(w, "\ncost: %s credits\n", units.FormatCredits(j.Cost))
 	if j.ResultCID != "" {
-		fmt.Fprintf(w, "result: %s (deepmarket data get %s -o result)\n", j.ResultCID, j.ResultCID)
+		fmt.Fprintf(w, "result: %s (%s)\n", j.ResultCID, resultHint(j))
 	}
 }
 
@@ -369,14 +363,31 @@ func newJobsCmd(c *cli) *cobra.Command {
 					h.State, map[bool]string{true: ", " + h.Reason}[h.Reason != ""])
 			}
 			c.table("WORKER\tMACHINE\tSITE\tSTATE\tCREDITS/H\tNOTE", rows)
+			explainPrices(c.out, r.Workers, "")
 		}
 		if j.ResultCID != "" {
-			fmt.Fprintf(c.out, "result: %s\n", j.ResultCID)
+			fmt.Fprintf(c.out, "result: %s (%s)\n", j.ResultCID, resultHint(j))
 		}
 		return nil
 	})
 	cmd.AddCommand(show)
 	return cmd
+}
+
+// explainPrices says why workers of one job cost differently, when they do.
+func explainPrices(w io.Writer, ws []jobs.Worker, indent string) {
+	for _, wk := range ws {
+		if wk.PerHour != ws[0].PerHour {
+			fmt.Fprintf(w, "%s(a worker's price is its machine's marginal cost at the load the job's workers placed before it leave,\n"+
+				"%sand the lender's reserve price at least: deepmarket prices shows each machine's load)\n", indent, indent)
+			return
+		}
+	}
+}
+
+// resultHint is where the README puts a job's result: outside its bundle.
+func resultHint(j *jobs.Job) string {
+	return fmt.Sprintf("deepmarket data get %s -o ~/%s-result", j.ResultCID, j.Spec.Name)
 }
 
 // printSummary says a job's progress, result and times (jobs.Summary)

@@ -145,7 +145,7 @@ export function render(main, { params, navigate }) {
       fill(result,
         h("p", null, "Result CID: ", h("code", { id: "result-cid" }, j.result_cid)),
         h("p", null, h("a", { href: `/api/v1/data/${encodeURIComponent(j.result_cid)}/archive`, download: `${j.spec.name}-result.tar.gz`, id: "result-download" }, "Download the result (.tar.gz)")),
-        h("p", { class: "muted small" }, "Or: ", h("code", null, `deepmarket data get ${j.result_cid} -o result`)));
+        h("p", { class: "muted small" }, "Or: ", h("code", null, `deepmarket data get ${j.result_cid} -o ~/${j.spec.name}-result`)));
     } else {
       fill(result, h("p", { class: "muted" }, TERMINAL.includes(j.state) ? "This job left no result." : "The chief's output appears here when the job succeeds."));
     }
