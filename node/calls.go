@@ -6,7 +6,6 @@ package node
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/deepmarket/deepmarket/p2p"
@@ -49,30 +48,19 @@ func (n *Node) machineAddrs(machine string) []string {
 	return nil
 }
 
-// jobCall sends a job request to machine, or hands it to this node's own
-// executor when the machine is this one.
-func (n *Node) jobCall(ctx context.Context, machine string, typ string, req any, replyType string, reply any) error {
+// jobCall sends a job request to machine over the job protocol, or, when
+// the machine is this one, hands it straight to this node's own executor
+// (local: one of its typed handlers, as this node).
+func jobCall[Req, Rep any](n *Node, ctx context.Context, machine, typ string, req Req, replyType string,
+	local func(self peer.ID, req Req) (Rep, error)) (Rep, error) {
+	var reply Rep
 	id, err := peer.Decode(machine)
 	if err != nil {
-		return err
+		return reply, err
 	}
 	if id == n.host.ID() {
-		b, err := p2p.Marshal(req)
-		if err != nil {
-			return err
-		}
-		rt, r, err := n.exec.Handle(ctx, id, &p2p.Envelope{Type: typ, Payload: b})
-		if err != nil {
-			return err
-		}
-		if rt != replyType {
-			return fmt.Errorf("%w %q", p2p.ErrUnknownType, rt)
-		}
-		rb, err := p2p.Marshal(r)
-		if err != nil {
-			return err
-		}
-		return p2p.Unmarshal(rb, reply)
+		return local(id, req)
 	}
-	return n.rpc.Call(ctx, id, p2p.JobProtocol(n.cfg.Node.ChainID), typ, req, replyType, reply)
+	err = n.rpc.Call(ctx, id, p2p.JobProtocol(n.cfg.Node.ChainID), typ, &req, replyType, &reply)
+	return reply, err
 }

@@ -54,8 +54,21 @@ func (w submitterWire) Reserve(ctx context.Context, machine string, r p2p.Reserv
 	return w.n.reserve(ctx, id, w.n.machineAddrs(machine), r)
 }
 
-func (w submitterWire) Call(ctx context.Context, machine, typ string, req any, replyType string, reply any) error {
-	return w.n.jobCall(ctx, machine, typ, req, replyType, reply)
+func (w submitterWire) Launch(ctx context.Context, machine string, l p2p.Launch) (p2p.LaunchReply, error) {
+	return jobCall(w.n, ctx, machine, p2p.TypeLaunch, l, p2p.TypeLaunchReply,
+		func(self peer.ID, l p2p.Launch) (p2p.LaunchReply, error) { return w.n.exec.Launch(ctx, self, l) })
+}
+
+func (w submitterWire) Status(ctx context.Context, machine string, r p2p.StatusReq) (p2p.JobStatus, error) {
+	return jobCall(w.n, ctx, machine, p2p.TypeStatusReq, r, p2p.TypeJobStatus, w.n.exec.Status)
+}
+
+func (w submitterWire) Logs(ctx context.Context, machine string, r p2p.LogsReq) (p2p.Logs, error) {
+	return jobCall(w.n, ctx, machine, p2p.TypeLogsReq, r, p2p.TypeLogs, w.n.exec.Logs)
+}
+
+func (w submitterWire) Stop(ctx context.Context, machine string, s p2p.Stop) (p2p.JobStatus, error) {
+	return jobCall(w.n, ctx, machine, p2p.TypeStop, s, p2p.TypeJobStatus, w.n.exec.Stop)
 }
 
 func (w submitterWire) Addrs(machine string) []string { return w.n.machineAddrs(machine) }

@@ -360,68 +360,90 @@ func (e *Executor) watch(now time.Time) {
 	}
 }
 
-// Handle answers the job protocol (a p2p.RPC handler; the node calls it
-// directly for its own jobs on this machine).
+// Handle answers the job protocol (a p2p.RPC handler): it decodes the
+// request and hands it to the typed handler below, which the node calls
+// directly for its own jobs on this machine.
 func (e *Executor) Handle(ctx context.Context, from peer.ID, env *p2p.Envelope) (string, any, error) {
 	switch env.Type {
 	case p2p.TypeLaunch:
-		var l p2p.Launch
-		if err := p2p.Unmarshal(env.Payload, &l); err != nil {
-			return "", nil, err
-		}
-		if err := l.Validate(); err != nil {
-			return "", nil, err
-		}
-		if err := e.launch(ctx, from, l); err != nil {
-			return p2p.TypeLaunchReply, p2p.LaunchReply{Reason: p2p.Clip(err.Error(), 512), Retry: errors.Is(err, errEscrowNotYet)}, nil
-		}
-		return p2p.TypeLaunchReply, p2p.LaunchReply{OK: true}, nil
+		return handle(env, p2p.TypeLaunchReply, func(l p2p.Launch) (p2p.LaunchReply, error) { return e.Launch(ctx, from, l) })
 	case p2p.TypeStatusReq:
-		r, w, err := ownedReq(e, from, env, func(r *p2p.StatusReq) (string, int) { return r.JobID, r.Index })
-		if err != nil {
-			return "", nil, err
-		}
-		if r.Receipt != nil {
-			e.keepReceipt(w, *r.Receipt)
-		}
-		return p2p.TypeJobStatus, e.statusOf(w), nil
+		return handle(env, p2p.TypeJobStatus, func(r p2p.StatusReq) (p2p.JobStatus, error) { return e.Status(from, r) })
 	case p2p.TypeLogsReq:
-		r, w, err := ownedReq(e, from, env, func(r *p2p.LogsReq) (string, int) { return r.JobID, r.Index })
-		if err != nil {
-			return "", nil, err
-		}
-		return p2p.TypeLogs, w.readLog(r.Offset), nil
+		return handle(env, p2p.TypeLogs, func(r p2p.LogsReq) (p2p.Logs, error) { return e.Logs(from, r) })
 	case p2p.TypeStop:
-		r, w, err := ownedReq(e, from, env, func(r *p2p.Stop) (string, int) { return r.JobID, r.Index })
-		if err != nil {
-			return "", nil, err
-		}
-		reason := r.Reason
-		if reason == "" {
-			reason = "stopped by the submitter"
-		}
-		e.stop(w, p2p.Clip(reason, 200), r.Checkpoint)
-		if r.Checkpoint && w.l.Index == 0 {
-			go e.keepCheckpoint(w)
-		}
-		if r.Final {
-			go e.finish(w)
-		}
-		return p2p.TypeJobStatus, e.statusOf(w), nil
+		return handle(env, p2p.TypeJobStatus, func(r p2p.Stop) (p2p.JobStatus, error) { return e.Stop(from, r) })
 	}
 	return "", nil, fmt.Errorf("%w %q", p2p.ErrUnknownType, env.Type)
 }
 
-// ownedReq decodes a request about one worker and finds that worker, if
-// from launched it.
-func ownedReq[T any](e *Executor, from peer.ID, env *p2p.Envelope, ref func(*T) (string, int)) (*T, *worker, error) {
-	var r T
+// handle decodes env's request and answers it with f's reply.
+func handle[Req, Rep any](env *p2p.Envelope, replyType string, f func(Req) (Rep, error)) (string, any, error) {
+	var r Req
 	if err := p2p.Unmarshal(env.Payload, &r); err != nil {
-		return nil, nil, err
+		return "", nil, err
 	}
-	run, index := ref(&r)
-	w, err := e.owned(from, run, index)
-	return &r, w, err
+	rep, err := f(r)
+	if err != nil {
+		return "", nil, err
+	}
+	return replyType, rep, nil
+}
+
+// Launch starts the workers l names for from (the job's submitter); a
+// launch refused is a reply that says why, not an error.
+func (e *Executor) Launch(ctx context.Context, from peer.ID, l p2p.Launch) (p2p.LaunchReply, error) {
+	if err := l.Validate(); err != nil {
+		return p2p.LaunchReply{}, err
+	}
+	if err := e.launch(ctx, from, l); err != nil {
+		return p2p.LaunchReply{Reason: p2p.Clip(err.Error(), 512), Retry: errors.Is(err, errEscrowNotYet)}, nil
+	}
+	return p2p.LaunchReply{OK: true}, nil
+}
+
+// Status reports a worker from launched, keeping the usage receipt the
+// request carries.
+func (e *Executor) Status(from peer.ID, r p2p.StatusReq) (p2p.JobStatus, error) {
+	w, err := e.owned(from, r.JobID, r.Index)
+	if err != nil {
+		return p2p.JobStatus{}, err
+	}
+	if r.Receipt != nil {
+		e.keepReceipt(w, *r.Receipt)
+	}
+	return e.statusOf(w), nil
+}
+
+// Logs is a worker's output from r.Offset on, for the submitter that
+// launched it.
+func (e *Executor) Logs(from peer.ID, r p2p.LogsReq) (p2p.Logs, error) {
+	w, err := e.owned(from, r.JobID, r.Index)
+	if err != nil {
+		return p2p.Logs{}, err
+	}
+	return w.readLog(r.Offset), nil
+}
+
+// Stop ends a worker from launched (keeping the chief's output as a
+// checkpoint, or finishing it, as r asks) and reports it.
+func (e *Executor) Stop(from peer.ID, r p2p.Stop) (p2p.JobStatus, error) {
+	w, err := e.owned(from, r.JobID, r.Index)
+	if err != nil {
+		return p2p.JobStatus{}, err
+	}
+	reason := r.Reason
+	if reason == "" {
+		reason = "stopped by the submitter"
+	}
+	e.stop(w, p2p.Clip(reason, 200), r.Checkpoint)
+	if r.Checkpoint && w.l.Index == 0 {
+		go e.keepCheckpoint(w)
+	}
+	if r.Final {
+		go e.finish(w)
+	}
+	return e.statusOf(w), nil
 }
 
 // owned finds worker index of run, if from launched it.

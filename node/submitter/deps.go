@@ -20,8 +20,14 @@ import (
 type Machines interface {
 	// Reserve asks machine to apply a hold operation.
 	Reserve(ctx context.Context, machine string, r p2p.Reserve) (p2p.ReserveReply, error)
-	// Call sends a job request to machine and decodes its reply.
-	Call(ctx context.Context, machine, typ string, req any, replyType string, reply any) error
+	// Launch asks machine to start the workers l names.
+	Launch(ctx context.Context, machine string, l p2p.Launch) (p2p.LaunchReply, error)
+	// Status asks machine how a worker is, carrying a usage receipt.
+	Status(ctx context.Context, machine string, r p2p.StatusReq) (p2p.JobStatus, error)
+	// Logs asks machine for a worker's output from an offset.
+	Logs(ctx context.Context, machine string, r p2p.LogsReq) (p2p.Logs, error)
+	// Stop asks machine to end a worker.
+	Stop(ctx context.Context, machine string, s p2p.Stop) (p2p.JobStatus, error)
 	// Addrs is where machine's offer says it listens.
 	Addrs(machine string) []string
 }

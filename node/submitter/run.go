@@ -215,8 +215,8 @@ func (m *Manager) launch(ctx context.Context, j *jobs.Job, k int, resume string)
 			// A machine whose replica of the ledger is behind asks for
 			// the launch again (reply.Retry), for up to launchPatience.
 			for first := time.Now(); ; {
-				var reply p2p.LaunchReply
-				if err := m.p.Machines.Call(gctx, w.Machine, p2p.TypeLaunch, &l, p2p.TypeLaunchReply, &reply); err != nil {
+				reply, err := m.p.Machines.Launch(gctx, w.Machine, l)
+				if err != nil {
 					return fmt.Errorf("worker %d on %s: %w", i, w.Machine, err)
 				}
 				switch {

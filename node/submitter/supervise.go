@@ -112,10 +112,9 @@ func (m *Manager) pollHolder(ctx context.Context, j *jobs.Job, run *jobs.Run, no
 	h := *run.Holder
 	m.mu.Unlock()
 	idx := len(run.Workers)
-	var st p2p.JobStatus
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	err := m.p.Machines.Call(cctx, h.Machine, p2p.TypeStatusReq, &p2p.StatusReq{JobID: run.ID, Index: idx}, p2p.TypeJobStatus, &st)
+	st, err := m.p.Machines.Status(cctx, h.Machine, p2p.StatusReq{JobID: run.ID, Index: idx})
 	if err != nil {
 		if now.Sub(h.LastSeen) > jobs.LostAfter {
 			return &p2p.JobStatus{State: p2p.WorkerFailed, Reason: "it stopped answering (" + err.Error() + ")"}
@@ -123,9 +122,7 @@ func (m *Manager) pollHolder(ctx context.Context, j *jobs.Job, run *jobs.Run, no
 		return nil
 	}
 	if st.LogBytes > h.LogOffset {
-		var lg p2p.Logs
-		if err := m.p.Machines.Call(cctx, h.Machine, p2p.TypeLogsReq, &p2p.LogsReq{JobID: run.ID, Index: idx, Offset: h.LogOffset},
-			p2p.TypeLogs, &lg); err == nil && len(lg.Data) > 0 {
+		if lg, err := m.p.Machines.Logs(cctx, h.Machine, p2p.LogsReq{JobID: run.ID, Index: idx, Offset: h.LogOffset}); err == nil && len(lg.Data) > 0 {
 			m.appendLog(j.ID, tagLines("[h] ", lg.Data))
 			h.LogOffset = lg.Next
 		}
@@ -205,11 +202,10 @@ func (m *Manager) poll(ctx context.Context, j *jobs.Job, k int, receipts map[str
 // machine's receipt, and pulls its new log output into the job's log;
 // nil when it did not answer.
 func (m *Manager) pollWorker(ctx context.Context, j *jobs.Job, run *jobs.Run, i int, w jobs.Worker, receipt *p2p.Receipt) *p2p.JobStatus {
-	var st p2p.JobStatus
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := m.p.Machines.Call(cctx, w.Machine, p2p.TypeStatusReq, &p2p.StatusReq{JobID: run.ID, Index: i, Receipt: receipt},
-		p2p.TypeJobStatus, &st); err != nil {
+	st, err := m.p.Machines.Status(cctx, w.Machine, p2p.StatusReq{JobID: run.ID, Index: i, Receipt: receipt})
+	if err != nil {
 		return nil
 	}
 	if err := st.Validate(run.ID, i); err != nil {
@@ -217,9 +213,7 @@ func (m *Manager) pollWorker(ctx context.Context, j *jobs.Job, run *jobs.Run, i 
 		return nil
 	}
 	if st.LogBytes > w.LogOffset {
-		var lg p2p.Logs
-		if err := m.p.Machines.Call(cctx, w.Machine, p2p.TypeLogsReq, &p2p.LogsReq{JobID: run.ID, Index: i, Offset: w.LogOffset},
-			p2p.TypeLogs, &lg); err == nil && len(lg.Data) > 0 {
+		if lg, err := m.p.Machines.Logs(cctx, w.Machine, p2p.LogsReq{JobID: run.ID, Index: i, Offset: w.LogOffset}); err == nil && len(lg.Data) > 0 {
 			m.appendLog(j.ID, tagLines(fmt.Sprintf("[w%d] ", i), lg.Data))
 			w.LogOffset = lg.Next
 		}
@@ -328,19 +322,15 @@ func (m *Manager) stopAll(ctx context.Context, j *jobs.Job, k int, reason string
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var st p2p.JobStatus
 			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			m.p.Machines.Call(cctx, w.Machine, p2p.TypeStop, &p2p.Stop{JobID: run.ID, Index: i, Reason: reason, Checkpoint: checkpoint && i == 0},
-				p2p.TypeJobStatus, &st)
+			m.p.Machines.Stop(cctx, w.Machine, p2p.Stop{JobID: run.ID, Index: i, Reason: reason, Checkpoint: checkpoint && i == 0})
 		}()
 	}
 	wg.Wait()
 	if h := run.Holder; h != nil {
-		var st p2p.JobStatus
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		m.p.Machines.Call(cctx, h.Machine, p2p.TypeStop, &p2p.Stop{JobID: run.ID, Index: len(run.Workers), Reason: reason},
-			p2p.TypeJobStatus, &st)
+		m.p.Machines.Stop(cctx, h.Machine, p2p.Stop{JobID: run.ID, Index: len(run.Workers), Reason: reason})
 		cancel()
 	}
 	// Then look until each worker that answers has ended, to record when:
@@ -378,15 +368,13 @@ func (m *Manager) awaitCheckpoint(ctx context.Context, j *jobs.Job, k int) {
 func (m *Manager) finalStop(ctx context.Context, j *jobs.Job, k int) {
 	run := &j.Runs[k]
 	for i, w := range run.Workers {
-		var st p2p.JobStatus
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		m.p.Machines.Call(cctx, w.Machine, p2p.TypeStop, &p2p.Stop{JobID: run.ID, Index: i, Final: true}, p2p.TypeJobStatus, &st)
+		m.p.Machines.Stop(cctx, w.Machine, p2p.Stop{JobID: run.ID, Index: i, Final: true})
 		cancel()
 	}
 	if h := run.Holder; h != nil {
-		var st p2p.JobStatus
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		m.p.Machines.Call(cctx, h.Machine, p2p.TypeStop, &p2p.Stop{JobID: run.ID, Index: len(run.Workers), Final: true}, p2p.TypeJobStatus, &st)
+		m.p.Machines.Stop(cctx, h.Machine, p2p.Stop{JobID: run.ID, Index: len(run.Workers), Final: true})
 		cancel()
 	}
 }
