@@ -64,3 +64,21 @@ func TestTrainingVerify(t *testing.T) {
 		}
 	}
 }
+
+// A machine's progress report out of bounds (NaN, an accuracy over 1, a
+// count past the bound) is refused with its status: the submitter takes
+// it as no answer.
+func TestProgressValidate(t *testing.T) {
+	ok := JobStatus{JobID: "j", State: WorkerRunning, Progress: &Progress{Units: 5, Loss: -0.3, Steps: 4, Total: 10, Accuracy: 0.9,
+		EvalLoss: 0.4, EvalAccuracy: 0.85, EvalAt: 3}}
+	if err := ok.Validate("j", 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []Progress{{Loss: math.NaN()}, {EvalLoss: math.Inf(1)}, {Accuracy: 1.5}, {EvalAccuracy: -0.1},
+		{Accuracy: math.NaN()}, {Total: MaxProgressCount + 1}} {
+		st := JobStatus{JobID: "j", State: WorkerRunning, Progress: &p}
+		if err := st.Validate("j", 0); err == nil {
+			t.Errorf("%+v: no error", p)
+		}
+	}
+}

@@ -10,18 +10,20 @@ const H = 240;
 const PAD = { r: 12, t: 12, b: 34 };
 const TICKS = 4;
 
-// scale picks a round step (1, 2 or 5 times a power of ten, and at least
-// 1: values are integers) and a top that holds max.
-function scale(max) {
-  const raw = Math.max(1, max / TICKS);
+// roundStep is the smallest of 1, 2 or 5 times a power of ten that is at
+// least raw.
+function roundStep(raw) {
   const p = Math.pow(10, Math.floor(Math.log10(raw)));
-  let step = 10 * p;
   for (const m of [1, 2, 5]) {
-    if (raw <= m * p) {
-      step = m * p;
-      break;
-    }
+    if (raw <= m * p) return m * p;
   }
+  return 10 * p;
+}
+
+// scale picks a round step (at least 1: values are integers) and a top
+// that holds max.
+function scale(max) {
+  const step = roundStep(Math.max(1, max / TICKS));
   return { step, top: step * Math.max(1, Math.ceil(max / step)) };
 }
 
@@ -135,15 +137,7 @@ export function lineChart({ title, points, series, fmt, summary, minSpan = 60000
 // power of ten), for values of any size (losses, accuracies, steps).
 function niceRange(lo, hi) {
   if (!(hi > lo)) hi = lo + (lo === 0 ? 1 : Math.abs(lo) * 0.1);
-  const raw = (hi - lo) / TICKS;
-  const p = Math.pow(10, Math.floor(Math.log10(raw)));
-  let step = 10 * p;
-  for (const m of [1, 2, 5]) {
-    if (raw <= m * p) {
-      step = m * p;
-      break;
-    }
-  }
+  const step = roundStep((hi - lo) / TICKS);
   const first = Math.floor(lo / step) * step;
   const last = Math.ceil(hi / step) * step;
   return { lo: first, hi: last, step };
