@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node/fault"
 	"github.com/deepmarket/deepmarket/node/jobs"
 )
 
@@ -347,9 +348,21 @@ func writeError(w http.ResponseWriter, err error) {
 	writeJSON(w, e.Status, e)
 }
 
+// faultStatus is the one table from the roles' kinds of failure to HTTP.
+var faultStatus = map[fault.Kind]int{
+	fault.Internal:    http.StatusInternalServerError,
+	fault.Malformed:   http.StatusBadRequest,
+	fault.Invalid:     http.StatusUnprocessableEntity,
+	fault.NotFound:    http.StatusNotFound,
+	fault.Conflict:    http.StatusConflict,
+	fault.Unavailable: http.StatusServiceUnavailable,
+	fault.Timeout:     http.StatusGatewayTimeout,
+}
+
 // toAPIError maps an error to the API's error document and status.
 func toAPIError(err error) *Error {
 	var apiErr *Error
+	var fe *fault.Error
 	var fieldErr FieldError
 	switch {
 	case errors.As(err, &apiErr):
@@ -358,6 +371,12 @@ func toAPIError(err error) *Error {
 			e.Status = http.StatusBadRequest
 		}
 		return &e
+	case errors.As(err, &fe):
+		status, ok := faultStatus[fe.Kind]
+		if !ok {
+			status = http.StatusInternalServerError
+		}
+		return &Error{Status: status, Message: err.Error(), Field: fe.Field}
 	case errors.As(err, &fieldErr):
 		return &Error{Status: http.StatusUnprocessableEntity, Message: err.Error(), Field: fieldErr.Field()}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
