@@ -217,14 +217,7 @@ func (app *App) checkTx(b []byte, recheck bool) error {
 		return err
 	}
 	// ...and spends must also fit beside those still pending.
-	var spend uint64
-	switch m := d.msg.(type) {
-	case *Transfer:
-		spend = m.Amount
-	case *OpenEscrow:
-		spend = m.Amount
-	}
-	if spend > 0 {
+	if spend := d.kind.spend(d.msg); spend > 0 {
 		bal := s.balanceOf(signer)
 		pending := app.checkSpend[signer]
 		if total, ok := add(pending, spend); !ok || total > bal {

@@ -82,6 +82,14 @@
 // saying what to do: the app hash changed, so an old chain cannot be
 // continued, and a network upgrades together onto a new genesis.
 //
+// Each map of entries in the State (accounts, issuers, members, links,
+// escrows, machine records, validators, pending votes) has one entry in
+// the table collections (collections.go): its key prefix in the tree, and
+// how its entries are made, encoded, decoded, counted in the books,
+// checked and copied. NewState, the store (writing, loading, verifying)
+// and the full check iterate that table, in its fixed order; the hash
+// does not depend on the order, since the tree sorts its leaves.
+//
 // Invariants are kept incrementally: after each block, each changed leaf's
 // old value is read from the tree and the books (balances and escrowed
 // summed as big integers, counts of accounts, escrows, members and links)
@@ -92,6 +100,19 @@
 // harness run them after every block.
 //
 // # Transactions and their outcomes
+//
+// Each kind of transaction has one entry in the table txKinds (kinds.go):
+// the type its envelope names, the message its body decodes into, its
+// check->effect handler (exec.go), which CheckTx and FinalizeBlock share
+// (the checks refuse with a typed code; the effect cannot fail), what it
+// spends from the signer's balance (CheckTx counts that beside the spends
+// pending in the mempool) and who besides members may sign it. Decoding,
+// standing, execution and events go through that table; NewTx refuses a
+// message that is not its type's. BuildSend builds a transaction from
+// plain values (a send as a person or the node's API asks for it),
+// refusing a value it cannot use with a *FieldError that names it;
+// EncodeConsent and DecodeConsent are a link consent as the token a
+// machine hands its owner.
 //
 // A transaction is accepted only in its canonical encoding (envelope and
 // body, wire.Unmarshal), so it has one form and one hash, TxHash of its

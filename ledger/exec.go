@@ -17,7 +17,7 @@ import (
 const EventType = "dm"
 
 type event struct {
-	typ      string
+	typ      string   // the transaction's type: execute sets it from its kind
 	accounts []string // every account the transaction touched
 	attrs    [][2]string
 }
@@ -66,11 +66,12 @@ func (s *State) execute(d *decoded, now int64) (*event, error) {
 	if err := s.standing(d); err != nil {
 		return nil, err
 	}
-	apply, err := s.handle(&call{d: d, signer: signer, balance: acct.Balance, now: now})
+	apply, err := d.kind.handle(s, &call{d: d, signer: signer, balance: acct.Balance, now: now})
 	if err != nil {
 		return nil, err
 	}
 	ev := apply()
+	ev.typ = d.kind.typ
 	s.account(signer).Nonce++
 	return ev, nil
 }
@@ -84,56 +85,48 @@ func (s *State) check(d *decoded, now int64, nonce uint64) error {
 	if err := s.standing(d); err != nil {
 		return err
 	}
-	_, err := s.handle(&call{d: d, signer: string(d.signer), balance: s.balanceOf(string(d.signer)), now: now})
+	_, err := d.kind.handle(s, &call{d: d, signer: string(d.signer), balance: s.balanceOf(string(d.signer)), now: now})
 	return err
 }
 
-// standing checks that the signer may sign at all: it is a member, or it
-// claims as a payee of an open escrow (whose payer is the member that
-// vouched for it), or it votes as a validator.
+// standing checks that the signer may sign at all: it is a member, or its
+// transaction's kind admits it otherwise (txKinds: a claim by a payee of
+// an open escrow, whose payer is the member that vouched for it; a
+// validator's vote).
 func (s *State) standing(d *decoded) error {
-	signer := string(d.signer)
-	if s.isMember(signer) {
+	if s.isMember(string(d.signer)) {
 		return nil
 	}
-	switch m := d.msg.(type) {
-	case *Claim:
-		if e, ok := s.Escrows[m.Receipt.Job]; ok && e.hasPayee(signer) {
-			return nil
-		}
-	case *ValidatorVote:
-		if _, ok := s.Validators[keyOf(d.tx.Signer)]; ok {
-			return nil
-		}
-		return reject(CodeNotValidator, "%s is not a validator: only the current validators vote on the set", signer)
+	if d.kind.standing != nil {
+		return d.kind.standing(s, d)
 	}
+	return notMember(d.signer)
+}
+
+func notMember(signer identity.Address) error {
 	return reject(CodeNotMember, "%s is not a member: only accounts an issuer admitted (with a grant or an admit) sign transactions", signer)
 }
 
-// handle checks a transaction of any type and returns its effect.
-func (s *State) handle(c *call) (effect, error) {
-	switch m := c.d.msg.(type) {
-	case *Transfer:
-		return s.transfer(c, m)
-	case *Grant:
-		return s.grant(c, m)
-	case *Admit:
-		return s.admitTx(c, m)
-	case *LinkMachine:
-		return s.linkMachine(c, m)
-	case *OpenEscrow:
-		return s.openEscrowTx(c, m)
-	case *Settle:
-		return s.settle(c, m)
-	case *Claim:
-		return s.claim(c, m)
-	case *Expire:
-		return s.expire(c, m)
-	case *ValidatorVote:
-		return s.vote(c, m)
+// payeeStanding admits a claim by a payee of an open escrow.
+func (s *State) payeeStanding(d *decoded, m *Claim) error {
+	if e, ok := s.Escrows[m.Receipt.Job]; ok && e.hasPayee(string(d.signer)) {
+		return nil
 	}
-	return nil, reject(CodeUnknownType, "unknown transaction %T", c.d.msg)
+	return notMember(d.signer)
 }
+
+// voterStanding admits a vote by a current validator, and refuses anyone
+// else's as CodeNotValidator.
+func (s *State) voterStanding(d *decoded, _ *ValidatorVote) error {
+	if _, ok := s.Validators[keyOf(d.tx.Signer)]; ok {
+		return nil
+	}
+	return reject(CodeNotValidator, "%s is not a validator: only the current validators vote on the set", d.signer)
+}
+
+// The handlers, one per entry of txKinds: each checks its transaction
+// against the state, refusing it with a typed code, and returns the
+// effect that makes it.
 
 func (s *State) transfer(c *call, m *Transfer) (effect, error) {
 	if err := checkAddress("to", m.To); err != nil {
@@ -160,7 +153,7 @@ func (s *State) transfer(c *call, m *Transfer) (effect, error) {
 	return func() *event {
 		s.debit(c.signer, m.Amount)
 		s.credit(m.To, m.Amount)
-		return &event{typ: TypeTransfer, accounts: []string{c.signer, m.To},
+		return &event{accounts: []string{c.signer, m.To},
 			attrs: [][2]string{{"from", c.signer}, {"to", m.To}, {"amount", u(m.Amount)}, {"memo", m.Memo}}}
 	}, nil
 }
@@ -192,7 +185,7 @@ func (s *State) grant(c *call, m *Grant) (effect, error) {
 		s.dirty[keyMeta] = true
 		s.credit(m.To, m.Amount)
 		s.admit(m.To, c.signer)
-		return &event{typ: TypeGrant, accounts: []string{c.signer, m.To},
+		return &event{accounts: []string{c.signer, m.To},
 			attrs: [][2]string{{"from", c.signer}, {"to", m.To}, {"amount", u(m.Amount)}}}
 	}, nil
 }
@@ -206,7 +199,7 @@ func (s *State) admitTx(c *call, m *Admit) (effect, error) {
 	if err := checkAddress("account", m.Account); err != nil {
 		return nil, err
 	}
-	ev := &event{typ: TypeAdmit, accounts: []string{c.signer, m.Account},
+	ev := &event{accounts: []string{c.signer, m.Account},
 		attrs: [][2]string{{"issuer", c.signer}, {"member", m.Account}}}
 	mem, member := s.Members[m.Account]
 	if !m.Revoke {
@@ -295,7 +288,7 @@ func (s *State) linkMachine(c *call, m *LinkMachine) (effect, error) {
 	}
 	return func() *event {
 		s.setLink(machine, con.Owner, block)
-		return &event{typ: TypeLinkMachine, accounts: []string{c.signer, machine, cur.Owner, con.Owner},
+		return &event{accounts: []string{c.signer, machine, cur.Owner, con.Owner},
 			attrs: [][2]string{{"owner", con.Owner}, {"machine", machine}, {"previous", cur.Owner}, {"height", strconv.FormatInt(block, 10)}}}
 	}, nil
 }
@@ -348,7 +341,7 @@ func (s *State) openEscrowTx(c *call, m *OpenEscrow) (effect, error) {
 		sort.Strings(payees)
 		s.openEscrow(m.Job, &Escrow{Payer: c.signer, PayerKey: append([]byte(nil), c.d.tx.Signer...), Total: m.Amount,
 			Amount: m.Amount, Expiry: m.Expiry, Payees: payees})
-		return &event{typ: TypeOpenEscrow, accounts: []string{c.signer},
+		return &event{accounts: []string{c.signer},
 			attrs: [][2]string{{"job", m.Job}, {"from", c.signer}, {"amount", u(m.Amount)}, {"expiry", strconv.FormatInt(m.Expiry, 10)}}}
 	}, nil
 }
@@ -398,7 +391,7 @@ func (s *State) settle(c *call, m *Settle) (effect, error) {
 		}
 	}
 	return func() *event {
-		ev := &event{typ: TypeSettle, accounts: []string{c.signer}, attrs: [][2]string{{"job", m.Job}, {"from", c.signer}}}
+		ev := &event{accounts: []string{c.signer}, attrs: [][2]string{{"job", m.Job}, {"from", c.signer}}}
 		for _, p := range m.Payments {
 			owner := s.ownerOf(p.Machine)
 			s.credit(owner, owed[p.Machine])
@@ -464,7 +457,7 @@ func (s *State) claim(c *call, m *Claim) (effect, error) {
 			rec := s.machine(c.signer)
 			rec.Earned = satAdd(rec.Earned, amount)
 		}
-		return &event{typ: TypeClaim, accounts: []string{c.signer, owner, e.Payer},
+		return &event{accounts: []string{c.signer, owner, e.Payer},
 			attrs: [][2]string{{"job", r.Job}, {"to", owner}, {"amount", u(amount)}}}
 	}, nil
 }
@@ -485,7 +478,7 @@ func (s *State) expire(c *call, m *Expire) (effect, error) {
 		refund := e.Amount
 		s.credit(c.signer, refund)
 		s.closeEscrow(m.Job)
-		return &event{typ: TypeExpire, accounts: []string{c.signer},
+		return &event{accounts: []string{c.signer},
 			attrs: [][2]string{{"job", m.Job}, {"refund", u(refund)}}}
 	}, nil
 }

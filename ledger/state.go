@@ -16,6 +16,10 @@ type Account struct {
 	Nonce   uint64 `cbor:"nonce" json:"nonce"`
 }
 
+// live reports whether the account is an entry of the state: it holds
+// credits or has signed. One looked up and never used is none.
+func (a *Account) live() bool { return a.Balance != 0 || a.Nonce != 0 }
+
 // Issuer may grant credits up to its remaining quota.
 type Issuer struct {
 	Quota uint64 `cbor:"quota" json:"quota"`
@@ -73,6 +77,14 @@ type Escrow struct {
 	Expiry   int64     `cbor:"expiry" json:"expiry"`       // unix seconds
 	Payees   []string  `cbor:"payees" json:"payees"`
 	Claimed  []Claimed `cbor:"claimed,omitempty" json:"claimed,omitempty"`
+}
+
+func (e *Escrow) clone() *Escrow {
+	c := *e
+	c.PayerKey = append([]byte(nil), e.PayerKey...)
+	c.Payees = append([]string(nil), e.Payees...)
+	c.Claimed = append([]Claimed(nil), e.Claimed...)
+	return &c
 }
 
 // MachineRecord is a machine's track record, for the scheduler. It counts
@@ -156,8 +168,9 @@ func (p Params) validate() error {
 }
 
 // State is the whole ledger. The exported maps are its entries, each a
-// leaf of the authenticated store (store.go); the rest is derived from
-// them and rebuilt when the store is opened.
+// leaf of the authenticated store (store.go), and each has its entry in
+// collections (collections.go); the rest is derived from them and rebuilt
+// when the store is opened.
 type State struct {
 	ChainID  string
 	Height   int64
@@ -187,12 +200,11 @@ type State struct {
 
 // NewState returns an empty state.
 func NewState() *State {
-	return &State{
-		Accounts: map[string]*Account{}, Issuers: map[string]*Issuer{}, Members: map[string]*Member{},
-		Links: map[string]*Link{}, Escrows: map[string]*Escrow{}, Machines: map[string]*MachineRecord{},
-		Validators: map[string]*Validator{}, Pending: map[string]*PendingVotes{},
-		linksOf: map[string]uint64{}, escrowsOf: map[string]uint64{}, books: newBooks(), dirty: map[string]bool{},
+	s := &State{linksOf: map[string]uint64{}, escrowsOf: map[string]uint64{}, books: newBooks(), dirty: map[string]bool{}}
+	for _, c := range collections {
+		c.init(s)
 	}
+	return s
 }
 
 // unlink is an entry an unlink left, in the queue of those to remove.
@@ -201,8 +213,8 @@ type unlink struct {
 	machine string
 }
 
-// Key prefixes in the store. keyMeta holds the chain ID, supply and
-// params.
+// Key prefixes in the store, one per collection (collections.go).
+// keyMeta, in none, holds the chain ID, supply and params.
 const (
 	pAccount   = "a/"
 	pIssuer    = "i/"
@@ -219,29 +231,10 @@ func (s *State) touch(prefix, key string) { s.dirty[prefix+key] = true }
 
 func (s *State) markAllDirty() {
 	s.dirty[keyMeta] = true
-	for k := range s.Accounts {
-		s.touch(pAccount, k)
-	}
-	for k := range s.Issuers {
-		s.touch(pIssuer, k)
-	}
-	for k := range s.Members {
-		s.touch(pMember, k)
-	}
-	for k := range s.Links {
-		s.touch(pLink, k)
-	}
-	for k := range s.Escrows {
-		s.touch(pEscrow, k)
-	}
-	for k := range s.Machines {
-		s.touch(pMachine, k)
-	}
-	for k := range s.Validators {
-		s.touch(pValidator, k)
-	}
-	for k := range s.Pending {
-		s.touch(pPending, k)
+	for _, c := range collections {
+		for k := range c.keys(s) {
+			s.touch(c.prefix, k)
+		}
 	}
 }
 
@@ -256,7 +249,7 @@ func (s *State) balanceOf(addr string) uint64 {
 // exists reports whether an account holds credits or has signed.
 func (s *State) exists(addr string) bool {
 	a, ok := s.Accounts[addr]
-	return ok && (a.Balance != 0 || a.Nonce != 0)
+	return ok && a.live()
 }
 
 // account returns the account, creating an empty one, and marks it
@@ -432,15 +425,22 @@ func (b Books) String() string {
 func (s *State) count() Books {
 	b := newBooks()
 	for _, a := range s.Accounts {
-		if a.Balance != 0 || a.Nonce != 0 {
-			b.Balances.Add(b.Balances, new(big.Int).SetUint64(a.Balance))
-			b.Accounts++
-		}
+		b.Balances.Add(b.Balances, new(big.Int).SetUint64(a.Balance))
 	}
 	for _, e := range s.Escrows {
 		b.Escrowed.Add(b.Escrowed, new(big.Int).SetUint64(e.Amount))
 	}
-	b.Escrows, b.Members, b.Links = int64(len(s.Escrows)), int64(len(s.Members)), int64(len(s.Links))
+	for _, c := range collections {
+		if c.tally == nil {
+			continue
+		}
+		n := c.tally(&b)
+		for k := range c.keys(s) {
+			if _, leaf := c.leaf(s, k); leaf {
+				*n++
+			}
+		}
+	}
 	return b
 }
 
@@ -473,28 +473,21 @@ func (s *State) Totals() Totals {
 func (s *State) CheckInvariants() (Totals, []string) {
 	var problems []string
 	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	for addr, a := range s.Accounts {
-		if a.Balance != 0 || a.Nonce != 0 {
-			if _, err := identity.ParseAddress(addr); err != nil {
-				bad("account %q: %v", addr, err)
+	for _, c := range collections {
+		if !c.addressKeys {
+			continue
+		}
+		for k := range c.keys(s) {
+			if _, leaf := c.leaf(s, k); !leaf {
+				continue
 			}
-		}
-	}
-	for addr := range s.Members {
-		if _, err := identity.ParseAddress(addr); err != nil {
-			bad("member %q: %v", addr, err)
-		}
-	}
-	for addr := range s.Issuers {
-		if _, err := identity.ParseAddress(addr); err != nil {
-			bad("issuer %q: %v", addr, err)
+			if _, err := identity.ParseAddress(k); err != nil {
+				bad("%s %q: %v", c.name, k, err)
+			}
 		}
 	}
 	links := map[string]uint64{}
 	for m, l := range s.Links {
-		if _, err := identity.ParseAddress(m); err != nil {
-			bad("link of %q: %v", m, err)
-		}
 		if l.Changed <= 0 || l.Changed > s.Height {
 			bad("link of %s: changed at height %d, the state is at %d", m, l.Changed, s.Height)
 		}
@@ -590,46 +583,8 @@ func (s *State) clone() *State {
 	c := NewState()
 	c.ChainID, c.Height, c.Time, c.Supply, c.Params = s.ChainID, s.Height, s.Time, s.Supply, s.Params
 	c.AppHash = append([]byte(nil), s.AppHash...)
-	for k, v := range s.Accounts {
-		a := *v
-		c.Accounts[k] = &a
-	}
-	for k, v := range s.Issuers {
-		a := *v
-		c.Issuers[k] = &a
-	}
-	for k, v := range s.Members {
-		m := *v
-		c.Members[k] = &m
-	}
-	for k, v := range s.Links {
-		l := *v
-		c.Links[k] = &l
-	}
-	for k, v := range s.Escrows {
-		e := *v
-		e.PayerKey = append([]byte(nil), v.PayerKey...)
-		e.Payees = append([]string(nil), v.Payees...)
-		e.Claimed = append([]Claimed(nil), v.Claimed...)
-		c.Escrows[k] = &e
-	}
-	for k, v := range s.Machines {
-		m := *v
-		c.Machines[k] = &m
-	}
-	for k, v := range s.Validators {
-		a := *v
-		a.PubKey = append([]byte(nil), v.PubKey...)
-		c.Validators[k] = &a
-	}
-	for k, v := range s.Pending {
-		p := *v
-		p.PubKey = append([]byte(nil), v.PubKey...)
-		p.Votes = make([]PendingVote, len(v.Votes))
-		for i, vote := range v.Votes {
-			p.Votes[i] = PendingVote{Voter: append([]byte(nil), vote.Voter...), Power: vote.Power}
-		}
-		c.Pending[k] = &p
+	for _, col := range collections {
+		col.copyTo(c, s)
 	}
 	for k, v := range s.linksOf {
 		c.linksOf[k] = v

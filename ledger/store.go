@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 
 	corestore "cosmossdk.io/core/store"
 	"github.com/cosmos/iavl"
@@ -18,7 +17,6 @@ import (
 	"github.com/syndtr/goleveldb/leveldb/filter"
 	"github.com/syndtr/goleveldb/leveldb/opt"
 
-	"github.com/deepmarket/deepmarket/identity"
 	"github.com/deepmarket/deepmarket/wire"
 )
 
@@ -224,46 +222,20 @@ func (st *treeStore) load() (*State, error) {
 
 // decodeEntry sets the entry a leaf holds.
 func (s *State) decodeEntry(key string, val []byte) error {
-	prefix, name, _ := strings.Cut(key, "/")
 	var err error
-	switch prefix + "/" {
-	case pAccount:
-		err = decodeInto(val, s.Accounts, name)
-	case pIssuer:
-		err = decodeInto(val, s.Issuers, name)
-	case pMember:
-		err = decodeInto(val, s.Members, name)
-	case pLink:
-		err = decodeInto(val, s.Links, name)
-	case pEscrow:
-		err = decodeInto(val, s.Escrows, name)
-	case pMachine:
-		err = decodeInto(val, s.Machines, name)
-	case pValidator:
-		err = decodeInto(val, s.Validators, name)
-	case pPending:
-		err = decodeInto(val, s.Pending, name)
-	default:
-		if key != keyMeta {
-			return fmt.Errorf("unknown key %q", key)
-		}
+	if c, name, ok := collectionOf(key); ok {
+		err = c.decode(s, name, val)
+	} else if key == keyMeta {
 		var m chainMeta
 		if err = wire.Unmarshal(val, &m); err == nil {
 			s.ChainID, s.Supply, s.Params = m.ChainID, m.Supply, m.Params
 		}
+	} else {
+		return fmt.Errorf("unknown key %q", key)
 	}
 	if err != nil {
 		return fmt.Errorf("key %q: %w", key, err)
 	}
-	return nil
-}
-
-func decodeInto[T any](b []byte, m map[string]*T, name string) error {
-	var v T
-	if err := wire.Unmarshal(b, &v); err != nil {
-		return err
-	}
-	m[name] = &v
 	return nil
 }
 
@@ -277,44 +249,18 @@ type chainMeta struct {
 // encode is the leaf a key should hold now; false if none (an account
 // that holds nothing and never signed is no entry).
 func (s *State) encode(key string) ([]byte, bool) {
-	prefix, name, _ := strings.Cut(key, "/")
-	var v any
-	switch prefix + "/" {
-	case pAccount:
-		a, ok := s.Accounts[name]
-		if !ok || (a.Balance == 0 && a.Nonce == 0) {
-			return nil, false
-		}
-		v = a
-	case pIssuer:
-		v = lookup(s.Issuers, name)
-	case pMember:
-		v = lookup(s.Members, name)
-	case pLink:
-		v = lookup(s.Links, name)
-	case pEscrow:
-		v = lookup(s.Escrows, name)
-	case pMachine:
-		v = lookup(s.Machines, name)
-	case pValidator:
-		v = lookup(s.Validators, name)
-	case pPending:
-		v = lookup(s.Pending, name)
-	default:
-		v = &chainMeta{ChainID: s.ChainID, Supply: s.Supply, Params: s.Params}
+	if key == keyMeta {
+		return mustEncode(&chainMeta{ChainID: s.ChainID, Supply: s.Supply, Params: s.Params}), true
 	}
-	if v == nil {
+	c, name, ok := collectionOf(key)
+	if !ok {
+		return nil, false
+	}
+	v, ok := c.leaf(s, name)
+	if !ok {
 		return nil, false
 	}
 	return mustEncode(v), true
-}
-
-// lookup returns m[k] as an any that is nil when absent.
-func lookup[T any](m map[string]*T, k string) any {
-	if v, ok := m[k]; ok {
-		return v
-	}
-	return nil
 }
 
 func mustEncode(v any) []byte {
@@ -338,15 +284,11 @@ func (st *treeStore) write(s *State) ([]string, error) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	var problems []string
-	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	b := &s.books
-	validators := false
+	w := &blockWrite{s: s, books: &s.books}
 	for _, key := range keys {
-		if name, ok := strings.CutPrefix(key, pAccount); ok {
-			if a, found := s.Accounts[name]; found && a.Balance == 0 && a.Nonce == 0 {
-				delete(s.Accounts, name) // looked up, never funded or used
-			}
+		c, name, inCollection := collectionOf(key)
+		if inCollection {
+			c.forget(s, name)
 		}
 		val, present := s.encode(key)
 		old, err := st.tree.Get([]byte(key))
@@ -356,67 +298,10 @@ func (st *treeStore) write(s *State) ([]string, error) {
 		if (present && bytes.Equal(old, val)) || (!present && old == nil) {
 			continue
 		}
-		prefix, name, _ := strings.Cut(key, "/")
-		created, removed := old == nil, !present
-		count := func(n *int64) {
-			if created {
-				*n++
-			} else if removed {
-				*n--
-			}
-		}
-		if created && key != keyMeta {
-			if _, err := identity.ParseAddress(name); err != nil && prefix+"/" != pEscrow && prefix+"/" != pValidator && prefix+"/" != pPending {
-				bad("%s: %v", key, err)
-			}
-		}
-		switch prefix + "/" {
-		case pAccount:
-			count(&b.Accounts)
-			var was, is Account
-			if err := decodeLeaf(old, &was); err != nil {
+		if inCollection {
+			if err := w.changed(c, leafChange{key: name, old: old, removed: !present}); err != nil {
 				return nil, fmt.Errorf("%q: %w", key, err)
 			}
-			if present {
-				is = *s.Accounts[name]
-			}
-			b.Balances.Add(b.Balances, new(big.Int).Sub(new(big.Int).SetUint64(is.Balance), new(big.Int).SetUint64(was.Balance)))
-			if is.Nonce < was.Nonce {
-				bad("account %s: nonce went back from %d to %d", name, was.Nonce, is.Nonce)
-			}
-		case pEscrow:
-			count(&b.Escrows)
-			var was Escrow
-			if err := decodeLeaf(old, &was); err != nil {
-				return nil, fmt.Errorf("%q: %w", key, err)
-			}
-			var amount uint64
-			if present {
-				e := s.Escrows[name]
-				amount = e.Amount
-				problems = append(problems, checkEscrow(name, e)...)
-			}
-			b.Escrowed.Add(b.Escrowed, new(big.Int).Sub(new(big.Int).SetUint64(amount), new(big.Int).SetUint64(was.Amount)))
-		case pMember:
-			count(&b.Members)
-		case pLink:
-			count(&b.Links)
-			if removed {
-				// Only an unlinked machine's entry goes, once no consent
-				// given before its unlink can be used.
-				var was Link
-				if err := decodeLeaf(old, &was); err != nil {
-					return nil, fmt.Errorf("%q: %w", key, err)
-				}
-				if !was.unlinked(name) || was.Changed+s.Params.ConsentBlocks > s.Height {
-					bad("link of %s (%s since height %d) removed at height %d: only an unlinked machine's entry goes, %d blocks after",
-						name, was.Owner, was.Changed, s.Height, s.Params.ConsentBlocks)
-				}
-			} else if is := s.Links[name]; is.Changed != s.Height {
-				bad("link of %s changed at height %d but says %d", name, s.Height, is.Changed)
-			}
-		case pValidator, pPending:
-			validators = true
 		}
 		if present {
 			_, err = st.tree.Set([]byte(key), val)
@@ -427,17 +312,18 @@ func (st *treeStore) write(s *State) ([]string, error) {
 			return nil, fmt.Errorf("write %q: %w", key, err)
 		}
 	}
-	if validators {
-		problems = append(problems, s.checkValidators()...)
+	if w.validators {
+		w.problems = append(w.problems, s.checkValidators()...)
 	}
+	b := w.books
 	if b.Balances.Sign() < 0 || b.Escrowed.Sign() < 0 {
-		bad("books went negative: %s", b)
+		w.bad("books went negative: %s", b)
 	}
 	if total := new(big.Int).Add(b.Balances, b.Escrowed); !total.IsUint64() || total.Uint64() != s.Supply {
-		bad("supply %d != balances %s + escrowed %s", s.Supply, b.Balances, b.Escrowed)
+		w.bad("supply %d != balances %s + escrowed %s", s.Supply, b.Balances, b.Escrowed)
 	}
-	sort.Strings(problems)
-	return problems, nil
+	sort.Strings(w.problems)
+	return w.problems, nil
 }
 
 func decodeLeaf(b []byte, v any) error {
@@ -492,17 +378,11 @@ func (st *treeStore) verify(s *State) []string {
 	var problems []string
 	leaves := 0
 	want := map[string]bool{keyMeta: true}
-	for k, a := range s.Accounts {
-		if a.Balance != 0 || a.Nonce != 0 {
-			want[pAccount+k] = true
-		}
-	}
-	for prefix, keys := range map[string][]string{
-		pIssuer: keysOf(s.Issuers), pMember: keysOf(s.Members), pLink: keysOf(s.Links), pEscrow: keysOf(s.Escrows),
-		pMachine: keysOf(s.Machines), pValidator: keysOf(s.Validators), pPending: keysOf(s.Pending),
-	} {
-		for _, k := range keys {
-			want[prefix+k] = true
+	for _, c := range collections {
+		for k := range c.keys(s) {
+			if _, leaf := c.leaf(s, k); leaf {
+				want[c.prefix+k] = true
+			}
 		}
 	}
 	_, err := st.tree.Iterate(func(k, v []byte) bool {
@@ -526,12 +406,4 @@ func (st *treeStore) verify(s *State) []string {
 	}
 	sort.Strings(problems)
 	return problems
-}
-
-func keysOf[T any](m map[string]*T) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
 }

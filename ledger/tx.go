@@ -15,7 +15,8 @@ import (
 	"github.com/deepmarket/deepmarket/wire"
 )
 
-// Transaction types.
+// Transaction types: what Tx.Type names, and the type of the event a
+// committed transaction emits. Each has its entry in txKinds (kinds.go).
 const (
 	TypeTransfer    = "transfer"
 	TypeGrant       = "grant"
@@ -208,8 +209,17 @@ type Signer interface {
 }
 
 // NewTx encodes msg as a transaction of type typ, signed by key for chainID
-// with the given nonce, and returns its bytes.
+// with the given nonce, and returns its bytes. msg is typ's message (a
+// *Transfer for TypeTransfer, ...); anything else is refused before it is
+// signed, as the ledger would refuse it.
 func NewTx(key Signer, chainID, typ string, nonce uint64, msg any) ([]byte, error) {
+	k, ok := kindByType[typ]
+	if !ok {
+		return nil, reject(CodeUnknownType, "unknown transaction type %q", typ)
+	}
+	if !k.carries(msg) {
+		return nil, reject(CodeMalformed, "a %s transaction carries a %s, not a %T", typ, k.msg, msg)
+	}
 	body, err := wire.Marshal(msg)
 	if err != nil {
 		return nil, err
@@ -282,7 +292,8 @@ func TxHashHex(tx []byte) string {
 type decoded struct {
 	tx     Tx
 	signer identity.Address
-	msg    any
+	kind   *txKind // the txKinds entry of tx.Type
+	msg    any     // the body, decoded into kind's message
 }
 
 // DecodeTx parses tx bytes and checks their form; it does not check the
@@ -301,30 +312,13 @@ func DecodeTx(b []byte) (*decoded, error) {
 		return nil, reject(CodeMalformed, "signer key or signature missing")
 	}
 	d.signer = identity.AddressOf(d.tx.Signer)
-	var err error
-	switch d.tx.Type {
-	case TypeTransfer:
-		d.msg, err = decodeBody[Transfer](d.tx.Body)
-	case TypeGrant:
-		d.msg, err = decodeBody[Grant](d.tx.Body)
-	case TypeLinkMachine:
-		d.msg, err = decodeBody[LinkMachine](d.tx.Body)
-	case TypeOpenEscrow:
-		d.msg, err = decodeBody[OpenEscrow](d.tx.Body)
-	case TypeSettle:
-		d.msg, err = decodeBody[Settle](d.tx.Body)
-	case TypeClaim:
-		d.msg, err = decodeBody[Claim](d.tx.Body)
-	case TypeExpire:
-		d.msg, err = decodeBody[Expire](d.tx.Body)
-	case TypeValidatorVote:
-		d.msg, err = decodeBody[ValidatorVote](d.tx.Body)
-	case TypeAdmit:
-		d.msg, err = decodeBody[Admit](d.tx.Body)
-	default:
+	k, ok := kindByType[d.tx.Type]
+	if !ok {
 		return nil, reject(CodeUnknownType, "unknown transaction type %q", d.tx.Type)
 	}
-	if err != nil {
+	d.kind = k
+	var err error
+	if d.msg, err = k.decode(d.tx.Body); err != nil {
 		return nil, reject(CodeMalformed, "%s body: %v", d.tx.Type, err)
 	}
 	return &d, nil

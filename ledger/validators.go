@@ -51,6 +51,22 @@ type PendingVote struct {
 	Power int64  `cbor:"power"`
 }
 
+func (v *Validator) clone() *Validator {
+	c := *v
+	c.PubKey = append([]byte(nil), v.PubKey...)
+	return &c
+}
+
+func (p *PendingVotes) clone() *PendingVotes {
+	c := *p
+	c.PubKey = append([]byte(nil), p.PubKey...)
+	c.Votes = make([]PendingVote, len(p.Votes))
+	for i, vote := range p.Votes {
+		c.Votes[i] = PendingVote{Voter: append([]byte(nil), vote.Voter...), Power: vote.Power}
+	}
+	return &c
+}
+
 // keyOf names a validator key in the state's maps and in the store: hex,
 // so that the maps' sorted order is the keys' byte order.
 func keyOf(pub []byte) string { return hex.EncodeToString(pub) }
@@ -223,7 +239,7 @@ func (s *State) vote(c *call, m *ValidatorVote) (effect, error) {
 		name = p.Name
 	}
 	mine := p.find(voter)
-	ev := &event{typ: TypeValidatorVote, accounts: []string{c.signer, string(identity.AddressOf(m.PubKey))},
+	ev := &event{accounts: []string{c.signer, string(identity.AddressOf(m.PubKey))},
 		attrs: [][2]string{{"validator", target}, {"power", strconv.FormatInt(m.Power, 10)}}}
 
 	// A vote for the power the key has is a vote to leave it: it withdraws

@@ -1,0 +1,83 @@
+package ledger
+
+import (
+	"encoding/hex"
+	"testing"
+
+	"github.com/deepmarket/deepmarket/identity"
+)
+
+// pinnedAppHash is the app hash after pinnedChain. It changes only with
+// the state's format: a change to it is a new AppVersion and a new
+// genesis for every network, never a refactoring.
+const pinnedAppHash = "4c278f83fed8b1b802dfdbfb8a13821ba59dcd9710351c5565ffbf00b330d496"
+
+// pinnedChain runs blocks that use every kind of transaction and leave
+// entries in every collection of the state. It returns the harness and
+// the types of the transactions committed; each emitted an event of its
+// type.
+func pinnedChain(t *testing.T) (*harness, map[string]bool) {
+	t.Helper()
+	issuer, alice, bob, m, owner, stranger := key(t, 1), key(t, 2), key(t, 3), key(t, 4), key(t, 5), key(t, 6)
+	vals := valKeys(t, 3)
+	g := genesis(issuer, map[*identity.Key]uint64{alice: 100 * credit}, owner)
+	p := DefaultParams()
+	p.ClaimGrace = 10
+	g.Params = &p
+	h := newHarnessWith(t, nil, g, genesisVals(vals[:2]))
+	committed := map[string]bool{}
+	must := func(txs ...[]byte) {
+		t.Helper()
+		for i, r := range h.block(txs...) {
+			d, err := DecodeTx(txs[i])
+			if err != nil || r.Code != CodeOK {
+				t.Fatalf("tx %d: code %d: %s (%v)", i, r.Code, r.Log, err)
+			}
+			if len(r.Events) != 1 || r.Events[0].Type != EventType || r.Events[0].Attributes[0].Key != "type" ||
+				r.Events[0].Attributes[0].Value != d.tx.Type {
+				t.Fatalf("a %s transaction emitted %v", d.tx.Type, r.Events)
+			}
+			committed[d.tx.Type] = true
+		}
+	}
+	mAddr := string(m.Address())
+	must(
+		h.tx(issuer, TypeGrant, &Grant{To: string(bob.Address()), Amount: 10 * credit}),
+		h.tx(issuer, TypeAdmit, &Admit{Account: string(stranger.Address())}),
+		h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: h.consent(m, owner.Address())}),
+		h.tx(alice, TypeTransfer, &Transfer{To: string(bob.Address()), Amount: credit, Memo: "pinned"}),
+	)
+	exp := h.now.Unix() + 12
+	must(
+		h.tx(alice, TypeOpenEscrow, &OpenEscrow{Job: job(1), Amount: 5 * credit, Expiry: exp, Payees: []string{mAddr}}),
+		h.tx(alice, TypeOpenEscrow, &OpenEscrow{Job: job(2), Amount: 2 * credit, Expiry: exp, Payees: []string{mAddr}}),
+		h.tx(alice, TypeOpenEscrow, &OpenEscrow{Job: job(3), Amount: 3 * credit, Expiry: exp + 3600, Payees: []string{mAddr}}),
+		h.tx(issuer, TypeAdmit, &Admit{Account: string(stranger.Address()), Revoke: true}),
+	)
+	must(
+		h.tx(alice, TypeSettle, &Settle{Job: job(1), Payments: []Payment{{Machine: mAddr, Amount: credit}}}),
+		vote(h, vals[0], vals[2], 10, "third"),
+		vote(h, vals[0], vals[1], 5, ""),
+		vote(h, vals[1], vals[1], 5, ""),
+	)
+	for h.now.Unix() < exp {
+		h.block()
+	}
+	r := SignReceipt(alice, testChain, Receipt{Job: job(2), Payee: mAddr, Amount: credit / 2, Seq: 1})
+	must(h.tx(m, TypeClaim, &Claim{Receipt: r}))
+	for h.now.Unix() < exp+p.ClaimGrace {
+		h.block()
+	}
+	must(h.tx(alice, TypeExpire, &Expire{Job: job(2)}))
+	return h, committed
+}
+
+// TestAppHashPinned: the same blocks give the same app hash, release
+// after release, so a refactoring cannot fork a network's replicas from
+// the ones that run the release before it.
+func TestAppHashPinned(t *testing.T) {
+	h, _ := pinnedChain(t)
+	if got := hex.EncodeToString(h.hash()); got != pinnedAppHash {
+		t.Fatalf("app hash %s, pinned %s: the state's format changed", got, pinnedAppHash)
+	}
+}
