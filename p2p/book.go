@@ -208,6 +208,28 @@ func (b *BookServer) book(now time.Time) []BookEntry {
 	return b.entries
 }
 
+// BookClient fetches the offer books of the peers connected to its RPC's
+// host (a node's market copies them when it starts).
+type BookClient struct{ RPC *RPC }
+
+// Servers returns the connected peers that identified themselves as
+// serving an offer book on this network.
+func (c BookClient) Servers() []peer.ID {
+	h, proto := c.RPC.Host, BookProtocol(c.RPC.ChainID)
+	var out []peer.ID
+	for _, p := range h.Network().Peers() {
+		if ok, _ := h.Peerstore().SupportsProtocols(p, proto); len(ok) > 0 {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Fetch pages through p's offer book: FetchBook over c's RPC.
+func (c BookClient) Fetch(ctx context.Context, p peer.ID, max int, each func(raw []byte) bool) (int, error) {
+	return FetchBook(ctx, c.RPC, p, max, each)
+}
+
 // FetchBook pages through p's offer book, handing each signed offer to
 // each, until the book ends, max offers came, each returns false, or p
 // stops making progress (a page whose Next is not past its After). It

@@ -61,8 +61,8 @@ func TestGossipBetweenTwoHosts(t *testing.T) {
 			if r.Signer != ka.PeerID() {
 				continue // our own echo is not delivered to b; anything else is a's
 			}
-			o := r.Payload.(*Offer)
-			if o.Machine != ka.PeerID().String() || o.Lent.Cores != 4 {
+			o := r.Offer
+			if o == nil || o.Machine != ka.PeerID().String() || o.Lent.Cores != 4 {
 				t.Fatalf("received %+v", o)
 			}
 			cancel()

@@ -343,9 +343,9 @@ func OpenBid(data []byte, chainID string, now time.Time) (*Bid, peer.ID, error) 
 	if env.Type != TypeBid {
 		return nil, "", fmt.Errorf("%w: %q where a bid belongs", ErrUnknownType, env.Type)
 	}
-	b, err := decodeBid(env)
-	if err != nil {
+	var rec Received
+	if err := decodeBid(env, &rec); err != nil {
 		return nil, "", err
 	}
-	return b.(*Bid), env.SignerID(), nil
+	return rec.Bid, env.SignerID(), nil
 }

@@ -11,15 +11,22 @@ import (
 	"github.com/deepmarket/deepmarket/identity"
 )
 
-// Received is a message that passed validation: its envelope and the
-// decoded payload (*Offer, *Withdrawal or *Bid).
+// Received is a message that passed validation: its envelope and its
+// payload, decoded. Exactly one of Offer, Withdrawal and Bid is set: the
+// one Type names (the offers topic carries offers and withdrawals, the
+// bids topic bids), so a consumer reads the field it wants and never
+// asserts a type.
 type Received struct {
-	Topic   string
-	Signer  peer.ID
-	Type    string
-	Seq     uint64
-	Expiry  time.Time
-	Payload any
+	Topic  string
+	Signer peer.ID
+	Type   string
+	Seq    uint64
+	Expiry time.Time
+
+	Offer      *Offer
+	Withdrawal *Withdrawal
+	Bid        *Bid
+
 	// Raw is the signed envelope as it arrived: a scheduler hands a bid's
 	// to the machines it asks for holds, which check it themselves.
 	Raw []byte
@@ -40,62 +47,75 @@ type Admission interface {
 
 // payloadKind describes one payload type a topic accepts.
 type payloadKind struct {
-	// admit runs before the signature is checked (so a flood of messages
-	// from keys the ledger does not know costs a map lookup each) and
-	// again on the decoded payload; nil admits.
-	admit  func(a Admission, env *Envelope, payload any) error
-	decode func(env *Envelope) (any, error)
+	// admit runs before the signature is checked, on the envelope alone
+	// (rec has no payload yet: a flood of messages from keys the ledger
+	// does not know costs a map lookup each), and again once the payload
+	// is decoded into rec; nil admits.
+	admit func(a Admission, env *Envelope, rec *Received) error
+	// decode reads env's payload, checks its values and sets its field
+	// of rec (the only one it sets).
+	decode func(env *Envelope, rec *Received) error
 }
 
-func decodeOffer(env *Envelope) (any, error) {
+func decodeOffer(env *Envelope, rec *Received) error {
 	var o Offer
 	if err := Unmarshal(env.Payload, &o); err != nil {
-		return nil, err
+		return err
 	}
-	return &o, o.Validate(env.SignerID())
+	if err := o.Validate(env.SignerID()); err != nil {
+		return err
+	}
+	rec.Offer = &o
+	return nil
 }
 
-func decodeWithdrawal(env *Envelope) (any, error) {
+func decodeWithdrawal(env *Envelope, rec *Received) error {
 	var w Withdrawal
 	if err := Unmarshal(env.Payload, &w); err != nil {
-		return nil, err
+		return err
 	}
-	return &w, w.Validate(env.SignerID())
+	if err := w.Validate(env.SignerID()); err != nil {
+		return err
+	}
+	rec.Withdrawal = &w
+	return nil
 }
 
-func decodeBid(env *Envelope) (any, error) {
+func decodeBid(env *Envelope, rec *Received) error {
 	var bid Bid
 	if err := Unmarshal(env.Payload, &bid); err != nil {
-		return nil, err
+		return err
 	}
 	if err := bid.Validate(); err != nil {
-		return nil, err
+		return err
 	}
 	// The bid spends the submitter's credits: only its own key may sign
 	// it, or anyone could bid on a rich account's balance.
 	if a := identity.AddressOf(env.Signer); bid.Submitter != string(a) {
-		return nil, fmt.Errorf("%w: bid for account %s signed by %s", ErrSignerMismatch, bid.Submitter, a)
+		return fmt.Errorf("%w: bid for account %s signed by %s", ErrSignerMismatch, bid.Submitter, a)
 	}
-	return &bid, nil
+	rec.Bid = &bid
+	return nil
 }
 
 // admitMachine lets offers and withdrawals of registered machines through;
 // an offer must also name the owner the ledger has.
-func admitMachine(a Admission, env *Envelope, payload any) error {
+func admitMachine(a Admission, env *Envelope, rec *Received) error {
 	owner, ok := a.Machine(env.Signer)
 	if !ok {
 		return fmt.Errorf("%w: machine %s is not registered on the ledger", ErrNotAdmitted, env.SignerID())
 	}
-	if o, isOffer := payload.(*Offer); isOffer && o.Owner != string(owner) {
+	if o := rec.Offer; o != nil && o.Owner != string(owner) {
 		return fmt.Errorf("%w: offer names owner %s, the ledger says %s", ErrNotAdmitted, o.Owner, owner)
 	}
 	return nil
 }
 
-// admitBidder lets bids of members through whose balance covers the bid.
-func admitBidder(a Admission, env *Envelope, payload any) error {
+// admitBidder lets through the bids of members whose balance covers the
+// bid (before the bid is decoded, of members).
+func admitBidder(a Admission, env *Envelope, rec *Received) error {
 	var max uint64
-	if b, ok := payload.(*Bid); ok {
+	if b := rec.Bid; b != nil {
 		max = b.MaxPrice
 	}
 	if err := a.Bidder(env.Signer, max); err != nil {
@@ -209,7 +229,7 @@ func (v *Validator) CheckOffer(data []byte, now time.Time) (*Received, error) {
 	if err != nil {
 		return nil, err
 	}
-	if rec.Type != TypeOffer {
+	if rec.Offer == nil {
 		return nil, fmt.Errorf("%w: %q in an offer book", ErrUnknownType, rec.Type)
 	}
 	return rec, nil
@@ -236,24 +256,25 @@ func (v *Validator) check(topic string, data []byte, author peer.ID, now time.Ti
 	if author != "" && signer != author {
 		return nil, fmt.Errorf("%w: signed by %s, published by %s", ErrSignerMismatch, signer, author)
 	}
-	if v.admit != nil && kind.admit != nil {
-		if err := kind.admit(v.admit, env, nil); err != nil {
+	rec := &Received{Topic: topic, Signer: signer, Type: env.Type, Seq: env.Seq, Expiry: env.ExpiresAt(), Raw: data}
+	admit := v.admit != nil && kind.admit != nil
+	if admit {
+		if err := kind.admit(v.admit, env, rec); err != nil {
 			return nil, err
 		}
 	}
 	if err := env.verify(v.chainID, now); err != nil {
 		return nil, err
 	}
-	payload, err := kind.decode(env)
-	if err != nil {
+	if err := kind.decode(env, rec); err != nil {
 		return nil, err
 	}
-	if v.admit != nil && kind.admit != nil {
-		if err := kind.admit(v.admit, env, payload); err != nil {
+	if admit {
+		if err := kind.admit(v.admit, env, rec); err != nil {
 			return nil, err
 		}
 	}
-	return &Received{Topic: topic, Signer: signer, Type: env.Type, Seq: env.Seq, Expiry: env.ExpiresAt(), Payload: payload, Raw: data}, nil
+	return rec, nil
 }
 
 func (v *Validator) advance(k seqKey, seq uint64, now time.Time) error {

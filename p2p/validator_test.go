@@ -118,7 +118,7 @@ func TestValidatorRejects(t *testing.T) {
 			}
 			rec, err := v.Validate(c.topic, c.data, author, now)
 			if err == nil {
-				t.Fatalf("accepted: %+v", rec.Payload)
+				t.Fatalf("accepted: %+v", rec)
 			}
 			if got := Reason(err); got != c.reason {
 				t.Fatalf("reason %q (%v), want %q", got, err, c.reason)
@@ -166,8 +166,8 @@ func TestValidatorReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := rec.Payload.(*Withdrawal); !ok {
-		t.Fatalf("payload %T", rec.Payload)
+	if rec.Withdrawal == nil || rec.Withdrawal.Machine != k.PeerID().String() || payloads(rec) != 1 {
+		t.Fatalf("received %+v", rec)
 	}
 	// Sequences are per topic: a bid with a low number is still fresh.
 	if _, err := v.Validate(BidsTopic(testChain), seal(t, k, testChain, TypeBid, testBid(k), 1, now.Add(time.Minute)), k.PeerID(), now); err != nil {
@@ -187,9 +187,51 @@ func TestValidatorAcceptsGoodMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := rec.Payload.(*Offer)
+	got := rec.Offer
+	if got == nil || payloads(rec) != 1 || rec.Type != TypeOffer {
+		t.Fatalf("received %+v", rec)
+	}
 	if got.GPUs[0].Model != "Tesla T4" || got.Window != "19:00-07:00" || rec.Signer != k.PeerID() {
 		t.Fatalf("decoded %+v", got)
+	}
+}
+
+// payloads counts the payload fields of rec that are set.
+func payloads(rec *Received) int {
+	n := 0
+	for _, set := range []bool{rec.Offer != nil, rec.Withdrawal != nil, rec.Bid != nil} {
+		if set {
+			n++
+		}
+	}
+	return n
+}
+
+// TestReceivedCarriesItsType: each payload type of the validator's table
+// arrives in its own field of Received, and in no other.
+func TestReceivedCarriesItsType(t *testing.T) {
+	k := testKey(t, 4)
+	now := time.Now()
+	exp := now.Add(time.Minute)
+	for _, c := range []struct {
+		topic, typ string
+		payload    any
+		field      func(*Received) bool
+	}{
+		{OffersTopic(testChain), TypeOffer, testOffer(k), func(r *Received) bool { return r.Offer != nil && r.Offer.Lent.Cores == 4 }},
+		{OffersTopic(testChain), TypeWithdrawal, &Withdrawal{Machine: k.PeerID().String(), Reason: "gone"}, func(r *Received) bool {
+			return r.Withdrawal != nil && r.Withdrawal.Reason == "gone"
+		}},
+		{BidsTopic(testChain), TypeBid, testBid(k), func(r *Received) bool { return r.Bid != nil && r.Bid.Workers == 2 }},
+	} {
+		v := NewValidator(testChain, nil)
+		rec, err := v.Validate(c.topic, seal(t, k, testChain, c.typ, c.payload, 1, exp), k.PeerID(), now)
+		if err != nil {
+			t.Fatalf("%s: %v", c.typ, err)
+		}
+		if rec.Type != c.typ || payloads(rec) != 1 || !c.field(rec) {
+			t.Errorf("%s: received %+v", c.typ, rec)
+		}
 	}
 }
 
@@ -241,12 +283,18 @@ func TestWindow(t *testing.T) {
 func FuzzValidate(f *testing.F) {
 	k := testKey(f, 1)
 	f.Add(seal(f, k, testChain, TypeOffer, testOffer(k), 1, time.Now().Add(time.Hour)))
+	f.Add(seal(f, k, testChain, TypeBid, testBid(k), 1, time.Now().Add(time.Hour)))
 	f.Add([]byte{0xa0})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		v := NewValidator(testChain, nil)
-		rec, err := v.Validate(OffersTopic(testChain), data, "", time.Now())
-		if err == nil && rec.Payload == nil {
-			t.Fatal("accepted without payload")
+		for _, topic := range []string{OffersTopic(testChain), BidsTopic(testChain)} {
+			rec, err := NewValidator(testChain, nil).Validate(topic, data, "", time.Now())
+			if err != nil {
+				continue
+			}
+			named := map[string]bool{TypeOffer: rec.Offer != nil, TypeWithdrawal: rec.Withdrawal != nil, TypeBid: rec.Bid != nil}
+			if payloads(rec) != 1 || !named[rec.Type] {
+				t.Fatalf("accepted %+v on %s: want exactly the payload its type names", rec, topic)
+			}
 		}
 	})
 }

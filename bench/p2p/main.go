@@ -138,12 +138,12 @@ func propagation(n, rounds int) []row {
 		members[i] = member{h, g}
 		self := k.PeerID()
 		go g.Offers().Run(ctx, func(r *p2p.Received) {
-			if r.Signer == self {
+			if r.Signer == self || r.Offer == nil {
 				return
 			}
 			now := time.Now()
 			mu.Lock()
-			m := r.Payload.(*p2p.Offer).Moniker
+			m := r.Offer.Moniker
 			arrivals[m] = append(arrivals[m], now)
 			mu.Unlock()
 		})

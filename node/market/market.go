@@ -3,15 +3,13 @@ package market
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/deepmarket/deepmarket/ledger"
-	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/fault"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/scheduler"
 )
@@ -209,24 +207,41 @@ func (m *Market) subset(offers []p2p.Offer) []p2p.Offer {
 	return offers
 }
 
+// MachinePrices is one machine's current prices, load and free capacity.
+type MachinePrices struct {
+	scheduler.MachinePrices
+	Moniker string              `json:"moniker,omitempty"`
+	Free    scheduler.Resources `json:"free"`
+}
+
+// Prices is what this node's scheduler charges now, per machine and
+// market-wide (micro-credits per unit-hour; memory per GiB-hour): the
+// answer to `deepmarket prices`.
+type Prices struct {
+	Subset   string               `json:"subset"`
+	Lowest   scheduler.UnitPrices `json:"lowest"`
+	Median   scheduler.UnitPrices `json:"median"`
+	Machines []MachinePrices      `json:"machines"`
+}
+
 // Prices is what the machines in view charge now, and their lowest and
 // median unit prices.
-func (m *Market) Prices(now time.Time) api.MarketPrices {
+func (m *Market) Prices(now time.Time) Prices {
 	v, offers := m.View(now, "")
 	mk := scheduler.MarketPrices(v, now, scheduler.Params{})
-	out := api.MarketPrices{Subset: m.p.Subset, Lowest: mk.Lowest, Median: mk.Median,
-		Machines: make([]api.MachinePrices, len(mk.Machines))}
+	out := Prices{Subset: m.p.Subset, Lowest: mk.Lowest, Median: mk.Median,
+		Machines: make([]MachinePrices, len(mk.Machines))}
 	for i, mp := range mk.Machines {
-		out.Machines[i] = api.MachinePrices{MachinePrices: mp, Moniker: offers[i].Moniker,
+		out.Machines[i] = MachinePrices{MachinePrices: mp, Moniker: offers[i].Moniker,
 			Free: scheduler.Resources(v.Machines[i].Free())}
 	}
 	return out
 }
 
 // Sample is the market's prices now, as the price history records them.
-func (m *Market) Sample(context.Context) (api.PriceSample, error) {
+func (m *Market) Sample(context.Context) (PriceSample, error) {
 	mk := m.Prices(time.Now())
-	s := api.PriceSample{Time: time.Now().UTC(), Lowest: mk.Lowest, Median: mk.Median, Machines: len(mk.Machines)}
+	s := PriceSample{Time: time.Now().UTC(), Lowest: mk.Lowest, Median: mk.Median, Machines: len(mk.Machines)}
 	for _, mp := range mk.Machines {
 		if mp.Available {
 			s.Available++
@@ -235,17 +250,46 @@ func (m *Market) Sample(context.Context) (api.PriceSample, error) {
 	return s, nil
 }
 
+// QuoteRequest is a job shape to price.
+type QuoteRequest struct {
+	Workers   int                 `json:"workers"`
+	PerWorker scheduler.Resources `json:"per_worker"`
+	DurationS int64               `json:"duration_s"`
+	MaxPrice  uint64              `json:"max_price,omitempty"` // micro-credits; 0: no limit
+	Deadline  int64               `json:"deadline,omitempty"`  // unix seconds
+}
+
+// QuotedWorker is where one worker would run, at what hourly price.
+type QuotedWorker struct {
+	Machine string `json:"machine"`
+	Moniker string `json:"moniker,omitempty"`
+	Site    string `json:"site,omitempty"`
+	PerHour uint64 `json:"per_hour"`
+}
+
+// QuoteResult is a quote, or the reason there is none.
+type QuoteResult struct {
+	OK        bool                 `json:"ok"`
+	Machines  int                  `json:"machines_in_view"`
+	Workers   []QuotedWorker       `json:"workers,omitempty"`
+	PerHour   uint64               `json:"per_hour,omitempty"`
+	Total     uint64               `json:"total,omitempty"`
+	DoneAt    time.Time            `json:"done_at,omitzero"`
+	Rejection *scheduler.Rejection `json:"rejection,omitempty"`
+}
+
 // Quote is the price and placement the scheduler gives a job shape now,
-// or why it would not run; a malformed request is an *api.Error.
-func (m *Market) Quote(now time.Time, req api.QuoteRequest) (api.QuoteResult, error) {
+// or why it would not run; a malformed request is a *fault.Error of kind
+// fault.Invalid naming the field at fault.
+func (m *Market) Quote(now time.Time, req QuoteRequest) (QuoteResult, error) {
 	if req.Workers < 1 || req.Workers > p2p.MaxWorkers {
-		return api.QuoteResult{}, &api.Error{Status: http.StatusUnprocessableEntity, Field: "workers", Message: fmt.Sprintf("workers %d: want 1 to %d", req.Workers, p2p.MaxWorkers)}
+		return QuoteResult{}, fault.New(fault.Invalid, "workers", "workers %d: want 1 to %d", req.Workers, p2p.MaxWorkers)
 	}
 	if req.PerWorker == (scheduler.Resources{}) {
-		return api.QuoteResult{}, &api.Error{Status: http.StatusUnprocessableEntity, Field: "per_worker", Message: "a worker must ask for some cores, memory or GPUs"}
+		return QuoteResult{}, fault.New(fault.Invalid, "per_worker", "a worker must ask for some cores, memory or GPUs")
 	}
 	if req.DurationS <= 0 || req.DurationS > int64(p2p.MaxJobDuration/time.Second) {
-		return api.QuoteResult{}, &api.Error{Status: http.StatusUnprocessableEntity, Field: "duration_s", Message: fmt.Sprintf("duration %ds: want 1 s to %s", req.DurationS, p2p.MaxJobDuration)}
+		return QuoteResult{}, fault.New(fault.Invalid, "duration_s", "duration %ds: want 1 s to %s", req.DurationS, p2p.MaxJobDuration)
 	}
 	v, offers := m.View(now, "")
 	job := scheduler.Job{ID: "quote", Workers: req.Workers, Per: req.PerWorker, Duration: time.Duration(req.DurationS) * time.Second,
@@ -259,14 +303,14 @@ func (m *Market) Quote(now time.Time, req api.QuoteRequest) (api.QuoteResult, er
 	pl, err := scheduler.Quote(v, job, now, scheduler.Params{})
 	var rej *scheduler.Rejection
 	if errors.As(err, &rej) {
-		return api.QuoteResult{Machines: len(v.Machines), Rejection: rej}, nil
+		return QuoteResult{Machines: len(v.Machines), Rejection: rej}, nil
 	}
 	if err != nil {
-		return api.QuoteResult{}, err
+		return QuoteResult{}, err
 	}
-	res := api.QuoteResult{OK: true, Machines: len(v.Machines), PerHour: pl.PerHour, Total: pl.Total, DoneAt: pl.Done.UTC()}
+	res := QuoteResult{OK: true, Machines: len(v.Machines), PerHour: pl.PerHour, Total: pl.Total, DoneAt: pl.Done.UTC()}
 	for w, i := range pl.Machines {
-		res.Workers = append(res.Workers, api.QuotedWorker{Machine: offers[i].Machine, Moniker: offers[i].Moniker,
+		res.Workers = append(res.Workers, QuotedWorker{Machine: offers[i].Machine, Moniker: offers[i].Moniker,
 			Site: offers[i].Site, PerHour: pl.Worker[w]})
 	}
 	return res, nil

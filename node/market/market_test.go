@@ -3,6 +3,7 @@ package market
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"reflect"
@@ -14,6 +15,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node/fault"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/scheduler"
 )
@@ -61,7 +63,7 @@ func fourMachines(t *testing.T, now time.Time) (*OfferBook, []peer.ID) {
 		if i == 0 {
 			o.Software.TensorFlow = "2.16"
 		}
-		if !book.Apply(&p2p.Received{Signer: id, Seq: 1, Expiry: now.Add(time.Hour), Payload: o}, now) {
+		if !book.Apply(&p2p.Received{Signer: id, Seq: 1, Expiry: now.Add(time.Hour), Offer: o}, now) {
 			t.Fatal("the book refused an offer")
 		}
 	}
@@ -116,6 +118,37 @@ func TestViewSubsets(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestQuoteRefusesMalformedRequests: a request out of range is refused
+// as invalid, naming its field, before the scheduler sees it; a request
+// in range is priced.
+func TestQuoteRefusesMalformedRequests(t *testing.T) {
+	now := time.Now()
+	book, _ := fourMachines(t, now)
+	m := New(Params{Book: book, Subset: SubsetAll})
+	good := QuoteRequest{Workers: 2, PerWorker: scheduler.Resources{Cores: 1, MemBytes: 512 << 20}, DurationS: 3600}
+	for _, tc := range []struct {
+		field, message string
+		edit           func(*QuoteRequest)
+	}{
+		{"workers", "workers 0: want 1 to 1024", func(r *QuoteRequest) { r.Workers = 0 }},
+		{"workers", "workers 1025: want 1 to 1024", func(r *QuoteRequest) { r.Workers = p2p.MaxWorkers + 1 }},
+		{"per_worker", "a worker must ask for some cores, memory or GPUs", func(r *QuoteRequest) { r.PerWorker = scheduler.Resources{} }},
+		{"duration_s", "duration 0s: want 1 s to 720h0m0s", func(r *QuoteRequest) { r.DurationS = 0 }},
+	} {
+		req := good
+		tc.edit(&req)
+		_, err := m.Quote(now, req)
+		var fe *fault.Error
+		if !errors.As(err, &fe) || fe.Kind != fault.Invalid || fe.Field != tc.field || fe.Message != tc.message {
+			t.Errorf("%+v: %#v, want invalid %s: %q", req, err, tc.field, tc.message)
+		}
+	}
+	res, err := m.Quote(now, good)
+	if err != nil || !res.OK || res.Machines != 4 || len(res.Workers) != 2 {
+		t.Fatalf("a good request: %+v, %v", res, err)
 	}
 }
 
@@ -196,7 +229,7 @@ func variedBook(t *testing.T, n int, now time.Time, seed uint64) (*OfferBook, []
 		if r.IntN(6) == 0 {
 			o.AvailableUntil = now.Add(time.Duration(1+r.IntN(5)) * time.Hour).Unix()
 		}
-		if !book.Apply(&p2p.Received{Signer: ids[i], Seq: 1, Expiry: now.Add(10 * time.Hour), Payload: o}, now) {
+		if !book.Apply(&p2p.Received{Signer: ids[i], Seq: 1, Expiry: now.Add(10 * time.Hour), Offer: o}, now) {
 			t.Fatal("the book refused an offer")
 		}
 	}
@@ -280,7 +313,7 @@ func TestIndexedFollowsTheBook(t *testing.T) {
 	// The cheapest machine is taken in full.
 	full := p2p.Offer{Machine: cheapest, Owner: "owner", Lent: p2p.Resources{Cores: 4, MemBytes: 4 << 30}}
 	full.Allocated = full.Lent
-	book.Apply(&p2p.Received{Signer: ids[i], Seq: 2, Expiry: t0.Add(10 * time.Hour), Payload: &full}, t0)
+	book.Apply(&p2p.Received{Signer: ids[i], Seq: 2, Expiry: t0.Add(10 * time.Hour), Offer: &full}, t0)
 
 	t1 := t0.Add(indexMaxAge / 2)
 	if x, _, _ := m.Indexed(t1, ""); x != x0 {

@@ -50,8 +50,9 @@ func NewOfferBook(max, perOwner int) *OfferBook {
 func (b *OfferBook) Apply(rec *p2p.Received, now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch m := rec.Payload.(type) {
-	case *p2p.Offer:
+	switch {
+	case rec.Offer != nil:
+		o := rec.Offer
 		cur, held := b.offers[rec.Signer]
 		if held && cur.Seq >= rec.Seq {
 			return true
@@ -59,20 +60,20 @@ func (b *OfferBook) Apply(rec *p2p.Received, now time.Time) bool {
 		if w, ok := b.withdrawn[rec.Signer]; ok && w >= rec.Seq {
 			return true
 		}
-		if !held || cur.Offer.Owner != m.Owner {
+		if !held || cur.Offer.Owner != o.Owner {
 			if !held && len(b.offers) >= b.max {
 				b.dropExpiredLocked(now)
 			}
-			if (!held && len(b.offers) >= b.max) || b.owners[m.Owner] >= b.perOwner {
+			if (!held && len(b.offers) >= b.max) || b.owners[o.Owner] >= b.perOwner {
 				b.refused++
 				return false
 			}
 		}
 		delete(b.withdrawn, rec.Signer)
 		b.removeLocked(rec.Signer)
-		b.offers[rec.Signer] = HeldOffer{Offer: *m, Seq: rec.Seq, Expires: rec.Expiry, Received: now, Raw: rec.Raw}
-		b.owners[m.Owner]++
-	case *p2p.Withdrawal:
+		b.offers[rec.Signer] = HeldOffer{Offer: *o, Seq: rec.Seq, Expires: rec.Expiry, Received: now, Raw: rec.Raw}
+		b.owners[o.Owner]++
+	case rec.Withdrawal != nil:
 		if cur, ok := b.offers[rec.Signer]; ok && cur.Seq < rec.Seq {
 			b.removeLocked(rec.Signer)
 		}
@@ -165,8 +166,8 @@ func NewBidLog(max int) *BidLog { return &BidLog{max: max} }
 
 // Add records a validated bid.
 func (l *BidLog) Add(rec *p2p.Received, now time.Time) {
-	bid, ok := rec.Payload.(*p2p.Bid)
-	if !ok {
+	bid := rec.Bid
+	if bid == nil {
 		return
 	}
 	l.mu.Lock()

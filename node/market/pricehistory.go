@@ -9,8 +9,18 @@ import (
 	"sync"
 	"time"
 
-	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/scheduler"
 )
+
+// PriceSample is the market's prices at one moment (micro-credits per
+// unit-hour; memory per GiB-hour).
+type PriceSample struct {
+	Time      time.Time            `json:"time"`
+	Lowest    scheduler.UnitPrices `json:"lowest"`
+	Median    scheduler.UnitPrices `json:"median"`
+	Machines  int                  `json:"machines"`
+	Available int                  `json:"available"`
+}
 
 // PriceSampleEvery is how often the node records the market's prices for
 // the dashboard's price history (tests shorten it).
@@ -20,7 +30,7 @@ var PriceSampleEvery = time.Minute
 const priceWindow = 24 * time.Hour
 
 // pricesKey prefixes the price samples in the node store:
-// "prices/<unix nanoseconds, zero-padded>" -> api.PriceSample, so that
+// "prices/<unix nanoseconds, zero-padded>" -> PriceSample, so that
 // keys sort by time.
 const pricesKey = "prices/"
 
@@ -35,9 +45,9 @@ type Store interface {
 // PriceHistoryParams configures a PriceHistory.
 type PriceHistoryParams struct {
 	Store  Store
-	Sample func(context.Context) (api.PriceSample, error) // the market now
-	Every  time.Duration                                  // default PriceSampleEvery
-	Window time.Duration                                  // default 24 h
+	Sample func(context.Context) (PriceSample, error) // the market now
+	Every  time.Duration                              // default PriceSampleEvery
+	Window time.Duration                              // default 24 h
 	Logger *slog.Logger
 }
 
@@ -48,7 +58,7 @@ type PriceHistory struct {
 	p PriceHistoryParams
 
 	mu   sync.Mutex
-	ring []api.PriceSample // oldest first
+	ring []PriceSample // oldest first
 }
 
 // NewPriceHistory loads the samples kept in the store, dropping those
@@ -64,7 +74,7 @@ func NewPriceHistory(p PriceHistoryParams) (*PriceHistory, error) {
 	cutoff := time.Now().Add(-p.Window)
 	var stale []string
 	err := p.Store.Each(pricesKey, func(key string, doc []byte) error {
-		var s api.PriceSample
+		var s PriceSample
 		if err := json.Unmarshal(doc, &s); err != nil || s.Time.Before(cutoff) {
 			stale = append(stale, key)
 			return nil
@@ -112,7 +122,7 @@ func priceKey(t time.Time) string {
 }
 
 // add records s and forgets what has left the window.
-func (h *PriceHistory) add(s api.PriceSample) error {
+func (h *PriceHistory) add(s PriceSample) error {
 	if err := h.p.Store.Put(priceKey(s.Time), &s); err != nil {
 		return err
 	}
@@ -123,7 +133,7 @@ func (h *PriceHistory) add(s api.PriceSample) error {
 	for drop < len(h.ring) && h.ring[drop].Time.Before(cutoff) {
 		drop++
 	}
-	old := append([]api.PriceSample(nil), h.ring[:drop]...)
+	old := append([]PriceSample(nil), h.ring[:drop]...)
 	h.ring = append(h.ring[:0], h.ring[drop:]...)
 	h.mu.Unlock()
 	for _, o := range old {
@@ -135,10 +145,10 @@ func (h *PriceHistory) add(s api.PriceSample) error {
 }
 
 // Since returns the samples taken at or after t, oldest first.
-func (h *PriceHistory) Since(t time.Time) []api.PriceSample {
+func (h *PriceHistory) Since(t time.Time) []PriceSample {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := []api.PriceSample{}
+	out := []PriceSample{}
 	for _, s := range h.ring {
 		if !s.Time.Before(t) {
 			out = append(out, s)

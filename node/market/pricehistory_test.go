@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/scheduler"
 )
 
@@ -63,9 +62,9 @@ func TestPriceHistoryKeepsADayAcrossRestarts(t *testing.T) {
 	store := memStore{}
 	log := slog.New(slog.DiscardHandler)
 	var n atomic.Int64
-	sample := func(context.Context) (api.PriceSample, error) {
+	sample := func(context.Context) (PriceSample, error) {
 		k := n.Add(1)
-		return api.PriceSample{Time: time.Now().UTC(), Median: scheduler.UnitPrices{Core: uint64(k)}, Machines: 1}, nil
+		return PriceSample{Time: time.Now().UTC(), Median: scheduler.UnitPrices{Core: uint64(k)}, Machines: 1}, nil
 	}
 	h, err := NewPriceHistory(PriceHistoryParams{Store: store, Sample: sample, Every: 10 * time.Millisecond, Logger: log})
 	if err != nil {
@@ -73,7 +72,7 @@ func TestPriceHistoryKeepsADayAcrossRestarts(t *testing.T) {
 	}
 	// An old sample (a day and more ago) and the recorder running.
 	now := time.Now().UTC()
-	if err := h.add(api.PriceSample{Time: now.Add(-25 * time.Hour), Machines: 9}); err != nil {
+	if err := h.add(PriceSample{Time: now.Add(-25 * time.Hour), Machines: 9}); err != nil {
 		t.Fatal(err)
 	}
 	if all := h.Since(time.Time{}); len(all) != 1 {
@@ -100,7 +99,7 @@ func TestPriceHistoryKeepsADayAcrossRestarts(t *testing.T) {
 		t.Errorf("the sample from more than a day ago is kept: %d samples in all, %d in the day", len(all), len(got))
 	}
 	// One more from long ago, as a node stopped for a day left it.
-	if err := store.Put(priceKey(now.Add(-30*time.Hour)), &api.PriceSample{Time: now.Add(-30 * time.Hour)}); err != nil {
+	if err := store.Put(priceKey(now.Add(-30*time.Hour)), &PriceSample{Time: now.Add(-30 * time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -45,7 +45,7 @@ func BenchmarkAnswerBid(b *testing.B) {
 					Lent:      p2p.Resources{Cores: cores, MemBytes: uint64(cores) << 31},
 					Allocated: p2p.Resources{Cores: uint32(r.IntN(int(cores))), MemBytes: uint64(r.IntN(int(cores))) << 30},
 					Price:     p2p.Prices{CoreHour: uint64(50_000 + r.IntN(400_000)), MemGiBHour: uint64(5_000 + r.IntN(40_000))}}
-				if !book.Apply(&p2p.Received{Signer: id, Seq: 1, Expiry: now.Add(time.Hour), Payload: o}, now) {
+				if !book.Apply(&p2p.Received{Signer: id, Seq: 1, Expiry: now.Add(time.Hour), Offer: o}, now) {
 					b.Fatal("the book refused an offer")
 				}
 			}

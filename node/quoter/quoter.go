@@ -88,8 +88,8 @@ type bidWork struct {
 // Queue is the bids topic's handler: it queues the bid for the pricing
 // workers, off the gossip loop.
 func (q *Quoter) Queue(rec *p2p.Received) {
-	b, ok := rec.Payload.(*p2p.Bid)
-	if !ok {
+	b := rec.Bid
+	if b == nil {
 		return
 	}
 	select {

@@ -93,7 +93,7 @@ func newHarness(t *testing.T) *harness {
 		id    peer.ID
 		price p2p.Prices
 	}{{h.cheap, p2p.Prices{CoreHour: 100_000, MemGiBHour: 20_000}}, {h.dear, p2p.Prices{CoreHour: 2_000_000, MemGiBHour: 100_000}}} {
-		book.Apply(&p2p.Received{Signer: o.id, Seq: 1, Expiry: now.Add(time.Hour), Payload: &p2p.Offer{
+		book.Apply(&p2p.Received{Signer: o.id, Seq: 1, Expiry: now.Add(time.Hour), Offer: &p2p.Offer{
 			Machine: o.id.String(), Owner: "owner", Moniker: o.id.String()[len(o.id.String())-4:], Lent: lent, Price: o.price}}, now)
 	}
 	h.mk = market.New(market.Params{Book: book, Subset: market.SubsetAll})
@@ -247,7 +247,7 @@ func TestQuotesPredictTrainingTime(t *testing.T) {
 	lent := p2p.Resources{Cores: 1, MemBytes: 2 << 30}
 	now := time.Now()
 	for _, o := range [][2]peer.ID{{a, b}, {b, a}} {
-		book.Apply(&p2p.Received{Signer: o[0], Seq: 1, Expiry: now.Add(time.Hour), Payload: &p2p.Offer{
+		book.Apply(&p2p.Received{Signer: o[0], Seq: 1, Expiry: now.Add(time.Hour), Offer: &p2p.Offer{
 			Machine: o[0].String(), Owner: "owner", Lent: lent, Price: p2p.Prices{CoreHour: 100_000, MemGiBHour: 20_000},
 			Links: []p2p.LinkSample{{Machine: o[1].String(), RTTMicros: 100_000, KBps: 1250}}}}, now)
 	}
@@ -292,7 +292,7 @@ func TestTensorFlowBidOnMachinesStillChecking(t *testing.T) {
 		book := market.NewOfferBook(10, 10)
 		now := time.Now()
 		id := newPeerID(t)
-		book.Apply(&p2p.Received{Signer: id, Seq: 1, Expiry: now.Add(time.Hour), Payload: &p2p.Offer{
+		book.Apply(&p2p.Received{Signer: id, Seq: 1, Expiry: now.Add(time.Hour), Offer: &p2p.Offer{
 			Machine: id.String(), Owner: "owner", Lent: p2p.Resources{Cores: 2, MemBytes: 2 << 30},
 			Software: p2p.Software{Checking: checking}}}, now)
 		q := New(Params{Self: newPeerID(t), Market: market.New(market.Params{Book: book, Subset: market.SubsetAll}),

@@ -106,7 +106,7 @@ func newLab(t *testing.T) *lab {
 		id    peer.ID
 		addrs []string
 	}{{sh.ID(), p2p.FullAddrs(sh)}, {lh.ID(), fullAddrs(t, lh.ID(), lh.Network().ListenAddresses())}} {
-		book.Apply(&p2p.Received{Signer: m.id, Seq: 1, Expiry: now.Add(time.Hour), Payload: &p2p.Offer{
+		book.Apply(&p2p.Received{Signer: m.id, Seq: 1, Expiry: now.Add(time.Hour), Offer: &p2p.Offer{
 			Machine: m.id.String(), Owner: "owner", Moniker: m.id.String()[len(m.id.String())-4:], Lent: lent, Addrs: m.addrs,
 			Price: p2p.Prices{CoreHour: 100_000, MemGiBHour: 20_000}}}, now)
 	}
