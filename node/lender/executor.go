@@ -27,13 +27,6 @@ const (
 	// submitterSilence stops a worker whose submitter stopped asking
 	// after it: work past its last receipt would not be paid.
 	submitterSilence = 90 * time.Second
-	// claimDelay waits past an escrow's expiry before claiming, so the
-	// ledger's block time has passed it.
-	claimDelay = 30 * time.Second
-	// claimRetry spaces claims the ledger found early; claimAttempts
-	// bounds them (well past two empty-block intervals).
-	claimRetry    = 10 * time.Second
-	claimAttempts = 12
 )
 
 // Executor runs the workers this machine was asked to launch: it is the
@@ -79,8 +72,15 @@ type Executor struct {
 	nets    map[string]*runNet // run -> its network namespace here
 	cpus    map[int]string     // CPU id -> worker using it
 	gpus    map[int]string     // GPU index (as nvidia-smi numbers them) -> worker using it
+	// ctx is Run's, set once Run serves; closing is set once Run stops:
+	// from then on the executor starts nothing (spawn).
 	ctx     context.Context
-	wg      sync.WaitGroup
+	closing bool
+	// wg counts every goroutine the executor starts (spawn): Run waits
+	// for them all before it returns, so that nothing of the executor
+	// writes to storage after.
+	wg     sync.WaitGroup
+	claims *claims
 
 	probeOnce sync.Once
 	probeErr  error
@@ -200,7 +200,8 @@ func NewExecutor(p ExecutorParams) (*Executor, error) {
 		holds: p.Holds, lent: p.GPUs, dial: p.Dialer, home: p.Home, cpuPool: p.CPUs, shareCPUs: p.ShareCPUs,
 		dir: p.Dir, root: root, logs: logs, ids: ids, keep: p.KeepLogs,
 		python: p.Python, tunnels: tunnel.New(p.Host, p.ChainID, p.Logger.With("module", "tunnel")),
-		tag: id[len(id)-8:], workers: map[string]*worker{}, nets: map[string]*runNet{}, cpus: map[int]string{}, gpus: map[int]string{}}
+		tag: id[len(id)-8:], workers: map[string]*worker{}, nets: map[string]*runNet{}, cpus: map[int]string{}, gpus: map[int]string{},
+		claims: newClaims(p.Ledger, p.Store, p.Logger.With("module", "claims"))}
 	e.registerMetrics(p.Registerer)
 	return e, nil
 }
@@ -310,13 +311,15 @@ func (e *Executor) Capable() error {
 
 // Run watches workers for silent submitters and over-long runs until ctx
 // ends, then stops them all. It first ends what a previous run of this
-// node left behind; until then it launches nothing.
+// node left behind; until then it launches nothing. The claim service
+// runs beside it. Every goroutine the executor starts runs under ctx and
+// ends before Run returns: after that, it writes nothing to storage.
 func (e *Executor) Run(ctx context.Context) error {
 	e.reapLeftovers()
 	e.mu.Lock()
 	e.ctx = ctx
 	e.mu.Unlock()
-	e.claimKept()
+	e.spawn(e.claims.run)
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
 	e.sweep(time.Now())
@@ -327,6 +330,9 @@ func (e *Executor) Run(ctx context.Context) error {
 			for _, w := range e.snapshot() {
 				e.stop(w, "the node is stopping", false)
 			}
+			e.mu.Lock()
+			e.closing = true
+			e.mu.Unlock()
 			e.wg.Wait()
 			e.tunnels.Close()
 			return nil
@@ -338,6 +344,29 @@ func (e *Executor) Run(ctx context.Context) error {
 			e.watch(now)
 		}
 	}
+}
+
+// spawn runs f with Run's context in a goroutine of the executor's
+// group, which Run waits for. Before Run serves and once it stops it
+// starts nothing, and says so.
+func (e *Executor) spawn(f func(ctx context.Context)) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.spawnLocked(f)
+}
+
+// spawnLocked is spawn with e.mu held.
+func (e *Executor) spawnLocked(f func(ctx context.Context)) bool {
+	if e.ctx == nil || e.closing {
+		return false
+	}
+	ctx := e.ctx
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		f(ctx)
+	}()
+	return true
 }
 
 // watch stops the live workers whose submitter stopped asking after them
@@ -410,7 +439,10 @@ func (e *Executor) Status(from peer.ID, r p2p.StatusReq) (p2p.JobStatus, error) 
 		return p2p.JobStatus{}, err
 	}
 	if r.Receipt != nil {
-		e.keepReceipt(w, *r.Receipt)
+		if err := e.keepReceipt(w, *r.Receipt); err != nil {
+			// The claim service holds it and stores it again later.
+			e.log.Warn("cannot keep a usage receipt", "module", "executor", "job", w.l.JobID[:12], "err", err)
+		}
 	}
 	return e.statusOf(w), nil
 }
@@ -438,10 +470,10 @@ func (e *Executor) Stop(from peer.ID, r p2p.Stop) (p2p.JobStatus, error) {
 	}
 	e.stop(w, p2p.Clip(reason, 200), r.Checkpoint)
 	if r.Checkpoint && w.l.Index == 0 {
-		go e.keepCheckpoint(w)
+		e.spawn(func(ctx context.Context) { e.keepCheckpoint(ctx, w) })
 	}
 	if r.Final {
-		go e.finish(w)
+		e.spawn(func(context.Context) { e.finish(w) })
 	}
 	return e.statusOf(w), nil
 }

@@ -44,7 +44,11 @@ func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) (err 
 	if _, ok := e.holds.Launch(l.Hold, l.JobID, from, time.Now()); !ok {
 		return errors.New("the hold lapsed while the launch was checked: reserve and commit again")
 	}
-	return e.admit(from, l, false)
+	if err := e.admit(from, l, false); err != nil {
+		return err
+	}
+	e.claims.Watch(l.JobID)
+	return nil
 }
 
 // errEscrowNotYet is a launch's refusal while this machine's replica of
@@ -180,14 +184,14 @@ func (e *Executor) checkInputs(l p2p.Launch) error {
 }
 
 // admit makes a checked worker one of this machine's, if the node runs
-// jobs now: it picks the worker's CPUs, lists it among the workers here,
-// runs it in the background and schedules the claim on the run's escrow.
-// A retried launch of a worker already here succeeds at once.
+// jobs now: it picks the worker's CPUs, lists it among the workers here
+// and runs it in the background, in the executor's group. A retried
+// launch of a worker already here succeeds at once.
 func (e *Executor) admit(from peer.ID, l p2p.Launch, holder bool) error {
 	key := workerKey(l.JobID, l.Index)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.ctx == nil || e.ctx.Err() != nil {
+	if e.ctx == nil || e.closing || e.ctx.Err() != nil {
 		return errors.New("the node is not running jobs now")
 	}
 	if _, ok := e.workers[key]; ok {
@@ -215,15 +219,10 @@ func (e *Executor) admit(from peer.ID, l p2p.Launch, holder bool) error {
 	if c, m := e.inUseLocked(); c > e.peakCores || m > e.peakMem {
 		e.peakCores, e.peakMem = max(c, e.peakCores), max(m, e.peakMem)
 	}
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
+	e.spawnLocked(func(context.Context) {
 		defer close(w.done)
 		e.run(wctx, w)
-	}()
-	if !holder {
-		go e.claimLater(l.JobID)
-	}
+	})
 	return nil
 }
 

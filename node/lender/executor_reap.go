@@ -1,6 +1,7 @@
 package lender
 
 import (
+	"context"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -104,7 +105,7 @@ func (e *Executor) sweep(now time.Time) {
 		w.swept = w.swept || stale
 		w.mu.Unlock()
 		if stale {
-			go e.finish(w)
+			e.spawn(func(context.Context) { e.finish(w) })
 		}
 	}
 	f, err := e.logs.Open(".")

@@ -1,86 +1,21 @@
 package lender
 
 import (
-	"context"
-	"strings"
 	"time"
 
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
-// keepReceipt records the submitter's latest usage receipt for this
-// machine, on disk: it is what the machine claims with if the submitter
-// never settles.
-func (e *Executor) keepReceipt(w *worker, r p2p.Receipt) {
+// keepReceipt hands the claim service the submitter's latest usage
+// receipt for this machine: it is what the machine claims with if the
+// submitter never settles. The error says the store did not take it (the
+// claim service stores it again until it does).
+func (e *Executor) keepReceipt(w *worker, r p2p.Receipt) error {
 	if r.Payee != string(e.account) {
-		return
-	}
-	key := "receipts/" + w.l.JobID
-	var old ledger.Receipt
-	if found, _ := e.store.Get(key, &old); found && old.Seq >= r.Seq {
-		return
-	}
-	e.store.Put(key, ledger.Receipt{Job: w.l.JobID, Payee: r.Payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig})
-}
-
-// claimLater claims this machine's due from a run's escrow after it
-// expires, if its payer never settled: the receipts are what it is owed.
-func (e *Executor) claimLater(run string) {
-	ctx := e.ctx
-	esc, err := e.ledger.Escrow(ctx, run)
-	if err != nil {
-		return
-	}
-	wait := time.Until(time.Unix(esc.Expiry, 0)) + claimDelay
-	select {
-	case <-ctx.Done():
-		return
-	case <-time.After(wait):
-	}
-	e.claim(ctx, run)
-}
-
-func (e *Executor) claim(ctx context.Context, run string) {
-	var r ledger.Receipt
-	if found, _ := e.store.Get("receipts/"+run, &r); !found || r.Amount == 0 {
-		return
-	}
-	if _, err := e.ledger.Escrow(ctx, run); err != nil {
-		return // settled
-	}
-	// The ledger judges expiry by block time, which lags the clock while
-	// the chain is idle (an empty block comes every empty_block_interval):
-	// try again until a block is past the expiry.
-	for attempt := 1; ; attempt++ {
-		_, err := e.ledger.Claim(ctx, r)
-		if err == nil {
-			break
-		}
-		if ledger.CodeOf(err) != ledger.CodeNotExpired || attempt == claimAttempts {
-			e.log.Warn("claim", "job", run, "err", err)
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(claimRetry):
-		}
-	}
-	e.log.Info("claimed from an unsettled escrow", "job", run, "amount", r.Amount)
-}
-
-// claimKept schedules the claims of the receipts kept before a restart:
-// they still get claimed if their escrows expire unsettled.
-func (e *Executor) claimKept() {
-	var runs []string
-	e.store.Each("receipts/", func(key string, _ []byte) error {
-		runs = append(runs, strings.TrimPrefix(key, "receipts/"))
 		return nil
-	})
-	for _, run := range runs {
-		go e.claimLater(run)
 	}
+	return e.claims.Keep(ledger.Receipt{Job: w.l.JobID, Payee: r.Payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig})
 }
 
 // Earnings is what the workers running here now will be paid in the next

@@ -23,8 +23,9 @@ func (e *Executor) stop(w *worker, reason string, checkpoint bool) {
 		w.reason = reason
 	}
 	w.mu.Unlock()
-	if proc != nil {
-		go proc.Stop(p2p.StopGrace)
+	if proc != nil && !e.spawn(func(context.Context) { proc.Stop(p2p.StopGrace) }) {
+		// Run is stopping: the worker's context ends it.
+		w.cancel()
 	}
 }
 
@@ -38,31 +39,35 @@ func (e *Executor) Reclaim(grace time.Duration) {
 			ws = append(ws, w)
 		}
 	}
-	ctx := e.ctx
 	e.mu.Unlock()
-	if len(ws) == 0 || ctx == nil {
+	if len(ws) == 0 {
 		return
 	}
-	e.log.Info("the owner took the machine back: stopping its jobs after the grace period", "workers", len(ws), "grace", grace)
-	go func() {
+	started := e.spawn(func(ctx context.Context) {
+		t := time.NewTimer(grace)
+		defer t.Stop()
 		select {
 		case <-ctx.Done():
-		case <-time.After(grace):
+		case <-t.C:
 		}
 		for _, w := range ws {
 			e.stop(w, "the owner took the machine back", w.l.Index == 0)
 			if w.l.Index == 0 {
-				go e.keepCheckpoint(w)
+				e.spawn(func(ctx context.Context) { e.keepCheckpoint(ctx, w) })
 			}
 		}
-	}()
+	})
+	if started {
+		e.log.Info("the owner took the machine back: stopping its jobs after the grace period", "workers", len(ws), "grace", grace)
+	}
 }
 
 // keepCheckpoint adds a chief's output dir to storage as the run's
 // checkpoint once it has ended, if it left none (it may have exited on
 // its own when a peer vanished, before being asked to stop). As in
-// collectOutput, the time it takes counts in the worker's.
-func (e *Executor) keepCheckpoint(w *worker) {
+// collectOutput, the time it takes counts in the worker's. It runs under
+// ctx, Run's: a checkpoint not kept when the node stops is not kept.
+func (e *Executor) keepCheckpoint(ctx context.Context, w *worker) {
 	<-w.done
 	w.mu.Lock()
 	need := w.result == "" && w.ckpt == ""
@@ -70,7 +75,7 @@ func (e *Executor) keepCheckpoint(w *worker) {
 	if !need {
 		return
 	}
-	pin, err := e.addOutput(context.Background(), w)
+	pin, err := e.addOutput(ctx, w)
 	w.mu.Lock()
 	w.ended = time.Now()
 	if err == nil {
@@ -186,7 +191,7 @@ func (e *Executor) Vacate(reason string) {
 		w.set(func() { w.vacated = true })
 		e.stop(w, reason, true)
 		if w.l.Index == 0 {
-			go e.keepCheckpoint(w)
+			e.spawn(func(ctx context.Context) { e.keepCheckpoint(ctx, w) })
 		}
 	}
 }

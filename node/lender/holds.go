@@ -10,7 +10,6 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
 )
@@ -348,11 +347,11 @@ func (h *Holds) ReleaseByOwner(id string) error {
 }
 
 // List is the book as the owner sees it, oldest first.
-func (h *Holds) List(now time.Time) []api.Hold {
+func (h *Holds) List(now time.Time) []Hold {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.dropExpired(now)
-	out := make([]api.Hold, 0, len(h.holds))
+	out := make([]Hold, 0, len(h.holds))
 	for id, x := range h.holds {
 		state := "held"
 		switch {
@@ -361,7 +360,7 @@ func (h *Holds) List(now time.Time) []api.Hold {
 		case x.committed:
 			state = "committed"
 		}
-		hd := api.Hold{ID: id, Job: x.job, State: state, Account: x.account, Scheduler: x.from.String(),
+		hd := Hold{ID: id, Job: x.job, State: state, Account: x.account, Scheduler: x.from.String(),
 			Bidder: x.bidder.String(), Cores: x.res.Cores, MemBytes: x.res.MemBytes, GPUs: x.res.GPUs,
 			Since: x.created.UTC()}
 		if !x.expires.IsZero() {
@@ -370,7 +369,7 @@ func (h *Holds) List(now time.Time) []api.Hold {
 		}
 		out = append(out, hd)
 	}
-	slices.SortFunc(out, func(a, b api.Hold) int {
+	slices.SortFunc(out, func(a, b Hold) int {
 		if c := a.Since.Compare(b.Since); c != 0 {
 			return c
 		}

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/fault"
 	"github.com/deepmarket/deepmarket/node/inventory"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
@@ -28,24 +28,13 @@ type LendSettings struct {
 	SuspendAbove *float64 `json:"suspend_above,omitempty"`
 }
 
-// LendError is a lend request the inventory cannot satisfy; it names the
-// field at fault so the CLI and dashboard can point at it.
-type LendError struct {
-	field, msg string
-}
-
-func (e *LendError) Error() string { return e.msg }
-
-// Field names the request field at fault.
-func (e *LendError) Field() string { return e.field }
-
-var _ api.FieldError = (*LendError)(nil)
-
 // ValidateLend checks a request against the machine's inventory and fills
-// default prices.
-func ValidateLend(req api.LendRequest, inv inventory.Inventory, defaults p2p.Prices) (LendSettings, error) {
+// default prices. A request the inventory cannot satisfy is a
+// *fault.Error of kind fault.Invalid that names the field at fault, so
+// the CLI and dashboard can point at it.
+func ValidateLend(req LendRequest, inv inventory.Inventory, defaults p2p.Prices) (LendSettings, error) {
 	bad := func(field, format string, args ...any) (LendSettings, error) {
-		return LendSettings{}, &LendError{field, fmt.Sprintf(format, args...)}
+		return LendSettings{}, fault.New(fault.Invalid, field, format, args...)
 	}
 	switch {
 	case req.Cores <= 0:
@@ -154,14 +143,14 @@ func NewLender(p LenderParams) (*Lender, error) {
 }
 
 // State reports the settings and whether an offer is out.
-func (l *Lender) State(now time.Time) api.LendState {
+func (l *Lender) State(now time.Time) LendState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st := api.LendState{Lending: l.set != nil, Offering: l.out, OwnerBusy: l.ownerBusy,
+	st := LendState{Lending: l.set != nil, Offering: l.out, OwnerBusy: l.ownerBusy,
 		AnnounceEveryS: int64(l.pace.Interval / time.Second), OfferTTLS: int64(l.pace.TTL / time.Second)}
 	if l.set != nil {
 		price := l.set.Price
-		st.Settings = &api.LendRequest{Cores: l.set.Cores, MemBytes: l.set.MemBytes, GPUs: l.set.GPUs, Window: l.set.Window, Price: &price,
+		st.Settings = &LendRequest{Cores: l.set.Cores, MemBytes: l.set.MemBytes, GPUs: l.set.GPUs, Window: l.set.Window, Price: &price,
 			SuspendAbove: l.set.SuspendAbove}
 		since := l.set.Since
 		st.Since = &since
@@ -201,24 +190,24 @@ func (l *Lender) LentGPUs() int {
 }
 
 // Set validates, persists and announces new settings.
-func (l *Lender) Set(ctx context.Context, req api.LendRequest) (api.LendState, error) {
+func (l *Lender) Set(ctx context.Context, req LendRequest) (LendState, error) {
 	if req.Price != nil && len(req.PriceGiven) > 0 {
 		req.Price = l.mergePrice(*req.Price, req.PriceGiven)
 	}
 	s, err := ValidateLend(req, l.p.Inventory(), l.p.Defaults)
 	if err != nil {
-		return api.LendState{}, err
+		return LendState{}, err
 	}
 	s.Since = time.Now().UTC().Truncate(time.Second)
 	if err := l.p.Store.Put(lendKey, s); err != nil {
-		return api.LendState{}, err
+		return LendState{}, err
 	}
 	l.mu.Lock()
 	l.set = &s
 	err = l.syncLocked(ctx, time.Now(), true)
 	l.mu.Unlock()
 	if err != nil {
-		return api.LendState{}, fmt.Errorf("settings saved, but announcing failed (it will be retried): %w", err)
+		return LendState{}, fmt.Errorf("settings saved, but announcing failed (it will be retried): %w", err)
 	}
 	return l.State(time.Now()), nil
 }

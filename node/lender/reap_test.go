@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -43,7 +44,10 @@ func TestReapLeftoverWorkers(t *testing.T) {
 		}
 	}
 
-	workAreaExecutor(t, work, st).reapLeftovers()
+	e := workAreaExecutor(t, work, st)
+	// Its warnings say why a record stayed.
+	e.log = slog.New(slog.NewTextHandler(t.Output(), nil))
+	e.reapLeftovers()
 	var r sandboxRecord
 	if found, err := st.Get(sandboxesKey+mine, &r); err != nil || found {
 		t.Errorf("the leftover's record is still there (%v)", err)

@@ -68,7 +68,7 @@ type cgroup interface {
 	// signal sends sig once to every process in the cgroup that skip (which
 	// may be nil) does not exclude, and says to how many.
 	signal(sig syscall.Signal, skip func(pid int) bool) (int, error)
-	// kill SIGKILLs every process until the cgroup is empty.
+	// kill SIGKILLs every process until the cgroup is empty or gone.
 	kill() error
 	// setFrozen freezes (true) or thaws (false) every process in the
 	// cgroup and waits up to timeout for the kernel to finish; past it the
@@ -206,10 +206,17 @@ func readKeyed(path, key string) (uint64, bool) {
 	return 0, false
 }
 
+// cgroupGone reports whether err says that the cgroup whose file was being
+// read or written is gone: ENOENT when it went before the open, ENODEV
+// when it went between the open and the read or write.
+func cgroupGone(err error) bool {
+	return errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENODEV)
+}
+
 // readPids parses a cgroup.procs file.
 func readPids(path string) ([]int, error) {
 	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
+	if cgroupGone(err) {
 		return nil, nil // a removed cgroup holds nothing
 	}
 	if err != nil {
@@ -298,8 +305,11 @@ func killLoop(list func() ([]int, error), freeze, thaw func() error) error {
 		}
 		_, kerr := signalPids(pids, syscall.SIGKILL, nil)
 		if frozen {
-			// Killed tasks die only once thawed.
-			if err := thaw(); err != nil {
+			// Killed tasks die only once thawed. A cgroup gone meanwhile
+			// has none left to thaw: another killer of the same job (the
+			// reap of its Process, racing Reap) saw it empty and removed
+			// it, and the next listing finds nothing.
+			if err := thaw(); err != nil && !cgroupGone(err) {
 				return err
 			}
 		}

@@ -215,7 +215,8 @@ func (cg *cgroupV2Job) signal(sig syscall.Signal, skip func(int) bool) (int, err
 func (cg *cgroupV2Job) kill() error {
 	// cgroup.kill (5.14+) kills every task atomically, forks in flight too.
 	if _, err := os.Stat(cg.path("cgroup.kill")); err == nil {
-		if err := writeFile(cg.path("cgroup.kill"), "1"); err != nil {
+		// Gone since the Stat: emptied and removed by another killer.
+		if err := writeFile(cg.path("cgroup.kill"), "1"); err != nil && !cgroupGone(err) {
 			return err
 		}
 	}

@@ -142,8 +142,11 @@ func (p *Process) watchDisk() {
 // removes its cgroup, saying how many processes it killed. It is for the
 // sandboxes of a node process that died without stopping them (SIGKILL,
 // power cut): nothing else ever ends those jobs. A sandbox that does not
-// exist is no error. Reap trusts its caller that the sandbox is no longer
-// wanted: never pass the name of a sandbox that a live node still runs.
+// exist is no error, nor is one whose cgroup goes while Reap kills it (in a
+// process that still holds the sandbox's Process, as a test does, its reap
+// removes the cgroup once the job is dead). Reap trusts its caller that the
+// sandbox is no longer wanted: never pass the name of a sandbox that a live
+// node still runs.
 func Reap(name string) (killed int, err error) {
 	if name, err = sanitizeName(name); err != nil {
 		return 0, err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"syscall"
@@ -145,5 +146,57 @@ func TestOpenFindsLeftovers(t *testing.T) {
 	}
 	if pids, err := cg.pids(); len(pids) != 0 || err != nil {
 		t.Errorf("pids of a half-made cgroup = %v, %v; want none", pids, err)
+	}
+}
+
+// A kill round whose cgroup is removed under it, by another killer of the
+// same job that saw it empty (the reap of the job's Process, racing Reap),
+// has done its work: the cgroup holds nothing any more.
+func TestKillLoopEndsWhenTheCgroupGoes(t *testing.T) {
+	// What thawing a removed cgroup gets from the kernel: ENOENT when the
+	// cgroup went before the open, ENODEV when it went after it.
+	for name, thawErr := range map[string]func(dir string) error{
+		"before the open": func(dir string) error { return writeFile(filepath.Join(dir, "freezer.state"), "THAWED") },
+		"after the open": func(dir string) error {
+			return &os.PathError{Op: "write", Path: filepath.Join(dir, "freezer.state"), Err: syscall.ENODEV}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			job := exec.Command("sleep", "300")
+			if err := job.Start(); err != nil {
+				t.Fatal(err)
+			}
+			waited := false
+			t.Cleanup(func() {
+				if !waited {
+					job.Process.Kill()
+					job.Wait()
+				}
+			})
+			dir := filepath.Join(t.TempDir(), "job") // stands for the job's cgroup
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), fmt.Appendf(nil, "%d\n", job.Process.Pid), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			list := func() ([]int, error) { return readPids(filepath.Join(dir, "cgroup.procs")) }
+			freeze := func() error { return writeFile(filepath.Join(dir, "freezer.state"), "FROZEN") }
+			thaw := func() error {
+				// The other killer, between this round's signal and its thaw.
+				if err := os.RemoveAll(dir); err != nil {
+					t.Fatal(err)
+				}
+				return thawErr(dir)
+			}
+			if err := killLoop(list, freeze, thaw); err != nil {
+				t.Fatalf("killLoop: %v", err)
+			}
+			err := job.Wait()
+			waited = true
+			if ws, ok := job.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+				t.Errorf("job ended with %v, want killed by SIGKILL", err)
+			}
+		})
 	}
 }

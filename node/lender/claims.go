@@ -1,0 +1,419 @@
+package lender
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/deepmarket/deepmarket/ledger"
+)
+
+// receiptsKey prefixes the node store's usage receipts, "receipts/<run>"
+// -> ledger.Receipt: the latest receipt a run's submitter signed for this
+// machine, what it claims with if the submitter never settles. A receipt
+// stays until the ledger has answered its claim for good, so a restarted
+// node claims it still.
+const receiptsKey = "receipts/"
+
+// Claim timings.
+const (
+	// claimDelay waits past an escrow's expiry before claiming, so the
+	// ledger's block time has passed it.
+	claimDelay = 30 * time.Second
+	// claimRetry spaces the tries of a step that failed (a claim the
+	// ledger found early, a store or ledger that did not answer),
+	// doubling up to claimRetryMax: the ledger judges expiry by block
+	// time, which lags the clock while the chain is idle.
+	claimRetry    = 10 * time.Second
+	claimRetryMax = 10 * time.Minute
+)
+
+// errClaimsStopped refuses a receipt once the claim service has stopped:
+// nothing is written to the store after the executor's Run returns.
+var errClaimsStopped = errors.New("the node is stopping: the receipt is not kept")
+
+// claims is the executor's one claim service. It keeps the receipts the
+// submitters send (Keep) and, for every run that had a worker here
+// (Watch) or whose receipt was kept before a restart, claims this
+// machine's due from the run's escrow once it has expired unsettled. The
+// runs wait in a queue ordered by when each is next due, under one timer
+// set to the earliest; a step that fails is tried again later, backing
+// off, and logged: no error on the money path is dropped.
+type claims struct {
+	ledger Escrows
+	store  Store
+	log    *slog.Logger
+	now    func() time.Time
+	// delay, retry and retryMax are claimDelay, claimRetry and
+	// claimRetryMax; tests shorten them.
+	delay, retry, retryMax time.Duration
+
+	mu      sync.Mutex
+	runs    map[string]*claim
+	queue   claimQueue // the runs not being stepped, earliest next first
+	wake    chan struct{}
+	stopped bool
+}
+
+// claim is one run's claim.
+type claim struct {
+	run    string
+	next   time.Time // when its next step is due
+	expiry time.Time // its escrow's; zero until read
+	// receipt is the latest kept (nil: read the store's), and unsaved
+	// says the store does not have it yet.
+	receipt  *ledger.Receipt
+	unsaved  bool
+	failures int // steps failed in a row: the next try backs off
+	index    int // in the queue; -1 while out of it
+}
+
+func newClaims(l Escrows, s Store, log *slog.Logger) *claims {
+	return &claims{ledger: l, store: s, log: log, now: time.Now, delay: claimDelay, retry: claimRetry, retryMax: claimRetryMax,
+		runs: map[string]*claim{}, wake: make(chan struct{}, 1)}
+}
+
+// Watch schedules the claim on run's escrow: a worker of run was
+// launched here.
+func (c *claims) Watch(run string) {
+	c.mu.Lock()
+	c.watchLocked(run)
+	c.mu.Unlock()
+	c.poke()
+}
+
+// watchLocked is run's claim, queued now if it was not there.
+func (c *claims) watchLocked(run string) *claim {
+	cl := c.runs[run]
+	if cl == nil {
+		cl = &claim{run: run, next: c.now(), index: -1}
+		c.runs[run] = cl
+		heap.Push(&c.queue, cl)
+	}
+	return cl
+}
+
+// Keep records r, the latest receipt of its run's submitter for this
+// machine, and schedules its claim; a receipt no later than the one kept
+// changes nothing. When the store fails, Keep says so and the claim
+// service holds r in memory, claims with it and stores it again until the
+// store takes it.
+func (c *claims) Keep(r ledger.Receipt) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return errClaimsStopped
+	}
+	cl := c.watchLocked(r.Job)
+	if cl.receipt != nil && cl.receipt.Seq >= r.Seq {
+		return nil
+	}
+	cl.receipt, cl.unsaved = &r, true
+	if err := c.saveLocked(cl); err != nil {
+		c.soonLocked(cl)
+		return err
+	}
+	return nil
+}
+
+// saveLocked stores cl's receipt, unless the store already holds a later
+// one for the run, which cl then takes.
+func (c *claims) saveLocked(cl *claim) error {
+	var stored ledger.Receipt
+	found, err := c.store.Get(receiptsKey+cl.run, &stored)
+	if err != nil {
+		return fmt.Errorf("read the receipt kept for job %.12s: %w", cl.run, err)
+	}
+	if found && stored.Seq >= cl.receipt.Seq {
+		cl.receipt, cl.unsaved = &stored, false
+		return nil
+	}
+	if err := c.store.Put(receiptsKey+cl.run, *cl.receipt); err != nil {
+		return fmt.Errorf("keep the receipt for job %.12s: %w", cl.run, err)
+	}
+	cl.unsaved = false
+	return nil
+}
+
+// soonLocked brings cl's next step forward to a retry's delay, for a
+// receipt the store did not take; the step in progress, if any, sees it.
+func (c *claims) soonLocked(cl *claim) {
+	if at := c.now().Add(c.retry); cl.index >= 0 && at.Before(cl.next) {
+		cl.next = at
+		heap.Fix(&c.queue, cl.index)
+		c.poke()
+	}
+}
+
+// poke wakes the service: the queue's head may have changed.
+func (c *claims) poke() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run serves the claims until ctx ends: first those of the receipts kept
+// before this start, then each run as it comes due. Once it returns, Keep
+// writes nothing more.
+func (c *claims) run(ctx context.Context) {
+	defer func() {
+		c.mu.Lock()
+		c.stopped = true
+		c.mu.Unlock()
+	}()
+	if !c.resume(ctx) {
+		return
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for ctx.Err() == nil {
+		cl, wait := c.due()
+		if cl != nil {
+			c.step(ctx, cl)
+			continue
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+		case <-c.wake:
+		case <-timer.C:
+		}
+	}
+}
+
+// resume queues the claim of every receipt kept before this start. A
+// store that cannot list them is asked again until ctx ends (false).
+func (c *claims) resume(ctx context.Context) bool {
+	for delay := c.retry; ; delay = min(2*delay, c.retryMax) {
+		var runs []string
+		err := c.store.Each(receiptsKey, func(key string, _ []byte) error {
+			runs = append(runs, strings.TrimPrefix(key, receiptsKey))
+			return nil
+		})
+		if err == nil {
+			c.mu.Lock()
+			for _, run := range runs {
+				c.watchLocked(run)
+			}
+			c.mu.Unlock()
+			return true
+		}
+		c.log.Warn("cannot list the receipts kept before this start: their claims wait", "err", err, "retry", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+	}
+}
+
+// due takes the claim whose step is due out of the queue, or says how
+// long until one is.
+func (c *claims) due() (*claim, time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.queue) == 0 {
+		return nil, time.Hour // until Watch or Keep pokes
+	}
+	if wait := c.queue[0].next.Sub(c.now()); wait > 0 {
+		return nil, wait
+	}
+	return heap.Pop(&c.queue).(*claim), 0
+}
+
+// claimStep is what a step decided: done (the ledger answered for
+// good, or nothing is owed), or when the next step is due.
+type claimStep struct {
+	done bool
+	next time.Time
+	why  string // for the log, when done
+}
+
+// step takes cl one step: it stores a receipt the store did not take,
+// then reads the escrow's expiry or, once the escrow expired, claims,
+// with the receipt held in memory should the store still refuse it. A
+// step that fails is logged and tried again later, backing off; a claim
+// answered for good forgets the run and its receipt.
+func (c *claims) step(ctx context.Context, cl *claim) {
+	c.mu.Lock()
+	var saveErr error
+	if cl.unsaved {
+		saveErr = c.saveLocked(cl)
+	}
+	receipt, expiry := cl.receipt, cl.expiry
+	c.mu.Unlock()
+	if saveErr != nil {
+		c.log.Warn("cannot keep a usage receipt: it is claimed with from memory, and stored again later", "job", cl.run, "err", saveErr)
+	}
+	st, err := c.advance(ctx, cl.run, receipt, expiry)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	if err != nil || saveErr != nil {
+		cl.failures++
+	} else {
+		cl.failures = 0
+	}
+	switch {
+	case ctx.Err() != nil:
+		// The node is stopping: what is kept is claimed after its restart.
+		cl.next = now
+	case err != nil:
+		cl.next = now.Add(c.backoff(cl.failures))
+		level := slog.LevelWarn
+		if ledger.CodeOf(err) == ledger.CodeNotExpired {
+			level = slog.LevelDebug // block time lags the clock: expected
+		}
+		c.log.Log(ctx, level, "claim: trying again later", "job", cl.run, "err", err, "retry", cl.next.Sub(now))
+	case st.done && cl.receipt != receipt:
+		// Keep took a later receipt meanwhile: claim with it.
+		cl.next = now
+	case st.done:
+		delete(c.runs, cl.run)
+		if err := c.store.Delete(receiptsKey + cl.run); err != nil {
+			c.log.Warn("cannot forget a receipt whose claim is answered: the next start claims it again", "job", cl.run, "err", err)
+		}
+		c.log.Debug("claim answered", "job", cl.run, "outcome", st.why)
+		return
+	default:
+		cl.next = st.next
+	}
+	if at := now.Add(c.backoff(max(cl.failures, 1))); cl.unsaved && at.Before(cl.next) {
+		cl.next = at // the store has not taken the receipt yet
+	}
+	heap.Push(&c.queue, cl)
+}
+
+// backoff is the wait before the try after n failed ones.
+func (c *claims) backoff(n int) time.Duration {
+	d := c.retry
+	for i := 1; i < n && d < c.retryMax; i++ {
+		d *= 2
+	}
+	return min(d, c.retryMax)
+}
+
+// advance is one step of run's claim, with the receipt kept in memory
+// (nil: the store's) and its escrow's expiry (zero: not read yet).
+func (c *claims) advance(ctx context.Context, run string, r *ledger.Receipt, expiry time.Time) (claimStep, error) {
+	if expiry.IsZero() {
+		esc, err := c.ledger.Escrow(ctx, run)
+		if gone(err) {
+			return claimStep{done: true, why: "the escrow is settled"}, nil
+		}
+		if err != nil {
+			return claimStep{}, fmt.Errorf("read the escrow: %w", err)
+		}
+		c.setExpiry(run, esc.Expiry)
+		return claimStep{next: time.Unix(esc.Expiry, 0).Add(c.delay)}, nil
+	}
+	if at := expiry.Add(c.delay); c.now().Before(at) {
+		return claimStep{next: at}, nil
+	}
+	if r == nil {
+		var stored ledger.Receipt
+		found, err := c.store.Get(receiptsKey+run, &stored)
+		if err != nil {
+			return claimStep{}, fmt.Errorf("read the receipt kept: %w", err)
+		}
+		if !found {
+			return claimStep{done: true, why: "no receipt"}, nil
+		}
+		r = &stored
+	}
+	if r.Amount == 0 {
+		return claimStep{done: true, why: "nothing owed"}, nil
+	}
+	esc, err := c.ledger.Escrow(ctx, run)
+	if gone(err) {
+		return claimStep{done: true, why: "the escrow is settled"}, nil
+	}
+	if err != nil {
+		return claimStep{}, fmt.Errorf("read the escrow: %w", err)
+	}
+	for _, got := range esc.Claimed {
+		if got.Payee == r.Payee && got.Amount >= r.Amount {
+			return claimStep{done: true, why: "claimed already"}, nil
+		}
+	}
+	if _, err := c.ledger.Claim(ctx, *r); err != nil {
+		if final(err) {
+			c.log.Warn("the ledger refused a claim for good", "job", run, "amount", r.Amount, "err", err)
+			return claimStep{done: true, why: "refused"}, nil
+		}
+		return claimStep{}, err
+	}
+	c.log.Info("claimed from an unsettled escrow", "job", run, "amount", r.Amount)
+	return claimStep{done: true, why: "claimed"}, nil
+}
+
+// setExpiry records run's escrow's expiry.
+func (c *claims) setExpiry(run string, unix int64) {
+	c.mu.Lock()
+	if cl := c.runs[run]; cl != nil {
+		cl.expiry = time.Unix(unix, 0)
+	}
+	c.mu.Unlock()
+}
+
+// gone says whether err is the ledger's answer that a run has no escrow
+// (any more): its payer settled it, or took back what was left.
+func gone(err error) bool {
+	var le *ledger.Error
+	return errors.As(err, &le) && le.Code == ledger.CodeUnknownEscrow
+}
+
+// final says whether the ledger refused a claim for good: trying it again
+// cannot change the answer.
+func final(err error) bool {
+	var le *ledger.Error
+	if !errors.As(err, &le) {
+		return false // no answer from the ledger
+	}
+	switch le.Code {
+	case ledger.CodeUnknownEscrow, ledger.CodeNotPayee, ledger.CodeBadReceipt, ledger.CodeInsufficientFunds, ledger.CodeInvalidJob:
+		return true
+	}
+	return false
+}
+
+// claimQueue orders claims by when each is next due (container/heap).
+type claimQueue []*claim
+
+func (q claimQueue) Len() int { return len(q) }
+
+func (q claimQueue) Less(i, j int) bool {
+	if !q[i].next.Equal(q[j].next) {
+		return q[i].next.Before(q[j].next)
+	}
+	return q[i].run < q[j].run
+}
+
+func (q claimQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].index, q[j].index = i, j
+}
+
+func (q *claimQueue) Push(x any) {
+	cl := x.(*claim)
+	cl.index = len(*q)
+	*q = append(*q, cl)
+}
+
+func (q *claimQueue) Pop() any {
+	old := *q
+	cl := old[len(old)-1]
+	old[len(old)-1] = nil
+	cl.index = -1
+	*q = old[:len(old)-1]
+	return cl
+}

@@ -1,0 +1,324 @@
+package lender
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	ctypes "github.com/cometbft/cometbft/rpc/core/types"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/p2p"
+)
+
+// The claim service is tested against a ledger of escrows that judges
+// expiry by a clock the test moves: escrows last hours, and the real
+// ledger judges expiry by the block time of a chain this test cannot
+// move forward.
+
+// testClock is the wall clock, moved forward as the test says.
+type testClock struct{ ahead atomic.Int64 }
+
+func (c *testClock) Now() time.Time { return time.Now().Add(time.Duration(c.ahead.Load())) }
+
+// Set moves the clock to t, from where it runs on.
+func (c *testClock) Set(t time.Time) { c.ahead.Store(int64(time.Until(t))) }
+
+func clockAt(t time.Time) *testClock {
+	c := &testClock{}
+	c.Set(t)
+	return c
+}
+
+// testEscrows is the ledger's escrows and claims as the ledger judges
+// them: no escrow, a claim before expiry, a receipt already claimed.
+type testEscrows struct {
+	now func() time.Time
+
+	mu      sync.Mutex
+	escrows map[string]*ledger.Escrow
+	down    int // the next reads and claims get no answer
+	early   int // claims refused as before the escrow's expiry
+	claimed chan ledger.Receipt
+}
+
+func newTestEscrows(now func() time.Time) *testEscrows {
+	return &testEscrows{now: now, escrows: map[string]*ledger.Escrow{}, claimed: make(chan ledger.Receipt, 16)}
+}
+
+var _ Escrows = (*testEscrows)(nil)
+
+func (l *testEscrows) open(job string, expiry time.Time) {
+	l.mu.Lock()
+	l.escrows[job] = &ledger.Escrow{Payer: "payer", Amount: 1000, Total: 1000, Expiry: expiry.Unix(), Payees: []string{"m"}}
+	l.mu.Unlock()
+}
+
+func (l *testEscrows) Escrow(_ context.Context, job string) (*ledger.Escrow, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.down > 0 {
+		l.down--
+		return nil, errors.New("connection refused")
+	}
+	e, ok := l.escrows[job]
+	if !ok {
+		return nil, &ledger.Error{Code: ledger.CodeUnknownEscrow, Reason: "not found"}
+	}
+	c := *e
+	c.Claimed = append([]ledger.Claimed(nil), e.Claimed...)
+	return &c, nil
+}
+
+func (l *testEscrows) Claim(_ context.Context, r ledger.Receipt) (*ctypes.ResultTx, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.down > 0 {
+		l.down--
+		return nil, errors.New("connection refused")
+	}
+	e, ok := l.escrows[r.Job]
+	switch {
+	case !ok:
+		return nil, &ledger.Error{Code: ledger.CodeUnknownEscrow, Reason: "no open escrow"}
+	case l.now().Unix() < e.Expiry:
+		l.early++
+		return nil, &ledger.Error{Code: ledger.CodeNotExpired, Reason: "not expired"}
+	}
+	for _, c := range e.Claimed {
+		if c.Payee == r.Payee && c.Amount >= r.Amount {
+			return nil, &ledger.Error{Code: ledger.CodeBadReceipt, Reason: "already claimed"}
+		}
+	}
+	e.Claimed = append(e.Claimed, ledger.Claimed{Payee: r.Payee, Amount: r.Amount, Seq: r.Seq})
+	e.Amount -= r.Amount
+	l.claimed <- r
+	return &ctypes.ResultTx{}, nil
+}
+
+// startClaims runs c until the test ends or the returned stop is called,
+// which waits for it.
+func startClaims(t *testing.T, c *claims) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.run(ctx)
+	}()
+	stop = func() {
+		cancel()
+		<-done
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// nextClaim is the next claim the ledger takes.
+func nextClaim(t *testing.T, l *testEscrows) ledger.Receipt {
+	t.Helper()
+	select {
+	case r := <-l.claimed:
+		return r
+	case <-time.After(20 * time.Second):
+		t.Fatal("no claim came")
+		return ledger.Receipt{}
+	}
+}
+
+func testClaims(l Escrows, s Store, clock *testClock) *claims {
+	c := newClaims(l, s, slog.New(slog.DiscardHandler))
+	c.now = clock.Now
+	return c
+}
+
+func receipt(job string, amount, seq uint64) ledger.Receipt {
+	return ledger.Receipt{Job: job, Payee: "m", Amount: amount, Seq: seq, Sig: []byte("sig")}
+}
+
+// TestClaimsInExpiryOrder: escrows kept in any order are claimed in the
+// order they expire, each only once the ledger takes it (no claim comes
+// before its escrow's expiry plus the delay), for what the latest receipt
+// kept says; a settled escrow is not claimed; a claim answered forgets
+// its receipt.
+func TestClaimsInExpiryOrder(t *testing.T) {
+	start := time.Unix(1_700_000_000, 0)
+	clock := clockAt(start)
+	l, st := newTestEscrows(clock.Now), newMemStore()
+	c := testClaims(l, st, clock)
+	expiries := map[string]time.Duration{"j4": 4 * time.Hour, "j1": time.Hour, "j3": 3 * time.Hour, "j2": 2 * time.Hour}
+	for _, job := range []string{"j4", "j1", "j3", "j2"} {
+		l.open(job, start.Add(expiries[job]))
+		c.Watch(job)
+		for seq := uint64(1); seq <= 3; seq++ {
+			if err := c.Keep(receipt(job, 10*seq, seq)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c.Keep(receipt(job, 5, 2)); err != nil { // an older receipt changes nothing
+			t.Fatal(err)
+		}
+	}
+	c.Keep(receipt("settled", 10, 1)) // its escrow is gone: nothing to claim
+	startClaims(t, c)
+
+	for _, job := range []string{"j1", "j2", "j3", "j4"} {
+		clock.Set(start.Add(expiries[job] + claimDelay))
+		c.poke()
+		if r := nextClaim(t, l); r.Job != job || r.Amount != 30 || r.Seq != 3 {
+			t.Fatalf("claimed %s for %d (seq %d), want %s for 30 (seq 3)", r.Job, r.Amount, r.Seq, job)
+		}
+	}
+	eventually(t, "every answered claim forgets its receipt", func() bool {
+		n := 0
+		st.Each(receiptsKey, func(string, []byte) error { n++; return nil })
+		return n == 0
+	})
+	l.mu.Lock()
+	early := l.early
+	l.mu.Unlock()
+	if early > 0 {
+		t.Errorf("%d claims came before their escrow expired", early)
+	}
+}
+
+// TestClaimsResumeAfterRestart: receipts kept before the node stopped are
+// claimed after it starts again, once their escrows expire, though no
+// worker of their runs is here any more; a stopped service keeps nothing
+// more.
+func TestClaimsResumeAfterRestart(t *testing.T) {
+	start := time.Unix(1_700_000_000, 0)
+	clock := clockAt(start)
+	l, st := newTestEscrows(clock.Now), newMemStore()
+	l.open("a", start.Add(time.Hour))
+	l.open("b", start.Add(2*time.Hour))
+	before := testClaims(l, st, clock)
+	stop := startClaims(t, before)
+	for _, r := range []ledger.Receipt{receipt("b", 20, 2), receipt("a", 10, 1)} {
+		before.Watch(r.Job)
+		if err := before.Keep(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop()
+	if err := before.Keep(receipt("a", 99, 9)); !errors.Is(err, errClaimsStopped) {
+		t.Fatalf("a stopped service kept a receipt (%v)", err)
+	}
+	var kept ledger.Receipt
+	if found, err := st.Get(receiptsKey+"a", &kept); !found || err != nil || kept.Amount != 10 {
+		t.Fatalf("receipt of a after the stop: %+v (found %v, %v), want the one kept before", kept, found, err)
+	}
+
+	clock.Set(start.Add(3 * time.Hour))
+	l.mu.Lock()
+	l.down = 2 // the ledger is still starting: the first reads fail
+	l.mu.Unlock()
+	after := testClaims(l, st, clock)
+	after.retry = time.Millisecond
+	startClaims(t, after)
+	for _, want := range []ledger.Receipt{receipt("a", 10, 1), receipt("b", 20, 2)} {
+		if r := nextClaim(t, l); r.Job != want.Job || r.Amount != want.Amount {
+			t.Fatalf("claimed %s for %d after the restart, want %s for %d", r.Job, r.Amount, want.Job, want.Amount)
+		}
+	}
+}
+
+// failingStore is a Store whose reads and writes fail while broken.
+type failingStore struct {
+	Store
+	broken atomic.Bool
+}
+
+var errDiskFull = errors.New("no space left on device")
+
+func (s *failingStore) Get(key string, v any) (bool, error) {
+	if s.broken.Load() {
+		return false, errDiskFull
+	}
+	return s.Store.Get(key, v)
+}
+
+func (s *failingStore) Put(key string, v any) error {
+	if s.broken.Load() {
+		return errDiskFull
+	}
+	return s.Store.Put(key, v)
+}
+
+// TestReceiptStoreErrorIsSurfaced: a receipt the store does not take is
+// an error for the one who kept it, is stored once the store takes
+// writes again, and is claimed with meanwhile.
+func TestReceiptStoreErrorIsSurfaced(t *testing.T) {
+	start := time.Unix(1_700_000_000, 0)
+	clock := clockAt(start)
+	l, st := newTestEscrows(clock.Now), &failingStore{Store: newMemStore()}
+	l.open("j", start.Add(time.Hour))
+	c := testClaims(l, st, clock)
+	startClaims(t, c)
+
+	st.broken.Store(true)
+	if err := c.Keep(receipt("j", 40, 4)); !errors.Is(err, errDiskFull) {
+		t.Fatalf("keeping a receipt on a full disk: %v, want its error", err)
+	}
+	st.broken.Store(false)
+	clock.Set(start.Add(claimRetry))
+	c.poke()
+	eventually(t, "the receipt is stored once the store takes it", func() bool {
+		var r ledger.Receipt
+		found, err := st.Get(receiptsKey+"j", &r)
+		return found && err == nil && r.Amount == 40
+	})
+
+	// Kept in memory, a receipt is claimed with though the store fails.
+	st.broken.Store(true)
+	if err := c.Keep(receipt("j", 50, 5)); err == nil {
+		t.Fatal("no error for a receipt the store refused")
+	}
+	clock.Set(start.Add(time.Hour + claimDelay))
+	c.poke()
+	if r := nextClaim(t, l); r.Amount != 50 {
+		t.Fatalf("claimed %d, want the latest receipt's 50", r.Amount)
+	}
+}
+
+// TestStatusSaysWhenAReceiptIsNotKept: a status request whose receipt the
+// store refuses is answered, and the machine's log says the receipt was
+// not kept.
+func TestStatusSaysWhenAReceiptIsNotKept(t *testing.T) {
+	var logs bytes.Buffer
+	st := &failingStore{Store: newMemStore()}
+	e := workAreaExecutor(t, t.TempDir(), st)
+	e.log = slog.New(slog.NewTextHandler(&logs, nil))
+	e.account = "m"
+	e.claims = newClaims(newTestEscrows(time.Now), st, e.log)
+	job, bidder := randomJobID(t), peer.ID("the-submitter")
+	w := &worker{l: p2p.Launch{JobID: job, World: []string{"this"}}, bidder: bidder, key: workerKey(job, 0),
+		state: p2p.WorkerRunning, beat: time.Now(), done: make(chan struct{})}
+	e.workers = map[string]*worker{w.key: w}
+
+	st.broken.Store(true)
+	status, err := e.Status(bidder, p2p.StatusReq{JobID: job, Receipt: &p2p.Receipt{Payee: "m", Amount: 7, Seq: 1}})
+	if err != nil || status.State != p2p.WorkerRunning {
+		t.Fatalf("status: %+v, %v", status, err)
+	}
+	if !strings.Contains(logs.String(), "cannot keep a usage receipt") || !strings.Contains(logs.String(), errDiskFull.Error()) {
+		t.Fatalf("the log does not say the receipt was not kept:\n%s", logs.String())
+	}
+}
+
+// eventually waits up to 20 s for cond.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 20 s: not %s", what)
+		}
+	}
+}
