@@ -16,7 +16,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
@@ -25,33 +24,42 @@ func anyRunning(sts []*p2p.JobStatus) bool {
 	return slices.ContainsFunc(sts, func(st *p2p.JobStatus) bool { return st != nil && st.State == p2p.WorkerRunning })
 }
 
+// quoteWaits bound how long the quotes for a bid are gathered.
+type quoteWaits struct {
+	usual time.Duration // a placement is taken after this
+	max   time.Duration // the most a bid waits for its first quote
+	// quiet is how long after the last refusal, with no placement, no
+	// other answer is expected.
+	quiet time.Duration
+}
+
 // enoughQuotes says when to stop gathering quotes for a bid published
 // waited ago, count of them in so far, the last new one quiet ago, all
 // telling whether every scheduler heard from lately has answered: then
 // at once, since no other quote is coming; else a placement after the
 // usual wait; or only refusals, and no scheduler has said anything more
-// for a second; or the limit.
-func enoughQuotes(waited, quiet time.Duration, count int, placed, all bool) bool {
-	return (all && count > 0) || (waited >= quoteWait && placed) || (waited >= quoteWait && count > 0 && quiet >= time.Second) ||
-		waited >= quoteWaitMax
+// for w.quiet; or the limit.
+func enoughQuotes(w quoteWaits, waited, quiet time.Duration, count int, placed, all bool) bool {
+	return (all && count > 0) || (waited >= w.usual && placed) || (waited >= w.usual && count > 0 && quiet >= w.quiet) ||
+		waited >= w.max
 }
 
 // untilEnough is how long after a look at the quotes (waited and quiet
 // as for enoughQuotes, which said no) its answer may change with no new
-// quote arriving: when the usual wait ends, refusals have been quiet for
-// a second, or the limit is reached.
-func untilEnough(waited, quiet time.Duration) time.Duration {
-	d := quoteWaitMax - waited
-	if waited < quoteWait {
-		d = min(d, quoteWait-waited)
-	} else if quiet < time.Second {
-		d = min(d, time.Second-quiet)
+// quote arriving: when the usual wait ends, refusals have been quiet
+// long enough, or the limit is reached.
+func untilEnough(w quoteWaits, waited, quiet time.Duration) time.Duration {
+	d := w.max - waited
+	if waited < w.usual {
+		d = min(d, w.usual-waited)
+	} else if quiet < w.quiet {
+		d = min(d, w.quiet-quiet)
 	}
 	return max(d, time.Millisecond)
 }
 
 // hasPlacement reports whether some quote places the job.
-func hasPlacement(qs []api.ReceivedQuote) bool {
+func hasPlacement(qs []ReceivedQuote) bool {
 	for _, q := range qs {
 		if len(q.Workers) > 0 {
 			return true
@@ -62,7 +70,7 @@ func hasPlacement(qs []api.ReceivedQuote) bool {
 
 // choose picks the cheapest quote that places the job (nil when none
 // does), and up to five refusals' reasons.
-func choose(qs []api.ReceivedQuote) (best *api.ReceivedQuote, reasons []string) {
+func choose(qs []ReceivedQuote) (best *ReceivedQuote, reasons []string) {
 	for i := range qs {
 		q := &qs[i]
 		if len(q.Workers) == 0 {
@@ -247,8 +255,10 @@ func backoff(bids int) time.Duration {
 
 // waitLimit is when a job waiting since since must stop waiting, and
 // why: its max wait; its deadline, less its duration, after which it
-// cannot finish in time; an unconfirmed job's time to be confirmed.
-func waitLimit(since, created time.Time, maxWait time.Duration, deadline time.Time, duration time.Duration, confirmed bool) (time.Time, string) {
+// cannot finish in time; an unconfirmed job's time to be confirmed
+// (confirmWait from its creation).
+func waitLimit(since, created time.Time, maxWait time.Duration, deadline time.Time, duration time.Duration, confirmed bool,
+	confirmWait time.Duration) (time.Time, string) {
 	limit := since.Add(maxWait)
 	why := fmt.Sprintf("waited %s (its max_wait) for machines", maxWait)
 	if !deadline.IsZero() && deadline.Add(-duration).Before(limit) {
@@ -277,7 +287,7 @@ func score(maxPrice uint64, need shape, duration time.Duration, ref p2p.Prices) 
 // when none did). A refusal for price says the job costs more than
 // maxPrice: a figure that does not is a scheduler's mistake or lie, and
 // is not shown.
-func priceNow(qs []api.ReceivedQuote, maxPrice uint64) uint64 {
+func priceNow(qs []ReceivedQuote, maxPrice uint64) uint64 {
 	var least uint64
 	for _, q := range qs {
 		if len(q.Workers) == 0 && q.Resource == "price" && q.Total > maxPrice && (least == 0 || q.Total < least) {

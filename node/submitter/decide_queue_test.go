@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
@@ -171,11 +170,11 @@ func TestDecideWaitLimit(t *testing.T) {
 		{"its max wait", 24 * time.Hour, time.Time{}, true, since.Add(24 * time.Hour), "max_wait"},
 		{"a deadline it can no longer meet comes first", 24 * time.Hour, t0.Add(2 * time.Hour), true, t0.Add(time.Hour), "deadline"},
 		{"a late deadline does not", time.Hour, t0.Add(48 * time.Hour), true, since.Add(time.Hour), "max_wait"},
-		{"unconfirmed: its time to be confirmed", 24 * time.Hour, time.Time{}, false, since.Add(confirmWait), "not confirmed"},
+		{"unconfirmed: its time to be confirmed", 24 * time.Hour, time.Time{}, false, since.Add(defaultTiming.confirmWait), "not confirmed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, why := waitLimit(since, since, tt.maxWait, tt.deadline, time.Hour, tt.confirmed)
+			got, why := waitLimit(since, since, tt.maxWait, tt.deadline, time.Hour, tt.confirmed, defaultTiming.confirmWait)
 			if !got.Equal(tt.want) || !strings.Contains(why, tt.why) {
 				t.Errorf("waitLimit = %s (%s), want %s (%s)", got, why, tt.want, tt.why)
 			}
@@ -195,15 +194,15 @@ func TestDecideScoreAndPriceNow(t *testing.T) {
 	if s := score(500, one, time.Hour, p2p.Prices{}); s != 500 {
 		t.Errorf("no reference prices: score %v, want the max price", s)
 	}
-	q := func(resource string, total uint64, workers int) api.ReceivedQuote {
-		rq := api.ReceivedQuote{}
+	q := func(resource string, total uint64, workers int) ReceivedQuote {
+		rq := ReceivedQuote{}
 		rq.Resource, rq.Total, rq.Reason = resource, total, "x"
 		for range workers {
 			rq.Workers = append(rq.Workers, p2p.QuotedWorker{})
 		}
 		return rq
 	}
-	qs := []api.ReceivedQuote{q("price", 900, 0), q("cores", 0, 0), q("price", 700, 0), q("", 100, 1), q("price", 400, 0)}
+	qs := []ReceivedQuote{q("price", 900, 0), q("cores", 0, 0), q("price", 700, 0), q("", 100, 1), q("price", 400, 0)}
 	if got := priceNow(qs, 500); got != 700 {
 		t.Errorf("priceNow = %d, want the least refused price above the max price 500: 700", got)
 	}

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
@@ -29,8 +28,8 @@ func TestDecideAnyRunning(t *testing.T) {
 }
 
 func TestDecideQuotes(t *testing.T) {
-	q := func(total uint64, workers int, reason string) api.ReceivedQuote {
-		rq := api.ReceivedQuote{}
+	q := func(total uint64, workers int, reason string) ReceivedQuote {
+		rq := ReceivedQuote{}
 		rq.Total, rq.Reason = total, reason
 		for range workers {
 			rq.Workers = append(rq.Workers, p2p.QuotedWorker{})
@@ -39,18 +38,18 @@ func TestDecideQuotes(t *testing.T) {
 	}
 	tests := []struct {
 		name    string
-		qs      []api.ReceivedQuote
+		qs      []ReceivedQuote
 		best    int // index into qs; -1: none
 		reasons []string
 		why     string
 	}{
 		{name: "no quotes", best: -1, why: noScheduler},
-		{name: "the cheapest placement", qs: []api.ReceivedQuote{q(300, 2, ""), q(0, 0, "busy"), q(200, 2, ""), q(250, 2, "")}, best: 2,
+		{name: "the cheapest placement", qs: []ReceivedQuote{q(300, 2, ""), q(0, 0, "busy"), q(200, 2, ""), q(250, 2, "")}, best: 2,
 			reasons: []string{"busy"}},
-		{name: "the first of equals", qs: []api.ReceivedQuote{q(200, 1, ""), q(200, 1, "")}, best: 0},
-		{name: "only refusals", qs: []api.ReceivedQuote{q(0, 0, "no GPU"), q(0, 0, "busy"), q(0, 0, "no GPU")}, best: -1,
+		{name: "the first of equals", qs: []ReceivedQuote{q(200, 1, ""), q(200, 1, "")}, best: 0},
+		{name: "only refusals", qs: []ReceivedQuote{q(0, 0, "no GPU"), q(0, 0, "busy"), q(0, 0, "no GPU")}, best: -1,
 			reasons: []string{"no GPU", "busy", "no GPU"}, why: "no machine can take the job now: busy; no GPU"},
-		{name: "at most five reasons", qs: []api.ReceivedQuote{q(0, 0, "a"), q(0, 0, "b"), q(0, 0, "c"), q(0, 0, "d"), q(0, 0, "e"), q(0, 0, "f")},
+		{name: "at most five reasons", qs: []ReceivedQuote{q(0, 0, "a"), q(0, 0, "b"), q(0, 0, "c"), q(0, 0, "d"), q(0, 0, "e"), q(0, 0, "f")},
 			best: -1, reasons: []string{"a", "b", "c", "d", "e"}, why: "no machine can take the job now: a; b; c; d; e"},
 	}
 	for _, tt := range tests {
@@ -78,24 +77,25 @@ func TestDecideQuotes(t *testing.T) {
 }
 
 func TestDecideEnoughQuotes(t *testing.T) {
+	w := defaultTiming.quotes
 	tests := []struct {
 		waited, quiet time.Duration
 		count         int
 		placed, all   bool
 		want          bool
 	}{
-		{time.Second, time.Second, 1, true, false, false},                  // a placement, but wait the usual time
-		{quoteWait, 0, 1, true, false, true},                               // a placement after the usual wait
-		{quoteWait, 500 * time.Millisecond, 2, false, false, false},        // refusals still coming
-		{quoteWait, time.Second, 2, false, false, true},                    // refusals, then a quiet second
-		{quoteWait + time.Second, 5 * time.Second, 0, false, false, false}, // nothing yet
-		{quoteWaitMax, quoteWaitMax, 0, false, false, true},                // the limit
-		{100 * time.Millisecond, 0, 2, true, true, true},                   // every known scheduler answered, one placed
-		{100 * time.Millisecond, 0, 2, false, true, true},                  // every known scheduler refused
-		{100 * time.Millisecond, 0, 0, false, true, false},                 // none known, none answered
+		{time.Second, time.Second, 1, true, false, false},                // a placement, but wait the usual time
+		{w.usual, 0, 1, true, false, true},                               // a placement after the usual wait
+		{w.usual, 500 * time.Millisecond, 2, false, false, false},        // refusals still coming
+		{w.usual, time.Second, 2, false, false, true},                    // refusals, then a quiet second
+		{w.usual + time.Second, 5 * time.Second, 0, false, false, false}, // nothing yet
+		{w.max, w.max, 0, false, false, true},                            // the limit
+		{100 * time.Millisecond, 0, 2, true, true, true},                 // every known scheduler answered, one placed
+		{100 * time.Millisecond, 0, 2, false, true, true},                // every known scheduler refused
+		{100 * time.Millisecond, 0, 0, false, true, false},               // none known, none answered
 	}
 	for i, tt := range tests {
-		if got := enoughQuotes(tt.waited, tt.quiet, tt.count, tt.placed, tt.all); got != tt.want {
+		if got := enoughQuotes(w, tt.waited, tt.quiet, tt.count, tt.placed, tt.all); got != tt.want {
 			t.Errorf("%d: enoughQuotes(%s, %s, %d, %v, %v) = %v, want %v", i, tt.waited, tt.quiet, tt.count, tt.placed, tt.all, got, tt.want)
 		}
 	}
@@ -104,20 +104,21 @@ func TestDecideEnoughQuotes(t *testing.T) {
 // TestDecideUntilEnough checks that waking after untilEnough misses no
 // change of enoughQuotes' answer: none comes sooner, with no new quote.
 func TestDecideUntilEnough(t *testing.T) {
+	w := defaultTiming.quotes
 	step := 50 * time.Millisecond
-	for waited := time.Duration(0); waited < quoteWaitMax; waited += step {
+	for waited := time.Duration(0); waited < w.max; waited += step {
 		for quiet := time.Duration(0); quiet <= waited; quiet += step {
 			for _, count := range []int{0, 1} {
 				for _, placed := range []bool{false, true} {
-					if placed && count == 0 || enoughQuotes(waited, quiet, count, placed, false) {
+					if placed && count == 0 || enoughQuotes(w, waited, quiet, count, placed, false) {
 						continue
 					}
-					d := untilEnough(waited, quiet)
+					d := untilEnough(w, waited, quiet)
 					if d <= 0 {
 						t.Fatalf("untilEnough(%s, %s) = %s, want > 0", waited, quiet, d)
 					}
 					for later := time.Duration(0); later < d; later += step / 5 {
-						if enoughQuotes(waited+later, quiet+later, count, placed, false) {
+						if enoughQuotes(w, waited+later, quiet+later, count, placed, false) {
 							t.Fatalf("enoughQuotes turns true %s after (%s, %s, %d, %v), before untilEnough's %s",
 								later, waited, quiet, count, placed, d)
 						}

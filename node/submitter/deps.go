@@ -11,7 +11,6 @@ import (
 	ctypes "github.com/cometbft/cometbft/rpc/core/types"
 
 	"github.com/deepmarket/deepmarket/ledger"
-	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/storage"
 )
@@ -37,10 +36,19 @@ type Offers interface {
 	Offers(now time.Time) []p2p.Offer
 }
 
-// Bids publishes this node's bids (signed, gossiped); the quotes for
-// them arrive in the QuoteBook.
+// Bids publishes this node's bids, signed and gossiped, to live for ttl;
+// the quotes for them arrive in the QuoteBook.
 type Bids interface {
-	PublishBid(ctx context.Context, req api.PublishBidRequest) (api.SeenBid, error)
+	Publish(ctx context.Context, bid p2p.Bid, ttl time.Duration) (SeenBid, error)
+}
+
+// SeenBid is a bid as the market saw it: who sent it, when it came and
+// when it lapses (one entry of `bids --json`).
+type SeenBid struct {
+	p2p.Bid
+	From       string    `json:"from"`
+	ReceivedAt time.Time `json:"received_at"`
+	ExpiresAt  time.Time `json:"expires_at"`
 }
 
 // Ledger is the ledger as a job's payer: escrows, receipts, settlements.

@@ -1,47 +1,62 @@
 package submitter
 
-// The API's requests about this node's jobs (api.Jobs).
+// The API's requests about this node's jobs. They read the jobs' snapshots
+// and ask a live job's goroutine through its inbox; none touches a job.
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/fault"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
 )
 
-// Submit implements api.Jobs: it validates the spec, adds its inputs to
-// storage, bids, and returns once the job has a quote to confirm, waits
-// in the queue, or has failed. With Yes the job goes on without
-// confirmation.
-func (m *Manager) Submit(ctx context.Context, req api.SubmitRequest) (*jobs.Job, error) {
+// SubmitRequest submits a job: its spec as written, the directory its
+// relative paths are from, and whether to go on without confirmation.
+type SubmitRequest struct {
+	Spec    jobs.File `json:"spec"`
+	BaseDir string    `json:"base_dir"`
+	Yes     bool      `json:"yes"`
+}
+
+// JobLogs is a chunk of a job's log; Done when the job has ended and
+// nothing more will come.
+type JobLogs struct {
+	Data string `json:"data"`
+	Next int64  `json:"next"`
+	Done bool   `json:"done"`
+}
+
+// Submit validates the spec, adds its inputs to storage, bids, and
+// returns once the job has a quote to confirm, waits in the queue, or has
+// failed. With Yes the job goes on without confirmation.
+func (m *Manager) Submit(ctx context.Context, req SubmitRequest) (*jobs.Job, error) {
 	spec, err := req.Spec.Validate(req.BaseDir)
 	if err != nil {
 		var se *jobs.SpecError
 		if errors.As(err, &se) {
-			return nil, &api.Error{Status: http.StatusUnprocessableEntity, Field: se.Key, Message: se.Error()}
+			return nil, &fault.Error{Kind: fault.Invalid, Field: se.Key, Message: se.Error()}
 		}
-		return nil, &api.Error{Status: http.StatusUnprocessableEntity, Message: err.Error()}
+		return nil, &fault.Error{Kind: fault.Invalid, Message: err.Error()}
 	}
 	m.mu.Lock()
-	running := m.ctx != nil
+	runCtx := m.ctx
 	m.mu.Unlock()
-	if !running {
-		return nil, &api.Error{Status: http.StatusServiceUnavailable, Message: "the node is starting; try again"}
+	if runCtx == nil {
+		return nil, &fault.Error{Kind: fault.Unavailable, Message: "the node is starting; try again"}
 	}
 	if spec.Training.Held() {
 		if err := m.p.Holders.CanHold(spec.Command); err != nil {
-			return nil, &api.Error{Status: http.StatusUnprocessableEntity, Field: "training.holder",
+			return nil, &fault.Error{Kind: fault.Invalid, Field: "training.holder",
 				Message: "holder = \"submitter\" runs the job's program on this machine, which cannot: " + err.Error()}
 		}
 	}
@@ -50,17 +65,18 @@ func (m *Manager) Submit(ctx context.Context, req api.SubmitRequest) (*jobs.Job,
 	}
 	now := time.Now().UTC()
 	sub := m.p.Account
-	j := &jobs.Job{ID: jobs.NewID(sub, spec, now), Spec: *spec, State: jobs.Submitted, Submitter: sub,
-		Created: now, Confirmed: req.Yes}
+	j := &job{Job: jobs.Job{ID: jobs.NewID(sub, spec, now), Spec: *spec, State: jobs.Submitted, Submitter: sub,
+		Created: now, Confirmed: req.Yes}, in: newInbox()}
+	id := j.ID
 	m.mu.Lock()
-	m.jobs[j.ID] = j
+	m.live[id] = &handle{in: j.in, changed: make(chan struct{})}
 	m.mu.Unlock()
-	m.save(j, nil)
-	m.logf(j, "submitted %s: %d %s of %s each", spec.Name, spec.Workers, units.Plural(spec.Workers, "worker", "workers"),
+	m.save(j)
+	m.logf(id, "submitted %s: %d %s of %s each", spec.Name, spec.Workers, units.Plural(spec.Workers, "worker", "workers"),
 		units.FormatResources(spec.Cores, spec.MemBytes, spec.GPUs))
-	m.start(j)
+	m.start(runCtx, j) // j is its goroutine's from here
 	// Wait for the quote (or the end).
-	snapshot := m.await(ctx, j, func(j *jobs.Job) bool {
+	snapshot := m.await(ctx, id, func(j *jobs.Job) bool {
 		st, run := j.State, j.Current()
 		quoted := run != nil && len(run.Workers) > 0 && st == jobs.Quoting
 		return quoted || st == jobs.Waiting || st.Terminal() || (req.Yes && st != jobs.Submitted && st != jobs.Quoting)
@@ -89,7 +105,7 @@ func (m *Manager) fitsSomewhere(spec *jobs.Spec) error {
 		}
 	}
 	need := units.FormatResources(spec.Cores, spec.MemBytes, spec.GPUs)
-	return &api.Error{Status: http.StatusUnprocessableEntity, Field: "cores", Message: fmt.Sprintf(
+	return &fault.Error{Kind: fault.Invalid, Field: "cores", Message: fmt.Sprintf(
 		"no machine on the market lends %s for one worker: of the %d %s this node sees, the largest lends %s "+
 			"(ask for less per worker, or lend more: deepmarket lend --cores %d --mem %s)",
 		need, len(held), units.Plural(len(held), "machine", "machines"), units.FormatResources(int(best.Cores), best.MemBytes, int(best.GPUs)),
@@ -98,96 +114,73 @@ func (m *Manager) fitsSomewhere(spec *jobs.Spec) error {
 
 // Confirm lets a quoted job go on to reserve, pay into escrow and launch.
 func (m *Manager) Confirm(ctx context.Context, id string) (*jobs.Job, error) {
-	j, err := m.get(id)
+	snap, h, err := m.get(id)
 	if err != nil {
 		return nil, err
 	}
-	// id may be a prefix: everything below goes by the job's full ID.
-	id = j.ID
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if j.State.Terminal() {
-		return nil, &api.Error{Status: http.StatusConflict, Message: fmt.Sprintf("job %s is %s", id, j.State)}
+	if snap.State.Terminal() {
+		return nil, &fault.Error{Kind: fault.Conflict, Message: fmt.Sprintf("job %s is %s", snap.ID, snap.State)}
 	}
-	if !j.Confirmed {
-		j.Confirmed = true
-		if ch := m.confirm[id]; ch != nil {
-			close(ch)
+	c := copyJob(snap)
+	if !c.Confirmed {
+		if h != nil {
+			h.in.put(askConfirm) // a waiting job may now wait as long as its spec says
 		}
-		m.pokeLocked(id) // a waiting job may now wait as long as its spec says
+		c.Confirmed = true
 	}
-	snapshot := copyJob(j)
-	return &snapshot, nil
+	return &c, nil
 }
 
 // Cancel stops a job; what its workers used is paid, the rest refunded.
+// It waits (a little) for the job to end.
 func (m *Manager) Cancel(ctx context.Context, id string) (*jobs.Job, error) {
-	j, err := m.get(id)
+	snap, h, err := m.get(id)
 	if err != nil {
 		return nil, err
 	}
-	id = j.ID // id may be a prefix: the job loop looks the full one up
-	m.mu.Lock()
-	if j.State.Terminal() {
-		m.mu.Unlock()
-		return nil, &api.Error{Status: http.StatusConflict, Message: fmt.Sprintf("job %s is already %s", id, j.State)}
+	if snap.State.Terminal() {
+		return nil, &fault.Error{Kind: fault.Conflict, Message: fmt.Sprintf("job %s is already %s", snap.ID, snap.State)}
 	}
-	m.cancelRq[id] = true
-	m.pokeLocked(id)
-	if ch := m.confirm[id]; ch != nil && !j.Confirmed {
-		j.Confirmed = true // wake a job waiting for confirmation, to end
-		close(ch)
+	if h != nil {
+		h.in.put(askCancel)
 	}
-	m.mu.Unlock()
-	// Wait (a little) for the job to end.
-	wctx, cancel := context.WithTimeout(ctx, cancelWait)
+	wctx, cancel := context.WithTimeout(ctx, m.t.cancelWait)
 	defer cancel()
-	snapshot := m.await(wctx, j, func(j *jobs.Job) bool { return j.State.Terminal() })
-	return &snapshot, nil
+	s := m.await(wctx, snap.ID, func(j *jobs.Job) bool { return j.State.Terminal() })
+	return &s, nil
 }
 
-func (m *Manager) cancelled(id string) bool {
+// get finds the job id, or the one job whose ID it begins (as with git):
+// its snapshot, not to be written, and its handle while it is live.
+func (m *Manager) get(id string) (*jobs.Job, *handle, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.cancelRq[id]
-}
-
-func (m *Manager) get(id string) (*jobs.Job, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if j, ok := m.jobs[id]; ok {
-		return j, nil
-	}
-	// A unique prefix will do, as with git.
-	var found *jobs.Job
-	if len(id) >= 6 {
-		for k, j := range m.jobs {
+	snap := m.snaps[id]
+	if snap == nil && len(id) >= 6 {
+		for k, s := range m.snaps {
 			if strings.HasPrefix(k, id) {
-				if found != nil {
-					return nil, &api.Error{Status: http.StatusBadRequest, Field: "id", Message: fmt.Sprintf("%q matches several jobs", id)}
+				if snap != nil {
+					return nil, nil, &fault.Error{Kind: fault.Malformed, Field: "id", Message: fmt.Sprintf("%q matches several jobs", id)}
 				}
-				found = j
+				snap = s
 			}
 		}
 	}
-	if found == nil {
-		return nil, &api.Error{Status: http.StatusNotFound, Field: "id", Message: fmt.Sprintf("no job %q submitted from this node", id)}
+	if snap == nil {
+		return nil, nil, &fault.Error{Kind: fault.NotFound, Field: "id", Message: fmt.Sprintf("no job %q submitted from this node", id)}
 	}
-	return found, nil
+	return snap, m.live[snap.ID], nil
 }
 
 // Job returns a copy of a job.
 func (m *Manager) Job(ctx context.Context, id string) (*jobs.Job, error) {
-	j, err := m.get(id)
+	snap, _, err := m.get(id)
 	if err != nil {
 		return nil, err
 	}
-	pos := m.q.positions(time.Now())
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	snapshot := copyJob(j)
-	placeIn(&snapshot, pos)
-	return &snapshot, nil
+	c := copyJob(snap)
+	placeIn(&c, m.q.positions(time.Now()))
+	return &c, nil
 }
 
 // placeIn fills in what is worked out when a job is read: a waiting
@@ -203,12 +196,13 @@ func placeIn(j *jobs.Job, positions map[string]int) {
 func (m *Manager) Jobs(ctx context.Context) ([]jobs.Job, error) {
 	pos := m.q.positions(time.Now())
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]jobs.Job, 0, len(m.jobs))
-	for _, j := range m.jobs {
-		c := copyJob(j)
-		placeIn(&c, pos)
-		out = append(out, c)
+	out := make([]jobs.Job, 0, len(m.snaps))
+	for _, snap := range m.snaps {
+		out = append(out, copyJob(snap))
+	}
+	m.mu.Unlock()
+	for i := range out {
+		placeIn(&out[i], pos)
 	}
 	slices.SortFunc(out, func(a, b jobs.Job) int { return b.Created.Compare(a.Created) })
 	return out, nil
@@ -216,16 +210,13 @@ func (m *Manager) Jobs(ctx context.Context) ([]jobs.Job, error) {
 
 // Logs returns the job's log from offset: the submitter's own lines and
 // every worker's output, each line tagged with its worker.
-func (m *Manager) Logs(ctx context.Context, id string, offset int64) (api.JobLogs, error) {
-	j, err := m.get(id)
+func (m *Manager) Logs(ctx context.Context, id string, offset int64) (JobLogs, error) {
+	snap, _, err := m.get(id)
 	if err != nil {
-		return api.JobLogs{}, err
+		return JobLogs{}, err
 	}
-	chunk := readLog(filepath.Join(m.p.LogDir, j.ID+".log"), offset)
-	m.mu.Lock()
-	done := j.State.Terminal()
-	m.mu.Unlock()
-	return api.JobLogs{Data: string(chunk.Data), Next: chunk.Next, Done: done && len(chunk.Data) == 0}, nil
+	chunk := readLog(filepath.Join(m.p.LogDir, snap.ID+".log"), offset)
+	return JobLogs{Data: string(chunk.Data), Next: chunk.Next, Done: snap.State.Terminal() && len(chunk.Data) == 0}, nil
 }
 
 // readLog reads a job's log from offset off, a chunk at most.
@@ -242,5 +233,3 @@ func readLog(path string, off int64) p2p.Logs {
 	}
 	return p2p.Logs{Data: buf[:n], Next: max(off, 0) + int64(n)}
 }
-
-var _ api.Jobs = (*Manager)(nil)

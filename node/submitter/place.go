@@ -11,7 +11,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/deepmarket/deepmarket/identity"
-	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
@@ -23,12 +22,12 @@ import (
 // again at its turn; it re-quotes when holds lapse or a commitment is
 // refused. It reports false when the job ended instead (cancelled,
 // unconfirmed, waited too long, or failed), or the node stops.
-func (m *Manager) hold(ctx context.Context, j *jobs.Job, k int) bool {
+func (m *Manager) hold(ctx context.Context, j *job, k int) bool {
 	runID := jobs.RunID(j.ID, k)
 	defer m.q.leave(j.ID)
 	var refused *refusal
 	for attempt := 0; ; attempt++ {
-		if m.cancelled(j.ID) {
+		if m.look(j); j.cancelled {
 			m.move(j, jobs.Cancelled, "cancelled before launch")
 			return false
 		}
@@ -63,7 +62,7 @@ func (m *Manager) hold(ctx context.Context, j *jobs.Job, k int) bool {
 		}
 		m.move(j, jobs.Reserving, "")
 		if err := m.commit(ctx, run); err != nil {
-			m.logf(j, "commit: %v; re-quoting", err)
+			m.logf(j.ID, "commit: %v; re-quoting", err)
 			m.releaseHolds(ctx, run)
 			continue
 		}
@@ -72,16 +71,15 @@ func (m *Manager) hold(ctx context.Context, j *jobs.Job, k int) bool {
 }
 
 // quoted records run as run k of j, the quote the job is to confirm.
-func (m *Manager) quoted(j *jobs.Job, k int, run *jobs.Run) {
-	m.save(j, func() {
-		j.Queue = nil
-		if len(j.Runs) > k {
-			j.Runs[k] = *run
-		} else {
-			j.Runs = append(j.Runs, *run)
-		}
-	})
-	m.logf(j, "quote: %d workers on %s, %s credits an hour, at most %s credits", len(run.Workers),
+func (m *Manager) quoted(j *job, k int, run *jobs.Run) {
+	j.Queue = nil
+	if len(j.Runs) > k {
+		j.Runs[k] = *run
+	} else {
+		j.Runs = append(j.Runs, *run)
+	}
+	m.save(j)
+	m.logf(j.ID, "quote: %d workers on %s, %s credits an hour, at most %s credits", len(run.Workers),
 		machinesOf(run), units.FormatCredits(run.PerHour), units.FormatCredits(run.Quoted))
 }
 
@@ -93,32 +91,35 @@ const (
 )
 
 // awaitConfirm waits, unless the job is confirmed already, for its
-// confirmation of run's quote, at most confirmWait.
-func (m *Manager) awaitConfirm(ctx context.Context, j *jobs.Job, run *jobs.Run) int {
-	m.mu.Lock()
-	ch := m.confirm[j.ID]
-	confirmed := j.Confirmed
-	m.mu.Unlock()
-	if confirmed {
-		return confirmGo
+// confirmation of run's quote, at most confirmWait. A cancel taken
+// meanwhile ends the job before anything is paid.
+func (m *Manager) awaitConfirm(ctx context.Context, j *job, run *jobs.Run) int {
+	m.look(j)
+	waited := !j.Confirmed
+	if waited {
+		timer := time.NewTimer(m.t.confirmWait)
+		defer timer.Stop()
+		for !j.Confirmed {
+			select {
+			case <-ctx.Done():
+				return confirmStop
+			case <-j.in.note:
+				m.look(j)
+			case <-timer.C:
+				m.releaseHolds(ctx, run)
+				m.move(j, jobs.Cancelled, "not confirmed within "+m.t.confirmWait.String())
+				return confirmStop
+			}
+		}
 	}
-	select {
-	case <-ctx.Done():
-		return confirmStop
-	case <-ch:
-	case <-time.After(confirmWait):
-		m.releaseHolds(ctx, run)
-		m.move(j, jobs.Cancelled, "not confirmed within "+confirmWait.String())
-		return confirmStop
-	}
-	if m.cancelled(j.ID) {
+	if j.cancelled {
 		m.releaseHolds(ctx, run)
 		m.move(j, jobs.Cancelled, "cancelled before launch")
 		return confirmStop
 	}
-	if time.Now().After(run.HeldUntil) {
+	if waited && time.Now().After(run.HeldUntil) {
 		m.releaseHolds(ctx, run)
-		m.logf(j, "the holds lapsed while waiting for confirmation: re-quoting")
+		m.logf(j.ID, "the holds lapsed while waiting for confirmation: re-quoting")
 		return confirmRequote
 	}
 	return confirmGo
@@ -142,7 +143,7 @@ func machinesOf(r *jobs.Run) string {
 // quote publishes run's bid and picks the cheapest placement offered; the
 // other quotes' holds are released. With no placement it says why, and
 // the least price at which one was refused only for costing too much.
-func (m *Manager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.Run, *refusal) {
+func (m *Manager) quote(ctx context.Context, j *job, runID string) (*jobs.Run, *refusal) {
 	s := &j.Spec
 	bid := p2p.Bid{JobID: runID, Workers: uint32(s.Workers),
 		PerWorker: p2p.Resources{Cores: uint32(s.Cores), MemBytes: s.MemBytes, GPUs: uint32(s.GPUs)},
@@ -154,10 +155,10 @@ func (m *Manager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.R
 	fp := m.q.fingerprint()
 	m.p.Quotes.forget(runID) // a bid again: only new quotes count
 	known := m.p.Quotes.known(time.Now())
-	if _, err := m.p.Bids.PublishBid(ctx, api.PublishBidRequest{Bid: bid, TTL: "2m"}); err != nil {
+	if _, err := m.p.Bids.Publish(ctx, bid, bidTTL); err != nil {
 		return nil, &refusal{why: "publish bid: " + err.Error(), on: fp}
 	}
-	qs, ok := m.gatherQuotes(ctx, runID, known)
+	qs, ok := m.gatherQuotes(ctx, j, runID, known)
 	m.p.Quotes.close(runID) // later quotes are refused: their holds go
 	if !ok {
 		return nil, &refusal{why: "stopped", on: fp}
@@ -174,11 +175,16 @@ func (m *Manager) quote(ctx context.Context, j *jobs.Job, runID string) (*jobs.R
 	return runOf(best, m.p.Offers.Offers(time.Now())), nil
 }
 
-// gatherQuotes collects the quotes for a bid just published, looking
-// again as each arrives, until enoughQuotes (at once when every scheduler
-// of known, those heard from lately, has answered); false when ctx ends
-// first.
-func (m *Manager) gatherQuotes(ctx context.Context, runID string, known []string) ([]api.ReceivedQuote, bool) {
+// bidTTL is how long a bid lives on the market: its quotes come within
+// seconds, and a bid again is a new one.
+const bidTTL = 2 * time.Minute
+
+// gatherQuotes collects the quotes for j's bid for run runID, just
+// published, looking again as each arrives, until enoughQuotes (at once
+// when every scheduler of known, those heard from lately, has answered);
+// false when ctx ends first. What is asked of j meanwhile is taken: a
+// cancel stops the gathering.
+func (m *Manager) gatherQuotes(ctx context.Context, j *job, runID string, known []string) ([]ReceivedQuote, bool) {
 	start := time.Now()
 	lastNew, count := start, 0
 	for {
@@ -189,21 +195,25 @@ func (m *Manager) gatherQuotes(ctx context.Context, runID string, known []string
 			count, lastNew = len(qs), now
 		}
 		waited, quiet := now.Sub(start), now.Sub(lastNew)
-		if enoughQuotes(waited, quiet, count, hasPlacement(qs), all) {
+		if enoughQuotes(m.t.quotes, waited, quiet, count, hasPlacement(qs), all) {
 			return qs, true
 		}
 		select {
 		case <-ctx.Done():
 			return nil, false
 		case <-arrived:
-		case <-time.After(untilEnough(waited, quiet)):
+		case <-j.in.note:
+			if m.look(j); j.cancelled {
+				return qs, true // what came is chosen from, its holds released after
+			}
+		case <-time.After(untilEnough(m.t.quotes, waited, quiet)):
 		}
 	}
 }
 
 // runOf turns a quote into a run's plan, naming its machines as their
 // offers among held do.
-func runOf(q *api.ReceivedQuote, held []p2p.Offer) *jobs.Run {
+func runOf(q *ReceivedQuote, held []p2p.Offer) *jobs.Run {
 	r := &jobs.Run{ID: q.JobID, PerHour: q.PerHour, Quoted: q.Total, Scheduler: q.Scheduler,
 		HeldUntil: time.UnixMilli(q.HeldUntil), Predicted: q.Predicted}
 	offers := map[string]p2p.Offer{}

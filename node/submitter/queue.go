@@ -17,9 +17,6 @@ import (
 // queueBids is how many of the queue's jobs bid at once.
 const queueBids = 16
 
-// queueLook is how often the queue looks at the offers for room.
-const queueLook = 500 * time.Millisecond
-
 // queue is the waiting jobs; every method is safe for concurrent use.
 type queue struct {
 	offers Offers
@@ -114,9 +111,10 @@ func (q *queue) positions(now time.Time) map[string]int {
 	return out
 }
 
-// run looks at the offers every queueLook while jobs wait, until ctx ends.
-func (q *queue) run(ctx context.Context) {
-	t := time.NewTicker(queueLook)
+// run looks at the offers for room every look while jobs wait, until ctx
+// ends.
+func (q *queue) run(ctx context.Context, look time.Duration) {
+	t := time.NewTicker(look)
 	defer t.Stop()
 	for {
 		select {

@@ -5,22 +5,30 @@ package submitter
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/deepmarket/deepmarket/node/api"
-	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/deepmarket/deepmarket/node/fault"
+	"github.com/deepmarket/deepmarket/p2p"
 )
+
+// ReceivedQuote is a scheduler's quote for one of this node's bids, as
+// the QuoteBook keeps it (one entry of `quotes --json`).
+type ReceivedQuote struct {
+	Scheduler string `json:"scheduler"`
+	p2p.Quote
+	ReceivedAt time.Time `json:"received_at"`
+}
 
 // QuoteBook holds the quotes schedulers sent for this node's bids, and
 // tells whoever waits on a bid when a quote for it arrives.
 type QuoteBook struct {
 	mu      sync.Mutex
 	mine    map[string]time.Time // job -> when its bid expires
-	quotes  map[string][]api.ReceivedQuote
+	quotes  map[string][]ReceivedQuote
 	arrived map[string]chan struct{} // job -> closed at its next quote
 	heard   map[string]time.Time     // scheduler -> when it last sent a quote
 	// closed are bids whose bidder has chosen: quotes for them that come
@@ -34,7 +42,7 @@ const heardWithin = 10 * time.Minute
 
 // NewQuoteBook makes an empty book.
 func NewQuoteBook() *QuoteBook {
-	return &QuoteBook{mine: map[string]time.Time{}, quotes: map[string][]api.ReceivedQuote{}, arrived: map[string]chan struct{}{},
+	return &QuoteBook{mine: map[string]time.Time{}, quotes: map[string][]ReceivedQuote{}, arrived: map[string]chan struct{}{},
 		heard: map[string]time.Time{}, closed: map[string]bool{}}
 }
 
@@ -108,7 +116,7 @@ func (b *QuoteBook) Add(from peer.ID, q p2p.Quote, now time.Time) bool {
 		return false
 	}
 	if len(b.quotes[q.JobID]) < 64 {
-		b.quotes[q.JobID] = append(b.quotes[q.JobID], api.ReceivedQuote{Scheduler: from.String(), Quote: q, ReceivedAt: now.UTC()})
+		b.quotes[q.JobID] = append(b.quotes[q.JobID], ReceivedQuote{Scheduler: from.String(), Quote: q, ReceivedAt: now.UTC()})
 	}
 	if _, ok := b.heard[from.String()]; ok || len(b.heard) < 1024 {
 		b.heard[from.String()] = now
@@ -136,7 +144,7 @@ func (b *QuoteBook) known(now time.Time) []string {
 	return out
 }
 
-func (b *QuoteBook) list(job string) []api.ReceivedQuote {
+func (b *QuoteBook) list(job string) []ReceivedQuote {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return slices.Clone(b.quotes[job])
@@ -144,7 +152,7 @@ func (b *QuoteBook) list(job string) []api.ReceivedQuote {
 
 // watch returns the quotes received for job so far, and a channel closed
 // when the next one arrives.
-func (b *QuoteBook) watch(job string) ([]api.ReceivedQuote, <-chan struct{}) {
+func (b *QuoteBook) watch(job string) ([]ReceivedQuote, <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	ch, ok := b.arrived[job]
@@ -157,7 +165,7 @@ func (b *QuoteBook) watch(job string) ([]api.ReceivedQuote, <-chan struct{}) {
 
 // answeredBy reports whether every scheduler of known sent one of qs
 // (false when known is empty: nothing to go by).
-func answeredBy(qs []api.ReceivedQuote, known []string) bool {
+func answeredBy(qs []ReceivedQuote, known []string) bool {
 	if len(known) == 0 {
 		return false
 	}
@@ -173,14 +181,14 @@ func answeredBy(qs []api.ReceivedQuote, known []string) bool {
 	return true
 }
 
-// Quotes implements api.Scheduling: the quotes received for a job this
-// node bid, cheapest first, then those without a placement.
-func (b *QuoteBook) Quotes(ctx context.Context, job string) ([]api.ReceivedQuote, error) {
+// Quotes lists the quotes received for a job this node bid, cheapest
+// first, then those without a placement (the API's /jobs/{id}/quotes).
+func (b *QuoteBook) Quotes(ctx context.Context, job string) ([]ReceivedQuote, error) {
 	if !b.expecting(job) {
-		return nil, &api.Error{Status: http.StatusNotFound, Field: "job", Message: fmt.Sprintf("this node has not bid for job %q", job)}
+		return nil, fault.New(fault.NotFound, "job", "this node has not bid for job %q", job)
 	}
 	qs := b.list(job)
-	slices.SortStableFunc(qs, func(a, b api.ReceivedQuote) int {
+	slices.SortStableFunc(qs, func(a, b ReceivedQuote) int {
 		switch {
 		case len(a.Workers) > 0 && len(b.Workers) == 0:
 			return -1

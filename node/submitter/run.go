@@ -16,17 +16,17 @@ import (
 // its holds committed, its escrow opened, its workers launched and
 // supervised, and it is settled; then the job has ended, or is re-placed
 // (once) as the next run.
-func (m *Manager) drive(ctx context.Context, j *jobs.Job) {
+func (m *Manager) drive(ctx context.Context, j *job) {
 	k, launched, ok := m.resumeAt(ctx, j)
 	for ; ok; k, launched = k+1, false {
 		var end jobs.RunEnd
 		if !launched {
-			resume := m.checkpoint(j)
+			resume := j.Checkpoint // the chief's latest, the next run's start
 			if !m.hold(ctx, j, k) || !m.escrow(ctx, j, k) {
 				return // the job ended before its launch, or the node stops
 			}
 			if err := m.launch(ctx, j, k, resume); err != nil {
-				m.logf(j, "launch: %v", err)
+				m.logf(j.ID, "launch: %v", err)
 				end = jobs.RunEnd{Out: jobs.LaunchFailed, Why: "launch failed: " + err.Error()}
 			} else {
 				launched = true
@@ -48,7 +48,7 @@ func (m *Manager) drive(ctx context.Context, j *jobs.Job) {
 // waits on, from its place in the queue; a job the node restarted with
 // while bidding bids again if it was confirmed or may still be; one
 // restarted while committing its holds is failed.
-func (m *Manager) resumeAt(ctx context.Context, j *jobs.Job) (k int, launched, ok bool) {
+func (m *Manager) resumeAt(ctx context.Context, j *job) (k int, launched, ok bool) {
 	if j.State == jobs.Submitted {
 		if err := m.addInputs(ctx, j); err != nil {
 			m.move(j, jobs.Failed, err.Error())
@@ -61,12 +61,13 @@ func (m *Manager) resumeAt(ctx context.Context, j *jobs.Job) (k int, launched, o
 			// A quote never launched: its holds go, and it is placed anew
 			// as the same run.
 			m.releaseHolds(context.WithoutCancel(ctx), r)
-			m.save(j, func() { j.Runs = j.Runs[:len(j.Runs)-1] })
+			j.Runs = j.Runs[:len(j.Runs)-1]
+			m.save(j)
 		}
 		if j.State == jobs.Quoting && (j.Confirmed || j.Queue != nil) {
 			break // it bids again, from its place in the queue if it had one
 		}
-		if j.Updated.Before(time.Now().Add(-confirmWait)) || j.State == jobs.Reserving {
+		if j.Updated.Before(time.Now().Add(-m.t.confirmWait)) || j.State == jobs.Reserving {
 			m.move(j, jobs.Failed, "the submitting node restarted before the job was paid for: submit it again")
 			return 0, false, false
 		}
@@ -76,19 +77,12 @@ func (m *Manager) resumeAt(ctx context.Context, j *jobs.Job) (k int, launched, o
 	return len(j.Runs), false, true
 }
 
-// checkpoint is the chief's latest checkpoint, the next run's start.
-func (m *Manager) checkpoint(j *jobs.Job) string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return j.Checkpoint
-}
-
 // windDown ends run k: it stops its workers (on a lost worker the chief
 // keeps a checkpoint first), settles, and tells the machines they may
 // forget the run (its holds freed for a re-placed run; the chief's
 // output or checkpoint is already in storage). A run whose launch failed
 // also has its holds released.
-func (m *Manager) windDown(ctx context.Context, j *jobs.Job, k int, end jobs.RunEnd) {
+func (m *Manager) windDown(ctx context.Context, j *job, k int, end jobs.RunEnd) {
 	bg := context.WithoutCancel(ctx)
 	stopReason := end.Why
 	if end.Out == jobs.LaunchFailed {
@@ -107,14 +101,14 @@ func (m *Manager) windDown(ctx context.Context, j *jobs.Job, k int, end jobs.Run
 
 // conclude moves the job on once run k ended: to its end, or back to
 // quoting for the next run, when it reports true.
-func (m *Manager) conclude(j *jobs.Job, k int, end jobs.RunEnd) bool {
+func (m *Manager) conclude(j *job, k int, end jobs.RunEnd) bool {
 	if j.State == jobs.Launching && end.Out == jobs.RunSucceeded {
 		m.move(j, jobs.Running, "") // it ran, between two polls
 	}
 	switch jobs.AfterRun(end.Out, k) {
 	case jobs.Quoting:
 		if end.Out == jobs.WorkerLost { // a failed launch re-places quietly
-			m.logf(j, "re-placing the job once on other machines%s", map[bool]string{true: " from the chief's checkpoint", false: ""}[j.Checkpoint != ""])
+			m.logf(j.ID, "re-placing the job once on other machines%s", map[bool]string{true: " from the chief's checkpoint", false: ""}[j.Checkpoint != ""])
 			m.move(j, jobs.Quoting, end.Why+": re-placing")
 		}
 		return true
@@ -129,12 +123,12 @@ func (m *Manager) conclude(j *jobs.Job, k int, end jobs.RunEnd) bool {
 }
 
 // addInputs adds the bundle and dataset directories to storage.
-func (m *Manager) addInputs(ctx context.Context, j *jobs.Job) error {
+func (m *Manager) addInputs(ctx context.Context, j *job) error {
 	add := func(what, v string) (string, error) {
 		if v == "" || jobs.IsCID(v) {
 			return v, nil
 		}
-		m.logf(j, "adding the %s %s to storage", what, v)
+		m.logf(j.ID, "adding the %s %s to storage", what, v)
 		pin, err := m.p.Blocks.Add(ctx, v, nil)
 		if err != nil {
 			return "", fmt.Errorf("add %s %s: %w", what, v, err)
@@ -149,7 +143,8 @@ func (m *Manager) addInputs(ctx context.Context, j *jobs.Job) error {
 	if err != nil {
 		return err
 	}
-	m.save(j, func() { j.BundleCID, j.DatasetCID = b, d })
+	j.BundleCID, j.DatasetCID = b, d
+	m.save(j)
 	if !m.move(j, jobs.Quoting, "") {
 		return errors.New("internal: cannot quote")
 	}
@@ -158,7 +153,7 @@ func (m *Manager) addInputs(ctx context.Context, j *jobs.Job) error {
 
 // startHolder starts the model's holder of a held run on this machine,
 // before its workers, which reach it as soon as they start.
-func (m *Manager) startHolder(j *jobs.Job, run *jobs.Run, world []string, addrs [][]string) error {
+func (m *Manager) startHolder(j *job, run *jobs.Run, world []string, addrs [][]string) error {
 	l := p2p.Launch{JobID: run.ID, Index: len(world), World: world, Addrs: addrs, Framework: j.Spec.Framework,
 		Command: j.Spec.Command, Bundle: j.BundleCID, Dataset: j.DatasetCID,
 		Res:     p2p.Resources{Cores: 1, MemBytes: j.Spec.MemBytes},
@@ -166,21 +161,16 @@ func (m *Manager) startHolder(j *jobs.Job, run *jobs.Run, world []string, addrs 
 	if err := m.p.Holders.Hold(l); err != nil {
 		return fmt.Errorf("the model's holder on this machine: %w", err)
 	}
-	m.save(j, func() {
-		run.Holder = &jobs.Worker{Machine: m.p.Holders.Machine(), Moniker: "this machine", State: p2p.WorkerFetching,
-			LastSeen: time.Now().UTC()}
-	})
-	m.logf(j, "the model's holder starts on this machine: it checks every worker's update and pays for the accepted rounds")
+	run.Holder = &jobs.Worker{Machine: m.p.Holders.Machine(), Moniker: "this machine", State: p2p.WorkerFetching,
+		LastSeen: time.Now().UTC()}
+	m.save(j)
+	m.logf(j.ID, "the model's holder starts on this machine: it checks every worker's update and pays for the accepted rounds")
 	return nil
 }
 
-// launchPatience is how long a launch is sent again to a machine that
-// does not see the run's escrow yet (its ledger catching up).
-const launchPatience = time.Minute
-
 // launch starts every worker of run k (the job launching), the chief
 // from resume when that is a checkpoint.
-func (m *Manager) launch(ctx context.Context, j *jobs.Job, k int, resume string) error {
+func (m *Manager) launch(ctx context.Context, j *job, k int, resume string) error {
 	m.move(j, jobs.Launching, "")
 	run := &j.Runs[k]
 	world := make([]string, len(run.Workers))
@@ -192,11 +182,10 @@ func (m *Manager) launch(ctx context.Context, j *jobs.Job, k int, resume string)
 			addrs[i] = addrs[i][:32]
 		}
 	}
-	m.save(j, func() {
-		run.Started = time.Now().UTC()
-		sync := j.Spec.Training == nil || j.Spec.Training.Mode == "sync"
-		run.Lockstep = j.Spec.Framework == "tensorflow" && sync && len(run.Workers) > 1
-	})
+	run.Started = time.Now().UTC()
+	sync := j.Spec.Training == nil || j.Spec.Training.Mode == "sync"
+	run.Lockstep = j.Spec.Framework == "tensorflow" && sync && len(run.Workers) > 1
+	m.save(j)
 	if j.Spec.Training.Held() {
 		if err := m.startHolder(j, run, world, addrs); err != nil {
 			return err
@@ -213,7 +202,8 @@ func (m *Manager) launch(ctx context.Context, j *jobs.Job, k int, resume string)
 		}
 		g.Go(func() error {
 			// A machine whose replica of the ledger is behind asks for
-			// the launch again (reply.Retry), for up to launchPatience.
+			// the launch again (reply.Retry), for up to launchPatience:
+			// it does not see the run's escrow yet.
 			for first := time.Now(); ; {
 				reply, err := m.p.Machines.Launch(gctx, w.Machine, l)
 				if err != nil {
@@ -222,14 +212,14 @@ func (m *Manager) launch(ctx context.Context, j *jobs.Job, k int, resume string)
 				switch {
 				case reply.OK:
 					return nil
-				case !reply.Retry || time.Since(first) > launchPatience:
+				case !reply.Retry || time.Since(first) > m.t.launchPatience:
 					return fmt.Errorf("worker %d on %s refused: %s", i, w.Machine, reply.Reason)
 				}
-				m.logf(j, "worker %d: %s does not see the escrow on its ledger yet; launching again", i, w.Moniker)
+				m.logf(j.ID, "worker %d: %s does not see the escrow on its ledger yet; launching again", i, w.Moniker)
 				select {
 				case <-gctx.Done():
 					return gctx.Err()
-				case <-time.After(time.Second):
+				case <-time.After(m.t.launchRetry):
 				}
 			}
 		})
@@ -237,12 +227,11 @@ func (m *Manager) launch(ctx context.Context, j *jobs.Job, k int, resume string)
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	m.save(j, func() {
-		now := time.Now().UTC()
-		for i := range run.Workers {
-			run.Workers[i].State, run.Workers[i].LastSeen = p2p.WorkerFetching, now
-		}
-	})
-	m.logf(j, "launched %d workers", len(run.Workers))
+	now := time.Now().UTC()
+	for i := range run.Workers {
+		run.Workers[i].State, run.Workers[i].LastSeen = p2p.WorkerFetching, now
+	}
+	m.save(j)
+	m.logf(j.ID, "launched %d workers", len(run.Workers))
 	return nil
 }

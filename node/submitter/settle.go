@@ -24,7 +24,7 @@ func ledgerReason(err error) string {
 // escrow locks run k's budget on the ledger, payable to its machines:
 // the job's max price less what earlier runs spent. It reports false when
 // the ledger refused, the holds released and the job failed.
-func (m *Manager) escrow(ctx context.Context, j *jobs.Job, k int) bool {
+func (m *Manager) escrow(ctx context.Context, j *job, k int) bool {
 	run := &j.Runs[k]
 	budget := j.Spec.MaxPrice - min(j.Cost, j.Spec.MaxPrice)
 	payees := []string{}
@@ -40,8 +40,9 @@ func (m *Manager) escrow(ctx context.Context, j *jobs.Job, k int) bool {
 		m.move(j, jobs.Failed, "open escrow: "+ledgerReason(err))
 		return false
 	}
-	m.save(j, func() { run.Escrow = budget })
-	m.logf(j, "escrow of %s credits opened (tx %s)", units.FormatCredits(budget), tx.Hash.String())
+	run.Escrow = budget
+	m.save(j)
+	m.logf(j.ID, "escrow of %s credits opened (tx %s)", units.FormatCredits(budget), tx.Hash.String())
 	m.move(j, jobs.Escrowed, "")
 	return true
 }
@@ -66,15 +67,13 @@ const outcomeWaits = 3
 // settle pays each machine of run k its hourly price for the time its
 // workers ran (a lost machine what its receipts cover) and refunds the
 // rest; the ledger records each machine's job as completed or failed.
-func (m *Manager) settle(ctx context.Context, j *jobs.Job, k int, lost map[int]bool) {
+func (m *Manager) settle(ctx context.Context, j *job, k int, lost map[int]bool) {
 	run := &j.Runs[k]
 	if run.Settled || run.Escrow == 0 {
 		return
 	}
 	now := time.Now()
-	m.mu.Lock()
 	pays, total := jobs.PayPlan(run, lost, now)
-	m.mu.Unlock()
 	var tx string
 	for attempt := 0; attempt < 5; attempt++ {
 		res, err := m.p.Ledger.Settle(ctx, ledger.Settle{Job: run.ID, Payments: pays})
@@ -84,26 +83,25 @@ func (m *Manager) settle(ctx context.Context, j *jobs.Job, k int, lost map[int]b
 		}
 		var lerr *ledger.Error
 		if errors.As(err, &lerr) && lerr.Code == ledger.CodeUnknownEscrow {
-			m.logf(j, "settle: the escrow is gone (claimed or expired): %s", lerr.Reason)
+			m.logf(j.ID, "settle: the escrow is gone (claimed or expired): %s", lerr.Reason)
 			break
 		}
-		m.logf(j, "settle: %v (retrying)", err)
-		time.Sleep(2 * time.Second)
+		m.logf(j.ID, "settle: %v (retrying)", err)
+		time.Sleep(m.t.settleRetry)
 	}
-	m.save(j, func() {
-		// A worker whose end no poll saw (its machine slow to stop it, or
-		// lost) is recorded as ending where its pay did.
-		for i := range run.Workers {
-			if w := &run.Workers[i]; !w.Started.IsZero() && w.Ended.IsZero() {
-				w.Ended = jobs.RanUntil(w, now).UTC()
-			}
+	// A worker whose end no poll saw (its machine slow to stop it, or
+	// lost) is recorded as ending where its pay did.
+	for i := range run.Workers {
+		if w := &run.Workers[i]; !w.Started.IsZero() && w.Ended.IsZero() {
+			w.Ended = jobs.RanUntil(w, now).UTC()
 		}
-		run.Settled, run.SettleTx, run.Paid, run.Ended = tx != "", tx, total, now.UTC()
-		if tx != "" {
-			j.Cost += total
-		}
-	})
+	}
+	run.Settled, run.SettleTx, run.Paid, run.Ended = tx != "", tx, total, now.UTC()
 	if tx != "" {
-		m.logf(j, "settled: paid %s credits to %s, refunded %s (tx %s)", units.FormatCredits(total), units.Count(len(pays), "machine", "machines"), units.FormatCredits(run.Escrow-total), tx)
+		j.Cost += total
+	}
+	m.save(j)
+	if tx != "" {
+		m.logf(j.ID, "settled: paid %s credits to %s, refunded %s (tx %s)", units.FormatCredits(total), units.Count(len(pays), "machine", "machines"), units.FormatCredits(run.Escrow-total), tx)
 	}
 }

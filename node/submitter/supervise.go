@@ -16,7 +16,7 @@ import (
 // supervise polls run k's workers (status, heartbeat, receipts, logs)
 // until the run ends, and says how; false when the node stops first (the
 // job resumes when it restarts).
-func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (jobs.RunEnd, bool) {
+func (m *Manager) supervise(ctx context.Context, j *job, k int) (jobs.RunEnd, bool) {
 	run := &j.Runs[k]
 	m.heardNow(j, run)
 	lastReceipt := time.Time{}
@@ -31,7 +31,7 @@ func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (jobs.RunEn
 		}
 		now := time.Now()
 		receipts := map[string]*p2p.Receipt{}
-		if now.Sub(lastReceipt) >= receiptEvery {
+		if now.Sub(lastReceipt) >= m.t.receiptEvery {
 			receipts, lastReceipt = m.receipts(j, k, now), now
 		}
 		sts := m.poll(ctx, j, k, receipts)
@@ -40,20 +40,22 @@ func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (jobs.RunEn
 		}
 		f := jobs.Survey(sts, run.Workers, lost, now)
 		m.sayProgress(j, &said, now)
+		m.look(j)
 		if run.Held() {
 			hst := m.pollHolder(ctx, j, run, now)
 			lost = f.Lost
-			end, ended := jobs.JudgeHeld(f, hst, m.cancelled(j.ID), run.Started, j.Spec.MaxDuration, now)
+			end, ended := jobs.JudgeHeld(f, hst, j.cancelled, run.Started, j.Spec.MaxDuration, now)
 			if ended && end.Out == jobs.RunSucceeded {
-				m.save(j, func() { j.ResultCID = hst.Result })
+				j.ResultCID = hst.Result
+				m.save(j)
 			}
 			if ended {
-				m.logf(j, "run ends: %s", map[bool]string{true: end.Why, false: "the model's holder finished"}[end.Why != ""])
+				m.logf(j.ID, "run ends: %s", map[bool]string{true: end.Why, false: "the model's holder finished"}[end.Why != ""])
 				return end, true
 			}
 			continue
 		}
-		f.Stalled = m.stalled(j, run, now)
+		f.Stalled = jobs.Stalled(run, j.Spec.StallAfter, now)
 		if f.Failed != "" && failedSince.IsZero() {
 			failedSince = now
 		}
@@ -62,10 +64,11 @@ func (m *Manager) supervise(ctx context.Context, j *jobs.Job, k int) (jobs.RunEn
 		}
 		lost = f.Lost
 		if f.Result != "" {
-			m.save(j, func() { j.ResultCID = f.Result })
+			j.ResultCID = f.Result
+			m.save(j)
 		}
-		if end, ended := jobs.Judge(f, m.cancelled(j.ID), run.Started, j.Spec.MaxDuration, now); ended {
-			m.logf(j, "run ends: %s", map[bool]string{true: end.Why, false: "the chief finished"}[end.Why != ""])
+		if end, ended := jobs.Judge(f, j.cancelled, run.Started, j.Spec.MaxDuration, now); ended {
+			m.logf(j.ID, "run ends: %s", map[bool]string{true: end.Why, false: "the chief finished"}[end.Why != ""])
 			return end, true
 		}
 	}
@@ -85,10 +88,8 @@ const progressEvery = time.Minute
 // sayProgress writes the job's progress to its log (what `logs` and
 // `submit --wait` show): steps of the planned total, the share done, the
 // ETA, and the last loss, accuracy and evaluation.
-func (m *Manager) sayProgress(j *jobs.Job, said *progressSaid, now time.Time) {
-	m.mu.Lock()
-	s := jobs.Summarize(j, now)
-	m.mu.Unlock()
+func (m *Manager) sayProgress(j *job, said *progressSaid, now time.Time) {
+	s := jobs.Summarize(&j.Job, now)
 	if s == nil || s.Total == 0 {
 		return
 	}
@@ -100,17 +101,15 @@ func (m *Manager) sayProgress(j *jobs.Job, said *progressSaid, now time.Time) {
 		return
 	}
 	*said = progressSaid{at: now, percent: s.Percent, eval: eval}
-	m.logf(j, "%s", jobs.ProgressLine(s))
+	m.logf(j.ID, "%s", jobs.ProgressLine(s))
 }
 
 // pollHolder asks the model's holder of a held run how it is, pulls its
 // log output and its accounts of the workers; a holder unheard for
 // jobs.LostAfter (the node restarted: its processes are gone) is reported
 // failed.
-func (m *Manager) pollHolder(ctx context.Context, j *jobs.Job, run *jobs.Run, now time.Time) *p2p.JobStatus {
-	m.mu.Lock()
+func (m *Manager) pollHolder(ctx context.Context, j *job, run *jobs.Run, now time.Time) *p2p.JobStatus {
 	h := *run.Holder
-	m.mu.Unlock()
 	idx := len(run.Workers)
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -137,95 +136,93 @@ func (m *Manager) pollHolder(ctx context.Context, j *jobs.Job, run *jobs.Run, no
 	if err != nil {
 		m.p.Logger.Warn("the holder's accounts cannot be read", "job", j.ID, "err", err)
 	}
-	m.save(j, func() {
-		run.Holder.State, run.Holder.ExitCode, run.Holder.Reason, run.Holder.LastSeen = st.State, st.ExitCode, st.Reason, now.UTC()
-		run.Holder.LogOffset = h.LogOffset
-		if p := st.Progress; p != nil && st.Validate(run.ID, idx) == nil {
-			recordTraining(run.Holder, p, run.Started, now)
-		}
-		jobs.ApplyAccounts(run, doc.Workers)
-	})
+	run.Holder.State, run.Holder.ExitCode, run.Holder.Reason, run.Holder.LastSeen = st.State, st.ExitCode, st.Reason, now.UTC()
+	run.Holder.LogOffset = h.LogOffset
+	if p := st.Progress; p != nil && st.Validate(run.ID, idx) == nil {
+		recordTraining(run.Holder, p, run.Started, now)
+	}
+	jobs.ApplyAccounts(run, doc.Workers)
+	m.save(j)
 	return &st
 }
 
 // heardNow counts run's live workers as heard from now. Supervising
 // starts so: after a restart the workers ran on meanwhile, and are lost
 // only if they stay silent from now.
-func (m *Manager) heardNow(j *jobs.Job, run *jobs.Run) {
-	m.save(j, func() {
-		now := time.Now().UTC()
-		for i := range run.Workers {
-			if run.Workers[i].Ended.IsZero() {
-				run.Workers[i].LastSeen = now
-			}
+func (m *Manager) heardNow(j *job, run *jobs.Run) {
+	now := time.Now().UTC()
+	for i := range run.Workers {
+		if run.Workers[i].Ended.IsZero() {
+			run.Workers[i].LastSeen = now
 		}
-	})
+	}
+	m.save(j)
 }
 
 // pollInterval is PollEvery, but quicker while the workers start, so a
 // job shows running as soon as it does.
-func (m *Manager) pollInterval(j *jobs.Job) time.Duration {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+func (m *Manager) pollInterval(j *job) time.Duration {
 	if r := j.Current(); r != nil && time.Since(r.Started) < time.Minute {
 		for _, w := range r.Workers {
 			if w.State != p2p.WorkerRunning {
-				return 300 * time.Millisecond
+				return m.t.pollStarting
 			}
 		}
 	}
-	return PollEvery
+	return m.t.poll
 }
 
 // poll asks each worker of run k how it is, carrying receipts, and pulls
 // new log output into the job's log. A nil status is a worker that did
 // not answer.
-func (m *Manager) poll(ctx context.Context, j *jobs.Job, k int, receipts map[string]*p2p.Receipt) []*p2p.JobStatus {
+func (m *Manager) poll(ctx context.Context, j *job, k int, receipts map[string]*p2p.Receipt) []*p2p.JobStatus {
 	run := &j.Runs[k]
 	sts := make([]*p2p.JobStatus, len(run.Workers))
+	offsets := make([]int64, len(run.Workers))
 	var wg sync.WaitGroup
 	for i := range run.Workers {
 		w := run.Workers[i]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sts[i] = m.pollWorker(ctx, j, run, i, w, receipts[w.Payee])
+			sts[i], offsets[i] = m.pollWorker(ctx, j.ID, run.ID, i, w, receipts[w.Payee])
 		}()
 	}
 	wg.Wait()
-	now := time.Now().UTC()
-	m.save(j, func() { recordStatuses(j, run, sts, now) })
+	for i := range run.Workers {
+		run.Workers[i].LogOffset = offsets[i]
+	}
+	recordStatuses(&j.Job, run, sts, time.Now().UTC())
+	m.save(j)
 	return sts
 }
 
-// pollWorker asks worker i of run (w is a copy) how it is, carrying its
-// machine's receipt, and pulls its new log output into the job's log;
-// nil when it did not answer.
-func (m *Manager) pollWorker(ctx context.Context, j *jobs.Job, run *jobs.Run, i int, w jobs.Worker, receipt *p2p.Receipt) *p2p.JobStatus {
+// pollWorker asks worker i of run runID of job id (w is a copy) how it
+// is, carrying its machine's receipt, and pulls its new log output into
+// the job's log; nil when it did not answer. It returns the log offset
+// read to.
+func (m *Manager) pollWorker(ctx context.Context, id, runID string, i int, w jobs.Worker, receipt *p2p.Receipt) (*p2p.JobStatus, int64) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	st, err := m.p.Machines.Status(cctx, w.Machine, p2p.StatusReq{JobID: run.ID, Index: i, Receipt: receipt})
+	st, err := m.p.Machines.Status(cctx, w.Machine, p2p.StatusReq{JobID: runID, Index: i, Receipt: receipt})
 	if err != nil {
-		return nil
+		return nil, w.LogOffset
 	}
-	if err := st.Validate(run.ID, i); err != nil {
-		m.p.Logger.Warn("a machine's report on its worker does not check out; taken as no answer", "job", j.ID, "worker", i, "machine", w.Machine, "err", err)
-		return nil
+	if err := st.Validate(runID, i); err != nil {
+		m.p.Logger.Warn("a machine's report on its worker does not check out; taken as no answer", "job", id, "worker", i, "machine", w.Machine, "err", err)
+		return nil, w.LogOffset
 	}
 	if st.LogBytes > w.LogOffset {
-		if lg, err := m.p.Machines.Logs(cctx, w.Machine, p2p.LogsReq{JobID: run.ID, Index: i, Offset: w.LogOffset}); err == nil && len(lg.Data) > 0 {
-			m.appendLog(j.ID, tagLines(fmt.Sprintf("[w%d] ", i), lg.Data))
-			w.LogOffset = lg.Next
+		if lg, err := m.p.Machines.Logs(cctx, w.Machine, p2p.LogsReq{JobID: runID, Index: i, Offset: w.LogOffset}); err == nil && len(lg.Data) > 0 {
+			m.appendLog(id, tagLines(fmt.Sprintf("[w%d] ", i), lg.Data))
+			return &st, lg.Next
 		}
 	}
-	m.mu.Lock()
-	run.Workers[i].LogOffset = w.LogOffset
-	m.mu.Unlock()
-	return &st
+	return &st, w.LogOffset
 }
 
 // recordStatuses records in run's workers what a poll at now found (the
-// chief's checkpoint in j), with the manager's lock held.
+// chief's checkpoint in j).
 func recordStatuses(j *jobs.Job, run *jobs.Run, sts []*p2p.JobStatus, now time.Time) {
 	for i, st := range sts {
 		if st == nil {
@@ -290,32 +287,28 @@ func tagLines(tag string, b []byte) string {
 
 // receipts signs, for each machine of run k, what its workers have earned
 // so far.
-func (m *Manager) receipts(j *jobs.Job, k int, now time.Time) map[string]*p2p.Receipt {
+func (m *Manager) receipts(j *job, k int, now time.Time) map[string]*p2p.Receipt {
 	run := &j.Runs[k]
-	m.mu.Lock()
-	owed := jobs.OwedSoFar(run, now)
-	m.mu.Unlock()
 	out := map[string]*p2p.Receipt{}
-	m.save(j, func() {
-		for payee, amount := range owed {
-			seq := uint64(0)
-			for i := range run.Workers {
-				if run.Workers[i].Payee == payee {
-					run.Workers[i].ReceiptSeq++
-					run.Workers[i].Receipt = amount
-					seq = max(seq, run.Workers[i].ReceiptSeq)
-				}
+	for payee, amount := range jobs.OwedSoFar(run, now) {
+		seq := uint64(0)
+		for i := range run.Workers {
+			if run.Workers[i].Payee == payee {
+				run.Workers[i].ReceiptSeq++
+				run.Workers[i].Receipt = amount
+				seq = max(seq, run.Workers[i].ReceiptSeq)
 			}
-			r := m.p.Ledger.SignReceipt(ledger.Receipt{Job: run.ID, Payee: payee, Amount: amount, Seq: seq})
-			out[payee] = &p2p.Receipt{Payee: payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig}
 		}
-	})
+		r := m.p.Ledger.SignReceipt(ledger.Receipt{Job: run.ID, Payee: payee, Amount: amount, Seq: seq})
+		out[payee] = &p2p.Receipt{Payee: payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig}
+	}
+	m.save(j)
 	return out
 }
 
 // stopAll stops every worker of run k (keeping the chief's checkpoint
 // when asked).
-func (m *Manager) stopAll(ctx context.Context, j *jobs.Job, k int, reason string, checkpoint bool) {
+func (m *Manager) stopAll(ctx context.Context, j *job, k int, reason string, checkpoint bool) {
 	run := &j.Runs[k]
 	var wg sync.WaitGroup
 	for i, w := range run.Workers {
@@ -335,13 +328,13 @@ func (m *Manager) stopAll(ctx context.Context, j *jobs.Job, k int, reason string
 	}
 	// Then look until each worker that answers has ended, to record when:
 	// a machine stops its worker after replying, within StopGrace.
-	deadline := time.Now().Add(p2p.StopGrace + 2*time.Second)
+	deadline := time.Now().Add(m.t.stopWait)
 	for {
 		sts := m.poll(ctx, j, k, nil)
 		if allEnded(sts) || !time.Now().Before(deadline) || ctx.Err() != nil {
 			return
 		}
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(m.t.pollStarting)
 	}
 }
 
@@ -356,16 +349,16 @@ func allEnded(sts []*p2p.JobStatus) bool {
 }
 
 // awaitCheckpoint waits for the stopped chief's checkpoint CID.
-func (m *Manager) awaitCheckpoint(ctx context.Context, j *jobs.Job, k int) {
-	deadline := time.Now().Add(checkpointWait)
+func (m *Manager) awaitCheckpoint(ctx context.Context, j *job, k int) {
+	deadline := time.Now().Add(m.t.checkpointWait)
 	for time.Now().Before(deadline) && j.Checkpoint == "" {
-		time.Sleep(time.Second)
+		time.Sleep(m.t.poll)
 		m.poll(ctx, j, k, nil)
 	}
 }
 
 // finalStop tells every machine of run k it may forget the worker.
-func (m *Manager) finalStop(ctx context.Context, j *jobs.Job, k int) {
+func (m *Manager) finalStop(ctx context.Context, j *job, k int) {
 	run := &j.Runs[k]
 	for i, w := range run.Workers {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -377,11 +370,4 @@ func (m *Manager) finalStop(ctx context.Context, j *jobs.Job, k int) {
 		m.p.Machines.Stop(cctx, h.Machine, p2p.Stop{JobID: run.ID, Index: len(run.Workers), Final: true})
 		cancel()
 	}
-}
-
-// stalled are run's workers that stopped making progress (jobs.Stalled).
-func (m *Manager) stalled(j *jobs.Job, run *jobs.Run, now time.Time) map[int]bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return jobs.Stalled(run, j.Spec.StallAfter, now)
 }

@@ -32,15 +32,13 @@ type refusal struct {
 // false when the job ended instead (cancelled, waited as long as it may,
 // its deadline out of reach) or the node stops; the job then is out of
 // the queue.
-func (m *Manager) awaitTurn(ctx context.Context, j *jobs.Job, r *refusal) bool {
+func (m *Manager) awaitTurn(ctx context.Context, j *job, r *refusal) bool {
 	now := time.Now()
-	m.mu.Lock()
 	spec, created := j.Spec, j.Created
 	qd := jobs.Queued{Since: now}
 	if j.Queue != nil {
 		qd = *j.Queue // waiting already, before a restart or a bid
 	}
-	m.mu.Unlock()
 	need := shape{workers: spec.Workers, per: p2p.Resources{Cores: uint32(spec.Cores), MemBytes: spec.MemBytes, GPUs: uint32(spec.GPUs)},
 		tensorflow: spec.Framework == "tensorflow"}
 	w := waiter{id: j.ID, since: qd.Since, score: score(spec.MaxPrice, need, spec.MaxDuration, m.p.Reference), need: need, next: now}
@@ -59,10 +57,7 @@ func (m *Manager) awaitTurn(ctx context.Context, j *jobs.Job, r *refusal) bool {
 		maxWait = MaxTurnWait
 	}
 	limits := func() (time.Time, string) {
-		m.mu.Lock()
-		confirmed := j.Confirmed
-		m.mu.Unlock()
-		return waitLimit(qd.Since, created, maxWait, spec.Deadline, spec.MaxDuration, confirmed)
+		return waitLimit(qd.Since, created, maxWait, spec.Deadline, spec.MaxDuration, j.Confirmed, m.t.confirmWait)
 	}
 	limit, limitWhy := limits()
 	if !now.Before(limit) {
@@ -81,14 +76,15 @@ func (m *Manager) awaitTurn(ctx context.Context, j *jobs.Job, r *refusal) bool {
 		qd.Why = "jobs ahead of it in this node's queue bid first"
 	}
 	qd.NextBid = w.next
-	m.save(j, func() { j.Queue, j.Reason = &qd, qd.Why })
+	j.Queue, j.Reason = &qd, qd.Why
+	m.save(j)
 	if j.State != jobs.Waiting {
 		m.move(j, jobs.Waiting, qd.Why)
 		when := "when the jobs ahead of it have bid"
 		if r != nil {
 			when = "when the offers show room for it, or by " + w.next.UTC().Format("15:04:05")
 		}
-		m.logf(j, "waiting in the queue (position %d)%s; it bids again %s", m.q.positions(now)[j.ID], priceNote(qd.PriceNow, spec.MaxPrice), when)
+		m.logf(j.ID, "waiting in the queue (position %d)%s; it bids again %s", m.q.positions(now)[j.ID], priceNote(qd.PriceNow, spec.MaxPrice), when)
 	}
 	return m.waitForTurn(ctx, j, turn, limits)
 }
@@ -96,8 +92,7 @@ func (m *Manager) awaitTurn(ctx context.Context, j *jobs.Job, r *refusal) bool {
 // waitForTurn waits in the queue for turn, until the limit limits gives
 // (then the job fails, for the reason it gives), a cancel, or the node
 // stopping. A confirmation moves the limit.
-func (m *Manager) waitForTurn(ctx context.Context, j *jobs.Job, turn <-chan struct{}, limits func() (time.Time, string)) bool {
-	poke := m.pokeChan(j.ID)
+func (m *Manager) waitForTurn(ctx context.Context, j *job, turn <-chan struct{}, limits func() (time.Time, string)) bool {
 	limit, limitWhy := limits()
 	timer := time.NewTimer(time.Until(limit))
 	defer timer.Stop()
@@ -105,52 +100,24 @@ func (m *Manager) waitForTurn(ctx context.Context, j *jobs.Job, turn <-chan stru
 		select {
 		case <-ctx.Done():
 			return false // the node stops: the job waits on after its restart
-		case <-poke:
-			if m.cancelled(j.ID) {
+		case <-j.in.note:
+			if m.look(j); j.cancelled {
 				m.q.leave(j.ID)
 				m.move(j, jobs.Cancelled, "cancelled while waiting in the queue: nothing was paid")
 				return false
 			}
-			poke = m.pokeChan(j.ID)
 			limit, limitWhy = limits()
 			timer.Reset(time.Until(limit))
 		case <-timer.C:
 			m.q.leave(j.ID)
-			m.mu.Lock()
-			why := j.Queue.Why
-			m.mu.Unlock()
-			m.move(j, jobs.Failed, limitWhy+": "+why)
+			m.move(j, jobs.Failed, limitWhy+": "+j.Queue.Why)
 			return false
 		case <-turn:
-			var waited time.Duration
-			m.save(j, func() {
-				j.Queue.Bids++
-				waited = time.Since(j.Queue.Since)
-			})
-			m.logf(j, "its turn in the queue after %s: bidding again", waited.Round(time.Second))
+			j.Queue.Bids++
+			m.save(j)
+			m.logf(j.ID, "its turn in the queue after %s: bidding again", time.Since(j.Queue.Since).Round(time.Second))
 			return true
 		}
-	}
-}
-
-// pokeChan is the channel closed when something is asked of job (a
-// cancel, a confirmation); a new one once closed.
-func (m *Manager) pokeChan(id string) <-chan struct{} {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	ch, ok := m.pokes[id]
-	if !ok {
-		ch = make(chan struct{})
-		m.pokes[id] = ch
-	}
-	return ch
-}
-
-// pokeLocked wakes whatever waits on job's poke channel (m.mu held).
-func (m *Manager) pokeLocked(id string) {
-	if ch, ok := m.pokes[id]; ok {
-		close(ch)
-		delete(m.pokes, id)
 	}
 }
 
