@@ -31,6 +31,15 @@ type testNode struct {
 
 type nodeOpt func(*Config)
 
+// The API's answers, as a test reads them in process.
+func (n *testNode) Status() api.Status  { return n.svc.status.Status() }
+func (n *testNode) Lend() api.LendState { return n.svc.lending.Lend() }
+func (n *testNode) Offers() []api.Offer { return n.svc.market.Offers() }
+func (n *testNode) Peers() []api.Peer   { return n.svc.market.Peers() }
+func (n *testNode) SetLend(ctx context.Context, req api.LendRequest) (api.LendState, error) {
+	return n.svc.lending.SetLend(ctx, req)
+}
+
 func withBootstrap(addrs ...string) nodeOpt {
 	return func(c *Config) { c.P2P.Bootstrap = append(c.P2P.Bootstrap, addrs...) }
 }
@@ -63,7 +72,11 @@ func startNode(t testing.TB, h Home, opts ...nodeOpt) *testNode {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	lvl := slog.LevelWarn
+	if os.Getenv("DM_TMP_INFO") != "" { // TEMPORARY
+		lvl = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: lvl}))
 	n, err := New(h, cfg, log.With("node", filepath.Base(h.Dir)))
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/node/sandbox/sandboxtest"
+	"github.com/deepmarket/deepmarket/node/submitter"
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
@@ -449,13 +450,13 @@ func TestLenderLostMidTrainingReplaces(t *testing.T) {
 		if l == victim {
 			continue
 		}
-		bal, err := a.client.Balance(t.Context(), payeeOf(l.host.ID().String()))
+		bal, err := a.client.Balance(t.Context(), submitter.PayeeOf(l.host.ID().String()))
 		if err != nil {
 			t.Fatal(err)
 		}
 		total += bal.Balance
 	}
-	vbal, err := a.client.Balance(t.Context(), payeeOf(victim.host.ID().String()))
+	vbal, err := a.client.Balance(t.Context(), submitter.PayeeOf(victim.host.ID().String()))
 	if err != nil {
 		t.Fatal(err)
 	}

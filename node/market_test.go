@@ -167,7 +167,7 @@ func TestOverlappingSchedulersNeverOverCommit(t *testing.T) {
 	}
 	// answered counts the distinct schedulers that answered a job.
 	answered := func(j string) int {
-		qs, _ := bidder.Quotes(t.Context(), j)
+		qs, _ := bidder.quotes.Quotes(t.Context(), j)
 		from := map[string]bool{}
 		for _, q := range qs {
 			from[q.Scheduler] = true
@@ -231,7 +231,7 @@ func TestOverlappingSchedulersNeverOverCommit(t *testing.T) {
 	holds := map[string]bool{}
 	quoted, rejected := 0, 0
 	for _, j := range jobs {
-		qs, _ := bidder.Quotes(t.Context(), j)
+		qs, _ := bidder.quotes.Quotes(t.Context(), j)
 		placed := false
 		for _, q := range qs {
 			switch {
@@ -263,11 +263,11 @@ func TestOverlappingSchedulersNeverOverCommit(t *testing.T) {
 		total += n
 	}
 	if total == 0 || total > 12 {
-		qs, _ := bidder.Quotes(t.Context(), jobs[0])
+		qs, _ := bidder.quotes.Quotes(t.Context(), jobs[0])
 		t.Fatalf("quotes hold %d workers on 6 machines of 2 cores; the first bid's quotes: %+v", total, qs)
 	}
 	t.Logf("%d bids: %d quoted and held (%d workers held on %d machines), %d rejected with reasons", bids, quoted, total, len(held), rejected)
-	qs, _ := bidder.Quotes(t.Context(), jobs[bids-1])
+	qs, _ := bidder.quotes.Quotes(t.Context(), jobs[bids-1])
 	t.Logf("e.g. %+v", qs[len(qs)-1].Reason)
 }
 
@@ -302,7 +302,7 @@ func TestSchedulerSkipsUnreachableMachines(t *testing.T) {
 		}
 		var got api.ReceivedQuote
 		eventually(t, 20*time.Second, "a quote", func() bool {
-			qs, _ := s.Quotes(ctx, job)
+			qs, _ := s.quotes.Quotes(ctx, job)
 			if len(qs) > 0 {
 				got = qs[0]
 			}

@@ -10,9 +10,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -23,24 +25,27 @@ import (
 	"github.com/deepmarket/deepmarket/node/inventory"
 	"github.com/deepmarket/deepmarket/node/lender"
 	"github.com/deepmarket/deepmarket/node/market"
+	"github.com/deepmarket/deepmarket/node/quoter"
+	"github.com/deepmarket/deepmarket/node/service"
 	"github.com/deepmarket/deepmarket/node/submitter"
-	"github.com/deepmarket/deepmarket/node/web"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/storage"
 )
 
 // Run starts every service and blocks until ctx ends or one fails; then it
-// stops them all, withdrawing this machine's offer, and returns.
+// stops them all, withdrawing this machine's offer, and returns. The parts
+// start in the order written here, each new one made from those before it.
 func (n *Node) Run(ctx context.Context) (err error) {
 	n.started = time.Now()
 	var undo cleanups // run in reverse when Run returns
 	defer undo.run()
 	// The API port first: a port in use should fail before anything heavy.
-	ln, err := n.listenAPI()
+	ln, err := listenAPI(n.cfg.API.Listen, n.home.ConfigPath())
 	if err != nil {
 		return err
 	}
 	undo.add(func() { ln.Close() })
+	n.apiURL = "http://" + ln.Addr().String()
 	if err := n.openStores(ctx, &undo); err != nil {
 		return err
 	}
@@ -54,7 +59,7 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	if err := n.startJobs(); err != nil {
 		return err
 	}
-	disc, err := n.newDiscovery()
+	disc, err := newDiscovery(n.cfg, n.host, n.log)
 	if err != nil {
 		return err
 	}
@@ -62,7 +67,8 @@ func (n *Node) Run(ctx context.Context) (err error) {
 	if n.prices, err = market.NewPriceHistory(market.PriceHistoryParams{Store: n.store, Sample: n.market.Sample, Logger: n.log.With("module", "prices")}); err != nil {
 		return err
 	}
-	server, err := n.newAPIServer()
+	n.addServices()
+	server, err := newAPIServer(n.token, n.svc, n.jobs, n.reg, filepath.Join(n.home.Dir, "data", "uploads"), n.log)
 	if err != nil {
 		return err
 	}
@@ -97,15 +103,14 @@ func (c *cleanups) run() {
 
 // listenAPI binds the local API's address, and says what to change when
 // it is taken.
-func (n *Node) listenAPI() (net.Listener, error) {
-	ln, err := net.Listen("tcp", n.cfg.API.Listen)
+func listenAPI(addr, configPath string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
-			return nil, fmt.Errorf("API address %s is in use (is another node running? set [api] listen in %s or pass --api)", n.cfg.API.Listen, n.home.ConfigPath())
+			return nil, fmt.Errorf("API address %s is in use (is another node running? set [api] listen in %s or pass --api)", addr, configPath)
 		}
-		return nil, fmt.Errorf("API listen %s: %w", n.cfg.API.Listen, err)
+		return nil, fmt.Errorf("API listen %s: %w", addr, err)
 	}
-	n.apiURL = "http://" + ln.Addr().String()
 	return ln, nil
 }
 
@@ -119,43 +124,78 @@ func (n *Node) openStores(ctx context.Context, undo *cleanups) (err error) {
 	quick := inventory.Detect(ctx, n.home.Dir, "") // no python: the TF probe runs later, off the start-up path
 	quick.Probing = true
 	n.inv.Store(&quick)
-	nat, err := n.natParams()
+	nat, err := natParams(n.cfg, n.key.PeerID(), registeredOn(&n.machines), n.log)
 	if err != nil {
 		return err
 	}
-	n.host, err = p2p.NewHost(p2p.HostParams{
-		Key: n.key, Listen: n.cfg.P2P.Listen, Version: Version, Site: n.cfg.Node.Site, Moniker: n.cfg.Node.Moniker,
-		ConnLow: n.cfg.P2P.ConnLow, ConnHigh: n.cfg.P2P.ConnHigh, Registerer: n.reg, NAT: nat,
-	})
-	if err != nil {
-		if strings.Contains(err.Error(), "address already in use") {
-			return fmt.Errorf("p2p listen %v: address already in use (set [p2p] listen in %s or pass --listen)", n.cfg.P2P.Listen, n.home.ConfigPath())
-		}
+	if n.host, err = newHost(n.cfg, n.key, n.reg, nat, n.home.ConfigPath()); err != nil {
 		return err
 	}
 	undo.add(func() { n.host.Close() })
-	n.blocks, err = storage.Open(n.home.BlocksDir(), storage.Options{
-		Logger: n.log.With("module", "storage"), Metrics: storage.NewMetrics(n.reg),
-	})
-	if err != nil {
-		if errors.Is(err, storage.ErrLocked) {
-			return fmt.Errorf("%w: is another `deepmarket node run` using this home?", err)
-		}
+	if n.blocks, err = openBlocks(n.home, n.reg, n.log); err != nil {
 		return err
 	}
 	undo.add(func() { n.blocks.Close() })
-	if err := n.startLedger(); err != nil {
+	lp, err := startLedger(n.home, n.cfg, n.key, n.store, n.log)
+	if err != nil {
 		return err
 	}
-	undo.add(n.stopLedger)
+	undo.add(func() { lp.stop(n.log) })
+	n.ledgerApp, n.chain, n.ledger, n.reads = lp.app, lp.chain, lp.client, lp.app
+	var reads lenderReads = lp.app
+	n.machines.Store(&reads)
 	return nil
+}
+
+// newHost makes the libp2p host on [p2p] listen.
+func newHost(c Config, key *identity.Key, reg prometheus.Registerer, nat p2p.NATParams, configPath string) (host.Host, error) {
+	h, err := p2p.NewHost(p2p.HostParams{
+		Key: key, Listen: c.P2P.Listen, Version: Version, Site: c.Node.Site, Moniker: c.Node.Moniker,
+		ConnLow: c.P2P.ConnLow, ConnHigh: c.P2P.ConnHigh, Registerer: reg, NAT: nat,
+	})
+	if err != nil && strings.Contains(err.Error(), "address already in use") {
+		return nil, fmt.Errorf("p2p listen %v: address already in use (set [p2p] listen in %s or pass --listen)", c.P2P.Listen, configPath)
+	}
+	return h, err
+}
+
+// openBlocks opens the blockstore in home.
+func openBlocks(home Home, reg prometheus.Registerer, log *slog.Logger) (*storage.Store, error) {
+	blocks, err := storage.Open(home.BlocksDir(), storage.Options{
+		Logger: log.With("module", "storage"), Metrics: storage.NewMetrics(reg),
+	})
+	if errors.Is(err, storage.ErrLocked) {
+		return nil, fmt.Errorf("%w: is another `deepmarket node run` using this home?", err)
+	}
+	return blocks, err
+}
+
+// registeredOn says whether the ledger replica reads points at (none
+// until it has started) backs machine p.
+func registeredOn(reads *atomic.Pointer[lenderReads]) func(peer.ID) bool {
+	return func(p peer.ID) bool {
+		r := reads.Load()
+		if r == nil {
+			return false
+		}
+		key, err := p.ExtractPublicKey()
+		if err != nil {
+			return false
+		}
+		raw, err := key.Raw()
+		if err != nil {
+			return false
+		}
+		_, ok := (*r).MachineOwner(identity.AddressOf(raw))
+		return ok
+	}
 }
 
 // natParams is how the host crosses NATs, from [p2p]: the relays are the
 // configured ones or else the bootstrap peers, and the relay serves the
-// machines this node's ledger replica backs (none until it has started).
-func (n *Node) natParams() (p2p.NATParams, error) {
-	public, err := n.cfg.P2P.testnetPublic()
+// machines member says the ledger backs.
+func natParams(c Config, self peer.ID, member func(peer.ID) bool, log *slog.Logger) (p2p.NATParams, error) {
+	public, err := c.P2P.testnetPublic()
 	if err != nil {
 		return p2p.NATParams{}, err
 	}
@@ -163,104 +203,90 @@ func (n *Node) natParams() (p2p.NATParams, error) {
 		if err := p2p.TreatAsPublic(public); err != nil {
 			return p2p.NATParams{}, err
 		}
-		n.log.Warn("testnet: treating private ranges as public addresses ([p2p] testnet_public)", "ranges", n.cfg.P2P.TestnetPublic)
+		log.Warn("testnet: treating private ranges as public addresses ([p2p] testnet_public)", "ranges", c.P2P.TestnetPublic)
 	}
-	relays := n.cfg.P2P.Relays
+	relays := c.P2P.Relays
 	if len(relays) == 0 {
-		relays = n.cfg.P2P.Bootstrap
+		relays = c.P2P.Bootstrap
 	}
 	infos, err := p2p.AddrInfos(relays) // validated with the config
 	if err != nil {
 		return p2p.NATParams{}, err
 	}
-	infos = slices.DeleteFunc(infos, func(ai peer.AddrInfo) bool { return ai.ID == n.key.PeerID() })
-	return p2p.NATParams{
-		Off: !n.cfg.P2P.NATTraversal, Relays: infos, RelayService: n.cfg.P2P.RelayService,
-		Member: func(p peer.ID) bool {
-			reads := n.machines.Load()
-			if reads == nil {
-				return false
-			}
-			key, err := p.ExtractPublicKey()
-			if err != nil {
-				return false
-			}
-			raw, err := key.Raw()
-			if err != nil {
-				return false
-			}
-			_, ok := (*reads).MachineOwner(identity.AddressOf(raw))
-			return ok
-		},
-	}, nil
+	infos = slices.DeleteFunc(infos, func(ai peer.AddrInfo) bool { return ai.ID == self })
+	return p2p.NATParams{Off: !c.P2P.NATTraversal, Relays: infos, RelayService: c.P2P.RelayService, Member: member}, nil
 }
 
 // startMarket joins the gossip topics (the router lives until psCtx ends)
 // and sets up the books, the lender, the holds and the request handlers.
 func (n *Node) startMarket(psCtx context.Context) (err error) {
+	chainID := n.cfg.Node.ChainID
 	n.peers = p2p.NewPeerWatcher(n.host, 0)
-	n.admission = lender.NewAdmission(n.reads, n.cfg.Node.ChainID)
-	n.gossip, err = p2p.NewGossip(psCtx, p2p.GossipParams{
-		Host: n.host, Key: n.key, ChainID: n.cfg.Node.ChainID,
-		Logger:  slog.New(&levelHandler{min: ParseLevel(n.cfg.Log.Libp2pLevel), h: n.log.Handler()}),
-		Metrics: p2p.NewMetrics(n.reg), ScoreInspect: n.peers.SetScores, ScoreInspectPeriod: 5 * time.Second,
-		Admission: n.admission,
-	})
-	if err != nil {
+	n.admission = lender.NewAdmission(n.reads, chainID)
+	if n.gossip, err = newGossip(psCtx, n.cfg, n.host, n.key, n.peers, n.admission, n.reg, n.log); err != nil {
 		return err
 	}
 	n.book = market.NewOfferBook(n.cfg.Market.MaxOffers, n.cfg.Market.MaxOffersPerOwner)
 	n.bids = market.NewBidLog(1000)
-	n.market = n.newMarket()
-	n.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: "deepmarket", Name: "offers_held", Help: "Live offers this node holds from the market.",
-	}, func() float64 { return float64(len(n.book.List(time.Now()))) }))
-	n.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Namespace: "deepmarket", Name: "offers_refused_total", Help: "Offers of new machines refused because the offer book was full (max_offers, max_offers_per_owner).",
-	}, func() float64 { return float64(n.book.Refused()) }))
-	if err := n.startLending(); err != nil {
+	n.market = newMarket(n.cfg, n.book, n.peers, n.ledger, n.host.ID())
+	registerBookMetrics(n.reg, n.book)
+	l, err := startLending(n.cfg, lendingDeps{
+		host: n.host, key: n.key, store: n.store, offers: n.gossip.Offers(), book: n.book, admission: n.admission,
+		owners: n.reads, inventory: n.Inventory, log: n.log,
+		// The executor comes later in start-up (startJobs, before any
+		// service runs); until then nothing is offered anyway.
+		capable: func() error {
+			if n.exec == nil {
+				return errors.New("the node is starting")
+			}
+			return n.exec.Capable()
+		},
+	})
+	if err != nil {
 		return err
 	}
+	n.lender, n.holds, n.desk, n.links = l.lender, l.holds, l.desk, l.links
 	n.quotes = submitter.NewQuoteBook()
-	n.quoter = n.newQuoter()
-	n.rpc = &p2p.RPC{Host: n.host, Key: n.key, ChainID: n.cfg.Node.ChainID, Logger: n.log.With("module", "rpc")}
-	n.rpc.Handle(p2p.ReserveProtocol(n.cfg.Node.ChainID), n.desk.Handle)
-	n.rpc.Handle(p2p.QuoteProtocol(n.cfg.Node.ChainID), n.quotes.Handle)
-	n.serveBook()
+	n.rpc = &p2p.RPC{Host: n.host, Key: n.key, ChainID: chainID, Logger: n.log.With("module", "rpc")}
+	n.calls = &machineCalls{host: n.host, rpc: n.rpc, chainID: chainID, book: n.book, desk: n.desk, quotes: n.quotes}
+	n.quoter = quoter.New(quoter.Params{Self: n.host.ID(), Market: n.market, Holds: quoter.ReserveFunc(n.calls.reserve),
+		Quotes: quoter.SendFunc(n.calls.sendQuote), Logger: n.log.With("module", "quoter")})
+	n.rpc.Handle(p2p.ReserveProtocol(chainID), n.desk.Handle)
+	n.rpc.Handle(p2p.QuoteProtocol(chainID), n.quotes.Handle)
+	serveBook(n.rpc, n.book, n.admission)
 	return nil
 }
 
 // startJobs makes the executor (this machine's workers) and the job
 // manager (this node's own jobs, reloaded from the store).
 func (n *Node) startJobs() (err error) {
-	workDir := n.cfg.Executor.WorkDir
-	if workDir == "" {
-		workDir = filepath.Join("/var/tmp/deepmarket-jobs", n.host.ID().String()[len(n.host.ID().String())-12:])
-	}
-	if n.exec, err = n.newExecutor(workDir); err != nil {
+	n.exec, err = newExecutor(n.cfg, executorDeps{
+		home: n.home, host: n.host, key: n.key, store: n.store, blocks: n.blocks, ledger: n.ledger,
+		committed: n.ledgerApp.Committed, lender: n.lender, holds: n.holds,
+		dialer: n.calls, reg: n.reg, log: n.log,
+	})
+	if err != nil {
 		return err
 	}
 	n.rpc.Handle(p2p.JobProtocol(n.cfg.Node.ChainID), n.exec.Handle)
-	n.jobs = n.newSubmitter()
+	// The market's answers publish this node's bids, the submitter's too.
+	n.svc.market = &service.Market{Host: n.host, Account: n.key.Address(), Book: n.book, BidLog: n.bids,
+		Topic: n.gossip.Bids(), Quotes: n.quotes, Watch: n.peers}
+	n.jobs = newSubmitter(n.cfg, submitterDeps{
+		home: n.home, key: n.key, calls: n.calls, exec: n.exec, book: n.book, bids: n.svc.market, quotes: n.quotes,
+		ledger: n.ledger, store: n.store, blocks: n.blocks, log: n.log,
+	})
 	return n.jobs.Load()
 }
 
-func (n *Node) newDiscovery() (*p2p.Discovery, error) {
-	bootstrap, _ := p2p.AddrInfos(n.cfg.P2P.Bootstrap) // validated with the config
+// newDiscovery finds peers: the bootstrap peers, mDNS and the DHT as
+// [p2p] says.
+func newDiscovery(c Config, h host.Host, log *slog.Logger) (*p2p.Discovery, error) {
+	bootstrap, _ := p2p.AddrInfos(c.P2P.Bootstrap) // validated with the config
 	return p2p.NewDiscovery(p2p.DiscoveryParams{
-		Host: n.host, ChainID: n.cfg.Node.ChainID, Bootstrap: bootstrap, MDNS: n.cfg.P2P.MDNS, DHT: n.cfg.P2P.DHT,
-		Interval: n.cfg.P2P.DiscoverInterval.Duration,
-		Logger:   n.log.With("module", "discovery"),
-	})
-}
-
-func (n *Node) newAPIServer() (*api.Server, error) {
-	return api.NewServer(api.Params{
-		Token: n.token, Status: n, Lending: n, Market: n, Ledger: n, Data: n, Sched: n, Jobs: n.jobs,
-		Dashboard: n, Validators: n, UI: web.FS(), UploadDir: filepath.Join(n.home.Dir, "data", "uploads"),
-		// CometBFT registers its metrics process-wide; serve them beside ours.
-		Gatherer: firstWins{n.reg, prometheus.DefaultGatherer},
-		Logger:   n.log.With("module", "api"),
+		Host: h, ChainID: c.Node.ChainID, Bootstrap: bootstrap, MDNS: c.P2P.MDNS, DHT: c.P2P.DHT,
+		Interval: c.P2P.DiscoverInterval.Duration,
+		Logger:   log.With("module", "discovery"),
 	})
 }
 
@@ -292,46 +318,50 @@ func (g firstWins) Gather() ([]*dto.MetricFamily, error) {
 // runServices starts every long-running service in g; they stop when gctx
 // ends (or one of them fails).
 func (n *Node) runServices(gctx context.Context, g *errgroup.Group, disc *p2p.Discovery, server *api.Server, ln net.Listener) {
+	self := string(n.key.Address())
 	g.Go(func() error { return disc.Run(gctx) })
 	g.Go(func() error { return n.peers.Run(gctx) })
 	g.Go(func() error {
 		return n.gossip.Offers().Run(gctx, func(r *p2p.Received) {
 			now := time.Now()
 			n.book.Apply(r, now)
-			n.mine.saw(string(n.key.Address()), r, now)
+			n.own.Saw(self, r, now)
 		})
 	})
 	g.Go(func() error {
 		return n.gossip.Bids().Run(gctx, func(r *p2p.Received) {
 			n.bids.Add(r, time.Now())
-			n.onBid(r)
+			if n.cfg.Scheduler.Quote { // else this node answers no bids
+				n.quoter.Queue(r)
+			}
 		})
 	})
-	g.Go(func() error { return n.syncBook(gctx) })
+	g.Go(func() error { return newBookSync(n.cfg, n.book, n.rpc, n.gossip, n.log).Run(gctx) })
 	g.Go(func() error { return n.lender.Run(gctx) })
 	g.Go(func() error { return n.quoter.Run(gctx) })
 	g.Go(func() error { return n.store.Run(gctx) })
 	g.Go(func() error { return n.ledger.Run(gctx) })
 	g.Go(func() error { return n.exec.Run(gctx) })
-	g.Go(func() error { return n.ownerWatch().Run(gctx) })
+	g.Go(func() error { return newOwnerWatch(n.cfg, n.lender, n.exec, n.log).Run(gctx) })
 	g.Go(func() error { return n.jobs.Run(gctx) })
 	g.Go(func() error { return n.market.Run(gctx) })
 	g.Go(func() error { return n.prices.Run(gctx) })
 	g.Go(func() error { return n.blocks.Run(gctx) })
 	g.Go(func() error { return server.Serve(gctx, ln) })
-	g.Go(func() error { return n.probeInventory(gctx) })
-	g.Go(func() error { return n.measureLinks(gctx) })
+	g.Go(func() error { return probeInventory(gctx, n.home.Dir, n.cfg.Inventory.Python, &n.inv, n.lender, n.log) })
+	g.Go(func() error { return newLinkMeter(n.cfg, n.book, n.links, n.lender, n.host.ID()).Run(gctx) })
 }
 
 // probeInventory runs the full inventory (the Python and TensorFlow
-// probe, seconds) after start-up, and re-announces what it found.
-func (n *Node) probeInventory(ctx context.Context) error {
-	full := inventory.Detect(ctx, n.home.Dir, n.cfg.Inventory.Python)
+// probe, seconds) after start-up, and has the lender re-announce what it
+// found.
+func probeInventory(ctx context.Context, home, python string, inv *atomic.Pointer[inventory.Inventory], l *lender.Lender, log *slog.Logger) error {
+	full := inventory.Detect(ctx, home, python)
 	if ctx.Err() != nil {
 		return nil
 	}
-	n.inv.Store(&full)
-	n.log.Info("inventory", "machine", full.String())
-	n.lender.Refresh()
+	inv.Store(&full)
+	log.Info("inventory", "machine", full.String())
+	l.Refresh()
 	return nil
 }

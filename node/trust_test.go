@@ -222,7 +222,7 @@ func TestHoldsNeedAFundedBid(t *testing.T) {
 	if r, err := hold("0000000000000009", real.Bid.JobID, raw, by); err != nil || !r.OK {
 		t.Fatalf("hold: %+v %v", r, err)
 	}
-	if r, err := bidder.reserve(ctx, machine, nil, p2p.Reserve{Op: p2p.OpCommit, ID: "0000000000000009", JobID: real.Bid.JobID}); err != nil || !r.OK {
+	if r, err := bidder.calls.reserve(ctx, machine, nil, p2p.Reserve{Op: p2p.OpCommit, ID: "0000000000000009", JobID: real.Bid.JobID}); err != nil || !r.OK {
 		t.Fatalf("the bidder's commit: %+v %v", r, err)
 	}
 	launch := p2p.Launch{JobID: real.Bid.JobID, Index: 0, World: []string{machine.String()}, Addrs: [][]string{nil},
@@ -292,7 +292,7 @@ func TestFakeMachineFlood(t *testing.T) {
 	// An honest bid while the flood runs is quoted, held on the lender.
 	job := jobIDOf(chain + "honest")
 	quoted := func() bool {
-		qs, _ := victim.Quotes(ctx, job)
+		qs, _ := victim.quotes.Quotes(ctx, job)
 		for _, q := range qs {
 			if len(q.Workers) == 1 && q.Workers[0].Machine == lender.Host().ID().String() {
 				return true

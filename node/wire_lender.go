@@ -1,131 +1,144 @@
 package node
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
+	"log/slog"
+	"path/filepath"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node/inventory"
 	"github.com/deepmarket/deepmarket/node/lender"
+	"github.com/deepmarket/deepmarket/node/market"
 	"github.com/deepmarket/deepmarket/node/sandbox"
 	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/storage"
 )
 
 // The node's wiring of the lender's room (package node/lender): what this
 // machine lends, the holds on it, the desk that grants them, and the
 // executor that runs the workers launched on them.
 
+// lending is the lender's room as this node wires it: what this machine
+// lends and its offer, the holds on it, the desk that grants them, and the
+// meter of its links to other machines.
+type lending struct {
+	lender *lender.Lender
+	holds  *lender.Holds
+	desk   *lender.Desk
+	links  *p2p.LinkMeter
+}
+
+// lendingDeps are what the lender's room reads of the rest of the node.
+type lendingDeps struct {
+	host      host.Host
+	key       *identity.Key
+	store     *Store
+	offers    *p2p.Topic // the offers topic
+	book      *market.OfferBook
+	admission *lender.Admission
+	owners    lender.Owners
+	inventory func() inventory.Inventory
+	// capable says whether this machine can enforce a job's limits (the
+	// executor's answer, once it exists).
+	capable func() error
+	log     *slog.Logger
+}
+
 // startLending makes the lender (its settings and offer), the holds on
-// this machine and the desk that answers hold requests.
-func (n *Node) startLending() (err error) {
-	n.links = p2p.NewLinkMeter(n.host, n.cfg.Node.ChainID)
-	// Others' probes are answered whether or not this machine probes: at
-	// most one a minute from each machine the ledger backs.
-	p2p.ServeProbes(n.host, n.cfg.Node.ChainID, time.Minute, n.admission)
+// this machine and the desk that answers hold requests, and answers
+// others' link probes: at most one a minute from each machine the ledger
+// backs, whether or not this machine probes.
+func startLending(c Config, d lendingDeps) (lending, error) {
+	var l lending
+	l.links = p2p.NewLinkMeter(d.host, c.Node.ChainID)
+	p2p.ServeProbes(d.host, c.Node.ChainID, time.Minute, d.admission)
 	src := lender.OfferSource{
-		Host: n.host, Account: n.key.Address(), Moniker: n.cfg.Node.Moniker, Site: n.cfg.Node.Site, Version: Version,
-		Inventory: n.Inventory, Owners: n.reads,
-		Allocated: func(now time.Time) p2p.Resources { return n.holds.Allocated(now) },
-		Links:     n.links.Samples,
-		Reach:     func() string { return p2p.ReachOf(n.host) },
+		Host: d.host, Account: d.key.Address(), Moniker: c.Node.Moniker, Site: c.Node.Site, Version: Version,
+		Inventory: d.inventory, Owners: d.owners,
+		Allocated: func(now time.Time) p2p.Resources { return l.holds.Allocated(now) },
+		Links:     l.links.Samples,
+		Reach:     func() string { return p2p.ReachOf(d.host) },
 	}
-	n.lender, err = lender.NewLender(lender.LenderParams{
-		Store: n.store, Topic: n.gossip.Offers(), Offer: src.Build, Inventory: n.Inventory,
-		Defaults: n.cfg.DefaultPrices(), Pace: n.cfg.P2P.Pace(), Machines: n.book.Len,
-		// The executor comes later in start-up (startJobs, before any
-		// service runs); until then nothing is offered anyway.
-		Capable: func() error {
-			if n.exec == nil {
-				return errors.New("the node is starting")
-			}
-			return n.exec.Capable()
-		},
-		Logger: n.log.With("module", "lender"),
+	var err error
+	l.lender, err = lender.NewLender(lender.LenderParams{
+		Store: d.store, Topic: d.offers, Offer: src.Build, Inventory: d.inventory,
+		Defaults: c.DefaultPrices(), Pace: c.P2P.Pace(), Machines: d.book.Len,
+		Capable: d.capable, Logger: d.log.With("module", "lender"),
 	})
 	if err != nil {
-		return err
+		return lending{}, err
 	}
-	mc := n.cfg.Market
-	n.holds = lender.NewHolds(n.lender.Lent, lender.HoldLimits{PerBidder: mc.HoldsPerBidder, PerScheduler: mc.HoldsPerScheduler,
-		LaunchWithin: mc.LaunchWithin.Duration}, n.lender.Refresh)
-	n.desk = lender.NewDesk(n.admission, n.holds)
-	return nil
+	mc := c.Market
+	l.holds = lender.NewHolds(l.lender.Lent, lender.HoldLimits{PerBidder: mc.HoldsPerBidder, PerScheduler: mc.HoldsPerScheduler,
+		LaunchWithin: mc.LaunchWithin.Duration}, l.lender.Refresh)
+	l.desk = lender.NewDesk(d.admission, l.holds)
+	return l, nil
+}
+
+// executorDeps are what the executor reads of the rest of the node.
+type executorDeps struct {
+	home      Home
+	host      host.Host
+	key       *identity.Key
+	store     *Store
+	blocks    *storage.Store
+	ledger    *ledger.Client
+	committed func() <-chan struct{} // closed when the ledger replica stores its next block
+	lender    *lender.Lender
+	holds     *lender.Holds
+	dialer    lender.Dialer
+	reg       prometheus.Registerer
+	log       *slog.Logger
 }
 
 // newExecutor makes the executor of the workers this machine runs, in
-// work area dir.
-func (n *Node) newExecutor(dir string) (*lender.Executor, error) {
-	if err := sandbox.SetCgroupParent(n.cfg.Executor.CgroupParent); err != nil {
+// [executor] work_dir (a directory of its own under
+// /var/tmp/deepmarket-jobs when unset).
+func newExecutor(c Config, d executorDeps) (*lender.Executor, error) {
+	if err := sandbox.SetCgroupParent(c.Executor.CgroupParent); err != nil {
 		return nil, fmt.Errorf("[executor] cgroup_parent: %w", err)
 	}
+	dir := c.Executor.WorkDir
+	if dir == "" {
+		id := d.host.ID().String()
+		dir = filepath.Join("/var/tmp/deepmarket-jobs", id[len(id)-12:])
+	}
 	return lender.NewExecutor(lender.ExecutorParams{
-		Dir: dir, Python: n.cfg.Inventory.Python, Home: n.home.Dir, UIDRange: n.cfg.Executor.UIDRange,
-		KeepLogs: n.cfg.Executor.KeepLogs.Duration, CPUs: n.cfg.Executor.CPUs, ShareCPUs: n.cfg.Executor.ShareCPUs, ChainID: n.cfg.Node.ChainID,
-		Host: n.host, Account: n.key.Address(), Store: n.store, Blocks: n.blocks, Ledger: n.ledger, Committed: n.ledgerApp.Committed,
-		Holds: n.holds, GPUs: n.lender, Dialer: dialer{n}, Registerer: n.reg, Logger: n.log,
+		Dir: dir, Python: c.Inventory.Python, Home: d.home.Dir, UIDRange: c.Executor.UIDRange,
+		KeepLogs: c.Executor.KeepLogs.Duration, CPUs: c.Executor.CPUs, ShareCPUs: c.Executor.ShareCPUs, ChainID: c.Node.ChainID,
+		Host: d.host, Account: d.key.Address(), Store: d.store, Blocks: d.blocks, Ledger: d.ledger, Committed: d.committed,
+		Holds: d.holds, GPUs: d.lender, Dialer: d.dialer, Registerer: d.reg, Logger: d.log,
 	})
 }
 
-// dialer lets the executor reach a run's other machines: at the addresses
-// the launch named and those their offers announce.
-type dialer struct{ n *Node }
-
-func (d dialer) LearnMachine(machine peer.ID, known []string) {
-	d.n.learnAddrs(machine, append(known, d.n.machineAddrs(machine.String())...))
+// newLinkMeter makes the lender's link meter: it probes the machines of
+// the offer book every [p2p] probe_interval while this machine lends, and
+// re-announces the offer with what it measured.
+func newLinkMeter(c Config, book *market.OfferBook, links *p2p.LinkMeter, offering *lender.Lender, self peer.ID) *lender.LinkMeter {
+	machines := lender.OfferBookFunc(func(now time.Time) []string {
+		var out []string
+		for _, h := range book.List(now) {
+			out = append(out, h.Offer.Machine)
+		}
+		return out
+	})
+	return lender.NewLinkMeter(links, machines, offering, self, c.P2P.ProbeInterval.Duration)
 }
 
-var _ lender.Dialer = dialer{}
-
-// measureLinks probes the machines in the offer book every [p2p]
-// probe_interval while this machine lends, and re-announces its offer
-// with what it measured.
-func (n *Node) measureLinks(ctx context.Context) error {
-	every := n.cfg.P2P.ProbeInterval.Duration
-	if every == 0 {
-		return nil
-	}
-	t := time.NewTimer(min(every, 30*time.Second)) // the book fills first
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		if n.lender.State(time.Now()).Lending {
-			if n.links.Measure(ctx, n.linkTargets()) > 0 {
-				n.lender.Refresh()
-			}
-		}
-		t.Reset(every)
-	}
-}
-
-// linkTargets are up to p2p.MaxLinks machines of the offer book, other
-// than this one, in random order: over rounds, a machine measures its
-// links to all the machines it may share a job with.
-func (n *Node) linkTargets() []peer.ID {
-	var out []peer.ID
-	for _, h := range n.book.List(time.Now()) {
-		if id, err := peer.Decode(h.Offer.Machine); err == nil && id != n.host.ID() {
-			out = append(out, id)
-		}
-	}
-	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
-	return out[:min(len(out), p2p.MaxLinks)]
-}
-
-// ownerWatch puts the machine's owner first: [owner] in config.toml, the
-// threshold lend's settings give over it.
-func (n *Node) ownerWatch() *lender.OwnerWatch {
+// newOwnerWatch puts the machine's owner first: [owner] in config.toml,
+// the threshold lend's settings give over it.
+func newOwnerWatch(c Config, l *lender.Lender, exec *lender.Executor, log *slog.Logger) *lender.OwnerWatch {
 	return &lender.OwnerWatch{
-		Policy:    func() lender.OwnerPolicy { return n.cfg.Owner.Policy(n.lender.SuspendAbove()) },
-		Jobs:      n.exec,
-		Offering:  n.lender.OwnerOffering,
-		Logger:    n.log.With("module", "owner"),
+		Policy:    func() lender.OwnerPolicy { return c.Owner.Policy(l.SuspendAbove()) },
+		Jobs:      exec,
+		Offering:  l.OwnerOffering,
+		Logger:    log.With("module", "owner"),
 		Sample:    ownerSample,
 		LastInput: ownerInput,
 	}

@@ -73,7 +73,11 @@ func startCluster(ctx context.Context, dir, work, python string, n int, lendersQ
 	}
 	c.sub = sub
 	c.all = append(c.all, sub)
-	st := sub.n.Status()
+	st, err := sub.c.Status(ctx)
+	if err != nil {
+		c.stop()
+		return nil, fmt.Errorf("submitter status: %w", err)
+	}
 	for i := range n {
 		name := fmt.Sprintf("lender%d", i)
 		h := node.Home{Dir: filepath.Join(dir, name)}

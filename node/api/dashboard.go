@@ -20,8 +20,8 @@ import (
 
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/node/market"
 	"github.com/deepmarket/deepmarket/p2p"
-	"github.com/deepmarket/deepmarket/scheduler"
 )
 
 // What the dashboard reads beyond the CLI's routes.
@@ -138,15 +138,8 @@ type ActivityEntry struct {
 	Memo         string    `json:"memo,omitempty"`
 }
 
-// PriceSample is the market's prices at one moment (micro-credits per
-// unit-hour; memory per GiB-hour).
-type PriceSample struct {
-	Time      time.Time            `json:"time"`
-	Lowest    scheduler.UnitPrices `json:"lowest"`
-	Median    scheduler.UnitPrices `json:"median"`
-	Machines  int                  `json:"machines"`
-	Available int                  `json:"available"`
-}
+// PriceSample is the market's prices at one moment.
+type PriceSample = market.PriceSample
 
 // SpecRequest is a job spec as TOML, to read into its fields.
 type SpecRequest struct {

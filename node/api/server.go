@@ -364,7 +364,17 @@ func toAPIError(err error) *Error {
 	var apiErr *Error
 	var fe *fault.Error
 	var fieldErr FieldError
+	var unknown *ledger.UnknownOutcomeError
+	var refused *ledger.Error
 	switch {
+	// The ledger's answers: an outcome not known in time names the
+	// transaction, which may still commit; a refusal carries its code.
+	case errors.As(err, &unknown):
+		return &Error{Status: http.StatusGatewayTimeout, Message: err.Error(), Hash: unknown.Hash, Outcome: OutcomeUnknown}
+	case errors.As(err, &refused):
+		return &Error{Status: http.StatusUnprocessableEntity, Code: refused.Code, Message: refused.Reason}
+	case errors.Is(err, ledger.ErrNotSent):
+		return &Error{Status: http.StatusServiceUnavailable, Message: err.Error()}
 	case errors.As(err, &apiErr):
 		e := *apiErr
 		if e.Status == 0 {

@@ -5,9 +5,10 @@ import (
 	"time"
 
 	"github.com/deepmarket/deepmarket/node/inventory"
-	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/node/lender"
+	"github.com/deepmarket/deepmarket/node/market"
+	"github.com/deepmarket/deepmarket/node/submitter"
 	"github.com/deepmarket/deepmarket/p2p"
-	"github.com/deepmarket/deepmarket/scheduler"
 )
 
 // Status is `status --json`.
@@ -95,73 +96,13 @@ const OutcomeUnknown = "unknown"
 type Inventory = inventory.Inventory
 
 // LendRequest sets what this machine lends.
-type LendRequest struct {
-	Cores    int         `json:"cores"`
-	MemBytes uint64      `json:"mem_bytes"`
-	GPUs     int         `json:"gpus"`
-	Window   string      `json:"window,omitempty"`
-	Price    *p2p.Prices `json:"price,omitempty"` // nil: the configured defaults
-	// PriceGiven, when set, names the units of Price the request sets
-	// (core, mem, gpu); the others keep what is lent now, else the
-	// configured defaults.
-	PriceGiven []string `json:"price_given,omitempty"`
-	// SuspendAbove, when set, is the owner's own CPU load (cores) above
-	// which the jobs here are suspended; 0 never; nil: [owner] suspend_above.
-	SuspendAbove *float64 `json:"suspend_above,omitempty"`
-}
+type LendRequest = lender.LendRequest
 
 // LendState is what the machine lends now.
-type LendState struct {
-	Lending  bool         `json:"lending"`
-	Settings *LendRequest `json:"settings,omitempty"`
-	Offering bool         `json:"offering"`
-	// OwnerBusy, when set, is why the machine's owner keeps it off the
-	// market now ([owner] policy): its jobs are suspended meanwhile.
-	OwnerBusy string `json:"owner_busy,omitempty"`
-	// Unable, when set, is why this machine offers nothing though settings
-	// are saved: it cannot run jobs (the job sandbox is missing).
-	Unable     string     `json:"unable,omitempty"`
-	Since      *time.Time `json:"since,omitempty"`
-	NextChange *time.Time `json:"next_change,omitempty"` // window opens or closes
-	// AnnounceEveryS is how often the offer is re-announced and OfferTTLS
-	// how long peers keep it, seconds: [p2p] announce_interval and
-	// offer_ttl, stretched in a market too big for them (announce_budget).
-	AnnounceEveryS int64 `json:"announce_every_s,omitempty"`
-	OfferTTLS      int64 `json:"offer_ttl_s,omitempty"`
-	// Registered: the ledger backs this machine (a member account, or
-	// linked to one); peers ignore offers of machines it does not.
-	Registered bool   `json:"registered"`
-	Owner      string `json:"owner,omitempty"` // the account it earns into
-	// Warnings say what keeps the machine from being placed on, and how
-	// to fix it.
-	Warnings []string `json:"warnings,omitempty"`
-	// Frameworks are what jobs this machine runs: generic always,
-	// tensorflow when its Python imports TensorFlow.
-	Frameworks []string `json:"frameworks,omitempty"`
-	// Checking says whether TensorFlow runs here is not known yet: the
-	// node's probe of its Python (seconds after start) has not ended.
-	Checking bool `json:"checking_frameworks,omitempty"`
-	// NAT is how peers reach this machine (as in Status): a private one is
-	// reached through a relay and a hole punch.
-	NAT p2p.NATStatus `json:"nat"`
-	// Holds are the reservations schedulers hold on this machine now.
-	Holds []Hold `json:"holds"`
-}
+type LendState = lender.LendState
 
 // Hold is one reservation on a lending machine, as its owner sees it.
-type Hold struct {
-	ID        string     `json:"id"`
-	Job       string     `json:"job_id"`
-	State     string     `json:"state"`   // held, committed (waiting for its launch) or running
-	Account   string     `json:"account"` // the bidder's account, which pays
-	Scheduler string     `json:"scheduler"`
-	Bidder    string     `json:"bidder"`
-	Cores     uint32     `json:"cores"`
-	MemBytes  uint64     `json:"mem_bytes"`
-	GPUs      uint32     `json:"gpus"`
-	Since     time.Time  `json:"since"`
-	Expires   *time.Time `json:"expires,omitempty"` // when it lapses unless committed or launched
-}
+type Hold = lender.Hold
 
 // Offer is one entry of `offers --json`.
 type Offer struct {
@@ -207,13 +148,8 @@ type Peer struct {
 	Addrs      []string `json:"addrs"`
 }
 
-// SeenBid is one entry of `bids --json`.
-type SeenBid struct {
-	p2p.Bid
-	From       string    `json:"from"`
-	ReceivedAt time.Time `json:"received_at"`
-	ExpiresAt  time.Time `json:"expires_at"`
-}
+// SeenBid is one entry of `bids --json` (the submitter's type).
+type SeenBid = submitter.SeenBid
 
 // PublishBidRequest asks the node to gossip a bid signed by its key.
 type PublishBidRequest struct {
@@ -241,69 +177,31 @@ func (e *Error) Error() string {
 }
 
 // MachinePrices is one machine's current prices, load and free capacity.
-type MachinePrices struct {
-	scheduler.MachinePrices
-	Moniker string              `json:"moniker,omitempty"`
-	Free    scheduler.Resources `json:"free"`
-}
+type MachinePrices = market.MachinePrices
 
 // MarketPrices is `deepmarket prices`: what this node's scheduler charges
 // now, per machine and market-wide (micro-credits per unit-hour; memory
 // per GiB-hour).
-type MarketPrices struct {
-	Subset   string               `json:"subset"`
-	Lowest   scheduler.UnitPrices `json:"lowest"`
-	Median   scheduler.UnitPrices `json:"median"`
-	Machines []MachinePrices      `json:"machines"`
-}
+type MarketPrices = market.Prices
 
 // QuoteRequest is a job shape to price.
-type QuoteRequest struct {
-	Workers   int                 `json:"workers"`
-	PerWorker scheduler.Resources `json:"per_worker"`
-	DurationS int64               `json:"duration_s"`
-	MaxPrice  uint64              `json:"max_price,omitempty"` // micro-credits; 0: no limit
-	Deadline  int64               `json:"deadline,omitempty"`  // unix seconds
-}
+type QuoteRequest = market.QuoteRequest
 
 // QuotedWorker is where one worker would run, at what hourly price.
-type QuotedWorker struct {
-	Machine string `json:"machine"`
-	Moniker string `json:"moniker,omitempty"`
-	Site    string `json:"site,omitempty"`
-	PerHour uint64 `json:"per_hour"`
-}
+type QuotedWorker = market.QuotedWorker
 
 // QuoteResult is a quote, or the reason there is none.
-type QuoteResult struct {
-	OK        bool                 `json:"ok"`
-	Machines  int                  `json:"machines_in_view"`
-	Workers   []QuotedWorker       `json:"workers,omitempty"`
-	PerHour   uint64               `json:"per_hour,omitempty"`
-	Total     uint64               `json:"total,omitempty"`
-	DoneAt    time.Time            `json:"done_at,omitzero"`
-	Rejection *scheduler.Rejection `json:"rejection,omitempty"`
-}
+type QuoteResult = market.QuoteResult
 
-// ReceivedQuote is a scheduler's quote for one of this node's bids.
-type ReceivedQuote struct {
-	Scheduler string `json:"scheduler"`
-	p2p.Quote
-	ReceivedAt time.Time `json:"received_at"`
-}
+// ReceivedQuote is a scheduler's quote for one of this node's bids (the
+// submitter's type).
+type ReceivedQuote = submitter.ReceivedQuote
 
 // SubmitRequest submits a job: its spec as written, the directory its
-// relative paths are from, and whether to go on without confirmation.
-type SubmitRequest struct {
-	Spec    jobs.File `json:"spec"`
-	BaseDir string    `json:"base_dir"`
-	Yes     bool      `json:"yes"`
-}
+// relative paths are from, and whether to go on without confirmation (the
+// submitter's type).
+type SubmitRequest = submitter.SubmitRequest
 
 // JobLogs is a chunk of a job's log; Done when the job has ended and
-// nothing more will come.
-type JobLogs struct {
-	Data string `json:"data"`
-	Next int64  `json:"next"`
-	Done bool   `json:"done"`
-}
+// nothing more will come (the submitter's type).
+type JobLogs = submitter.JobLogs

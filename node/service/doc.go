@@ -1,0 +1,13 @@
+// Package service answers the node's local API: one type per interface
+// of node/api (Status, Lending, Market, Data, Dashboard, ...), each built
+// by node.Run from the parts of the node it reads, named in its fields.
+//
+// It is the only place where the roles' state becomes the API's documents:
+// the roles (node/lender, node/market, node/submitter) know nothing of
+// node/api, and node wires the parts together without answering requests
+// itself. A failed request is a *fault.Error, which node/api maps to an
+// HTTP status.
+//
+// service may import the roles, node/api and the libraries they use; no
+// role may import service, and neither may node/api.
+package service

@@ -1,0 +1,61 @@
+package node
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/inventory"
+	"github.com/deepmarket/deepmarket/node/service"
+	"github.com/deepmarket/deepmarket/node/web"
+)
+
+// services are what answer the API (package service), each built from
+// the parts of the node it reads.
+type services struct {
+	status  *service.Status
+	lending *service.Lending
+	market  *service.Market
+	data    *service.Data
+	dash    *service.Dashboard
+	sched   *service.Scheduling
+	ledger  *service.Ledger
+}
+
+// addServices builds the API's services over the parts Run started (the
+// market's, which the submitter publishes its bids through, is there
+// already).
+func (n *Node) addServices() {
+	probe := func() inventory.Inventory { return *n.inv.Load() }
+	n.svc.status = &service.Status{
+		About: service.About{ChainID: n.cfg.Node.ChainID, LedgerRPC: n.cfg.Ledger.RPCListen, Moniker: n.cfg.Node.Moniker,
+			Site: n.cfg.Node.Site, Version: Version, API: n.apiURL, Started: n.started},
+		Host: n.host, Account: n.key.Address(), Chain: n.chain, Lender: n.lender, Book: n.book, Machine: probe,
+	}
+	n.svc.lending = &service.Lending{Lender: n.lender, Exec: n.exec, Holds: n.holds, Owners: n.reads, Machine: n.key.Address(),
+		Host: n.host, Probe: probe, Python: n.cfg.Inventory.Python, ConfigPath: n.home.ConfigPath(), ReclaimGrace: ReclaimGrace}
+	n.svc.data = &service.Data{Blocks: n.blocks, Logger: n.log.With("module", "data")}
+	n.svc.dash = &service.Dashboard{Account: n.key.Address(), Machine: n.host.ID(), Moniker: n.cfg.Node.Moniker, Site: n.cfg.Node.Site,
+		Prices: n.cfg.DefaultPrices(), Ledger: n.ledger, Chain: n.chain, Lender: n.lender, Exec: n.exec, Holds: n.holds,
+		Book: n.book, Own: &n.own, Market: n.market, History: n.prices, Jobs: n.jobs}
+	n.svc.sched = &service.Scheduling{Market: n.market, Book: n.quotes}
+	n.svc.ledger = &service.Ledger{Account: n.key.Address(), Client: n.ledger, Chain: n.chain, GenesisPath: n.home.GenesisPath()}
+}
+
+// newAPIServer serves the services' answers, and the jobs', on the API.
+func newAPIServer(token string, svc services, jobs api.Jobs, reg *prometheus.Registry, uploadDir string, log *slog.Logger) (*api.Server, error) {
+	return api.NewServer(api.Params{
+		Token: token, Status: svc.status, Lending: svc.lending, Market: svc.market, Ledger: svc.ledger,
+		Data: svc.data, Sched: svc.sched, Jobs: jobs, Dashboard: svc.dash, Validators: svc.dash,
+		UI: web.FS(), UploadDir: uploadDir,
+		// CometBFT registers its metrics process-wide; serve them beside ours.
+		Gatherer: firstWins{reg, prometheus.DefaultGatherer},
+		Logger:   log.With("module", "api"),
+	})
+}
+
+// ReclaimGrace is how long running jobs keep a machine its owner takes
+// back (lend --stop).
+var ReclaimGrace = time.Minute
