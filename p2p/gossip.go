@@ -228,8 +228,25 @@ type Topic struct {
 // Name returns the topic's name.
 func (t *Topic) Name() string { return t.name }
 
-// Publish signs payload as typ, valid for ttl, and publishes it.
-func (t *Topic) Publish(ctx context.Context, typ string, payload any, ttl time.Duration) error {
+// PublishOffer signs o, valid for ttl, and publishes it (on the offers
+// topic: the bids topic's validators refuse it).
+func (t *Topic) PublishOffer(ctx context.Context, o *Offer, ttl time.Duration) error {
+	return t.publish(ctx, TypeOffer, o, ttl)
+}
+
+// PublishWithdrawal signs w, valid for ttl, and publishes it (on the
+// offers topic).
+func (t *Topic) PublishWithdrawal(ctx context.Context, w *Withdrawal, ttl time.Duration) error {
+	return t.publish(ctx, TypeWithdrawal, w, ttl)
+}
+
+// PublishBid signs b, valid for ttl, and publishes it (on the bids topic).
+func (t *Topic) PublishBid(ctx context.Context, b *Bid, ttl time.Duration) error {
+	return t.publish(ctx, TypeBid, b, ttl)
+}
+
+// publish signs payload as typ, valid for ttl, and publishes it.
+func (t *Topic) publish(ctx context.Context, typ string, payload any, ttl time.Duration) error {
 	t.pubMu.Lock()
 	defer t.pubMu.Unlock()
 	data, err := Seal(t.key, t.chainID, typ, payload, t.seq.Next(), time.Now().Add(ttl))

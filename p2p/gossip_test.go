@@ -53,7 +53,7 @@ func TestGossipBetweenTwoHosts(t *testing.T) {
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if err := ga.Offers().Publish(ctx, TypeOffer, testOffer(ka), time.Minute); err != nil {
+		if err := ga.Offers().PublishOffer(ctx, testOffer(ka), time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		select {

@@ -283,7 +283,7 @@ func announce(ctx context.Context, t *p2p.Topic, o *p2p.Offer, phase, interval, 
 			return
 		case <-timer.C:
 		}
-		if t.Publish(ctx, p2p.TypeOffer, o, ttl) == nil { // fails only when ctx ends
+		if t.PublishOffer(ctx, o, ttl) == nil { // fails only when ctx ends
 			published.Add(1)
 		}
 		timer.Reset(interval)

@@ -170,7 +170,7 @@ func propagation(n, rounds int) []row {
 		moniker := fmt.Sprintf("r%d", r)
 		k := key(from)
 		start := time.Now()
-		if err := members[from].g.Offers().Publish(ctx, p2p.TypeOffer, offer(k, moniker), time.Minute); err != nil {
+		if err := members[from].g.Offers().PublishOffer(ctx, offer(k, moniker), time.Minute); err != nil {
 			log.Fatal(err)
 		}
 		deadline := start.Add(3 * time.Second)

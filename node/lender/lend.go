@@ -269,7 +269,7 @@ func (l *Lender) withdrawOnStop() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	w := &p2p.Withdrawal{Machine: l.p.Topic.Signer().String(), Reason: "node stopping"}
-	if err := l.p.Topic.Publish(ctx, p2p.TypeWithdrawal, w, l.pace.TTL); err != nil {
+	if err := l.p.Topic.PublishWithdrawal(ctx, w, l.pace.TTL); err != nil {
 		l.p.Logger.Warn("withdraw offer while stopping", "err", err)
 		return
 	}
@@ -310,7 +310,7 @@ func (l *Lender) syncLocked(ctx context.Context, now time.Time, force bool) erro
 		if !until.IsZero() && until.Sub(now) < ttl {
 			ttl = until.Sub(now) // never advertise past the window
 		}
-		if err := l.p.Topic.Publish(ctx, p2p.TypeOffer, &offer, ttl); err != nil {
+		if err := l.p.Topic.PublishOffer(ctx, &offer, ttl); err != nil {
 			return err
 		}
 		l.out, l.until = true, until
@@ -325,7 +325,7 @@ func (l *Lender) syncLocked(ctx context.Context, now time.Time, force bool) erro
 		case l.set != nil:
 			reason = "outside availability window"
 		}
-		if err := l.p.Topic.Publish(ctx, p2p.TypeWithdrawal, &p2p.Withdrawal{Machine: l.p.Topic.Signer().String(), Reason: reason}, l.pace.TTL); err != nil {
+		if err := l.p.Topic.PublishWithdrawal(ctx, &p2p.Withdrawal{Machine: l.p.Topic.Signer().String(), Reason: reason}, l.pace.TTL); err != nil {
 			return err
 		}
 		l.out = false

@@ -91,7 +91,7 @@ func (m *Market) Publish(ctx context.Context, bid p2p.Bid, ttl time.Duration) (a
 		return api.SeenBid{}, fault.Wrap(fault.Invalid, "", err)
 	}
 	m.Quotes.Expect(bid.JobID, time.Now().Add(ttl))
-	if err := m.Topic.Publish(ctx, p2p.TypeBid, &bid, ttl); err != nil {
+	if err := m.Topic.PublishBid(ctx, &bid, ttl); err != nil {
 		return api.SeenBid{}, err
 	}
 	now := time.Now().UTC()
