@@ -110,7 +110,8 @@ class HeldTrainingTest(unittest.TestCase):
         # Its updates help (a third of the real one's size): the holder's
         # checks accept them, and only a replay of its round shows that
         # it did not take the steps it says.
-        r, outs, _ = held_job("shirk", workers=2, extra=["--verify-rate", "1"])
+        # One epoch (three rounds, each replayed) is enough to catch it.
+        r, outs, _ = held_job("shirk", workers=2, epochs=1, extra=["--verify-rate", "1"])
         acc = r["accounts"]
         self.assertTrue(acc["1"]["forfeited"], acc)
         self.assertEqual(acc["1"]["seconds"], 0, acc)
@@ -120,7 +121,7 @@ class HeldTrainingTest(unittest.TestCase):
         self.assertEqual(acc["0"]["held_seconds"], 0, acc)
         self.assertGreater(acc["0"]["seconds"], 0, acc)
         # Spot checks off: the shirker is paid.
-        r, outs, _ = held_job("shirk", workers=2)
+        r, outs, _ = held_job("shirk", workers=2, epochs=1)
         self.assertGreater(r["accounts"]["1"]["accepted"], 0, r["accounts"])
         self.assertGreater(r["accounts"]["1"]["seconds"], 0, r["accounts"])
 
