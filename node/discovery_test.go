@@ -13,6 +13,7 @@ import (
 // DeepMarket DHT (server mode on loopback, where auto mode would stay a
 // client) they find and connect to each other.
 func TestDHTFindsPeersBeyondBootstrap(t *testing.T) {
+	t.Parallel()
 	chain := testNet(t)
 	dht := func(c *Config) {
 		c.P2P.DHT = p2p.DHTServer
@@ -34,6 +35,7 @@ func TestDHTFindsPeersBeyondBootstrap(t *testing.T) {
 // TestMDNSFindsLANPeers: two nodes with no bootstrap peers find each other
 // by mDNS, as machines of one lab do.
 func TestMDNSFindsLANPeers(t *testing.T) {
+	t.Parallel()
 	if !multicastAvailable() {
 		t.Skip("no multicast-capable interface on this machine")
 	}
@@ -53,6 +55,7 @@ func TestMDNSFindsLANPeers(t *testing.T) {
 // TestBidsTravel: a bid published through A's API arrives, validated, in
 // B's bid list.
 func TestBidsTravel(t *testing.T) {
+	t.Parallel()
 	chain := testNet(t)
 	homes := initNetwork(t, t.TempDir(), chain, []string{"a", "b"})
 	a := startNode(t, homes[0])

@@ -29,7 +29,7 @@ func TestGPUsAreTheWorkersOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("PATH", stub+string(os.PathListSeparator)+os.Getenv("PATH"))
-	py := jobPython(t)
+	py := genericPython(t)
 	c := startJobClusterLending(t, py, 1, api.LendRequest{Cores: 2, MemBytes: 2 << 30, GPUs: 2})
 	a := c.sub
 	bundle := t.TempDir()

@@ -139,6 +139,7 @@ func TestHeldDiLoCoPaysOnlyForAcceptedRounds(t *testing.T) {
 // why, by a node that could not run its holder (no Python environment),
 // before anything is bid or escrowed.
 func TestHeldJobNeedsAHolderHere(t *testing.T) {
+	t.Parallel()
 	h := initHome(t, t.TempDir(), testNet(t))
 	n := startNode(t, h, func(c *Config) { c.Inventory.Python = "/nonexistent-deepmarket-venv/bin/python3" })
 	spec := jobs.File{Name: "held", Framework: "tensorflow", Bundle: heldBundle(t), Command: []string{"python3", "train.py"},

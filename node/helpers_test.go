@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/deepmarket/deepmarket/internal/testutil"
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/sandbox/sandboxtest"
 )
 
 // testNet gives the nodes of one test their own network.
@@ -59,6 +61,22 @@ func initHome(t *testing.T, dir, chain string) Home {
 	return h
 }
 
+// probing keeps sandbox probes apart: each node's executor probes the
+// sandbox once (a trial cgroup named after the process, then removed), and
+// two at once, from tests that run in parallel, trip on each other's
+// cgroup and leave a node that cannot lend. startNode takes it from a
+// node's start until its probe is done (a restarted node that lent probes
+// as it starts), needSandbox while it probes.
+var probing sync.Mutex
+
+// needSandbox is sandboxtest.Need, probing alone.
+func needSandbox(t testing.TB) {
+	t.Helper()
+	probing.Lock()
+	defer probing.Unlock()
+	sandboxtest.Need(t)
+}
+
 // startNode runs a node from home until the test ends (or stop is called).
 func startNode(t testing.TB, h Home, opts ...nodeOpt) *testNode {
 	t.Helper()
@@ -69,6 +87,10 @@ func startNode(t testing.TB, h Home, opts ...nodeOpt) *testNode {
 	cfg.P2P.MDNS = false
 	cfg.P2P.DHT = "off"
 	cfg.Ledger.BlockTime = Duration{100 * time.Millisecond}
+	// Init chose the virtualenv with TensorFlow; a node that runs no
+	// TensorFlow job probes its base interpreter (execOpts names the one
+	// for jobs).
+	cfg.Inventory.Python = basePython(cfg.Inventory.Python)
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -83,29 +105,81 @@ func startNode(t testing.TB, h Home, opts ...nodeOpt) *testNode {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- n.Run(ctx) }()
-	select {
-	case <-n.Ready():
-	case err := <-done:
-		cancel()
-		t.Fatalf("node did not start: %v", err)
-	case <-time.After(30 * time.Second):
-		cancel()
-		t.Fatal("node did not start in 30s")
-	}
-	stopped := false
+	func() {
+		probing.Lock()
+		defer probing.Unlock()
+		go func() { done <- n.Run(ctx) }()
+		select {
+		case <-n.Ready():
+		case err := <-done:
+			cancel()
+			t.Fatalf("node did not start: %v", err)
+		case <-time.After(30 * time.Second):
+			cancel()
+			t.Fatal("node did not start in 30s")
+		}
+		n.exec.Capable() // its one sandbox probe, now
+	}()
+	var once sync.Once
 	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("node %s: %v", h.Dir, err)
-		}
+		once.Do(func() {
+			t0 := time.Now() // TEMPORARY
+			cancel()
+			err := <-done
+			if os.Getenv("DM_TMP_INFO") != "" {
+				t.Logf("TMP stop %s took %s", filepath.Base(h.Dir), time.Since(t0))
+			}
+			if err != nil {
+				t.Errorf("node %s: %v", h.Dir, err)
+			}
+		})
 	}
-	t.Cleanup(stop)
+	g := nodesOf(t)
+	g.add(stop)
+	t.Cleanup(func() { g.stopAll(t) })
 	return &testNode{Node: n, home: h, client: api.NewClient(n.APIURL(), n.token), stop: stop}
+}
+
+// nodeGroup is the nodes one test started: they stop together when it
+// ends, since each takes seconds to stop (its ledger replica's), which
+// one after another came to most of a minute for the tests of twenty.
+type nodeGroup struct {
+	mu    sync.Mutex
+	stops []func()
+}
+
+// groups holds each running test's nodeGroup.
+var groups sync.Map // testing.TB -> *nodeGroup
+
+func nodesOf(t testing.TB) *nodeGroup {
+	g, _ := groups.LoadOrStore(t, &nodeGroup{})
+	return g.(*nodeGroup)
+}
+
+func (g *nodeGroup) add(stop func()) {
+	g.mu.Lock()
+	g.stops = append(g.stops, stop)
+	g.mu.Unlock()
+}
+
+// stopAll stops, at once, the nodes of the test that are still running:
+// the cleanup of the test's last node to start, so that whatever the test
+// set up after it goes first, and all else after every node stopped.
+func (g *nodeGroup) stopAll(t testing.TB) {
+	g.mu.Lock()
+	stops := g.stops
+	g.stops = nil
+	g.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, stop := range stops {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stop()
+		}()
+	}
+	wg.Wait()
+	groups.Delete(t)
 }
 
 func (n *testNode) addr() string { return n.Status().Addrs[0] }

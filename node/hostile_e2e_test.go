@@ -91,7 +91,7 @@ time.sleep(5)  # while the node imports the chief's output
 // result holds the chief's output and none of the lender's secrets; the
 // flood of output leaves at most the log cap on the lender's disk.
 func TestHostileWorkersOnOneLender(t *testing.T) {
-	py := jobPython(t)
+	py := genericPython(t)
 	c := startJobClusterLending(t, py, 1, api.LendRequest{Cores: 2, MemBytes: 2 << 30})
 	a, victim := c.sub, c.lenders[0]
 
@@ -205,5 +205,97 @@ func TestHostileWorkersOnOneLender(t *testing.T) {
 		if size > lender.WorkerLogBytes {
 			t.Errorf("%s holds %d bytes of log, over the cap of %d", d, size, lender.WorkerLogBytes)
 		}
+	}
+}
+
+// TestHostileJobsFailAndTheLenderCarriesOn: jobs that read the lender's
+// node key, allocate past their memory limit, or fork without end each
+// fail with a reason; the lender's node keeps serving and the next job
+// on it runs.
+func TestHostileJobsFailAndTheLenderCarriesOn(t *testing.T) {
+	t.Parallel()
+	py := genericPython(t)
+	c := startJobCluster(t, py, 1)
+	a, lender := c.sub, c.lenders[0]
+	bundle := t.TempDir()
+	os.Chmod(bundle, 0o755)
+	secret := lender.home.KeyPath()
+	script := fmt.Sprintf(`import os, sys, time
+what = sys.argv[1]
+if what == "read":
+    try:
+        print("READ:", open(%q).read()[:40]); sys.exit(0)
+    except OSError as e:
+        print("denied:", e); sys.exit(3)
+if what == "mem":
+    hog = []
+    while True:
+        hog.append(bytearray(64 << 20))
+if what == "fork":
+    n = 0
+    while True:
+        try:
+            if os.fork() == 0:
+                time.sleep(60); os._exit(0)
+            n += 1
+        except OSError as e:
+            print("fork failed after", n, e, flush=True); time.sleep(5); sys.exit(4)
+print("fine")
+`, secret)
+	if err := os.WriteFile(filepath.Join(bundle, "hostile.py"), []byte(script), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spec := func(what string) jobs.File {
+		return jobs.File{Name: "hostile-" + what, Framework: "generic", Command: []string{"python3", "hostile.py", what},
+			Bundle: bundle, Workers: 1, Cores: 1, Memory: "256MiB", MaxPrice: "1", MaxDuration: "5m"}
+	}
+	var runs []string
+	for _, tc := range []struct{ what, reason string }{
+		{"read", "code 3"},
+		{"mem", "out of memory"},
+		{"fork", "processes"},
+	} {
+		j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: spec(tc.what), Yes: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		j = waitJob(t, a, j.ID, 3*time.Minute)
+		runs = append(runs, j.Current().ID)
+		log := jobLog(t, a, j.ID)
+		if j.State != jobs.Failed || !strings.Contains(j.Reason, tc.reason) {
+			t.Errorf("%s: job %s (%s); want failed with %q\n%s", tc.what, j.State, j.Reason, tc.reason, log)
+		}
+		if strings.Contains(log, "READ:") {
+			t.Errorf("the job read the lender's node key\n%s", log)
+		}
+	}
+	// The lender carries on: its node answers and runs the next job.
+	if _, err := lender.client.Status(t.Context()); err != nil {
+		t.Fatalf("lender after hostile jobs: %v", err)
+	}
+	j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: spec("ok"), Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j = waitJob(t, a, j.ID, 2*time.Minute); j.State != jobs.Succeeded {
+		t.Errorf("a plain job after the hostile ones: %s (%s)\n%s", j.State, j.Reason, jobLog(t, a, j.ID))
+	}
+	// No process of a hostile job outlives it (the fork bomb's children
+	// included): none is left in the jobs' cgroups.
+	procs, _ := filepath.Glob("/proc/[0-9]*/cgroup")
+	for _, f := range procs {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, run := range runs {
+			if strings.Contains(string(b), "/deepmarket/"+run[:16]+"-") {
+				t.Errorf("%s is still in hostile job %s's cgroup", filepath.Dir(f), run[:12])
+			}
+		}
+	}
+	rep, err := a.client.Audit(t.Context())
+	if err != nil || !rep.OK || rep.Escrowed != 0 {
+		t.Fatalf("audit: %+v %v", rep, err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 // and A as ledger peer; it replicates the chain as a full node and sees
 // what A's account sends.
 func TestJoinWithGenesisSyncsLedger(t *testing.T) {
+	t.Parallel()
 	chain := testNet(t)
 	dir := t.TempDir()
 	ah := initHome(t, filepath.Join(dir, "a"), chain)

@@ -18,6 +18,7 @@ import (
 // TestPricesAndQuote: a node's scheduler prices the machines whose offers
 // it holds and quotes a job over them, or says why not.
 func TestPricesAndQuote(t *testing.T) {
+	t.Parallel()
 	chain := testNet(t)
 	homes := initNetwork(t, t.TempDir(), chain, []string{"sched", "l1", "l2"})
 	s := startNode(t, homes[0])
@@ -83,6 +84,7 @@ func TestPricesAndQuote(t *testing.T) {
 // the machines or saying why not, and no machine ever holds more than it
 // lends, whichever schedulers ask.
 func TestOverlappingSchedulersNeverOverCommit(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("10 nodes")
 	}
@@ -276,6 +278,7 @@ func TestOverlappingSchedulersNeverOverCommit(t *testing.T) {
 // vanished without withdrawing leaves it). A bid is still quoted, on the
 // next machine, and the next bid does not try the silent one again.
 func TestSchedulerSkipsUnreachableMachines(t *testing.T) {
+	t.Parallel()
 	chain := testNet(t)
 	homes := initNetwork(t, t.TempDir(), chain, []string{"sched", "silent", "l2"})
 	s := startNode(t, homes[0])

@@ -110,6 +110,7 @@ func rejected(n *testNode, reason string) float64 {
 // check it is about; TestFakeMachineFlood covers keys the ledger does not
 // know.
 func TestMisbehavingPeersAreDroppedAndScored(t *testing.T) {
+	t.Parallel()
 	chain := testNet(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

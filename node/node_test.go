@@ -16,6 +16,7 @@ import (
 // offer made on A (through the API, as the CLI does) appears on B; lend
 // --stop removes it from B at once, long before its TTL.
 func TestTwoNodesOfferAndWithdraw(t *testing.T) {
+	t.Parallel()
 	chain := testNet(t)
 	homes := initNetwork(t, t.TempDir(), chain, []string{"a", "b"})
 	a := startNode(t, homes[0])
@@ -70,6 +71,7 @@ func TestTwoNodesOfferAndWithdraw(t *testing.T) {
 // TestSparseTopologyPropagation: 20 nodes, each connected to only 2-3
 // others; one lends and every node holds its offer.
 func TestSparseTopologyPropagation(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("20 nodes")
 	}
@@ -115,6 +117,7 @@ func TestSparseTopologyPropagation(t *testing.T) {
 // TestRestartKeepsIdentityAndLend: a restarted node has the same peer ID
 // and lends what it lent before, announcing it again without being told.
 func TestRestartKeepsIdentityAndLend(t *testing.T) {
+	t.Parallel()
 	chain := testNet(t)
 	home := initHome(t, filepath.Join(t.TempDir(), "a"), chain)
 	a := startNode(t, home)
@@ -139,6 +142,7 @@ func TestRestartKeepsIdentityAndLend(t *testing.T) {
 // TestLendValidation: requests beyond the inventory are refused with the
 // field named, and change nothing.
 func TestLendValidation(t *testing.T) {
+	t.Parallel()
 	a := startNode(t, initHome(t, filepath.Join(t.TempDir(), "a"), testNet(t)))
 	inv := a.Inventory()
 	ctx := context.Background()
@@ -172,6 +176,7 @@ func TestLendValidation(t *testing.T) {
 // TestOutsideWindowNoOffer: a machine lent only in a window that is not
 // now announces nothing.
 func TestOutsideWindowNoOffer(t *testing.T) {
+	t.Parallel()
 	a := startNode(t, initHome(t, filepath.Join(t.TempDir(), "a"), testNet(t)))
 	now := time.Now()
 	start := now.Add(2 * time.Hour)
@@ -191,6 +196,7 @@ func TestOutsideWindowNoOffer(t *testing.T) {
 }
 
 func TestAPIRequiresToken(t *testing.T) {
+	t.Parallel()
 	a := startNode(t, initHome(t, filepath.Join(t.TempDir(), "a"), testNet(t)))
 	bad := api.NewClient(a.APIURL(), "wrong")
 	_, err := bad.Status(t.Context())
@@ -213,6 +219,7 @@ func TestAPIRequiresToken(t *testing.T) {
 // (every 10 s here) and publish what they measured in their offers, which
 // the other node holds: round trip and throughput on loopback.
 func TestLendersMeasureTheirLinks(t *testing.T) {
+	t.Parallel()
 	chain := testNet(t)
 	homes := initNetwork(t, t.TempDir(), chain, []string{"a", "b"})
 	probe := func(c *Config) { c.P2P.ProbeInterval = Duration{10 * time.Second} }

@@ -101,7 +101,7 @@ func statCPU(line string) time.Duration {
 // again, and the job finishes. The machine is paid its price for the time
 // the job ran less the time it was suspended, to the micro-credit.
 func TestOwnerComesFirst(t *testing.T) {
-	py := jobPython(t)
+	py := genericPython(t)
 	owner := &syntheticOwner{start: time.Now()}
 	ownerSample, ownerInput = owner.sample, func() time.Time { return time.Time{} }
 	t.Cleanup(func() { ownerSample, ownerInput = nil, nil })
@@ -198,7 +198,7 @@ func TestOwnerComesFirst(t *testing.T) {
 // job waits in the queue until the owner leaves, then runs again there
 // and finishes. Each run's machine time is paid less its suspension.
 func TestOwnerStaysVacates(t *testing.T) {
-	py := jobPython(t)
+	py := genericPython(t)
 	owner := &syntheticOwner{start: time.Now()}
 	ownerSample, ownerInput = owner.sample, func() time.Time { return time.Time{} }
 	t.Cleanup(func() { ownerSample, ownerInput = nil, nil })

@@ -173,6 +173,7 @@ func TestAnnouncePaceStretchesWithTheMarket(t *testing.T) {
 // forged, altered, expired and foreign offers whose pages never end. The
 // newcomer holds the thirty, and nothing of the hostile book.
 func TestNewNodeCopiesTheOfferBook(t *testing.T) {
+	t.Parallel()
 	chain := testNet(t)
 	ctx := t.Context()
 	const machines = 30

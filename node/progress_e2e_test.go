@@ -18,6 +18,7 @@ import (
 // pays the machine only up to the worker's last progress, not for the
 // time it hung.
 func TestStalledJobStopsAndPaysForProgress(t *testing.T) {
+	t.Parallel()
 	py := jobPython(t)
 	c := startJobClusterLending(t, py, 1, api.LendRequest{Cores: 1, MemBytes: 1 << 30})
 	dir := t.TempDir()

@@ -43,7 +43,8 @@ func sleepJob(name, bundle string, secs float64) jobs.File {
 // keeps its place and its time in the queue, and runs once the core is
 // free, paid for like any job.
 func TestQueueWaitsAndSurvivesRestart(t *testing.T) {
-	py := jobPython(t)
+	t.Parallel()
+	py := genericPython(t)
 	c := startJobClusterLending(t, py, 1, api.LendRequest{Cores: 1, MemBytes: 1 << 30})
 	sub := c.sub
 	bundle := sleepBundle(t)
@@ -366,10 +367,11 @@ func runQueue(t testing.TB, py string, lenders, n int, work time.Duration, maxWa
 // agree. The makespan against the ideal is logged (make bench-queue
 // measures 200 longer jobs).
 func TestQueueServesAHundredJobs(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("22 nodes, 100 jobs")
 	}
-	py := jobPython(t)
+	py := genericPython(t)
 	lenders, n := 20, 100
 	if s := os.Getenv("DM_QUEUE_SHAPE"); s != "" { // a smaller run, to look into it
 		fmt.Sscanf(s, "%d,%d", &lenders, &n)
@@ -461,7 +463,8 @@ func BenchmarkQueue(b *testing.B) {
 // that answers late releases what it holds) and not kept among the job's
 // quotes.
 func TestLateQuotesAreRefused(t *testing.T) {
-	py := jobPython(t)
+	t.Parallel()
+	py := genericPython(t)
 	c := startJobClusterLending(t, py, 1, api.LendRequest{Cores: 1, MemBytes: 1 << 30})
 	sub, lend := c.sub, c.lenders[0]
 	ctx := t.Context()

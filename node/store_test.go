@@ -11,6 +11,7 @@ import (
 // compactors, so Maintain must fold level 0 back down; with it, far more
 // data than the stall limit is written without blocking, and reads back.
 func TestStoreMaintenanceKeepsWritesFlowing(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, err := OpenStore(dir, slog.New(slog.DiscardHandler))
 	if err != nil {

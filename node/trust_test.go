@@ -94,6 +94,7 @@ func jobIDOf(s string) string {
 // does), so what it holds lapses after its TTL. The owner sees every hold
 // and releases one.
 func TestHoldsNeedAFundedBid(t *testing.T) {
+	t.Parallel()
 	chain := testNet(t)
 	ctx := t.Context()
 	greedyKey, err := identity.GenerateKey()
@@ -246,6 +247,7 @@ func TestHoldsNeedAFundedBid(t *testing.T) {
 // threshold, and an honest job bid during the flood is quoted and held on
 // the honest lender.
 func TestFakeMachineFlood(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("3,000 messages")
 	}
@@ -355,6 +357,7 @@ func TestFakeMachineFlood(t *testing.T) {
 // owner registers it next), is told why peers ignore it, and gets its bad
 // requests refused like any other.
 func TestUnregisteredLenderIsToldWhy(t *testing.T) {
+	t.Parallel()
 	chain := testNet(t)
 	dir := t.TempDir()
 	ah := initHome(t, filepath.Join(dir, "issuer"), chain)
@@ -368,7 +371,9 @@ func TestUnregisteredLenderIsToldWhy(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	out := startNode(t, h, withBootstrap(issuer.addr()))
+	// Announcing every 5 s, not 30: the offer that counts is the first
+	// after the link, once the machine's replica shows it.
+	out := startNode(t, h, withBootstrap(issuer.addr()), func(c *Config) { c.P2P.AnnounceInterval = Duration{5 * time.Second} })
 	inv := out.Inventory()
 
 	_, err := out.client.SetLend(t.Context(), api.LendRequest{Cores: inv.Cores + 1, MemBytes: 1 << 30})

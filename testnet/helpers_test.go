@@ -2,10 +2,13 @@ package testnet
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,12 +17,23 @@ import (
 	"github.com/deepmarket/deepmarket/identity"
 	"github.com/deepmarket/deepmarket/internal/testutil"
 	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node"
 )
 
 // binary is the deepmarket executable the tests' nodes run, built once.
 var binary string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if !flagSet("test.parallel") {
+		// The testnets' tests spend most of their time waiting on the
+		// nodes' timers (receipts, escrow expiry, lost workers, AutoNAT),
+		// not on the CPU: more of them at once than there are CPUs.
+		if err := flag.Set("test.parallel", strconv.Itoa(parallelTests)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
 	dir, err := os.MkdirTemp("", "dm-testnet-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -37,6 +51,17 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// parallelTests is how many of this package's parallel tests run at once
+// unless -parallel says otherwise.
+const parallelTests = 4
+
+// flagSet says whether the command line set flag name.
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 // basePort finds n×4 free ports in a row below the ephemeral range.
 func basePort(t *testing.T, nodes int) int {
 	t.Helper()
@@ -47,6 +72,13 @@ func basePort(t *testing.T, nodes int) int {
 // nodes stop when the test ends (their logs are printed if it failed).
 func startNet(t *testing.T, p Params, opts RunOptions) *Network {
 	t.Helper()
+	configure := p.Configure
+	p.Configure = func(nd *Node, cfg *node.Config) {
+		testConfig(cfg)
+		if configure != nil {
+			configure(nd, cfg)
+		}
+	}
 	p.Out = filepath.Join(t.TempDir(), "tn")
 	p.BasePort = basePort(t, p.Validators+p.Nodes)
 	if _, err := Init(p); err != nil {
@@ -67,6 +99,19 @@ func startNet(t *testing.T, p Params, opts RunOptions) *Network {
 		}
 	})
 	return n
+}
+
+// testConfig shortens what a test would otherwise wait on for nothing
+// (the production defaults stay as they are):
+//   - an idle chain makes a block every empty_block_interval (30 s by
+//     default): a network that just started, or one that waits for its
+//     first transaction, sat idle that long before its first blocks;
+//   - a node with no peers dials its bootstrap peers again every
+//     discover_interval (30 s): one that started before the validators
+//     listened sat alone that long, its offers seen by no one.
+func testConfig(cfg *node.Config) {
+	cfg.Ledger.EmptyBlockInterval = node.Duration{Duration: time.Second}
+	cfg.P2P.DiscoverInterval = node.Duration{Duration: 5 * time.Second}
 }
 
 type testWriter struct{ t *testing.T }
@@ -194,6 +239,38 @@ func (n *Network) waitHeights(t *testing.T, nodes []int, h int64, within time.Du
 			t.Fatalf("nodes %v did not reach height %d within %s: at %v", nodes, h, within, hs)
 		}
 		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// waitBalances waits until every listed node holds want in account addr.
+// A replica may report a height before it has applied that block, or be a
+// block behind the node that answered a client's commit: it gets a little
+// time to catch up. Any other amount fails the test.
+func (n *Network) waitBalances(t *testing.T, nodes []int, addr identity.Address, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var wrong []string
+		for _, i := range nodes {
+			c, err := n.Client(i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := c.Balance(t.Context(), string(addr))
+			switch {
+			case err != nil:
+				wrong = append(wrong, fmt.Sprintf("%s: %v", n.Manifest.Nodes[i].Name, err))
+			case b.Balance != want:
+				wrong = append(wrong, fmt.Sprintf("%s holds %d", n.Manifest.Nodes[i].Name, b.Balance))
+			}
+		}
+		if len(wrong) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: want %d on every node; %s", addr, want, strings.Join(wrong, ", "))
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 

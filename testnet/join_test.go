@@ -40,6 +40,7 @@ func dm(t *testing.T, args ...string) string {
 // is granted starter credits by an issuer, lends, and earns from a job.
 // Then the validators vote its node in, and it signs blocks.
 func TestJoinAsNewUniversity(t *testing.T) {
+	t.Parallel()
 	n := startNet(t, Params{Validators: 2, Sites: 2, Python: jobPython()}, RunOptions{})
 	n.waitHeights(t, all(n), 2, time.Minute)
 	// What the network sends the newcomer.

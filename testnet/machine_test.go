@@ -15,6 +15,7 @@ import (
 // counted there, and the validator stays outside. Closing the network
 // removes the machines.
 func TestMachinesOfKnownSize(t *testing.T) {
+	t.Parallel()
 	needRoot(t)
 	size := Machine{Cores: 0.5, MemBytes: 1 << 30}
 	n := startNet(t, Params{Validators: 1, Nodes: 1}, RunOptions{Machine: &size, Tag: "dmmach"})
