@@ -52,13 +52,8 @@ deps: ## Install what the tests need: Go modules, the job sandbox (bubblewrap), 
 	scripts/browser-env.sh
 
 .PHONY: test
-test: deps lint ## Install what the tests need and run every test (about 20 minutes on 2 cores, as root)
-	DM_PYTHON=$(VENV)/bin/python3 DM_REQUIRE_TF=1 DM_REQUIRE_BROWSER=1 DM_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout 25m ./...
-	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/python3 -m unittest discover -s python/tests -t python
-	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZEXECS) ./p2p
-	$(GO) test -run '^$$' -fuzz FuzzCheckTx -fuzztime $(FUZZEXECS) ./ledger
-	$(GO) test -run '^$$' -fuzz FuzzDecodeTx -fuzztime $(FUZZEXECS) ./ledger
-	$(GO) test -run '^$$' -fuzz FuzzDecodeEntry -fuzztime $(FUZZTIME) ./storage
+test: deps lint ## Install what the tests need and run every test: Go, Python beside it, fuzzers (about 15 minutes on 2 cores, as root)
+	GO=$(GO) VENV=$(VENV) FUZZEXECS=$(FUZZEXECS) FUZZTIME=$(FUZZTIME) scripts/test.sh
 
 .PHONY: lint
 lint: ## gofmt and go vet

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# make test's suites, after deps and lint: every Go package's tests, the
+# Python package's unit tests beside them (their TensorFlow runs use the
+# cores the Go end-to-end tests spend waiting on timers and peers), then
+# the fuzzers. The Python output is printed whole after the Go output; the
+# exit status is the first failing suite's.
+#
+# Environment: GO (go), VENV (the tensorflow virtualenv), FUZZEXECS and
+# FUZZTIME (how many inputs each fuzzer tries).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+VENV=${VENV:-/opt/deepmarket/venv}
+FUZZEXECS=${FUZZEXECS:-20000x}
+FUZZTIME=${FUZZTIME:-60000x}
+
+py_log=$(mktemp)
+trap 'rm -f "$py_log"' EXIT
+start=$(date +%s)
+(
+	TF_CPP_MIN_LOG_LEVEL=2 "$VENV/bin/python3" -m unittest discover -s python/tests -t python >"$py_log" 2>&1
+) &
+py=$!
+
+DM_PYTHON=$VENV/bin/python3 DM_REQUIRE_TF=1 DM_REQUIRE_BROWSER=1 DM_REQUIRE_ROOT=1 \
+	"$GO" test -count=1 -timeout 25m ./...
+go_rc=$?
+echo "== go test: exit $go_rc after $(( $(date +%s) - start ))s"
+
+wait "$py"
+py_rc=$?
+echo "== python unittest (ran beside go test): exit $py_rc"
+cat "$py_log"
+
+fuzz_rc=0
+for f in "FuzzValidate ./p2p $FUZZEXECS" "FuzzCheckTx ./ledger $FUZZEXECS" "FuzzDecodeTx ./ledger $FUZZEXECS" "FuzzDecodeEntry ./storage $FUZZTIME"; do
+	set -- $f
+	echo "== fuzz $1 $2 ($3)"
+	"$GO" test -run '^$' -fuzz "$1" -fuzztime "$3" "$2" || { fuzz_rc=$?; break; }
+done
+
+for rc in "$go_rc" "$py_rc" "$fuzz_rc"; do
+	if [ "$rc" -ne 0 ]; then
+		exit "$rc"
+	fi
+done
+echo "== every suite passed in $(( $(date +%s) - start ))s"
