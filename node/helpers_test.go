@@ -94,11 +94,7 @@ func startNode(t testing.TB, h Home, opts ...nodeOpt) *testNode {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	lvl := slog.LevelWarn
-	if os.Getenv("DM_TMP_INFO") != "" { // TEMPORARY
-		lvl = slog.LevelInfo
-	}
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: lvl}))
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	n, err := New(h, cfg, log.With("node", filepath.Base(h.Dir)))
 	if err != nil {
 		t.Fatal(err)
@@ -123,13 +119,8 @@ func startNode(t testing.TB, h Home, opts ...nodeOpt) *testNode {
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
-			t0 := time.Now() // TEMPORARY
 			cancel()
-			err := <-done
-			if os.Getenv("DM_TMP_INFO") != "" {
-				t.Logf("TMP stop %s took %s", filepath.Base(h.Dir), time.Since(t0))
-			}
-			if err != nil {
+			if err := <-done; err != nil {
 				t.Errorf("node %s: %v", h.Dir, err)
 			}
 		})
