@@ -122,11 +122,15 @@ func TestFashionMNISTAcrossTwoLenders(t *testing.T) {
 			t.Errorf("worker %d reported %d units, its last %s before it ended", i, w.Units, w.Ended.Sub(until))
 		}
 		earned := uint64(float64(w.PerHour) * until.Sub(w.Started).Hours())
-		bal, err := l.client.Balance(t.Context(), "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if bal.Balance == 0 || bal.Balance > earned+1 || bal.Balance+1 < earned {
+		// Read on the lender's own replica, which may be a block or a
+		// blocksync round behind the submitter's.
+		var bal api.Balance
+		eventually(t, 30*time.Second, "the lender's replica to show its pay", func() bool {
+			b, err := l.client.Balance(t.Context(), "")
+			bal = b
+			return err == nil && b.Balance != 0
+		})
+		if bal.Balance > earned+1 || bal.Balance+1 < earned {
 			t.Errorf("lender %d earned %d; its worker progressed for %s at %d an hour = %d", i, bal.Balance, until.Sub(w.Started), w.PerHour, earned)
 		}
 		sum += bal.Balance
