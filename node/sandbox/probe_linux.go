@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // cgroupRoot is where the cgroup hierarchy is looked for.
@@ -48,6 +49,9 @@ func bwrap() (string, error) {
 // which owns nothing a trial of "true" could touch.
 const probeUID = 65534
 
+// probes numbers the probes of this process.
+var probes atomic.Int64
+
 // Probe reports whether this machine builds the whole sandbox: it needs
 // root, cgroups with the memory and pids controllers, bubblewrap 0.8 or
 // later and a kernel that lets it make namespaces and load a seccomp
@@ -63,7 +67,10 @@ func Probe() Capabilities {
 	h, err := machine()
 	if err == nil {
 		var cg cgroup
-		if cg, err = h.create("probe-"+strconv.Itoa(os.Getpid()), Limits{MemBytes: 64 << 20, Pids: 16}); err == nil {
+		// Each probe its own cgroup: two nodes in one process (tests, the
+		// benchmarks) may probe at once.
+		name := "probe-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(probes.Add(1), 10)
+		if cg, err = h.create(name, Limits{MemBytes: 64 << 20, Pids: 16}); err == nil {
 			err = cg.remove()
 		}
 	}
