@@ -339,6 +339,18 @@ def import_deepmarket(module="train"):
         return importlib.import_module("deepmarket." + module)
 
 
+def sync_strategy(tf):
+    """MultiWorkerMirroredStrategy, patient with a worker whose machine
+    stalls (deepmarket.train.sync_strategy); TensorFlow's own, which fails
+    the job after 10 s without a worker's heartbeat, where the package is
+    missing (a run by hand)."""
+    try:
+        dmt = import_deepmarket()
+    except ImportError:
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    return dmt.sync_strategy()
+
+
 def progress_reporter(keras):
     """The deepmarket package's progress callback: the machine this runs on
     reports the job's progress to the submitter, which pays for progress
@@ -471,7 +483,7 @@ def main(argv=None):
         chief, task_id, task, workers = True, 0, "worker 0", 1
         global_batch = local_batch = args.batch_size
     else:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        strategy = sync_strategy(tf)
         resolver = strategy.cluster_resolver
         chief = is_chief(resolver)
         task_id = resolver.task_id or 0

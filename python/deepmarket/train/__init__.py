@@ -12,8 +12,9 @@ can be lost or added mid-job. Enable it in Keras with a callback:
 Modules: averager (the protocol and the outer optimizer, numpy only), holder
 (held mode: the submitter keeps the model and checks every update), codec
 (int8/fp16 compression), wire (framing), env (peers from the environment),
-keras_callback (DiLoCo) and keras_holder (KerasHolder), which import
-TensorFlow on first use of their names. Must
+keras_callback (DiLoCo), keras_holder (KerasHolder) and sync
+(sync_strategy: MultiWorkerMirroredStrategy patient with stalled machines),
+which import TensorFlow on first use of their names. Must
 not import anything beyond numpy and TensorFlow/Keras.
 """
 
@@ -21,7 +22,7 @@ from .averager import Averager, Sync, digest, outer_step
 from .env import Peers, from_env
 from .holder import Holder
 
-__all__ = ["DiLoCo", "KerasHolder", "Averager", "Holder", "Sync", "Peers", "from_env", "digest", "outer_step"]
+__all__ = ["DiLoCo", "KerasHolder", "sync_strategy", "Averager", "Holder", "Sync", "Peers", "from_env", "digest", "outer_step"]
 
 
 def __getattr__(name):
@@ -29,6 +30,9 @@ def __getattr__(name):
     if name == "DiLoCo":
         from .keras_callback import DiLoCo
         return DiLoCo
+    if name == "sync_strategy":
+        from .sync import strategy
+        return strategy
     if name == "KerasHolder":
         from .keras_holder import KerasHolder
         return KerasHolder
