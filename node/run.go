@@ -128,7 +128,7 @@ func (n *Node) openStores(ctx context.Context, undo *cleanups) (err error) {
 	if err != nil {
 		return err
 	}
-	if n.host, err = newHost(n.cfg, n.key, n.reg, nat, n.home.ConfigPath()); err != nil {
+	if n.host, err = newHost(n.cfg, n.key, n.reg, nat, n.home.ConfigPath(), n.log); err != nil {
 		return err
 	}
 	undo.add(func() { n.host.Close() })
@@ -148,10 +148,10 @@ func (n *Node) openStores(ctx context.Context, undo *cleanups) (err error) {
 }
 
 // newHost makes the libp2p host on [p2p] listen.
-func newHost(c Config, key *identity.Key, reg prometheus.Registerer, nat p2p.NATParams, configPath string) (host.Host, error) {
+func newHost(c Config, key *identity.Key, reg prometheus.Registerer, nat p2p.NATParams, configPath string, log *slog.Logger) (host.Host, error) {
 	h, err := p2p.NewHost(p2p.HostParams{
 		Key: key, Listen: c.P2P.Listen, Version: Version, Site: c.Node.Site, Moniker: c.Node.Moniker,
-		ConnLow: c.P2P.ConnLow, ConnHigh: c.P2P.ConnHigh, Registerer: reg, NAT: nat,
+		ConnLow: c.P2P.ConnLow, ConnHigh: c.P2P.ConnHigh, Registerer: reg, NAT: nat, Logger: log.With("module", "p2p"),
 	})
 	if err != nil && strings.Contains(err.Error(), "address already in use") {
 		return nil, fmt.Errorf("p2p listen %v: address already in use (set [p2p] listen in %s or pass --listen)", c.P2P.Listen, configPath)

@@ -2,7 +2,9 @@
 //
 //   - the libp2p host (NewHost: TCP and QUIC, Noise and TLS, resource and
 //     connection managers) and its NAT traversal (AutoNAT, circuit relay
-//     v2, hole punching; nat.go);
+//     v2, hole punching; nat.go); Host.Close stops it network first, and
+//     gives up on a libp2p close stuck past CloseTimeout, logging what holds
+//     it, so that a node's shutdown always completes (close.go);
 //   - peer discovery (Discovery: mDNS on a lab LAN; bootstrap peers and a
 //     Kademlia DHT on a WAN, which also finds content providers), and the
 //     connected peers' latencies and gossip scores (PeerWatcher);

@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"net/url"
@@ -45,6 +46,9 @@ type HostParams struct {
 	// NAT says how the host crosses NATs; the zero value is on, with the
 	// relay service where AutoNAT finds the node public.
 	NAT NATParams
+	// Logger receives what Host.Close says when libp2p's close is stuck;
+	// nil means slog.Default().
+	Logger *slog.Logger
 }
 
 // NATParams configures libp2p's own NAT traversal (see NewHost).
@@ -136,7 +140,10 @@ func NewHost(p HostParams) (host.Host, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peerstore: %w", err)
 	}
-	nh := &Host{punches: &punchCounter{}}
+	nh := &Host{punches: &punchCounter{}, log: p.Logger}
+	if nh.log == nil {
+		nh.log = slog.Default()
+	}
 	opts := []libp2p.Option{
 		libp2p.Identity(p.Key.PrivKey()),
 		libp2p.ListenAddrStrings(p.Listen...),

@@ -3,10 +3,12 @@ package p2p
 import (
 	"encoding/binary"
 	"fmt"
+	"log/slog"
 	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/event"
 	"github.com/libp2p/go-libp2p/core/host"
@@ -34,7 +36,13 @@ type Host struct {
 	relay   *relayv2.Relay // while this node relays for others
 	relayOn bool           // RelayOn: serve whatever AutoNAT says
 	sub     event.Subscription
-	done    chan struct{}
+	done    chan struct{} // closed when sub's reader returns
+
+	log        *slog.Logger
+	closeOnce  sync.Once
+	closeErr   error
+	closeBound time.Duration // how long Close waits for libp2p; CloseTimeout when zero
+	closeFn    func() error  // replaces shutdown in tests
 
 	// observed are the last addresses peers saw this host's direct
 	// connections come from (identify), newest last.
@@ -62,8 +70,10 @@ func (h *Host) start(p NATParams) error {
 		close(h.done)
 		return nil
 	}
+	// Its reader never blocks, and Close closes it (which drains it) before
+	// libp2p's close; the buffer rides out a burst of identifications.
 	sub, err := h.EventBus().Subscribe([]any{new(event.EvtLocalReachabilityChanged), new(event.EvtPeerIdentificationCompleted)},
-		eventbus.Name("deepmarket nat"))
+		eventbus.Name("deepmarket nat"), eventbus.BufSize(64))
 	if err != nil {
 		return err
 	}
@@ -137,22 +147,6 @@ func samePort(a, b ma.Multiaddr) bool {
 		}
 	}
 	return false
-}
-
-// Close stops the relay service and the host.
-func (h *Host) Close() error {
-	h.mu.Lock()
-	if h.relay != nil {
-		h.relay.Close()
-		h.relay = nil
-	}
-	h.mu.Unlock()
-	if h.sub != nil {
-		h.sub.Close()
-	}
-	err := h.Host.Close()
-	<-h.done
-	return err
 }
 
 // NATStatus is what a node knows of how it is reached.
