@@ -11,6 +11,8 @@ import (
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
+
+	"github.com/deepmarket/deepmarket/internal/badgerlock"
 )
 
 // ErrLocked means another process holds the node store.
@@ -41,9 +43,9 @@ func OpenStore(dir string, log *slog.Logger) (*Store, error) {
 		WithValueThreshold(64 << 10).
 		WithValueLogFileSize(16 << 20).
 		WithNumCompactors(0)
-	db, err := badger.Open(opts)
+	db, err := badgerlock.Open(func() (*badger.DB, error) { return badger.Open(opts) })
 	if err != nil {
-		if strings.Contains(err.Error(), "Cannot acquire directory lock") {
+		if badgerlock.Locked(err) {
 			return nil, fmt.Errorf("%w (%s): is another `deepmarket node run` using this home?", ErrLocked, dir)
 		}
 		return nil, fmt.Errorf("open node store %s: %w", dir, err)

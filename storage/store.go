@@ -26,6 +26,8 @@ import (
 	"github.com/ipfs/go-datastore/query"
 	badger4 "github.com/ipfs/go-ds-badger4"
 	ipld "github.com/ipfs/go-ipld-format"
+
+	"github.com/deepmarket/deepmarket/internal/badgerlock"
 )
 
 // DefaultChunkSize is the size of a file's leaf blocks. 1 MiB moves a
@@ -143,9 +145,9 @@ func Open(dir string, opts Options) (*Store, error) {
 		// Compactors cost an idle node CPU for nothing; Maintain
 		// compacts level 0 when it grows.
 		WithNumCompactors(0)
-	d, err := badger4.NewDatastore(dir, &bo)
+	d, err := badgerlock.Open(func() (*badger4.Datastore, error) { return badger4.NewDatastore(dir, &bo) })
 	if err != nil {
-		if strings.Contains(err.Error(), "Cannot acquire directory lock") {
+		if badgerlock.Locked(err) {
 			return nil, fmt.Errorf("%w (%s)", ErrLocked, dir)
 		}
 		return nil, fmt.Errorf("open blockstore %s: %w", dir, err)
