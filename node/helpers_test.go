@@ -153,20 +153,25 @@ func (g *nodeGroup) add(stop func()) {
 	g.mu.Unlock()
 }
 
-// stopAll stops the nodes of the test that are still running, last
-// started first: the cleanup of the test's last node to start, so that
-// whatever the test set up after it goes first. One at a time: nodes
-// stopping together in one process have hung in libp2p's host Close (an
-// identify push blocked on a subscription no one read, holding the event
-// bus that AutoNAT's Close then waited for).
+// stopAll stops, at once, the nodes of the test that are still running:
+// the cleanup of the test's last node to start, so that whatever the test
+// set up after it goes first, and all else after every node stopped.
+// (Nodes stopping together once hung in libp2p's host Close; p2p.Host
+// now closes the network first, and gives up after p2p.CloseTimeout.)
 func (g *nodeGroup) stopAll(t testing.TB) {
 	g.mu.Lock()
 	stops := g.stops
 	g.stops = nil
 	g.mu.Unlock()
-	for i := len(stops) - 1; i >= 0; i-- {
-		stops[i]()
+	var wg sync.WaitGroup
+	for _, stop := range stops {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stop()
+		}()
 	}
+	wg.Wait()
 	groups.Delete(t)
 }
 
