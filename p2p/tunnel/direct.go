@@ -33,11 +33,19 @@ import (
 // handshake. A forwarder learns the port of the other node's direct
 // listener through DirectProtocol and falls back to a stream whenever the
 // direct path cannot be had: no listener, a firewall, a relayed peer.
+// While the nodes' libp2p connection is down, it dials the address of its
+// last direct connection, which the handshake authenticates like any
+// other.
 const (
 	// directDialTimeout bounds the dial of a direct connection, so that a
 	// firewall dropping it costs the first connection a short wait, not
 	// setupTimeout, before the stream path takes over.
 	directDialTimeout = 3 * time.Second
+	// directHandshakeTimeout bounds a direct connection's TLS handshake,
+	// well within setupTimeout, so that a listener that accepts and then
+	// stalls counts as a failure of the direct path rather than as a
+	// connection that gave up.
+	directHandshakeTimeout = 5 * time.Second
 	// directRetry is how long a forwarder uses streams after the direct
 	// path failed, before it tries it again.
 	directRetry = time.Minute
@@ -370,67 +378,184 @@ func (c *recordConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// directTarget is where f's direct connections go, from the port the
-// worker's machine gave and the address f's host reaches it at; ok is
-// false while the direct path is out of reach.
-func (f *forwarder) directTarget(ctx context.Context) (addr string, ok bool) {
-	s := f.s
-	if s.tlsID == nil {
-		return "", false
+// directTarget is where f's direct connections go: the port the worker's
+// machine gave, at the address f's host reaches it at over libp2p or,
+// while f's host has no libp2p connection to it, at the address of f's
+// last direct connection. It returns an error wrapping errNoDirect while
+// the direct path is out of reach, and ctx's own if ctx ends first. The
+// network round trips of a lookup (reconnecting, asking for the port) run
+// once for all the connections that need them at the same time, without
+// dmu held, and each of those waits only as long as its ctx allows.
+func (f *forwarder) directTarget(ctx context.Context) (string, error) {
+	if f.s.tlsID == nil {
+		return "", errNoDirect
 	}
 	f.dmu.Lock()
-	defer f.dmu.Unlock()
 	if time.Now().Before(f.noDirectUntil) {
-		return "", false
+		f.dmu.Unlock()
+		return "", errNoDirect
 	}
-	// The address f's host reaches the peer at, reconnecting if the
-	// connection Forward made has gone since.
+	conns := f.s.h.Network().ConnsToPeer(f.peer)
+	ip := directIP(conns)
+	switch {
+	case ip != nil && f.directPort != 0:
+		addr := net.JoinHostPort(ip.String(), strconv.Itoa(f.directPort))
+		f.dmu.Unlock()
+		return addr, nil
+	case len(conns) == 0 && f.lastDirect != "":
+		// libp2p is down for now, which says nothing of the direct
+		// listener; the handshake authenticates whatever answers there.
+		addr := f.lastDirect
+		f.dmu.Unlock()
+		return addr, nil
+	case len(conns) > 0 && ip == nil:
+		f.dmu.Unlock()
+		return "", f.noDirect(errors.New("no direct address for the peer: relayed"))
+	}
+	d := f.finding
+	if d == nil {
+		d = &directFind{done: make(chan struct{})}
+		f.finding = d
+		f.wg.Add(1) // the connection being opened holds one: f is not closed yet
+		go f.find(d)
+	}
+	f.dmu.Unlock()
+	select {
+	case <-d.done:
+		return d.addr, d.err
+	case <-ctx.Done():
+		return "", fmt.Errorf("find the direct listener: %w", context.Cause(ctx))
+	}
+}
+
+// directFind is one lookup of a forwarder's direct target; addr and err
+// are set when done closes.
+type directFind struct {
+	done chan struct{}
+	addr string
+	err  error
+}
+
+// find runs d, within setupTimeout of its own rather than that of the
+// connection that started it: connections may stop waiting for it, and
+// what it learns serves the next ones.
+func (f *forwarder) find(d *directFind) {
+	defer f.wg.Done()
+	ctx, cancel := context.WithTimeout(f.ctx, setupTimeout)
+	defer cancel()
+	d.addr, d.err = f.lookUpDirect(ctx)
+	f.dmu.Lock()
+	f.finding = nil
+	f.dmu.Unlock()
+	close(d.done)
+}
+
+// lookUpDirect finds the direct target over libp2p, reconnecting to the
+// peer if f's host has no connection to it and asking for the port if f
+// does not know it.
+func (f *forwarder) lookUpDirect(ctx context.Context) (string, error) {
+	s := f.s
 	if len(s.h.Network().ConnsToPeer(f.peer)) == 0 {
-		s.h.Connect(ctx, peer.AddrInfo{ID: f.peer})
+		if err := s.h.Connect(ctx, peer.AddrInfo{ID: f.peer}); err != nil {
+			return f.libp2pDown(fmt.Errorf("connect: %w", err))
+		}
 	}
-	var ip net.IP
-	for _, c := range s.h.Network().ConnsToPeer(f.peer) {
+	conns := s.h.Network().ConnsToPeer(f.peer)
+	ip := directIP(conns)
+	if ip == nil {
+		if len(conns) == 0 {
+			return f.libp2pDown(errors.New("the connection closed"))
+		}
+		return "", f.noDirect(errors.New("no direct address for the peer: relayed"))
+	}
+	f.dmu.Lock()
+	port := f.directPort
+	f.dmu.Unlock()
+	if port == 0 {
+		var err error
+		if port, err = s.queryPort(ctx, f.peer); err != nil {
+			if f.ctx.Err() != nil || len(s.h.Network().ConnsToPeer(f.peer)) == 0 {
+				// f closed, or libp2p went down in the middle: not an
+				// answer from the peer.
+				return f.libp2pDown(err)
+			}
+			return "", f.noDirect(err)
+		}
+		f.dmu.Lock()
+		f.directPort = port
+		f.dmu.Unlock()
+	}
+	return net.JoinHostPort(ip.String(), strconv.Itoa(port)), nil
+}
+
+// directIP is the IP address of the first of conns that is not relayed,
+// or nil.
+func directIP(conns []network.Conn) net.IP {
+	for _, c := range conns {
 		a := c.RemoteMultiaddr()
 		if _, err := a.ValueForProtocol(ma.P_CIRCUIT); err == nil {
 			continue
 		}
-		if ip, _ = manet.ToIP(a); ip != nil {
-			break
+		if ip, err := manet.ToIP(a); err == nil {
+			return ip
 		}
 	}
-	if ip == nil {
-		f.noDirectUntil = time.Now().Add(directRetry)
-		s.log.Debug("no direct path: no direct address for the peer", "peer", f.peer)
-		return "", false
-	}
-	if f.directPort == 0 {
-		port, err := s.queryPort(ctx, f.peer)
-		if err != nil {
-			f.noDirectUntil = time.Now().Add(directRetry)
-			s.log.Debug("no direct path", "peer", f.peer, "err", err)
-			return "", false
-		}
-		f.directPort = port
-	}
-	return net.JoinHostPort(ip.String(), strconv.Itoa(f.directPort)), true
+	return nil
 }
 
-// directFailed sends f's connections through streams for a while.
+// libp2pDown is the direct target when f's host cannot reach the peer
+// over libp2p (err): the address of f's last direct connection, if there
+// is one. The direct path is not marked failed: its listener may be up.
+func (f *forwarder) libp2pDown(err error) (string, error) {
+	f.dmu.Lock()
+	addr := f.lastDirect
+	f.dmu.Unlock()
+	if addr != "" {
+		return addr, nil
+	}
+	f.s.log.Debug("no direct path for now: libp2p cannot reach the peer", "peer", f.peer, "err", err)
+	return "", fmt.Errorf("%w: %v", errNoDirect, err)
+}
+
+// noDirect sends f's connections through streams for directRetry, as the
+// peer's direct listener is out of reach (err), and returns err wrapping
+// errNoDirect.
+func (f *forwarder) noDirect(err error) error {
+	f.dmu.Lock()
+	f.noDirectUntil = time.Now().Add(directRetry)
+	f.dmu.Unlock()
+	f.s.log.Debug("no direct path", "peer", f.peer, "err", err)
+	return fmt.Errorf("%w: %v", errNoDirect, err)
+}
+
+// directFailed sends f's connections through streams for a while, and
+// forgets the peer's direct listener: a direct connection to it failed.
 func (f *forwarder) directFailed(err error) {
 	f.dmu.Lock()
 	f.directPort = 0
+	f.lastDirect = ""
 	f.noDirectUntil = time.Now().Add(directRetry)
 	f.dmu.Unlock()
 	f.s.log.Debug("direct path failed: streams for a while", "peer", f.peer, "err", err)
 }
 
-// queryPort asks p for its direct listener's port.
+// directWorked remembers addr, where a direct connection to the peer has
+// just been made.
+func (f *forwarder) directWorked(addr string) {
+	f.dmu.Lock()
+	f.lastDirect = addr
+	f.dmu.Unlock()
+}
+
+// queryPort asks p for its direct listener's port, within ctx.
 func (s *Service) queryPort(ctx context.Context, p peer.ID) (int, error) {
 	st, err := s.h.NewStream(ctx, p, s.dproto)
 	if err != nil {
 		return 0, fmt.Errorf("ask for the direct port: %w", err)
 	}
 	defer st.Close()
+	stop := context.AfterFunc(ctx, func() { st.Reset() })
+	defer stop()
 	st.SetReadDeadline(time.Now().Add(setupTimeout))
 	var b [2]byte
 	if _, err := io.ReadFull(st, b[:]); err != nil {
@@ -450,12 +575,14 @@ var errNoDirect = errors.New("no direct path")
 
 // openDirect opens a direct connection for one tunnelled connection to
 // f's worker: dial, handshake, header. An error wrapping errNoDirect
-// leaves the connection to the stream path; any other refuses it.
+// leaves the connection to the stream path; any other refuses it. A dial
+// or handshake that fails marks the direct path failed (directFailed),
+// unless ctx ended first: a connection that gave up says nothing of it.
 func (f *forwarder) openDirect(ctx context.Context) (*directEnd, error) {
 	s := f.s
-	addr, ok := f.directTarget(ctx)
-	if !ok {
-		return nil, errNoDirect
+	addr, err := f.directTarget(ctx)
+	if err != nil {
+		return nil, err
 	}
 	scope, err := s.openScope(f.peer, network.DirOutbound)
 	if err != nil {
@@ -466,6 +593,9 @@ func (f *forwarder) openDirect(ctx context.Context) (*directEnd, error) {
 			c.Close()
 		}
 		scope.Done()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("direct connection to %s: %w (%v)", addr, context.Cause(ctx), err)
+		}
 		f.directFailed(err)
 		return nil, fmt.Errorf("%w: %v", errNoDirect, err)
 	}
@@ -482,7 +612,10 @@ func (f *forwarder) openDirect(ctx context.Context) (*directEnd, error) {
 	conf, _ := s.tlsID.ConfigForPeer(f.peer)
 	conf.NextProtos = []string{string(s.dproto)}
 	tc := tls.Client(&recordConn{TCPConn: tcp}, conf)
-	if err := tc.HandshakeContext(ctx); err != nil {
+	hctx, cancel := context.WithTimeout(ctx, directHandshakeTimeout)
+	err = tc.HandshakeContext(hctx)
+	cancel()
+	if err != nil {
 		return fail(c, fmt.Errorf("handshake with %s: %w", addr, err))
 	}
 	cs := tc.ConnectionState()
@@ -496,6 +629,7 @@ func (f *forwarder) openDirect(ctx context.Context) (*directEnd, error) {
 	if _, err := tc.Write(f.header); err != nil {
 		return fail(c, fmt.Errorf("send header: %w", err))
 	}
+	f.directWorked(addr)
 	return far, nil
 }
 

@@ -4,15 +4,19 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/deepmarket/deepmarket/identity"
@@ -393,21 +397,249 @@ func TestDirectFallsBackToStreams(t *testing.T) {
 }
 
 // A forwarder whose libp2p connection to the worker's machine has gone
-// reconnects and still goes direct.
+// before its first connection reconnects to learn the direct listener's
+// address, and goes direct; once it has gone direct, it goes direct again
+// without the libp2p connection.
 func TestDirectAfterReconnect(t *testing.T) {
 	a, _, addr, _ := pair(t, "tcp", echo)
-	if err := roundTrip(t, dial(t, addr), []byte("first")); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range a.h.Network().Peers() {
-		a.h.Network().ClosePeer(p)
-	}
-	if err := roundTrip(t, dial(t, addr), []byte("second")); err != nil {
-		t.Fatal(err)
+	for range 2 {
+		for _, p := range a.h.Network().Peers() {
+			a.h.Network().ClosePeer(p)
+		}
+		if err := roundTrip(t, dial(t, addr), []byte("hello")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if got := a.tn.Stats().Jobs[job]; got.Direct != 2 || got.Conns != 2 {
 		t.Fatalf("A: %+v; want both connections direct", got)
 	}
+}
+
+// cut closes the libp2p connection between a and b and makes each forget
+// the other's addresses, so that neither can connect again until connect.
+func cut(t *testing.T, a, b *node) {
+	t.Helper()
+	a.h.Network().ClosePeer(b.h.ID())
+	b.h.Network().ClosePeer(a.h.ID())
+	eventually(t, "the libp2p connection to close", func() bool {
+		return len(a.h.Network().ConnsToPeer(b.h.ID())) == 0 && len(b.h.Network().ConnsToPeer(a.h.ID())) == 0
+	})
+	a.h.Peerstore().ClearAddrs(b.h.ID())
+	b.h.Peerstore().ClearAddrs(a.h.ID())
+	if err := a.h.Connect(t.Context(), peer.AddrInfo{ID: b.h.ID()}); err == nil {
+		t.Fatal("A connected to B again")
+	}
+}
+
+// While the nodes' libp2p connection is down and cannot be made again, a
+// forwarder still reaches the worker's direct listener at the address that
+// worked last, with the same handshake; once libp2p is back, it still goes
+// direct rather than by streams.
+func TestDirectWhileLibp2pIsDown(t *testing.T) {
+	a, b, addr, _ := pair(t, "tcp", echo)
+	if err := roundTrip(t, dial(t, addr), []byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	cut(t, a, b)
+	if err := roundTrip(t, dial(t, addr), []byte("while libp2p is down")); err != nil {
+		t.Fatalf("with libp2p down: %v", err)
+	}
+	if len(a.h.Network().ConnsToPeer(b.h.ID())) != 0 {
+		t.Fatal("A reconnected to B: the test did not keep libp2p down")
+	}
+	connect(t, a, b)
+	if err := roundTrip(t, dial(t, addr), []byte("libp2p is back")); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.tn.Stats().Jobs[job]; got.Direct != 3 || got.Conns != 3 {
+		t.Fatalf("A: %+v; want all three connections direct", got)
+	}
+}
+
+// The address that worked last is trusted no more than any other: a
+// direct connection to it that reaches another node is refused by the
+// forwarder's handshake, and the connection falls back to a stream, which
+// fails while libp2p is down.
+func TestDirectLastAddressIsAuthenticated(t *testing.T) {
+	a, b, impostor := newNodeWith(t, 1), newNodeWith(t, 2), newNodeWith(t, 3)
+	connect(t, a, b)
+	good, bad := serve(t, echo), serve(t, echo)
+	b.tn.Expose(job, 1, good.port(), []peer.ID{a.h.ID()})
+	impostor.tn.Expose(job, 1, bad.port(), []peer.ID{a.h.ID()})
+	p := newProxy(t)
+	var toImpostor atomic.Bool
+	p.to = func(addr string) string {
+		if toImpostor.Load() {
+			return impostor.tn.DirectAddr() // B's address is another node's now
+		}
+		return addr
+	}
+	p.route(a)
+	addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+	if err := roundTrip(t, dial(t, addr), []byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	cut(t, a, b)
+	toImpostor.Store(true)
+	refused(t, addr)
+	if bad.accepted.Load() != 0 || good.accepted.Load() != 1 {
+		t.Fatalf("impostor's worker saw %d connections, B's %d", bad.accepted.Load(), good.accepted.Load())
+	}
+	if p.dials.Load() != 2 {
+		t.Fatalf("%d direct dials, want 2", p.dials.Load())
+	}
+}
+
+// TestDirectSetupDoesNotQueue: new connections do not queue behind one
+// whose direct setup is slow, a connection that gives up waiting does so
+// when its own time is up, and a connection that gives up is not taken
+// for a failure of the direct path, which would send the forwarder's
+// connections through streams for directRetry.
+func TestDirectSetupDoesNotQueue(t *testing.T) {
+	const n = 8
+	t.Run("slow port query", func(t *testing.T) {
+		a, b := newNodeWith(t, 1), newNodeWith(t, 2)
+		connect(t, a, b)
+		_, port, err := net.SplitHostPort(b.tn.DirectAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		pn, _ := strconv.Atoi(port)
+		entered, release := make(chan struct{}, 1), make(chan struct{})
+		answer := sync.OnceFunc(func() { close(release) })
+		defer answer()
+		b.h.SetStreamHandler(tunnel.DirectProtocol(chain), func(st network.Stream) {
+			select {
+			case entered <- struct{}{}:
+			default:
+			}
+			select {
+			case <-release:
+			case <-time.After(30 * time.Second):
+			}
+			st.Write(binary.BigEndian.AppendUint16(nil, uint16(pn)))
+			st.Close()
+		})
+		srv := serve(t, echo)
+		b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
+		addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closer.Close()
+
+		// A connection with little time left asks for the port, and B is slow
+		// to answer.
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		defer cancel()
+		short := make(chan error, 1)
+		start := time.Now()
+		go func() {
+			_, err := tunnel.OpenFar(ctx, closer)
+			short <- err
+		}()
+		select {
+		case <-entered:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no port query")
+		}
+		// Many more arrive meanwhile.
+		errs := make(chan error, n)
+		for i := range n {
+			go func() { errs <- roundTripTo(addr, []byte{byte(i)}) }()
+		}
+		select {
+		case err := <-short:
+			if err == nil {
+				t.Error("a connection opened after its time ran out")
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("a connection waiting for the port gave up after %v, its time was 300ms", d)
+			}
+		case <-time.After(3 * time.Second):
+			t.Error("a connection waiting for the port did not give up when its time ran out")
+		}
+		answer()
+		for range n {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+		if got := a.tn.Stats().Jobs[job]; got.Direct != n || got.Conns != n {
+			t.Fatalf("A: %+v; want all %d connections direct", got, n)
+		}
+	})
+	t.Run("cancelled dial", func(t *testing.T) {
+		a, b := newNodeWith(t, 1), newNodeWith(t, 2)
+		connect(t, a, b)
+		var dials atomic.Int64
+		tunnel.SetDirectDialer(a.tn, func(ctx context.Context, addr string) (net.Conn, error) {
+			if dials.Add(1) == 1 {
+				<-ctx.Done() // a dial that hangs, until its connection gives up
+				return nil, ctx.Err()
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", addr)
+		})
+		srv := serve(t, echo)
+		b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
+		addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closer.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		defer cancel()
+		if _, err := tunnel.OpenFar(ctx, closer); err == nil {
+			t.Fatal("a connection opened after its time ran out")
+		}
+		errs := make(chan error, n)
+		for i := range n {
+			go func() { errs <- roundTripTo(addr, []byte{byte(i)}) }()
+		}
+		for range n {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+		if got := a.tn.Stats().Jobs[job]; got.Direct != n || got.Conns != n {
+			t.Fatalf("A: %+v after %d direct dials; want all %d connections direct", got, dials.Load(), n)
+		}
+	})
+}
+
+// roundTripTo is roundTrip over a new connection to addr, for goroutines
+// other than the test's.
+func roundTripTo(addr string, data []byte) error {
+	c, err := net.Dial("tcp4", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Write(data)
+		if err == nil {
+			err = c.(*net.TCPConn).CloseWrite()
+		}
+		errc <- err
+	}()
+	got, err := io.ReadAll(c)
+	if werr := <-errc; werr != nil {
+		return fmt.Errorf("write: %w", werr)
+	}
+	if err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	if !bytes.Equal(got, data) {
+		return fmt.Errorf("got %d bytes back, want the %d sent", len(got), len(data))
+	}
+	return nil
 }
 
 // Whatever reaches the direct listener without a libp2p handshake, a

@@ -21,7 +21,9 @@
 //     then the bytes in AES-128-GCM frames under keys exported from the
 //     handshake. No muxer and no copy in user space: about half the CPU
 //     per byte of a stream. A forwarder learns the port of the other
-//     node's direct listener through DirectProtocol.
+//     node's direct listener through DirectProtocol; while the nodes'
+//     libp2p connection is down, it dials the address of its last direct
+//     connection, which the handshake authenticates all the same.
 //   - Streams: one libp2p stream of protocol /deepmarket/<chainID>/tunnel/1
 //     per connection, over the nodes' libp2p connection. A forwarder falls
 //     back to it whenever the direct path cannot be had (no listener, a

@@ -411,9 +411,13 @@ type forwarder struct {
 	wg     sync.WaitGroup
 	once   sync.Once
 
+	// The direct path's state (direct.go). dmu is never held across a
+	// network round trip.
 	dmu           sync.Mutex
-	directPort    int       // the peer's direct listener; 0: not known
-	noDirectUntil time.Time // streams only until then
+	directPort    int         // the peer's direct listener; 0: not known
+	lastDirect    string      // the address of the last direct connection made; "": none since the last failure
+	noDirectUntil time.Time   // streams only until then
+	finding       *directFind // the lookup of the direct listener under way, or nil
 }
 
 // Forward opens a listener on 127.0.0.1 at a port the system picks, whose
