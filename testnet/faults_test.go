@@ -102,7 +102,7 @@ func TestFaultValidatorKilledDuringTransfers(t *testing.T) {
 	for l.committed.Load() < total/4 {
 		select {
 		case <-done:
-			t.Fatalf("the load ended before the kill: %d committed, %d failed", l.committed.Load(), l.failed.Load())
+			t.Fatalf("the load ended before the kill: %d committed, %s", l.committed.Load(), l.failures())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -117,7 +117,7 @@ func TestFaultValidatorKilledDuringTransfers(t *testing.T) {
 	l.run(t, t.Context(), 99)
 	want := int64(total - total%3 + 99)
 	if got := l.committed.Load(); got != want {
-		t.Fatalf("%d of %d transfers committed (%d failed)", got, want, l.failed.Load())
+		t.Fatalf("%d of %d transfers committed (%s)", got, want, l.failures())
 	}
 	if now := n.Heights(t.Context(), []int{0})[0]; now <= h {
 		t.Fatalf("no block since val3 died (height %d)", now)
@@ -188,7 +188,7 @@ func TestFaultTenThousandTransfers(t *testing.T) {
 	start := time.Now()
 	l.run(t, t.Context(), total)
 	if got := l.committed.Load(); got != int64(total) {
-		t.Fatalf("%d of %d transfers committed (%d failed)", got, total, l.failed.Load())
+		t.Fatalf("%d of %d transfers committed (%s)", got, total, l.failures())
 	}
 	t.Logf("%d transfers committed in %s", total, time.Since(start).Round(time.Millisecond))
 	top := n.Heights(t.Context(), []int{0})[0]

@@ -153,6 +153,30 @@ type transferLoad struct {
 	sink      identity.Address
 	committed atomic.Int64
 	failed    atomic.Int64
+
+	mu     sync.Mutex
+	errors []string // the first few failures, for the test's message
+}
+
+// fail counts a transfer that did not commit, keeping the first few
+// reasons.
+func (l *transferLoad) fail(what string, err error) {
+	l.failed.Add(1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.errors) < 5 {
+		l.errors = append(l.errors, fmt.Sprintf("%s: %v", what, err))
+	}
+}
+
+// failures says how many transfers failed, and the first reasons.
+func (l *transferLoad) failures() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.errors) == 0 {
+		return fmt.Sprintf("%d failed", l.failed.Load())
+	}
+	return fmt.Sprintf("%d failed; first: %s", l.failed.Load(), strings.Join(l.errors, "; "))
 }
 
 func (l *transferLoad) run(t *testing.T, ctx context.Context, count int) {
@@ -184,7 +208,7 @@ func (l *transferLoad) run(t *testing.T, ctx context.Context, count int) {
 						if err == nil {
 							l.committed.Add(1)
 						} else {
-							l.failed.Add(1)
+							l.fail("wait for "+x.h, err)
 						}
 					}
 				}()
@@ -207,7 +231,7 @@ func (l *transferLoad) run(t *testing.T, ctx context.Context, count int) {
 					time.Sleep(200 * time.Millisecond)
 				}
 				if err != nil {
-					l.failed.Add(1)
+					l.fail("submit", err)
 					continue
 				}
 				hashes <- struct {

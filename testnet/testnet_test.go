@@ -117,7 +117,7 @@ func TestTestnetRuns(t *testing.T) {
 		via: func(k int) []int { return []int{(k + 1) % 5, (k + 2) % 5} }}
 	l.run(t, t.Context(), 200)
 	if l.committed.Load() != 200 {
-		t.Fatalf("%d of 200 transfers committed (%d failed)", l.committed.Load(), l.failed.Load())
+		t.Fatalf("%d of 200 transfers committed (%s)", l.committed.Load(), l.failures())
 	}
 	n.waitBalances(t, all(n), sink, DefaultStarter+200)
 	c := n.check(t, all(n), true)
