@@ -19,21 +19,6 @@ import (
 // jobPython is the interpreter with tensorflow-cpu that workers run
 // (make test sets DM_PYTHON; `make deps` builds it). Without it the
 // end-to-end tests skip, unless DM_REQUIRE_TF says they must run.
-// trainers bounds the tests that train a TensorFlow job across machines
-// at once: two, each with two or three workers of a core, beside the
-// other parallel tests (and, under make test, the testnet's jobs and the
-// Python suite).
-var trainers = make(chan struct{}, 2)
-
-// parallelTraining runs t in parallel with the package's other parallel
-// tests once one of the trainers' places is free, and holds it until t's
-// nodes have stopped.
-func parallelTraining(t *testing.T) {
-	t.Parallel()
-	trainers <- struct{}{}
-	t.Cleanup(func() { <-trainers })
-}
-
 func jobPython(t testing.TB) string {
 	t.Helper()
 	py := os.Getenv("DM_PYTHON")

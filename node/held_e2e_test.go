@@ -60,7 +60,6 @@ runpy.run_path("hostile_worker.py", run_name="__main__")
 // python/tests/test_held_training.py, which also catches a worker that
 // claims more steps than it took by its spot checks.)
 func TestHeldDiLoCoPaysOnlyForAcceptedRounds(t *testing.T) {
-	parallelTraining(t)
 	py := jobPython(t)
 	c := startJobCluster(t, py, 3)
 	a := c.sub

@@ -36,7 +36,6 @@ func fashionSpec(t *testing.T, workers int, extra ...string) jobs.File {
 // its price for the time it ran, the submitter pays exactly that, and
 // the ledger's audit passes.
 func TestFashionMNISTAcrossTwoLenders(t *testing.T) {
-	parallelTraining(t)
 	py := jobPython(t)
 	c := startJobCluster(t, py, 2)
 	a := c.sub
@@ -216,7 +215,6 @@ func listeningPorts(t *testing.T, pid, uid int) []int {
 // its workers averaging every few steps over their second ports, which
 // the nodes tunnel like the first.
 func TestFashionMNISTDiLoCoAcrossTwoLenders(t *testing.T) {
-	parallelTraining(t)
 	py := jobPython(t)
 	c := startJobCluster(t, py, 2)
 	a := c.sub
@@ -269,7 +267,6 @@ func TestFashionMNISTDiLoCoAcrossTwoLenders(t *testing.T) {
 // remaining machines from the checkpoint, and it finishes. Credits match
 // the receipts and settlements; the audit passes.
 func TestLenderLostMidTrainingReplaces(t *testing.T) {
-	parallelTraining(t)
 	py := jobPython(t)
 	c := startJobCluster(t, py, 3)
 	a := c.sub
@@ -353,7 +350,6 @@ func TestLenderLostMidTrainingReplaces(t *testing.T) {
 // trains and starts again from its home; it picks the job up from its
 // store, and the job finishes and is settled.
 func TestSubmitterRestartKeepsItsJob(t *testing.T) {
-	parallelTraining(t)
 	py := jobPython(t)
 	c := startJobCluster(t, py, 2)
 	a := c.sub

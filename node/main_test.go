@@ -13,10 +13,11 @@ import (
 // unless -test.parallel says otherwise. They wait on gossip, the ledger's
 // blocks and their jobs' sleeps far more than they compute, so one per
 // CPU (go test's default) would leave a two-core machine mostly idle. The
-// tests that train jobs across machines run two at a time among them
-// (parallelTraining); their sync jobs ride out a stalled machine
-// (deepmarket.train.sync_strategy). The tests that measure time or set
-// package variables do not call t.Parallel: they run first, one at a time.
+// tests that train, measure time or set package variables do not call
+// t.Parallel: they run first, one at a time. (Training tests run two at a
+// time beside the others made the package faster alone, but under make
+// test's load their clusters' TensorFlow probes outran the minute the
+// tests give lenders to offer.)
 const parallel = 4
 
 func TestMain(m *testing.M) {
