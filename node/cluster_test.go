@@ -145,9 +145,10 @@ func startJobClusterLending(t *testing.T, python string, lenders int, lend api.L
 		c.lenders = append(c.lenders, n)
 	}
 	// Each offer as it stands once the machine probed its Python: with
-	// TensorFlow where python has it.
+	// TensorFlow where python has it. Importing TensorFlow takes a lender
+	// seconds alone and over a minute beside make test's other packages.
 	tf := importsTF(python)
-	eventually(t, 60*time.Second, "the submitter to hold every lender's offer, with its Python probed", func() bool {
+	eventually(t, 3*time.Minute, "the submitter to hold every lender's offer, with its Python probed", func() bool {
 		offers := a.Offers()
 		for _, l := range c.lenders {
 			if !slices.ContainsFunc(offers, func(o api.Offer) bool {
@@ -168,7 +169,7 @@ func startJobClusterLending(t *testing.T, python string, lenders int, lend api.L
 // comes an announce_interval (30 s) later.
 func registered(t testing.TB, lender *testNode) {
 	t.Helper()
-	eventually(t, 30*time.Second, "the lender's replica to show it admitted", func() bool { return lender.Lend().Registered })
+	eventually(t, time.Minute, "the lender's replica to show it admitted", func() bool { return lender.Lend().Registered })
 }
 
 func waitJob(t *testing.T, n *testNode, id string, within time.Duration) *jobs.Job {
