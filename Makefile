@@ -52,7 +52,7 @@ deps: ## Install what the tests need: Go modules, the job sandbox (bubblewrap), 
 	scripts/browser-env.sh
 
 .PHONY: test
-test: deps lint ## Install what the tests need and run every test: Go, Python beside it, fuzzers (about 14 minutes on 2 cores, as root)
+test: deps lint ## Install what the tests need and run every test: Go, Python beside it, fuzzers (about 15 minutes on 2 cores, as root)
 	GO=$(GO) VENV=$(VENV) FUZZEXECS=$(FUZZEXECS) FUZZTIME=$(FUZZTIME) scripts/test.sh
 
 .PHONY: lint
