@@ -23,8 +23,10 @@ import (
 // state lives in an IAVL tree and only members sign; 3 since an unlinked
 // machine's entry goes once no consent can use it (consents name a height,
 // not a link nonce), escrows lock a least amount per payee and machine
-// records count only paid work.
-const AppVersion = 3
+// records count only paid work; 4 since a settlement opens a dispute
+// window (payees lodge receipts, dispute failed marks; the escrow closes by
+// itself after it) and payers have records.
+const AppVersion = 4
 
 // App is the ledger's ABCI application. It keeps the state in memory, for
 // reads, and in an authenticated store (an IAVL tree, store.go) whose root
@@ -319,6 +321,9 @@ func (app *App) FinalizeBlock(_ context.Context, req *abci.RequestFinalizeBlock)
 	// Before the transactions: a consent this block could carry never
 	// needs an entry pruned here.
 	s.pruneLinks(req.Height)
+	// Settled escrows whose dispute window ended close before the
+	// block's transactions: none of them may lodge or dispute any more.
+	s.closeSettled(now)
 	decodedTxs := make([]*decoded, len(req.Txs))
 	errs := make([]error, len(req.Txs))
 	checked := make([]bool, len(req.Txs))
@@ -538,6 +543,11 @@ func (app *App) query(path string) (any, error) {
 			return v, nil
 		}
 		return MachineRecord{}, nil
+	case "payer":
+		if v, ok := s.Payers[arg]; ok {
+			return v, nil
+		}
+		return PayerRecord{}, nil
 	case "pending":
 		raw, err := hex.DecodeString(arg)
 		if err != nil || len(raw) != 32 {

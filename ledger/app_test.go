@@ -158,16 +158,36 @@ func TestEscrowSettle(t *testing.T) {
 	if h.balance(m1.Address()) != 10*credit || h.balance(owner.Address()) != 5*credit || h.balance(m2.Address()) != 0 {
 		t.Fatalf("payees: m1 %d owner %d m2 %d", h.balance(m1.Address()), h.balance(owner.Address()), h.balance(m2.Address()))
 	}
+	// The rest waits out the dispute window, and so do the records.
+	if h.balance(payer.Address()) != 60*credit {
+		t.Fatalf("payer after settle: %d (want the 25 unused held through the dispute window)", h.balance(payer.Address()))
+	}
+	if st := h.app.Snapshot(); st.Machines[payees[1]] != nil && st.Machines[payees[1]].Failed != 0 || st.Machines[payees[0]] != nil && st.Machines[payees[0]].Completed != 0 {
+		t.Fatalf("records counted before the window closed: %+v", st.Machines)
+	}
+	// Settling twice, or expiring a settled escrow: refused.
+	if r := h.block(h.tx(payer, TypeSettle, &Settle{Job: job(1)})); r[0].Code != CodeSettled {
+		t.Fatalf("double settle: %d", r[0].Code)
+	}
+	if r := h.block(h.tx(payer, TypeExpire, &Expire{Job: job(1)})); r[0].Code != CodeSettled {
+		t.Fatalf("expire a settled escrow: %d", r[0].Code)
+	}
+	h.closeWindows()
 	if h.balance(payer.Address()) != 85*credit {
-		t.Fatalf("payer after settle: %d (want the 25 unused refunded)", h.balance(payer.Address()))
+		t.Fatalf("payer after the window: %d (want the 25 unused refunded)", h.balance(payer.Address()))
 	}
 	st := h.app.Snapshot()
 	if rec := st.Machines[payees[1]]; rec == nil || rec.Failed != 1 || st.Machines[payees[0]].Completed != 1 {
 		t.Fatalf("machine records %+v", st.Machines)
 	}
-	// Settling twice: the escrow is gone.
+	if rec := st.Payers[string(payer.Address())]; rec == nil || *rec != (PayerRecord{Closed: 1, Paid: 15 * credit, Owed: 15 * credit, Marks: 1}) {
+		t.Fatalf("payer record %+v", rec)
+	}
+	if _, open := st.Escrows[job(1)]; open {
+		t.Fatal("the escrow is open after its window")
+	}
 	if r := h.block(h.tx(payer, TypeSettle, &Settle{Job: job(1)})); r[0].Code != CodeUnknownEscrow {
-		t.Fatalf("double settle: %d", r[0].Code)
+		t.Fatalf("settle a closed escrow: %d", r[0].Code)
 	}
 }
 

@@ -10,7 +10,7 @@ import (
 // pinnedAppHash is the app hash after pinnedChain. It changes only with
 // the state's format: a change to it is a new AppVersion and a new
 // genesis for every network, never a refactoring.
-const pinnedAppHash = "4c278f83fed8b1b802dfdbfb8a13821ba59dcd9710351c5565ffbf00b330d496"
+const pinnedAppHash = "c73cebb1da69800ae88ff41a54e5af31f256b73dbea74d52739879ed1e3323ad"
 
 // pinnedChain runs blocks that use every kind of transaction and leave
 // entries in every collection of the state. It returns the harness and
@@ -22,7 +22,7 @@ func pinnedChain(t *testing.T) (*harness, map[string]bool) {
 	vals := valKeys(t, 3)
 	g := genesis(issuer, map[*identity.Key]uint64{alice: 100 * credit}, owner)
 	p := DefaultParams()
-	p.ClaimGrace = 10
+	p.ClaimGrace, p.DisputeWindow = 10, 10
 	g.Params = &p
 	h := newHarnessWith(t, nil, g, genesisVals(vals[:2]))
 	committed := map[string]bool{}
@@ -55,11 +55,12 @@ func pinnedChain(t *testing.T) (*harness, map[string]bool) {
 		h.tx(issuer, TypeAdmit, &Admit{Account: string(stranger.Address()), Revoke: true}),
 	)
 	must(
-		h.tx(alice, TypeSettle, &Settle{Job: job(1), Payments: []Payment{{Machine: mAddr, Amount: credit}}}),
+		h.tx(alice, TypeSettle, &Settle{Job: job(1), Payments: []Payment{{Machine: mAddr, Amount: credit, Failed: true}}}),
 		vote(h, vals[0], vals[2], 10, "third"),
 		vote(h, vals[0], vals[1], 5, ""),
 		vote(h, vals[1], vals[1], 5, ""),
 	)
+	must(h.tx(m, TypeDispute, &Dispute{Job: job(1)}))
 	for h.now.Unix() < exp {
 		h.block()
 	}

@@ -526,14 +526,22 @@ func (c *Client) OpenEscrow(ctx context.Context, m OpenEscrow) (*ctypes.ResultTx
 	return c.Do(ctx, TypeOpenEscrow, &m)
 }
 
-// Settle pays the machines of a job and refunds the rest.
+// Settle pays the machines of a job and opens its escrow's dispute
+// window; the rest is refunded when the window closes.
 func (c *Client) Settle(ctx context.Context, m Settle) (*ctypes.ResultTx, error) {
 	return c.Do(ctx, TypeSettle, &m)
 }
 
-// Claim takes what a receipt covers from an expired escrow.
+// Claim takes what a receipt covers, less what was paid, from an expired
+// escrow or from a settled one in its dispute window.
 func (c *Client) Claim(ctx context.Context, r Receipt) (*ctypes.ResultTx, error) {
 	return c.Do(ctx, TypeClaim, &Claim{Receipt: r})
+}
+
+// Dispute contests, in a settled escrow's dispute window, the failed mark
+// its settlement gave this client's machine.
+func (c *Client) Dispute(ctx context.Context, job string) (*ctypes.ResultTx, error) {
+	return c.Do(ctx, TypeDispute, &Dispute{Job: job})
 }
 
 // Expire reclaims an expired escrow's remainder.
@@ -634,6 +642,14 @@ func (c *Client) Escrow(ctx context.Context, job string) (*Escrow, error) {
 func (c *Client) MachineRecord(ctx context.Context, machine string) (MachineRecord, error) {
 	var r MachineRecord
 	return r, c.query(ctx, "/machine/"+machine, &r)
+}
+
+// PayerRecord is a payer's track record (escrows closed, paid against
+// owed, failed marks given and disputed); the zero record for a payer
+// with none.
+func (c *Client) PayerRecord(ctx context.Context, payer string) (PayerRecord, error) {
+	var r PayerRecord
+	return r, c.query(ctx, "/payer/"+payer, &r)
 }
 
 // HistoryEntry is one committed transaction that touched an account.

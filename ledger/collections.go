@@ -48,6 +48,10 @@ var collections = []collection{
 		entries: mapOf[MachineRecord]{field: func(s *State) *map[string]*MachineRecord { return &s.Machines }},
 	},
 	{
+		name: "payer record", prefix: pPayer, addressKeys: true,
+		entries: mapOf[PayerRecord]{field: func(s *State) *map[string]*PayerRecord { return &s.Payers }},
+	},
+	{
 		name: "validator", prefix: pValidator, // keyed by hex key
 		changed: validatorsChanged,
 		entries: mapOf[Validator]{field: func(s *State) *map[string]*Validator { return &s.Validators }, clone: (*Validator).clone},

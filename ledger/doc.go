@@ -5,8 +5,8 @@
 //
 // State holds integers only (1 credit = 1,000,000 micro-credits): accounts
 // {balance, nonce}, issuers {quota left}, members, machine links {owner,
-// height of the last change, former owner}, escrows, machine records, the
-// validator set and the votes on it.
+// height of the last change, former owner}, escrows, machine records,
+// payer records, the validator set and the votes on it.
 //
 // # No free writes: members and limits
 //
@@ -16,9 +16,9 @@
 // account an Admit {Account} names (an issuer admitting without moving
 // credits; Admit {Account, Revoke} ends a membership the same issuer gave;
 // genesis members stay). Only members sign transactions, with two
-// exceptions that carry their own standing: a Claim by a payee of an open
-// escrow (the member who opened the escrow vouched for it) and a
-// validator's vote. Anyone else is refused with CodeNotMember: by CheckTx
+// exceptions that carry their own standing: a Claim or a Dispute by a
+// payee of an open escrow (the member who opened the escrow vouched for
+// it) and a validator's vote. Anyone else is refused with CodeNotMember: by CheckTx
 // before the mempool, before its signature is even checked, and by
 // FinalizeBlock if a proposer includes it anyway. A fresh key with no
 // credits writes nothing.
@@ -64,7 +64,31 @@
 // the machine nor its owner, to a registered machine. Naming a machine in
 // an escrow needs no consent from it, so a payment of nothing counts
 // nothing: marking a machine failed costs MinPayment, paid to it, and a
-// member cannot rate its own machines.
+// member cannot rate its own machines. A mark counts only when the
+// escrow closes, and only if the machine did not dispute it (below).
+//
+// # Settlement: receipts bind, marks need a cause
+//
+// The payer signs each payee receipts as the job runs (Receipt: the
+// cumulative amount it has earned, a sequence number). A Settle, signed by
+// the payer alone, pays what it names at once, but does not close the
+// escrow: it opens a dispute window of Params.DisputeWindow (600 s by
+// default). In the window a payee lodges its latest receipt (a Claim) and
+// is paid what it covers beyond what the payee was paid, from what the
+// escrow still holds; a payee the settlement marked failed may Dispute
+// the mark, and a disputed mark does not count in its record. The first
+// block at or after the window's end (Escrow.Closes) closes the escrow
+// before its transactions: the rest goes back to the payer, the payees'
+// records count (completed, or failed for an undisputed mark) and so does
+// the payer's. So a payer that settles for less than it signed pays what
+// it signed all the same, no later than the window plus one block after
+// its settlement; a payee gets no more than the payer signed. A settled
+// escrow counts against its payer's MaxOpenEscrows until it closes.
+//
+// Payers have records too (PayerRecord, query /payer/ADDR): escrows
+// closed, what their settlements paid against what their payees were paid
+// in all (receipts lodged and claims after expiry included), the marks
+// they gave and how many were disputed. Lenders read it in quotes.
 //
 // # Store and app hash
 //

@@ -109,7 +109,16 @@ func notMember(signer identity.Address) error {
 
 // payeeStanding admits a claim by a payee of an open escrow.
 func (s *State) payeeStanding(d *decoded, m *Claim) error {
-	if e, ok := s.Escrows[m.Receipt.Job]; ok && e.hasPayee(string(d.signer)) {
+	return s.isPayee(d, m.Receipt.Job)
+}
+
+// disputeStanding admits a dispute by a payee of an open escrow.
+func (s *State) disputeStanding(d *decoded, m *Dispute) error {
+	return s.isPayee(d, m.Job)
+}
+
+func (s *State) isPayee(d *decoded, job string) error {
+	if e, ok := s.Escrows[job]; ok && e.hasPayee(string(d.signer)) {
 		return nil
 	}
 	return notMember(d.signer)
@@ -220,6 +229,10 @@ func (s *State) admitTx(c *call, m *Admit) (effect, error) {
 	return func() *event {
 		delete(s.Members, m.Account)
 		s.touch(pMember, m.Account)
+		if _, ok := s.Payers[m.Account]; ok {
+			delete(s.Payers, m.Account)
+			s.touch(pPayer, m.Account)
+		}
 		// A machine has a record only while it is backed: as a member, or
 		// by its link entry (pruneLinks).
 		if _, linked := s.Links[m.Account]; !linked {
@@ -346,11 +359,24 @@ func (s *State) openEscrowTx(c *call, m *OpenEscrow) (effect, error) {
 	}, nil
 }
 
+// settle pays each machine what the payer names, at once, and opens the
+// escrow's dispute window: its payees may lodge their latest receipts
+// until it closes (claim), a payee marked failed may dispute the mark
+// (dispute), and the first block past the window refunds the rest to the
+// payer (closeSettled). The payer's word alone pays no less than its
+// receipts: what it signed binds it.
 func (s *State) settle(c *call, m *Settle) (effect, error) {
 	e, err := s.payerEscrow(m.Job, c.signer)
 	if err != nil {
 		return nil, err
 	}
+	if e.Settled != 0 {
+		return nil, reject(CodeSettled, "job %s was settled at %d; its escrow closes at %d", m.Job, e.Settled, e.Closes)
+	}
+	if c.now > math.MaxInt64-s.Params.DisputeWindow {
+		return nil, reject(CodeOverflow, "block time %d: the dispute window would overflow", c.now)
+	}
+	closes := c.now + s.Params.DisputeWindow
 	owed := map[string]uint64{}
 	var total uint64
 	seen := map[string]bool{}
@@ -384,7 +410,6 @@ func (s *State) settle(c *call, m *Settle) (effect, error) {
 	for _, p := range m.Payments {
 		credits[s.ownerOf(p.Machine)] += owed[p.Machine] // bounded by total
 	}
-	credits[c.signer] += e.Amount - pay
 	for owner, amount := range credits {
 		if err := s.canCredit(owner, amount); err != nil {
 			return nil, err
@@ -395,26 +420,35 @@ func (s *State) settle(c *call, m *Settle) (effect, error) {
 		for _, p := range m.Payments {
 			owner := s.ownerOf(p.Machine)
 			s.credit(owner, owed[p.Machine])
-			if s.countsFor(p.Machine, c.signer, p.Amount) {
+			if owed[p.Machine] > 0 {
+				e.setClaimed(p.Machine, e.claimed(p.Machine)+owed[p.Machine], 0)
+			}
+			if p.Failed {
+				e.Marks = append(e.Marks, Mark{Machine: p.Machine})
+			}
+			if s.countsFor(p.Machine, c.signer, owed[p.Machine]) {
 				rec := s.machine(p.Machine)
-				if p.Failed {
-					rec.Failed = satAdd(rec.Failed, 1)
-				} else {
-					rec.Completed = satAdd(rec.Completed, 1)
-				}
 				rec.Earned = satAdd(rec.Earned, owed[p.Machine])
 			}
 			ev.accounts = append(ev.accounts, owner)
 			ev.attrs = append(ev.attrs, [2]string{"paid", p.Machine + "=" + u(owed[p.Machine])})
 		}
-		refund := e.Amount - pay
-		s.credit(c.signer, refund)
-		s.closeEscrow(m.Job)
-		ev.attrs = append(ev.attrs, [2]string{"refund", u(refund)})
+		sort.Slice(e.Marks, func(i, j int) bool { return e.Marks[i].Machine < e.Marks[j].Machine })
+		e.Amount -= pay
+		e.Settled, e.Closes, e.SettledPaid = c.now, closes, e.Total-e.Amount
+		s.touch(pEscrow, m.Job)
+		s.closing = append(s.closing, closing{at: closes, job: m.Job})
+		// The refund is what the escrow holds once the window closes, less
+		// what payees lodge meanwhile.
+		ev.attrs = append(ev.attrs, [2]string{"refund", u(e.Amount)}, [2]string{"closes", strconv.FormatInt(closes, 10)})
 		return ev
 	}, nil
 }
 
+// claim pays a payee what the payer's latest receipt says it earned,
+// less what it was paid already: once the escrow expired unsettled, or
+// in the dispute window a settlement opened (a payee lodging its
+// receipt against a settlement that paid it less).
 func (s *State) claim(c *call, m *Claim) (effect, error) {
 	r := m.Receipt
 	if err := checkJob(r.Job); err != nil {
@@ -430,15 +464,15 @@ func (s *State) claim(c *call, m *Claim) (effect, error) {
 	if !e.hasPayee(c.signer) {
 		return nil, reject(CodeNotPayee, "%s is not a payee of job %s", c.signer, r.Job)
 	}
-	if c.now < e.Expiry {
-		return nil, reject(CodeNotExpired, "escrow expires at %d, block time %d: claims open then", e.Expiry, c.now)
+	if e.Settled == 0 && c.now < e.Expiry {
+		return nil, reject(CodeNotExpired, "escrow expires at %d, block time %d: claims open then, or once the payer settles", e.Expiry, c.now)
 	}
 	if len(r.Sig) != 64 || !verify(e.PayerKey, receiptBytes(s.ChainID, r), r.Sig) {
 		return nil, reject(CodeBadReceipt, "receipt is not signed by the payer %s", e.Payer)
 	}
 	already := e.claimed(c.signer)
 	if r.Amount <= already {
-		return nil, reject(CodeBadReceipt, "receipt covers %d, already claimed %d", r.Amount, already)
+		return nil, reject(CodeBadReceipt, "receipt covers %d, already paid %d", r.Amount, already)
 	}
 	amount := min(r.Amount-already, e.Amount)
 	if amount == 0 {
@@ -457,8 +491,42 @@ func (s *State) claim(c *call, m *Claim) (effect, error) {
 			rec := s.machine(c.signer)
 			rec.Earned = satAdd(rec.Earned, amount)
 		}
-		return &event{accounts: []string{c.signer, owner, e.Payer},
+		ev := &event{accounts: []string{c.signer, owner, e.Payer},
 			attrs: [][2]string{{"job", r.Job}, {"to", owner}, {"amount", u(amount)}}}
+		if e.Settled != 0 {
+			// Lodged against the settlement: it comes out of the payer's refund.
+			ev.attrs = append(ev.attrs, [2]string{"from", e.Payer}, [2]string{"lodged", "true"})
+		}
+		return ev
+	}, nil
+}
+
+// dispute is a payee contesting the failed mark a settlement gave it, in
+// the escrow's dispute window: a disputed mark does not count in its
+// record, and counts in the payer's as disputed.
+func (s *State) dispute(c *call, m *Dispute) (effect, error) {
+	if err := checkJob(m.Job); err != nil {
+		return nil, err
+	}
+	e, ok := s.Escrows[m.Job]
+	if !ok {
+		return nil, reject(CodeUnknownEscrow, "no open escrow for job %s", m.Job)
+	}
+	if e.Settled == 0 {
+		return nil, reject(CodeNotSettled, "job %s is not settled: there is no mark to dispute yet", m.Job)
+	}
+	i := e.markIndex(c.signer)
+	switch {
+	case i < 0:
+		return nil, reject(CodeNotPayee, "the settlement of job %s did not mark %s failed", m.Job, c.signer)
+	case e.Marks[i].Disputed:
+		return nil, reject(CodeAlreadyVoted, "%s disputed its mark on job %s already", c.signer, m.Job)
+	}
+	return func() *event {
+		e.Marks[i].Disputed = true
+		s.touch(pEscrow, m.Job)
+		return &event{accounts: []string{c.signer, e.Payer},
+			attrs: [][2]string{{"job", m.Job}, {"machine", c.signer}, {"payer", e.Payer}}}
 	}, nil
 }
 
@@ -466,6 +534,9 @@ func (s *State) expire(c *call, m *Expire) (effect, error) {
 	e, err := s.payerEscrow(m.Job, c.signer)
 	if err != nil {
 		return nil, err
+	}
+	if e.Settled != 0 {
+		return nil, reject(CodeSettled, "job %s is settled: its escrow closes by itself at %d", m.Job, e.Closes)
 	}
 	if c.now < e.Expiry+s.Params.ClaimGrace {
 		return nil, reject(CodeNotExpired, "escrow can be expired from %d (expiry + %ds for claims), block time %d",
@@ -475,9 +546,7 @@ func (s *State) expire(c *call, m *Expire) (effect, error) {
 		return nil, err
 	}
 	return func() *event {
-		refund := e.Amount
-		s.credit(c.signer, refund)
-		s.closeEscrow(m.Job)
+		refund := s.closeEscrow(m.Job)
 		return &event{accounts: []string{c.signer},
 			attrs: [][2]string{{"job", m.Job}, {"refund", u(refund)}}}
 	}, nil
@@ -533,6 +602,23 @@ func (s *State) machine(addr string) *MachineRecord {
 func (e *Escrow) hasPayee(p string) bool {
 	i := sort.SearchStrings(e.Payees, p)
 	return i < len(e.Payees) && e.Payees[i] == p
+}
+
+// markIndex is where p's mark is in e.Marks, or -1.
+func (e *Escrow) markIndex(p string) int {
+	i := sort.Search(len(e.Marks), func(i int) bool { return e.Marks[i].Machine >= p })
+	if i < len(e.Marks) && e.Marks[i].Machine == p {
+		return i
+	}
+	return -1
+}
+
+// mark is p's mark, if the settlement gave it one.
+func (e *Escrow) mark(p string) (Mark, bool) {
+	if i := e.markIndex(p); i >= 0 {
+		return e.Marks[i], true
+	}
+	return Mark{}, false
 }
 
 func (e *Escrow) claimed(p string) uint64 {

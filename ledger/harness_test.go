@@ -101,6 +101,14 @@ func (h *harness) block(txs ...[]byte) []*abci.ExecTxResult {
 	return resp.TxResults
 }
 
+// closeWindows runs an empty block one dispute window after the last: the
+// escrows settled until then close in it.
+func (h *harness) closeWindows() {
+	h.t.Helper()
+	h.now = h.now.Add(time.Duration(h.app.Snapshot().Params.DisputeWindow) * time.Second)
+	h.block()
+}
+
 // must runs a block and fails unless every tx succeeded.
 func (h *harness) must(txs ...[]byte) {
 	h.t.Helper()

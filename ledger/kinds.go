@@ -16,6 +16,7 @@ var txKinds = []txKind{
 	kindOf[Settle]{typ: TypeSettle, handle: (*State).settle}.kind(),
 	kindOf[Claim]{typ: TypeClaim, handle: (*State).claim, standing: (*State).payeeStanding}.kind(),
 	kindOf[Expire]{typ: TypeExpire, handle: (*State).expire}.kind(),
+	kindOf[Dispute]{typ: TypeDispute, handle: (*State).dispute, standing: (*State).disputeStanding}.kind(),
 	kindOf[ValidatorVote]{typ: TypeValidatorVote, handle: (*State).vote, standing: (*State).voterStanding}.kind(),
 	kindOf[Admit]{typ: TypeAdmit, handle: (*State).admitTx}.kind(),
 }

@@ -26,6 +26,7 @@ func kindSamples(t *testing.T) map[string]struct {
 		TypeSettle:        {&Settle{Job: job(1), Payments: []Payment{{Machine: to, Amount: 1, Failed: true}}}, 0},
 		TypeClaim:         {&Claim{Receipt: Receipt{Job: job(1), Payee: to, Amount: 1, Seq: 2, Sig: make([]byte, 64)}}, 0},
 		TypeExpire:        {&Expire{Job: job(1)}, 0},
+		TypeDispute:       {&Dispute{Job: job(1)}, 0},
 		TypeValidatorVote: {&ValidatorVote{PubKey: k.Public(), Power: 3, Name: "u"}, 0},
 		TypeAdmit:         {&Admit{Account: to, Revoke: true}, 0},
 	}

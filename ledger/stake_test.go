@@ -202,6 +202,7 @@ func TestRecordsCountOnlyPaidWork(t *testing.T) {
 	}
 	settle = append(settle, h.tx(att, TypeSettle, &Settle{Job: job(1), Payments: zero}))
 	h.must(settle...)
+	h.closeWindows()
 	if st := h.app.Snapshot(); len(st.Machines) != 0 || h.balance(att.Address()) != credit {
 		t.Fatalf("after 41 settlements paying nothing: records %v, attacker holds %d", st.Machines, h.balance(att.Address()))
 	}
@@ -214,6 +215,7 @@ func TestRecordsCountOnlyPaidWork(t *testing.T) {
 		h.must(h.tx(att, TypeOpenEscrow, &OpenEscrow{Job: j, Amount: minPay, Expiry: exp, Payees: []string{v}}))
 		h.must(h.tx(att, TypeSettle, &Settle{Job: j, Payments: []Payment{p}}))
 	}
+	h.closeWindows()
 	spent := credit - h.balance(att.Address())
 	if rec := h.app.Snapshot().Machines[v]; rec == nil || rec.Failed != 2 || rec.Completed != 0 || spent != 3*minPay-1 || h.balance(victim.Address()) != spent {
 		t.Fatalf("victim's record %+v after 3 paid marks; the attacker spent %d, the victim holds %d", rec, spent, h.balance(victim.Address()))
@@ -234,6 +236,7 @@ func TestRecordsCountOnlyPaidWork(t *testing.T) {
 	l := string(linked.Address())
 	h.must(h.tx(att, TypeOpenEscrow, &OpenEscrow{Job: job(3), Amount: minPay, Expiry: exp, Payees: []string{l}}))
 	h.must(h.tx(att, TypeSettle, &Settle{Job: job(3), Payments: []Payment{{Machine: l, Amount: minPay}}}))
+	h.closeWindows()
 	if rec := h.app.Snapshot().Machines[l]; rec == nil || rec.Completed != 1 || rec.Earned != minPay || h.balance(owner.Address()) != minPay {
 		t.Fatalf("linked machine's record %+v, its owner holds %d", rec, h.balance(owner.Address()))
 	}

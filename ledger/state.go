@@ -61,7 +61,8 @@ func (l *Link) counted(machine string) string {
 	return l.Owner
 }
 
-// Claimed records what a payee has claimed from an escrow so far.
+// Claimed records what a payee has been paid from an escrow so far: by
+// claims, by the settlement and by receipts lodged in its dispute window.
 type Claimed struct {
 	Payee  string `cbor:"payee" json:"payee"`
 	Amount uint64 `cbor:"amount" json:"amount"`
@@ -77,6 +78,29 @@ type Escrow struct {
 	Expiry   int64     `cbor:"expiry" json:"expiry"`       // unix seconds
 	Payees   []string  `cbor:"payees" json:"payees"`
 	Claimed  []Claimed `cbor:"claimed,omitempty" json:"claimed,omitempty"`
+	// Settled is the block time of the payer's settlement, 0 before it.
+	// A settlement pays what it names at once and opens a dispute window:
+	// until Closes (Settled + Params.DisputeWindow) each payee may lodge
+	// the latest receipt the payer signed it (a Claim) and is paid up to
+	// it from what the escrow still holds, and a payee the settlement
+	// marked failed may dispute the mark. The first block at or after
+	// Closes refunds the rest to the payer and closes the escrow.
+	Settled int64 `cbor:"settled,omitempty" json:"settled,omitempty"`
+	Closes  int64 `cbor:"closes,omitempty" json:"closes,omitempty"`
+	// SettledPaid is what had been paid out of the escrow once the
+	// settlement paid: the payer's own word, against which its record
+	// counts what its receipts made it owe (PayerRecord).
+	SettledPaid uint64 `cbor:"settled_paid,omitempty" json:"settled_paid,omitempty"`
+	// Marks are the payees the settlement said failed, and whether each
+	// disputed it in the window: an undisputed mark counts in the
+	// machine's record when the escrow closes, a disputed one does not.
+	Marks []Mark `cbor:"marks,omitempty" json:"marks,omitempty"`
+}
+
+// Mark is a settlement's statement that a payee failed the job.
+type Mark struct {
+	Machine  string `cbor:"machine" json:"machine"`
+	Disputed bool   `cbor:"disputed,omitempty" json:"disputed,omitempty"`
 }
 
 func (e *Escrow) clone() *Escrow {
@@ -84,7 +108,23 @@ func (e *Escrow) clone() *Escrow {
 	c.PayerKey = append([]byte(nil), e.PayerKey...)
 	c.Payees = append([]string(nil), e.Payees...)
 	c.Claimed = append([]Claimed(nil), e.Claimed...)
+	c.Marks = append([]Mark(nil), e.Marks...)
 	return &c
+}
+
+// PayerRecord is a payer's track record, for the machines it would pay:
+// lenders read it in quotes and may refuse a payer by it. It counts the
+// escrows that closed (settled, or expired unsettled), what the payer's
+// own settlements paid against what it owed (what its payees were paid
+// in all, their receipts lodged in the window and claims after expiry
+// included), the failed marks it gave and how many of them the machine
+// disputed. The record goes with the payer's membership.
+type PayerRecord struct {
+	Closed   uint64 `cbor:"closed" json:"closed"`
+	Paid     uint64 `cbor:"paid" json:"paid"`
+	Owed     uint64 `cbor:"owed" json:"owed"`
+	Marks    uint64 `cbor:"marks,omitempty" json:"marks"`
+	Disputed uint64 `cbor:"disputed,omitempty" json:"disputed"`
 }
 
 // MachineRecord is a machine's track record, for the scheduler. It counts
@@ -127,6 +167,10 @@ type Params struct {
 	// MaxTxsPerBlock bounds one signer's transactions in a block, and in
 	// the mempool at once. Default 1,000.
 	MaxTxsPerBlock uint64 `cbor:"max_txs_per_block" json:"max_txs_per_block"`
+	// DisputeWindow is how long a settled escrow stays open for its
+	// payees to lodge their receipts and dispute failed marks (seconds).
+	// Default 600.
+	DisputeWindow int64 `cbor:"dispute_window" json:"dispute_window_s"`
 }
 
 // DefaultParams are used when genesis names none, and for each field a
@@ -136,6 +180,7 @@ func DefaultParams() Params {
 		ClaimGrace: 3600, MaxEscrowTTL: 30 * 24 * 3600,
 		MaxMachinesPerOwner: 256, ConsentBlocks: 3600, MinPayment: 10_000,
 		MaxOpenEscrows: 1024, MinNewAccount: 1_000_000, MaxTxsPerBlock: 1000,
+		DisputeWindow: 600,
 	}
 }
 
@@ -163,6 +208,8 @@ func (p Params) validate() error {
 		return fmt.Errorf("max_txs_per_block must be > 0")
 	case p.ConsentBlocks <= 0:
 		return fmt.Errorf("consent_blocks must be > 0")
+	case p.DisputeWindow <= 0 || p.DisputeWindow > p.MaxEscrowTTL:
+		return fmt.Errorf("dispute_window_s must be > 0 and at most max_escrow_ttl_s")
 	}
 	return nil
 }
@@ -184,6 +231,7 @@ type State struct {
 	Links    map[string]*Link // by machine address
 	Escrows  map[string]*Escrow
 	Machines map[string]*MachineRecord
+	Payers   map[string]*PayerRecord
 	// Validators is the validator set by hex key, as CometBFT will have it
 	// once this block's updates apply; Pending, by hex key, the votes on
 	// changing it (validators.go).
@@ -193,6 +241,7 @@ type State struct {
 	linksOf   map[string]uint64 // owner -> machines linked to it, and those it left that still have an entry
 	escrowsOf map[string]uint64 // payer -> escrows open
 	unlinks   []unlink          // the entries unlinks left, oldest first: what pruneLinks removes
+	closing   []closing         // the settled escrows, earliest Closes first: what closeSettled closes
 	books     Books             // kept from each block's changes (store.go)
 
 	dirty map[string]bool // keys changed since the last commit
@@ -213,6 +262,12 @@ type unlink struct {
 	machine string
 }
 
+// closing is a settled escrow, in the queue of those to close.
+type closing struct {
+	at  int64 // its Closes
+	job string
+}
+
 // Key prefixes in the store, one per collection (collections.go).
 // keyMeta, in none, holds the chain ID, supply and params.
 const (
@@ -222,6 +277,7 @@ const (
 	pLink      = "l/"
 	pEscrow    = "e/"
 	pMachine   = "m/"
+	pPayer     = "y/"
 	pValidator = "v/"
 	pPending   = "p/"
 	keyMeta    = "c"
@@ -366,20 +422,92 @@ func (s *State) openEscrow(job string, e *Escrow) {
 	s.touch(pEscrow, job)
 }
 
-func (s *State) closeEscrow(job string) {
+// closeEscrow refunds what an escrow still holds to its payer, counts the
+// escrow in its payer's record and its payees' (closeRecords), and
+// removes it.
+func (s *State) closeEscrow(job string) (refund uint64) {
 	e := s.Escrows[job]
+	refund = e.Amount
+	s.credit(e.Payer, refund) // supply bounds every balance: no overflow
+	s.closeRecords(e)
 	delete(s.Escrows, job)
 	if s.escrowsOf[e.Payer]--; s.escrowsOf[e.Payer] == 0 {
 		delete(s.escrowsOf, e.Payer)
 	}
 	s.touch(pEscrow, job)
+	return refund
+}
+
+// closeRecords counts a closing escrow in the records. The payer's:
+// what its settlement paid (nothing, if it never settled) against what
+// its payees were paid in all. The payees': a mark the machine did not
+// dispute counts it failed, and a payee paid without a mark counts it
+// completed; either counts only a payment State.countsFor counts.
+func (s *State) closeRecords(e *Escrow) {
+	paid := e.Total - e.Amount
+	settled := min(e.SettledPaid, paid)
+	if e.Settled == 0 {
+		settled = 0
+	}
+	if s.isMember(e.Payer) {
+		r := s.payer(e.Payer)
+		r.Closed = satAdd(r.Closed, 1)
+		r.Paid, r.Owed = satAdd(r.Paid, settled), satAdd(r.Owed, paid)
+		for _, m := range e.Marks {
+			r.Marks = satAdd(r.Marks, 1)
+			if m.Disputed {
+				r.Disputed = satAdd(r.Disputed, 1)
+			}
+		}
+	}
+	if e.Settled == 0 {
+		return // an expired escrow's claims counted as they were paid
+	}
+	for _, c := range e.Claimed {
+		if !s.countsFor(c.Payee, e.Payer, c.Amount) {
+			continue
+		}
+		rec := s.machine(c.Payee)
+		switch m, marked := e.mark(c.Payee); {
+		case !marked:
+			rec.Completed = satAdd(rec.Completed, 1)
+		case !m.Disputed:
+			rec.Failed = satAdd(rec.Failed, 1)
+		}
+	}
+}
+
+// payer returns a payer's record, creating it, and marks it changed.
+func (s *State) payer(addr string) *PayerRecord {
+	r, ok := s.Payers[addr]
+	if !ok {
+		r = &PayerRecord{}
+		s.Payers[addr] = r
+	}
+	s.touch(pPayer, addr)
+	return r
+}
+
+// closeSettled closes, at the start of a block at time now, the settled
+// escrows whose dispute window has ended.
+func (s *State) closeSettled(now int64) {
+	for len(s.closing) > 0 && s.closing[0].at <= now {
+		c := s.closing[0]
+		s.closing = s.closing[1:]
+		if e, ok := s.Escrows[c.job]; ok && e.Settled != 0 && e.Closes == c.at {
+			s.closeEscrow(c.job)
+		}
+	}
+	if len(s.closing) == 0 {
+		s.closing = nil // let the backing array go
+	}
 }
 
 // derive rebuilds what the state keeps beside its entries: the per-owner
 // and per-payer counts, the queue of unlinked machines' entries and the
 // books.
 func (s *State) derive() {
-	s.linksOf, s.escrowsOf, s.unlinks = map[string]uint64{}, map[string]uint64{}, nil
+	s.linksOf, s.escrowsOf, s.unlinks, s.closing = map[string]uint64{}, map[string]uint64{}, nil, nil
 	for m, l := range s.Links {
 		s.linksOf[l.counted(m)]++
 		if l.unlinked(m) {
@@ -390,10 +518,21 @@ func (s *State) derive() {
 		a, b := s.unlinks[i], s.unlinks[j]
 		return a.changed < b.changed || (a.changed == b.changed && a.machine < b.machine)
 	})
-	for _, e := range s.Escrows {
+	for job, e := range s.Escrows {
 		s.escrowsOf[e.Payer]++
+		if e.Settled != 0 {
+			s.closing = append(s.closing, closing{at: e.Closes, job: job})
+		}
 	}
+	sortClosing(s.closing)
 	s.books = s.count()
+}
+
+// sortClosing orders the queue of settled escrows: by when each closes,
+// then by job (the order they close in within a block changes nothing:
+// each only adds to balances and records).
+func sortClosing(q []closing) {
+	sort.Slice(q, func(i, j int) bool { return q[i].at < q[j].at || (q[i].at == q[j].at && q[i].job < q[j].job) })
 }
 
 // Books are the running totals the state keeps from every change: sums
@@ -570,6 +709,14 @@ func checkEscrow(job string, e *Escrow) []string {
 	if _, err := identity.ParseAddress(e.Payer); err != nil {
 		problems = append(problems, fmt.Sprintf("escrow %s: payer: %v", job, err))
 	}
+	if (e.Settled == 0) != (e.Closes == 0) || e.Closes < e.Settled {
+		problems = append(problems, fmt.Sprintf("escrow %s: settled at %d, closes at %d", job, e.Settled, e.Closes))
+	}
+	for _, m := range e.Marks {
+		if !e.hasPayee(m.Machine) {
+			problems = append(problems, fmt.Sprintf("escrow %s: %s marked failed is not a payee", job, m.Machine))
+		}
+	}
 	return problems
 }
 
@@ -593,6 +740,7 @@ func (s *State) clone() *State {
 		c.escrowsOf[k] = v
 	}
 	c.unlinks = append([]unlink(nil), s.unlinks...)
+	c.closing = append([]closing(nil), s.closing...)
 	c.books = s.books.clone()
 	return c
 }

@@ -149,8 +149,12 @@ func TestMemberLimits(t *testing.T) {
 	h.must(h.tx(alice, TypeOpenEscrow, &OpenEscrow{Job: job(2), Amount: credit, Expiry: exp, Payees: []string{string(alice.Address())}}))
 	expectCode(t, h.block(h.tx(alice, TypeOpenEscrow, &OpenEscrow{Job: job(3), Amount: credit, Expiry: exp,
 		Payees: []string{string(m2.Address())}})), CodeLimitReached, "2 escrows open")
+	// A settled escrow counts until its dispute window closes.
 	h.must(h.tx(alice, TypeSettle, &Settle{Job: job(2)}))
-	h.must(h.tx(alice, TypeOpenEscrow, &OpenEscrow{Job: job(3), Amount: credit, Expiry: exp, Payees: []string{string(m2.Address())}}))
+	expectCode(t, h.block(h.tx(alice, TypeOpenEscrow, &OpenEscrow{Job: job(3), Amount: credit, Expiry: exp,
+		Payees: []string{string(m2.Address())}})), CodeLimitReached, "2 escrows open")
+	h.closeWindows()
+	h.must(h.tx(alice, TypeOpenEscrow, &OpenEscrow{Job: job(3), Amount: credit, Expiry: h.now.Unix() + 600, Payees: []string{string(m2.Address())}}))
 
 	// A new account opens with at least MinNewAccount; one that exists
 	// takes any amount.

@@ -25,6 +25,9 @@ const (
 	TypeSettle      = "settle"
 	TypeClaim       = "claim"
 	TypeExpire      = "expire"
+	// TypeDispute is a payee contesting the failed mark a settlement gave
+	// it, in the escrow's dispute window.
+	TypeDispute = "dispute"
 	// TypeValidatorVote is a current validator's vote to add a validator,
 	// change its power or remove it (validators.go).
 	TypeValidatorVote = "validator_vote"
@@ -67,6 +70,8 @@ const (
 	CodeNotRegistered    // an escrow payee that is not a registered machine
 	CodeLimitReached     // a per-member limit: machines linked to an owner, escrows open
 	CodeRateLimited      // more transactions of one signer in a block (or pending at once) than allowed
+	CodeSettled          // the escrow is settled: it closes by itself once its dispute window ends
+	CodeNotSettled       // a dispute on an escrow not settled yet
 )
 
 // Error is a rejected transaction: a stable code and a readable reason.
@@ -156,10 +161,16 @@ type (
 		Seq    uint64 `cbor:"seq"`
 		Sig    []byte `cbor:"sig"`
 	}
-	// Claim lets a machine take what its latest receipt covers after the
-	// escrow expired unsettled.
+	// Claim lets a machine take what its latest receipt covers, less what
+	// it was paid: after the escrow expired unsettled, or in the dispute
+	// window its settlement opened.
 	Claim struct {
 		Receipt Receipt `cbor:"receipt"`
+	}
+	// Dispute is a payee contesting, in the dispute window, the failed
+	// mark the settlement of Job gave it.
+	Dispute struct {
+		Job string `cbor:"job"`
 	}
 	// Expire returns an expired escrow's remainder to its payer.
 	Expire struct {
@@ -233,6 +244,13 @@ func NewTx(key Signer, chainID, typ string, nonce uint64, msg any) ([]byte, erro
 func SignReceipt(payer Signer, chainID string, r Receipt) Receipt {
 	r.Sig = payer.Sign(receiptBytes(chainID, r))
 	return r
+}
+
+// VerifyReceipt reports whether r is signed by payer (an ed25519 public
+// key) for chainID: what a payee checks before it keeps a receipt, as the
+// ledger will when the payee lodges it.
+func VerifyReceipt(payer []byte, chainID string, r Receipt) bool {
+	return len(payer) == ed25519.PublicKeySize && len(r.Sig) == ed25519.SignatureSize && verify(payer, receiptBytes(chainID, r), r.Sig)
 }
 
 func receiptBytes(chainID string, r Receipt) []byte {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -15,9 +16,10 @@ import (
 
 // receiptsKey prefixes the node store's usage receipts, "receipts/<run>"
 // -> ledger.Receipt: the latest receipt a run's submitter signed for this
-// machine, what it claims with if the submitter never settles. A receipt
-// stays until the ledger has answered its claim for good, so a restarted
-// node claims it still.
+// machine, what it lodges against a settlement that paid it less, or
+// claims with if the submitter never settles. A receipt stays until the
+// ledger has answered its claim for good, so a restarted node claims it
+// still.
 const receiptsKey = "receipts/"
 
 // Claim timings.
@@ -25,6 +27,11 @@ const (
 	// claimDelay waits past an escrow's expiry before claiming, so the
 	// ledger's block time has passed it.
 	claimDelay = 30 * time.Second
+	// claimLook is how often a run's escrow is read until it is settled
+	// or expires: a settlement opens a dispute window (10 minutes by
+	// default) in which this machine lodges its receipt and disputes a
+	// failed mark it did not earn.
+	claimLook = 30 * time.Second
 	// claimRetry spaces the tries of a step that failed (a claim the
 	// ledger found early, a store or ledger that did not answer),
 	// doubling up to claimRetryMax: the ledger judges expiry by block
@@ -39,19 +46,28 @@ var errClaimsStopped = errors.New("the node is stopping: the receipt is not kept
 
 // claims is the executor's one claim service. It keeps the receipts the
 // submitters send (Keep) and, for every run that had a worker here
-// (Watch) or whose receipt was kept before a restart, claims this
-// machine's due from the run's escrow once it has expired unsettled. The
-// runs wait in a queue ordered by when each is next due, under one timer
-// set to the earliest; a step that fails is tried again later, backing
-// off, and logged: no error on the money path is dropped.
+// (Watch) or whose receipt was kept before a restart, watches the run's
+// escrow: once the submitter settles, in the dispute window, it disputes
+// a failed mark this machine did not earn and lodges its latest receipt
+// if the settlement paid less; once the escrow expires unsettled, it
+// claims what the receipt covers. The runs wait in a queue ordered by
+// when each is next due, under one timer set to the earliest; a step that
+// fails is tried again later, backing off, and logged: no error on the
+// money path is dropped.
 type claims struct {
 	ledger Escrows
 	store  Store
 	log    *slog.Logger
 	now    func() time.Time
-	// delay, retry and retryMax are claimDelay, claimRetry and
-	// claimRetryMax; tests shorten them.
-	delay, retry, retryMax time.Duration
+	// payee is this machine's address, as escrows and marks name it.
+	payee string
+	// failedHere says whether a worker of the run failed on this machine
+	// (its program exited with an error, or it broke a limit): a failed
+	// mark for it has a cause, and is not disputed. Nil: none did.
+	failedHere func(run string) bool
+	// delay, look, retry and retryMax are claimDelay, claimLook,
+	// claimRetry and claimRetryMax; tests shorten them.
+	delay, look, retry, retryMax time.Duration
 
 	mu      sync.Mutex
 	runs    map[string]*claim
@@ -62,9 +78,8 @@ type claims struct {
 
 // claim is one run's claim.
 type claim struct {
-	run    string
-	next   time.Time // when its next step is due
-	expiry time.Time // its escrow's; zero until read
+	run  string
+	next time.Time // when its next step is due
 	// receipt is the latest kept (nil: read the store's), and unsaved
 	// says the store does not have it yet.
 	receipt  *ledger.Receipt
@@ -73,9 +88,9 @@ type claim struct {
 	index    int // in the queue; -1 while out of it
 }
 
-func newClaims(l Escrows, s Store, log *slog.Logger) *claims {
-	return &claims{ledger: l, store: s, log: log, now: time.Now, delay: claimDelay, retry: claimRetry, retryMax: claimRetryMax,
-		runs: map[string]*claim{}, wake: make(chan struct{}, 1)}
+func newClaims(l Escrows, s Store, payee string, log *slog.Logger) *claims {
+	return &claims{ledger: l, store: s, payee: payee, log: log, now: time.Now, delay: claimDelay, look: claimLook,
+		retry: claimRetry, retryMax: claimRetryMax, runs: map[string]*claim{}, wake: make(chan struct{}, 1)}
 }
 
 // Watch schedules the claim on run's escrow: a worker of run was
@@ -99,10 +114,12 @@ func (c *claims) watchLocked(run string) *claim {
 }
 
 // Keep records r, the latest receipt of its run's submitter for this
-// machine, and schedules its claim; a receipt no later than the one kept
-// changes nothing. When the store fails, Keep says so and the claim
-// service holds r in memory, claims with it and stores it again until the
-// store takes it.
+// machine (its signature checked by the caller), and schedules its claim.
+// A receipt that covers no more than the one kept changes nothing: a
+// later sequence number for less is the payer taking back what it
+// signed, which the ledger would not honour either. When the store
+// fails, Keep says so and the claim service holds r in memory, claims
+// with it and stores it again until the store takes it.
 func (c *claims) Keep(r ledger.Receipt) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -110,7 +127,11 @@ func (c *claims) Keep(r ledger.Receipt) error {
 		return errClaimsStopped
 	}
 	cl := c.watchLocked(r.Job)
-	if cl.receipt != nil && cl.receipt.Seq >= r.Seq {
+	if cl.receipt != nil && !covers(r, *cl.receipt) {
+		if r.Seq > cl.receipt.Seq && r.Amount < cl.receipt.Amount {
+			c.log.Warn("a receipt with a later sequence covers less than the one kept: kept the earlier", "job", r.Job,
+				"kept", cl.receipt.Amount, "offered", r.Amount)
+		}
 		return nil
 	}
 	cl.receipt, cl.unsaved = &r, true
@@ -129,7 +150,7 @@ func (c *claims) saveLocked(cl *claim) error {
 	if err != nil {
 		return fmt.Errorf("read the receipt kept for job %.12s: %w", cl.run, err)
 	}
-	if found && stored.Seq >= cl.receipt.Seq {
+	if found && !covers(*cl.receipt, stored) {
 		cl.receipt, cl.unsaved = &stored, false
 		return nil
 	}
@@ -138,6 +159,12 @@ func (c *claims) saveLocked(cl *claim) error {
 	}
 	cl.unsaved = false
 	return nil
+}
+
+// covers says whether receipt r is worth more than kept: it covers more,
+// or as much with a later sequence.
+func covers(r, kept ledger.Receipt) bool {
+	return r.Amount > kept.Amount || (r.Amount == kept.Amount && r.Seq > kept.Seq)
 }
 
 // soonLocked brings cl's next step forward to a retry's delay, for a
@@ -248,12 +275,12 @@ func (c *claims) step(ctx context.Context, cl *claim) {
 	if cl.unsaved {
 		saveErr = c.saveLocked(cl)
 	}
-	receipt, expiry := cl.receipt, cl.expiry
+	receipt := cl.receipt
 	c.mu.Unlock()
 	if saveErr != nil {
 		c.log.Warn("cannot keep a usage receipt: it is claimed with from memory, and stored again later", "job", cl.run, "err", saveErr)
 	}
-	st, err := c.advance(ctx, cl.run, receipt, expiry)
+	st, err := c.advance(ctx, cl.run, receipt)
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -303,21 +330,27 @@ func (c *claims) backoff(n int) time.Duration {
 }
 
 // advance is one step of run's claim, with the receipt kept in memory
-// (nil: the store's) and its escrow's expiry (zero: not read yet).
-func (c *claims) advance(ctx context.Context, run string, r *ledger.Receipt, expiry time.Time) (claimStep, error) {
-	if expiry.IsZero() {
-		esc, err := c.ledger.Escrow(ctx, run)
-		if gone(err) {
-			return claimStep{done: true, why: "the escrow is settled"}, nil
-		}
-		if err != nil {
-			return claimStep{}, fmt.Errorf("read the escrow: %w", err)
-		}
-		c.setExpiry(run, esc.Expiry)
-		return claimStep{next: time.Unix(esc.Expiry, 0).Add(c.delay)}, nil
+// (nil: the store's). It reads the escrow: while it is neither settled
+// nor expired, it looks again later; once settled, in the dispute window,
+// it disputes a failed mark this machine did not earn and lodges the
+// receipt if the settlement paid less; once expired unsettled, it claims.
+func (c *claims) advance(ctx context.Context, run string, r *ledger.Receipt) (claimStep, error) {
+	esc, err := c.ledger.Escrow(ctx, run)
+	if gone(err) {
+		return claimStep{done: true, why: "the escrow is closed"}, nil
 	}
-	if at := expiry.Add(c.delay); c.now().Before(at) {
-		return claimStep{next: at}, nil
+	if err != nil {
+		return claimStep{}, fmt.Errorf("read the escrow: %w", err)
+	}
+	now := c.now()
+	settled := esc.Settled != 0
+	if at := time.Unix(esc.Expiry, 0).Add(c.delay); !settled && now.Before(at) {
+		return claimStep{next: earliest(now.Add(c.look), at)}, nil
+	}
+	if settled {
+		if err := c.disputeMark(ctx, run, esc); err != nil {
+			return claimStep{}, err
+		}
 	}
 	if r == nil {
 		var stored ledger.Receipt
@@ -330,20 +363,14 @@ func (c *claims) advance(ctx context.Context, run string, r *ledger.Receipt, exp
 		}
 		r = &stored
 	}
-	if r.Amount == 0 {
-		return claimStep{done: true, why: "nothing owed"}, nil
-	}
-	esc, err := c.ledger.Escrow(ctx, run)
-	if gone(err) {
-		return claimStep{done: true, why: "the escrow is settled"}, nil
-	}
-	if err != nil {
-		return claimStep{}, fmt.Errorf("read the escrow: %w", err)
-	}
+	var paid uint64
 	for _, got := range esc.Claimed {
-		if got.Payee == r.Payee && got.Amount >= r.Amount {
-			return claimStep{done: true, why: "claimed already"}, nil
+		if got.Payee == r.Payee {
+			paid = got.Amount
 		}
+	}
+	if r.Amount <= paid {
+		return claimStep{done: true, why: "paid in full"}, nil
 	}
 	if _, err := c.ledger.Claim(ctx, *r); err != nil {
 		if final(err) {
@@ -352,17 +379,44 @@ func (c *claims) advance(ctx context.Context, run string, r *ledger.Receipt, exp
 		}
 		return claimStep{}, err
 	}
-	c.log.Info("claimed from an unsettled escrow", "job", run, "amount", r.Amount)
+	if settled {
+		c.log.Warn("the submitter settled for less than its own receipt: lodged the receipt and was paid the rest",
+			"job", run, "settled", paid, "receipt", r.Amount)
+	} else {
+		c.log.Info("claimed from an unsettled escrow", "job", run, "amount", r.Amount)
+	}
 	return claimStep{done: true, why: "claimed"}, nil
 }
 
-// setExpiry records run's escrow's expiry.
-func (c *claims) setExpiry(run string, unix int64) {
-	c.mu.Lock()
-	if cl := c.runs[run]; cl != nil {
-		cl.expiry = time.Unix(unix, 0)
+// disputeMark disputes the failed mark esc's settlement gave this
+// machine, unless a worker of run failed here (a mark with a cause). A
+// disputed mark does not count in the machine's record.
+func (c *claims) disputeMark(ctx context.Context, run string, esc *ledger.Escrow) error {
+	i := slices.IndexFunc(esc.Marks, func(m ledger.Mark) bool { return m.Machine == c.payee })
+	if i < 0 || esc.Marks[i].Disputed {
+		return nil
 	}
-	c.mu.Unlock()
+	if c.failedHere != nil && c.failedHere(run) {
+		c.log.Info("the submitter marked this machine failed, and its worker did fail here: the mark stands", "job", run)
+		return nil
+	}
+	if _, err := c.ledger.Dispute(ctx, run); err != nil {
+		if final(err) || ledger.CodeOf(err) == ledger.CodeAlreadyVoted {
+			c.log.Warn("the ledger refused a dispute for good", "job", run, "err", err)
+			return nil
+		}
+		return fmt.Errorf("dispute the failed mark: %w", err)
+	}
+	c.log.Warn("the submitter marked this machine failed without a cause here: disputed the mark", "job", run)
+	return nil
+}
+
+// earliest is the earlier of two times.
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // gone says whether err is the ledger's answer that a run has no escrow

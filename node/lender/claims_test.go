@@ -12,8 +12,8 @@ import (
 	"time"
 
 	ctypes "github.com/cometbft/cometbft/rpc/core/types"
-	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/deepmarket/deepmarket/identity"
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/p2p"
 )
@@ -42,15 +42,42 @@ func clockAt(t time.Time) *testClock {
 type testEscrows struct {
 	now func() time.Time
 
-	mu      sync.Mutex
-	escrows map[string]*ledger.Escrow
-	down    int // the next reads and claims get no answer
-	early   int // claims refused as before the escrow's expiry
-	claimed chan ledger.Receipt
+	mu       sync.Mutex
+	escrows  map[string]*ledger.Escrow
+	down     int // the next reads and claims get no answer
+	early    int // claims refused as before the escrow's expiry
+	claimed  chan ledger.Receipt
+	disputed chan string // jobs whose mark was disputed
 }
 
 func newTestEscrows(now func() time.Time) *testEscrows {
-	return &testEscrows{now: now, escrows: map[string]*ledger.Escrow{}, claimed: make(chan ledger.Receipt, 16)}
+	return &testEscrows{now: now, escrows: map[string]*ledger.Escrow{}, claimed: make(chan ledger.Receipt, 16), disputed: make(chan string, 16)}
+}
+
+// settle is the payer settling job for paid to payee "m", marking it
+// failed or not: the escrow stays open in its dispute window.
+func (l *testEscrows) settle(job string, paid uint64, failed bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.escrows[job]
+	e.Settled, e.Closes = l.now().Unix(), l.now().Unix()+600
+	e.Claimed = append(e.Claimed, ledger.Claimed{Payee: "m", Amount: paid})
+	e.Amount -= paid
+	if failed {
+		e.Marks = []ledger.Mark{{Machine: "m"}}
+	}
+}
+
+func (l *testEscrows) Dispute(_ context.Context, job string) (*ctypes.ResultTx, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.escrows[job]
+	if !ok || e.Settled == 0 || len(e.Marks) == 0 || e.Marks[0].Disputed {
+		return nil, &ledger.Error{Code: ledger.CodeNotPayee, Reason: "no mark to dispute"}
+	}
+	e.Marks[0].Disputed = true
+	l.disputed <- job
+	return &ctypes.ResultTx{}, nil
 }
 
 var _ Escrows = (*testEscrows)(nil)
@@ -88,17 +115,21 @@ func (l *testEscrows) Claim(_ context.Context, r ledger.Receipt) (*ctypes.Result
 	switch {
 	case !ok:
 		return nil, &ledger.Error{Code: ledger.CodeUnknownEscrow, Reason: "no open escrow"}
-	case l.now().Unix() < e.Expiry:
+	case e.Settled == 0 && l.now().Unix() < e.Expiry:
 		l.early++
 		return nil, &ledger.Error{Code: ledger.CodeNotExpired, Reason: "not expired"}
 	}
+	var paid uint64
 	for _, c := range e.Claimed {
-		if c.Payee == r.Payee && c.Amount >= r.Amount {
-			return nil, &ledger.Error{Code: ledger.CodeBadReceipt, Reason: "already claimed"}
+		if c.Payee == r.Payee {
+			paid = c.Amount
 		}
 	}
+	if paid >= r.Amount {
+		return nil, &ledger.Error{Code: ledger.CodeBadReceipt, Reason: "already claimed"}
+	}
 	e.Claimed = append(e.Claimed, ledger.Claimed{Payee: r.Payee, Amount: r.Amount, Seq: r.Seq})
-	e.Amount -= r.Amount
+	e.Amount -= r.Amount - paid
 	l.claimed <- r
 	return &ctypes.ResultTx{}, nil
 }
@@ -134,7 +165,7 @@ func nextClaim(t *testing.T, l *testEscrows) ledger.Receipt {
 }
 
 func testClaims(l Escrows, s Store, clock *testClock) *claims {
-	c := newClaims(l, s, slog.New(slog.DiscardHandler))
+	c := newClaims(l, s, "m", slog.New(slog.DiscardHandler))
 	c.now = clock.Now
 	return c
 }
@@ -296,15 +327,20 @@ func TestStatusSaysWhenAReceiptIsNotKept(t *testing.T) {
 	st := &failingStore{Store: newMemStore()}
 	e := workAreaExecutor(t, t.TempDir(), st)
 	e.log = slog.New(slog.NewTextHandler(&logs, nil))
-	e.account = "m"
-	e.claims = newClaims(newTestEscrows(time.Now), st, e.log)
-	job, bidder := randomJobID(t), peer.ID("the-submitter")
+	e.account, e.chainID = "m", "test-chain"
+	e.claims = newClaims(newTestEscrows(time.Now), st, "m", e.log)
+	payer, err := identity.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, bidder := randomJobID(t), payer.PeerID()
 	w := &worker{l: p2p.Launch{JobID: job, World: []string{"this"}}, bidder: bidder, key: workerKey(job, 0),
 		state: p2p.WorkerRunning, beat: time.Now(), done: make(chan struct{})}
 	e.workers = map[string]*worker{w.key: w}
 
 	st.broken.Store(true)
-	status, err := e.Status(bidder, p2p.StatusReq{JobID: job, Receipt: &p2p.Receipt{Payee: "m", Amount: 7, Seq: 1}})
+	r := ledger.SignReceipt(payer, e.chainID, ledger.Receipt{Job: job, Payee: "m", Amount: 7, Seq: 1})
+	status, err := e.Status(bidder, p2p.StatusReq{JobID: job, Receipt: &p2p.Receipt{Payee: r.Payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig}})
 	if err != nil || status.State != p2p.WorkerRunning {
 		t.Fatalf("status: %+v, %v", status, err)
 	}
@@ -320,5 +356,100 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("after 20 s: not %s", what)
 		}
+	}
+}
+
+// TestReceiptsLodgedInTheWindow: a submitter that settles for less than
+// its own latest receipt, long before the escrow expires, is made to pay
+// the rest: the claim service sees the settlement within claimLook and
+// lodges the receipt in the dispute window; a settlement that paid the
+// receipt in full is left alone; a failed mark is disputed unless the
+// worker failed here.
+func TestReceiptsLodgedInTheWindow(t *testing.T) {
+	start := time.Unix(1_700_000_000, 0)
+	clock := clockAt(start)
+	l, st := newTestEscrows(clock.Now), newMemStore()
+	for _, job := range []string{"short", "full", "marked", "caused"} {
+		l.open(job, start.Add(24*time.Hour))
+	}
+	c := testClaims(l, st, clock)
+	c.failedHere = func(run string) bool { return run == "caused" }
+	for job, amount := range map[string]uint64{"short": 800, "full": 300, "marked": 500, "caused": 400} {
+		c.Watch(job)
+		if err := c.Keep(receipt(job, amount, 4)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startClaims(t, c)
+	l.settle("short", 10, false)
+	l.settle("full", 300, false)
+	l.settle("marked", 500, true)
+	l.settle("caused", 400, true)
+	clock.Set(start.Add(claimLook))
+	c.poke()
+	if r := nextClaim(t, l); r.Job != "short" || r.Amount != 800 {
+		t.Fatalf("lodged %s for %d, want short's receipt for 800", r.Job, r.Amount)
+	}
+	select {
+	case job := <-l.disputed:
+		if job != "marked" {
+			t.Fatalf("disputed the mark on %s, want marked's only", job)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the mark without a cause here was not disputed")
+	}
+	eventually(t, "every settled run is done", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.runs) == 0
+	})
+	select {
+	case r := <-l.claimed:
+		t.Fatalf("claimed %s for %d: it was paid in full", r.Job, r.Amount)
+	case job := <-l.disputed:
+		t.Fatalf("disputed the mark on %s, whose worker failed here", job)
+	default:
+	}
+}
+
+// TestJunkReceiptIsDropped: a receipt with the highest sequence number
+// and a signature that is not the submitter's, or one for another payee,
+// is dropped on arrival; the good one stays and is what is claimed with.
+// A later receipt for less than the one kept changes nothing.
+func TestJunkReceiptIsDropped(t *testing.T) {
+	st := newMemStore()
+	e := workAreaExecutor(t, t.TempDir(), st)
+	e.account, e.chainID = "m", "test-chain"
+	e.claims = newClaims(newTestEscrows(time.Now), st, "m", e.log)
+	payer, err := identity.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := identity.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := randomJobID(t)
+	w := &worker{l: p2p.Launch{JobID: job, World: []string{"this"}}, bidder: payer.PeerID(), key: workerKey(job, 0),
+		state: p2p.WorkerRunning, beat: time.Now(), done: make(chan struct{})}
+	e.workers = map[string]*worker{w.key: w}
+	send := func(k *identity.Key, payee string, amount, seq uint64) {
+		t.Helper()
+		r := ledger.SignReceipt(k, e.chainID, ledger.Receipt{Job: job, Payee: payee, Amount: amount, Seq: seq})
+		if _, err := e.Status(payer.PeerID(), p2p.StatusReq{JobID: job, Receipt: &p2p.Receipt{Payee: r.Payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(payer, "m", 500, 3)
+	send(stranger, "m", 9_000_000, 1<<62)  // a junk signature, highest sequence
+	send(payer, "other", 9_000_000, 1<<62) // the submitter's, for someone else
+	send(payer, "m", 100, 7)               // later, for less
+	var kept ledger.Receipt
+	if found, err := st.Get(receiptsKey+job, &kept); !found || err != nil || kept.Amount != 500 || kept.Seq != 3 {
+		t.Fatalf("kept %+v (found %v, %v), want the submitter's receipt for 500 (seq 3)", kept, found, err)
+	}
+	send(payer, "m", 600, 8)
+	if found, err := st.Get(receiptsKey+job, &kept); !found || err != nil || kept.Amount != 600 {
+		t.Fatalf("kept %+v (found %v, %v), want the later good receipt for 600", kept, found, err)
 	}
 }

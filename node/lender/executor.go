@@ -44,6 +44,7 @@ type Executor struct {
 	log     *slog.Logger
 	self    string           // this machine's peer ID
 	account identity.Address // what the ledger pays this machine
+	chainID string           // the ledger's: receipts are signed for it
 	store   Store
 	blocks  Blocks
 	ledger  Escrows
@@ -196,12 +197,13 @@ func NewExecutor(p ExecutorParams) (*Executor, error) {
 		return nil, err
 	}
 	id := p.Host.ID().String()
-	e := &Executor{log: p.Logger, self: id, account: p.Account, store: p.Store, blocks: p.Blocks, ledger: p.Ledger, committed: p.Committed,
+	e := &Executor{log: p.Logger, self: id, account: p.Account, chainID: p.ChainID, store: p.Store, blocks: p.Blocks, ledger: p.Ledger, committed: p.Committed,
 		holds: p.Holds, lent: p.GPUs, dial: p.Dialer, home: p.Home, cpuPool: p.CPUs, shareCPUs: p.ShareCPUs,
 		dir: p.Dir, root: root, logs: logs, ids: ids, keep: p.KeepLogs,
 		python: p.Python, tunnels: tunnel.New(p.Host, p.ChainID, p.Logger.With("module", "tunnel")),
 		tag: id[len(id)-8:], workers: map[string]*worker{}, nets: map[string]*runNet{}, cpus: map[int]string{}, gpus: map[int]string{},
-		claims: newClaims(p.Ledger, p.Store, p.Logger.With("module", "claims"))}
+		claims: newClaims(p.Ledger, p.Store, string(p.Account), p.Logger.With("module", "claims"))}
+	e.claims.failedHere = e.failedHere
 	e.registerMetrics(p.Registerer)
 	return e, nil
 }
@@ -439,7 +441,7 @@ func (e *Executor) Status(from peer.ID, r p2p.StatusReq) (p2p.JobStatus, error) 
 		return p2p.JobStatus{}, err
 	}
 	if r.Receipt != nil {
-		if err := e.keepReceipt(w, *r.Receipt); err != nil {
+		if err := e.keepReceipt(w, from, *r.Receipt); err != nil {
 			// The claim service holds it and stores it again later.
 			e.log.Warn("cannot keep a usage receipt", "module", "executor", "job", w.l.JobID[:12], "err", err)
 		}

@@ -3,19 +3,61 @@ package lender
 import (
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
 // keepReceipt hands the claim service the submitter's latest usage
-// receipt for this machine: it is what the machine claims with if the
-// submitter never settles. The error says the store did not take it (the
-// claim service stores it again until it does).
-func (e *Executor) keepReceipt(w *worker, r p2p.Receipt) error {
-	if r.Payee != string(e.account) {
+// receipt for this machine, once its signature checks against the
+// submitter's key (the escrow's payer, checked at launch): it is what the
+// machine lodges against a settlement that pays less, or claims with if
+// the submitter never settles. A receipt for another payee, or one the
+// submitter did not sign, is dropped with a warning: kept, a junk receipt
+// with a high sequence number would shadow the good ones. The error says
+// the store did not take a good one (the claim service stores it again
+// until it does).
+func (e *Executor) keepReceipt(w *worker, from peer.ID, r p2p.Receipt) error {
+	lr := ledger.Receipt{Job: w.l.JobID, Payee: r.Payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig}
+	if r.Payee != string(e.account) || !ledger.VerifyReceipt(payerKey(from), e.chainID, lr) {
+		e.log.Warn("dropped a usage receipt that is not the submitter's for this machine", "module", "executor",
+			"job", w.l.JobID[:12], "payee", r.Payee, "seq", r.Seq, "amount", r.Amount)
 		return nil
 	}
-	return e.claims.Keep(ledger.Receipt{Job: w.l.JobID, Payee: r.Payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig})
+	return e.claims.Keep(lr)
+}
+
+// payerKey is the ed25519 key of peer from (nil if it has none): the key
+// its ledger account, and so the escrow's payer, is.
+func payerKey(from peer.ID) []byte {
+	pub, err := from.ExtractPublicKey()
+	if err != nil {
+		return nil
+	}
+	raw, err := pub.Raw()
+	if err != nil {
+		return nil
+	}
+	return raw
+}
+
+// failedHere says whether a worker of run failed on this machine: its
+// program exited with an error, or it could not start or broke a limit.
+// A failed mark on such a run has its cause here, and is not disputed.
+func (e *Executor) failedHere(run string) bool {
+	for _, w := range e.snapshot() {
+		if w.l.JobID != run || w.holder {
+			continue
+		}
+		w.mu.Lock()
+		failed := w.state == p2p.WorkerFailed || (w.state == p2p.WorkerExited && w.exit != 0)
+		w.mu.Unlock()
+		if failed {
+			return true
+		}
+	}
+	return false
 }
 
 // Earnings is what the workers running here now will be paid in the next

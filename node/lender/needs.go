@@ -32,10 +32,12 @@ type Blocks interface {
 	AddFrom(ctx context.Context, root *os.Root, path string, progress func(storage.Progress)) (storage.Pin, error)
 }
 
-// Escrows (the ledger client) reads a run's escrow and claims this machine's due from it.
+// Escrows (the ledger client) reads a run's escrow, claims this
+// machine's due from it and disputes a failed mark its settlement gave.
 type Escrows interface {
 	Escrow(ctx context.Context, job string) (*ledger.Escrow, error)
 	Claim(ctx context.Context, r ledger.Receipt) (*ctypes.ResultTx, error)
+	Dispute(ctx context.Context, job string) (*ctypes.ResultTx, error)
 }
 
 // Dialer makes another machine of a run reachable: it learns the

@@ -99,7 +99,7 @@ func TestRunWaitsForEveryGoroutine(t *testing.T) {
 	e.holds = NewHolds(func() p2p.Resources { return p2p.Resources{Cores: 64, MemBytes: 64 << 30} }, HoldLimits{}, nil)
 	escrows := newTestEscrows(time.Now)
 	e.ledger = escrows
-	e.claims = newClaims(escrows, e.store, e.log)
+	e.claims = newClaims(escrows, e.store, "m", e.log)
 	before := goroutineIDs()
 
 	ctx, cancel := context.WithCancel(t.Context())

@@ -65,8 +65,9 @@ func (m *Manager) outcome(ctx context.Context, res *ctypes.ResultTx, err error) 
 const outcomeWaits = 3
 
 // settle pays each machine of run k its hourly price for the time its
-// workers ran (a lost machine what its receipts cover) and refunds the
-// rest; the ledger records each machine's job as completed or failed.
+// workers ran (a lost machine what its receipts cover); the rest comes
+// back when the escrow's dispute window closes, and the ledger then
+// records each machine's job as completed or failed.
 func (m *Manager) settle(ctx context.Context, j *job, k int, lost map[int]bool) {
 	run := &j.Runs[k]
 	if run.Settled || run.Escrow == 0 {
@@ -82,8 +83,8 @@ func (m *Manager) settle(ctx context.Context, j *job, k int, lost map[int]bool) 
 			break
 		}
 		var lerr *ledger.Error
-		if errors.As(err, &lerr) && lerr.Code == ledger.CodeUnknownEscrow {
-			m.logf(j.ID, "settle: the escrow is gone (claimed or expired): %s", lerr.Reason)
+		if errors.As(err, &lerr) && (lerr.Code == ledger.CodeUnknownEscrow || lerr.Code == ledger.CodeSettled) {
+			m.logf(j.ID, "settle: the escrow is settled or gone (claimed or expired): %s", lerr.Reason)
 			break
 		}
 		m.logf(j.ID, "settle: %v (retrying)", err)
@@ -102,6 +103,7 @@ func (m *Manager) settle(ctx context.Context, j *job, k int, lost map[int]bool) 
 	}
 	m.save(j)
 	if tx != "" {
-		m.logf(j.ID, "settled: paid %s credits to %s, refunded %s (tx %s)", units.FormatCredits(total), units.Count(len(pays), "machine", "machines"), units.FormatCredits(run.Escrow-total), tx)
+		m.logf(j.ID, "settled: paid %s credits to %s; %s come back when the escrow's dispute window closes, less any receipt a machine lodges (tx %s)",
+			units.FormatCredits(total), units.Count(len(pays), "machine", "machines"), units.FormatCredits(run.Escrow-total), tx)
 	}
 }
