@@ -130,6 +130,11 @@ bench-held: deps ## Held DiLoCo: the holder's checks' share of a round (goal <= 
 
 .PHONY: bench-held
 
+bench-fair: ## Fair to both sides: an honest worker's pay under each greedy-submitter strategy (goal >= the floor; its receipt after an early settlement), a lazy or caught machine's pay, a lender's exposure to a payer that stops signing, when a settled escrow closes; node pay code on a real in-memory ledger, training simulated (seconds); report in bench/results/fair.json
+	$(GO) run ./bench/fair -out bench/results/fair.json
+
+.PHONY: bench-fair
+
 bench-gpu: deps build ## Root, a GPU: Fashion-MNIST (cnn-wide, fixed steps) by hand on the GPU, on a CPU worker and as a 1-GPU market job on a loopback testnet; examples/s, market/by hand (goal 0.95x), GPU/CPU (5 min at most); report in bench/results/gpu
 	$(GO) run ./bench/gpu -bin $(BIN) -python $(VENV)/bin/python3 -out bench/results/gpu
 

@@ -599,6 +599,13 @@ func (app *App) Height() int64 {
 	return app.state.Height
 }
 
+// Params are the chain's rules (zero before InitChain).
+func (app *App) Params() Params {
+	app.mu.RLock()
+	defer app.mu.RUnlock()
+	return app.state.Params
+}
+
 // Snapshot returns a deep copy of the state as of the last executed block
 // (for tests and the audit; O(n)).
 func (app *App) Snapshot() *State {

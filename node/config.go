@@ -31,7 +31,20 @@ type Config struct {
 	Jobs      JobsConfig      `toml:"jobs"`
 	Market    MarketConfig    `toml:"market"`
 	Owner     OwnerConfig     `toml:"owner"`
+	Lend      LendConfig      `toml:"lend"`
 	Log       LogConfig       `toml:"log"`
+}
+
+// LendConfig is the payment terms this machine lends on (lender.Terms).
+type LendConfig struct {
+	HeldJobs       bool    `toml:"held_jobs"`
+	MaxVerifyShare float64 `toml:"max_verify_share"`
+	MinFloor       float64 `toml:"min_floor"`
+}
+
+// Terms are the lender's terms as configured.
+func (c LendConfig) Terms() lender.Terms {
+	return lender.Terms{HeldJobs: c.HeldJobs, MaxVerifyShare: c.MaxVerifyShare, MinFloor: c.MinFloor}
 }
 
 // MarketConfig bounds what this node keeps of the market and what others
@@ -269,6 +282,7 @@ func DefaultConfig() Config {
 		Owner:     OwnerConfig{StartIdle: Duration{5 * time.Minute}, ResumeIdle: Duration{time.Minute}, VacateAfter: Duration{10 * time.Minute}},
 		Market: MarketConfig{MaxOffers: 20_000, MaxOffersPerOwner: 256, HoldsPerBidder: 8, HoldsPerScheduler: 32,
 			LaunchWithin: Duration{2 * time.Minute}},
+		Lend: LendConfig{HeldJobs: true, MaxVerifyShare: p2p.MaxVerifyShare, MinFloor: p2p.MinFloor},
 	}
 }
 

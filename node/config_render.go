@@ -178,6 +178,19 @@ holds_per_bidder = {{.Market.HoldsPerBidder}}
 holds_per_scheduler = {{.Market.HoldsPerScheduler}}
 launch_within = {{lit .Market.LaunchWithin}}
 
+[lend]
+# The payment terms this machine lends on. Every job pays a floor: a share of
+# the machine's price for the time its worker runs, whatever the submitter's
+# checks say (only a spot check the worker failed forfeits it). A bid paying a
+# lower floor than min_floor (0.25 to 1) is refused a hold here, and so is a
+# job whose submitter holds the model when held_jobs is false, or one that
+# holds back more of the pay until a spot check passes than max_verify_share
+# (0 to 0.2). The node also stops a worker whose receipts fall behind the
+# floor for two receipt intervals ("stopped: unpaid").
+held_jobs = {{.Lend.HeldJobs}}
+max_verify_share = {{.Lend.MaxVerifyShare}}
+min_floor = {{.Lend.MinFloor}}
+
 [log]
 # debug, info, warn or error.
 level = {{lit .Log.Level}}

@@ -33,6 +33,7 @@ func (c *Config) Validate() error {
 		c.Scheduler.validateSubset,
 		c.Jobs.validate,
 		c.Market.validate,
+		c.Lend.validate,
 		c.Owner.validate,
 		c.Scheduler.validateNearestAndMachines,
 		c.Log.validate,
@@ -226,6 +227,17 @@ func (m MarketConfig) validate() error {
 		return configErr("market", "holds_per_scheduler", "%d: want 1 to 10000", m.HoldsPerScheduler)
 	case m.LaunchWithin.Duration < 10*time.Second || m.LaunchWithin.Duration > time.Hour:
 		return configErr("market", "launch_within", "%s: want 10s to 1h", m.LaunchWithin.Duration)
+	}
+	return nil
+}
+
+// validate checks the [lend] terms against the network's bounds.
+func (c LendConfig) validate() error {
+	switch {
+	case !(c.MaxVerifyShare >= 0 && c.MaxVerifyShare <= p2p.MaxVerifyShare):
+		return configErr("lend", "max_verify_share", "%g: want 0 to %g", c.MaxVerifyShare, p2p.MaxVerifyShare)
+	case !(c.MinFloor >= p2p.MinFloor && c.MinFloor <= 1):
+		return configErr("lend", "min_floor", "%g: want %g to 1", c.MinFloor, p2p.MinFloor)
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/deepmarket/deepmarket/internal/testutil"
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/node/sandbox/sandboxtest"
 )
 
@@ -55,10 +56,61 @@ func initHome(t *testing.T, dir, chain string) Home {
 		Moniker: filepath.Base(dir), Site: "lab-a", ChainID: chain,
 		Listen: []string{"/ip4/127.0.0.1/tcp/0"}, API: "127.0.0.1:0",
 		LedgerP2P: "tcp://127.0.0.1:" + freePort(t), LedgerRPC: "tcp://127.0.0.1:" + freePort(t),
+		LedgerParams: testLedgerParams(),
 	}); err != nil {
 		t.Fatal(err)
 	}
 	return h
+}
+
+// testDisputeWindow is the test networks' dispute window: a settled
+// escrow refunds its payer this long after the settlement (10 minutes on a
+// real network), so tests that read a submitter's balance after a job
+// wait for it (waitRefunded).
+const testDisputeWindow = 10 * time.Second
+
+// testLedgerParams are the ledger rules of the networks tests make.
+func testLedgerParams() *ledger.Params {
+	p := ledger.DefaultParams()
+	p.DisputeWindow = int64(testDisputeWindow / time.Second)
+	return &p
+}
+
+// waitRefunded waits until n's ledger replica holds no escrow of job's
+// runs: their dispute windows closed and what was left came back.
+func waitRefunded(t testing.TB, n *testNode, j *jobs.Job) {
+	t.Helper()
+	// The block that closes it may be an empty one: up to [ledger]
+	// empty_block_interval (30 s) after the window ends on an idle chain.
+	within := testDisputeWindow + time.Minute
+	deadline := time.Now().Add(within)
+	for _, r := range j.Runs {
+		for {
+			e, err := n.ledger.Escrow(t.Context(), r.ID)
+			if ledger.CodeOf(err) == ledger.CodeUnknownEscrow {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the escrow of run %.12s is still open %s later: %+v (%v)", r.ID, within, e, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+}
+
+// settledAudit is n's ledger audit once nothing is in escrow: every
+// settled escrow's dispute window closed (or the wait ran out: the audit
+// as it is then).
+func settledAudit(t testing.TB, n *testNode) (*ledger.AuditReport, error) {
+	t.Helper()
+	deadline := time.Now().Add(testDisputeWindow + time.Minute)
+	for {
+		rep, err := n.client.Audit(t.Context())
+		if err == nil && rep.Escrowed == 0 || time.Now().After(deadline) {
+			return rep, err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 // probing keeps sandbox probes apart: each node's executor probes the

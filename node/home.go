@@ -112,6 +112,10 @@ type InitOptions struct {
 	Python string
 	// Configure, if set, adjusts the config before it is written.
 	Configure func(*Config)
+	// LedgerParams, if set, are the rules of a new local network's
+	// ledger (default ledger.DefaultParams); a node that joins takes its
+	// genesis's.
+	LedgerParams *ledger.Params
 }
 
 // PythonCandidates are where DefaultPython looks, in order: the
@@ -181,7 +185,7 @@ func Init(h Home, opts InitOptions) (*InitResult, error) {
 		}
 	}
 	if genesis == nil {
-		if genesis, err = localGenesis(cfg, key); err != nil {
+		if genesis, err = localGenesis(cfg, key, opts.LedgerParams); err != nil {
 			return nil, err
 		}
 	}
@@ -281,12 +285,13 @@ func clearHome(h Home, force bool) (backup string, err error) {
 
 // localGenesis makes the genesis of a network of one: this node, with key,
 // validates, issues and holds credits.
-func localGenesis(cfg Config, key *identity.Key) ([]byte, error) {
+func localGenesis(cfg Config, key *identity.Key, params *ledger.Params) ([]byte, error) {
 	doc, err := ledger.NewGenesis(cfg.Node.ChainID,
 		[]ledger.GenesisValidator{{Name: cfg.Node.Moniker, PubKey: key.Public(), Power: 10}},
 		ledger.GenesisState{
 			Issuers:  []ledger.GenesisIssuer{{Address: string(key.Address()), Name: cfg.Node.Site, Quota: LocalIssuerQuota}},
 			Balances: []ledger.GenesisBalance{{Address: string(key.Address()), Amount: LocalStarterCredit}},
+			Params:   params,
 		})
 	if err != nil {
 		return nil, fmt.Errorf("make genesis: %w", err)

@@ -294,7 +294,7 @@ print("fine")
 			}
 		}
 	}
-	rep, err := a.client.Audit(t.Context())
+	rep, err := settledAudit(t, a)
 	if err != nil || !rep.OK || rep.Escrowed != 0 {
 		t.Fatalf("audit: %+v %v", rep, err)
 	}

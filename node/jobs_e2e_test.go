@@ -135,7 +135,8 @@ func TestFashionMNISTAcrossTwoLenders(t *testing.T) {
 		}
 		sum += bal.Balance
 	}
-	eventually(t, 20*time.Second, "the submitter's balance to reflect the settlement", func() bool {
+	// The rest of the escrow comes back once its dispute window closes.
+	eventually(t, testDisputeWindow+time.Minute, "the submitter's balance to reflect the settlement", func() bool {
 		after, err := a.client.Balance(t.Context(), "")
 		return err == nil && before.Balance-after.Balance == sum
 	})
@@ -336,6 +337,7 @@ func TestLenderLostMidTrainingReplaces(t *testing.T) {
 	if j.Cost != total || j.Runs[0].Paid+j.Runs[1].Paid != total {
 		t.Errorf("job cost %d, runs paid %d+%d, lenders hold %d", j.Cost, j.Runs[0].Paid, j.Runs[1].Paid, total)
 	}
+	waitRefunded(t, a, j)
 	after, _ := a.client.Balance(t.Context(), "")
 	if before.Balance-after.Balance != total {
 		t.Errorf("the submitter spent %d, lenders earned %d", before.Balance-after.Balance, total)
@@ -375,7 +377,7 @@ func TestSubmitterRestartKeepsItsJob(t *testing.T) {
 	if len(j.Runs) != 1 {
 		t.Errorf("the job was re-placed (%d runs): the workers should have run on\n%s", len(j.Runs), log)
 	}
-	rep, err := a2.client.Audit(t.Context())
+	rep, err := settledAudit(t, a2)
 	if err != nil || !rep.OK || rep.Escrowed != 0 {
 		t.Fatalf("audit: %+v %v", rep, err)
 	}

@@ -242,7 +242,7 @@ func TestOwnerStaysVacates(t *testing.T) {
 	if want := uint64(float64(w.PerHour) * (w.Ended.Sub(w.Started) - w.Suspended).Hours()); first.Paid != want {
 		t.Errorf("the vacated run paid %d, want %d (its run less its suspension)", first.Paid, want)
 	}
-	rep, err := sub.client.Audit(ctx)
+	rep, err := settledAudit(t, sub)
 	if err != nil || !rep.OK || rep.Escrowed != 0 {
 		t.Fatalf("audit: %+v %v", rep, err)
 	}

@@ -132,6 +132,13 @@ func TestQueueWaitsAndSurvivesRestart(t *testing.T) {
 	if !strings.Contains(log, "waiting in the queue (position 1)") || !strings.Contains(log, "its turn in the queue after") {
 		t.Errorf("the waiting job's log does not tell its wait:\n%s", log)
 	}
+	for _, id := range []string{busy.ID, waits.ID} {
+		j, err := sub2.client.Job(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitRefunded(t, sub2, j)
+	}
 	rep, err := sub2.client.Audit(ctx)
 	if err != nil || !rep.OK || rep.Escrowed != 0 {
 		t.Fatalf("audit: %+v %v", rep, err)
@@ -341,7 +348,7 @@ func runQueue(t testing.TB, py string, lenders, n int, work time.Duration, maxWa
 	var reps []string
 	for _, nd := range []*testNode{subs[0], subs[1], ls[0], ls[len(ls)-1]} {
 		var rep string
-		eventually(t, 30*time.Second, "an audit with nothing in escrow", func() bool {
+		eventually(t, testDisputeWindow+time.Minute, "an audit with nothing in escrow", func() bool {
 			a, err := nd.client.Audit(context.Background())
 			if err != nil || !a.OK || a.Escrowed != 0 {
 				return false

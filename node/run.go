@@ -222,7 +222,7 @@ func natParams(c Config, self peer.ID, member func(peer.ID) bool, log *slog.Logg
 func (n *Node) startMarket(psCtx context.Context) (err error) {
 	chainID := n.cfg.Node.ChainID
 	n.peers = p2p.NewPeerWatcher(n.host, 0)
-	n.admission = lender.NewAdmission(n.reads, chainID)
+	n.admission = lender.NewAdmission(n.reads, chainID, n.cfg.Lend.Terms())
 	if n.gossip, err = newGossip(psCtx, n.cfg, n.host, n.key, n.peers, n.admission, n.reg, n.log); err != nil {
 		return err
 	}
@@ -262,7 +262,7 @@ func (n *Node) startMarket(psCtx context.Context) (err error) {
 func (n *Node) startJobs() (err error) {
 	n.exec, err = newExecutor(n.cfg, executorDeps{
 		home: n.home, host: n.host, key: n.key, store: n.store, blocks: n.blocks, ledger: n.ledger,
-		committed: n.ledgerApp.Committed, lender: n.lender, holds: n.holds,
+		committed: n.ledgerApp.Committed, params: n.ledgerApp.Params(), lender: n.lender, holds: n.holds,
 		dialer: n.calls, reg: n.reg, log: n.log,
 	})
 	if err != nil {

@@ -374,7 +374,9 @@ max_duration = "5m"
 		t.Errorf("%d declined jobs, want 1", declined)
 	}
 
-	// The dashboard's balance followed, without a reload.
+	// The dashboard's balance followed, without a reload, once the
+	// escrow's dispute window closed.
+	waitRefunded(t, sub, j)
 	after, err := sub.client.Balance(t.Context(), "")
 	if err != nil {
 		t.Fatal(err)

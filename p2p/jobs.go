@@ -54,6 +54,10 @@ type Launch struct {
 	Res       Resources  `cbor:"res" json:"resources"`
 	MaxSecs   int64      `cbor:"max_s" json:"max_duration_s"`
 	PerHour   uint64     `cbor:"per_hour" json:"per_hour"` // what this worker's machine is paid an hour
+	// Floor is the share of PerHour the machine is paid for every hour its
+	// worker runs, whatever its rounds or progress (the bid's floor): its
+	// receipts cover at least that, or it stops the worker.
+	Floor float64 `cbor:"floor,omitempty" json:"floor,omitempty"`
 	// Training is how the job's workers synchronize, when its spec says
 	// (the worker sees it as DM_TRAINING_MODE, DM_SYNC_EVERY, DM_COMPRESS).
 	Training *Training `cbor:"training,omitempty" json:"training,omitempty"`
@@ -103,10 +107,18 @@ type Verify struct {
 	Tolerance float64 `cbor:"tolerance" json:"tolerance" toml:"tolerance"`
 }
 
-// Spot check defaults.
+// Spot check defaults and bounds. A job's terms cannot make checks a way
+// not to pay: at most MaxVerifyShare of a worker's pay is held back
+// until it passes a check (and what is held back of a worker never
+// checked is paid at settlement), and the rate checks each worker once in
+// expectation at least (Training.MinVerifyRate).
 const (
 	DefaultVerifyShare     = 0.2
 	DefaultVerifyTolerance = 0.1
+	MaxVerifyShare         = 0.2
+	// UnknownRoundsVerifyRate is the least rate, and the default, when
+	// the job does not say its steps: a check every 10 rounds.
+	UnknownRoundsVerifyRate = 0.1
 )
 
 // Validate checks the spot checks' values.
@@ -114,12 +126,42 @@ func (v *Verify) Validate() error {
 	switch {
 	case !(v.Rate > 0 && v.Rate <= 1):
 		return rangeErr("verify rate %g (want the share of rounds replayed, over 0 and at most 1)", v.Rate)
-	case !(v.Share >= 0 && v.Share <= 1):
-		return rangeErr("verify share %g (want the share of pay held back, 0 to 1)", v.Share)
+	case !(v.Share >= 0 && v.Share <= MaxVerifyShare):
+		return rangeErr("verify share %g (want the share of pay held back until a check passes, 0 to %g)", v.Share, MaxVerifyShare)
 	case !(v.Tolerance > 0 && v.Tolerance <= 1):
 		return rangeErr("verify tolerance %g (want the relative error allowed, over 0 and at most 1)", v.Tolerance)
 	}
 	return nil
+}
+
+// Rounds is how many averaging rounds each worker of a diloco job takes,
+// when the job says its steps; 0 when it does not.
+func (t *Training) Rounds() int64 {
+	if t == nil || t.Steps <= 0 {
+		return 0
+	}
+	every := int64(t.SyncEvery)
+	if every <= 0 {
+		every = DefaultSyncEvery
+	}
+	return (t.Steps + every - 1) / every
+}
+
+// MinVerifyRate is the least spot check rate that checks each worker of
+// the job once in expectation: 1 over its rounds, or
+// UnknownRoundsVerifyRate when the job does not say its steps.
+func (t *Training) MinVerifyRate() float64 {
+	if n := t.Rounds(); n > 0 {
+		return 1 / float64(n)
+	}
+	return UnknownRoundsVerifyRate
+}
+
+// DefaultVerify is the spot checks a held job gets when its spec names
+// none: each worker checked once in expectation (and at least every 10
+// rounds), the default share held back and tolerance.
+func (t *Training) DefaultVerify() *Verify {
+	return &Verify{Rate: min(1, max(UnknownRoundsVerifyRate, t.MinVerifyRate())), Share: DefaultVerifyShare, Tolerance: DefaultVerifyTolerance}
 }
 
 // Held says whether the job's submitter holds the model (Holder).
@@ -146,6 +188,10 @@ var (
 
 // MaxSyncEvery bounds the local steps between averaging rounds.
 const MaxSyncEvery = 1_000_000
+
+// DefaultSyncEvery is the local steps between rounds of a diloco job that
+// names none: what the deepmarket Python package takes then.
+const DefaultSyncEvery = 500
 
 // MaxStepsRatio bounds a training block's steps_ratio: worker counts up
 // to a job's most workers.
@@ -184,7 +230,16 @@ func (t *Training) Validate() error {
 		}
 	}
 	if t.Verify != nil {
-		return t.Verify.Validate()
+		if err := t.Verify.Validate(); err != nil {
+			return err
+		}
+		if least := t.MinVerifyRate(); t.Verify.Rate < least {
+			how := "every 10 rounds, as the job does not say its steps"
+			if n := t.Rounds(); n > 0 {
+				how = fmt.Sprintf("once per worker over its %d rounds, in expectation", n)
+			}
+			return rangeErr("verify rate %g (want at least %.3g: each worker checked %s)", t.Verify.Rate, least, how)
+		}
 	}
 	return nil
 }
@@ -232,6 +287,8 @@ func (l *Launch) Validate() error {
 		return rangeErr("resume CID %q", l.Resume)
 	case l.MaxSecs <= 0 || l.MaxSecs > int64(MaxJobDuration/time.Second):
 		return rangeErr("max duration %ds", l.MaxSecs)
+	case l.Floor != 0 && !(l.Floor >= MinFloor && l.Floor <= 1):
+		return rangeErr("floor %g (want %g to 1)", l.Floor, MinFloor)
 	}
 	if l.Training != nil {
 		if err := l.Training.Validate(); err != nil {

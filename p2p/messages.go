@@ -123,7 +123,18 @@ type Bid struct {
 	// Training, when the spec has it: how the workers synchronize and,
 	// when given, the work, so quotes can predict the job's time.
 	Training *Training `cbor:"training,omitempty" json:"training,omitempty"`
+	// Floor is the share of each machine's price the job pays for the
+	// wall time its worker runs, whatever its rounds or progress
+	// (MinFloor to 1; 0: none, which lenders refuse by default).
+	Floor float64 `cbor:"floor,omitempty" json:"floor,omitempty"`
 }
+
+// Floor bounds: a job pays each machine at least MinFloor of its price
+// for the time its worker runs; DefaultFloor when the spec says nothing.
+const (
+	MinFloor     = 0.25
+	DefaultFloor = 0.5
+)
 
 // Frameworks a bid may name.
 var Frameworks = map[string]bool{"tensorflow": true, "generic": true}
@@ -289,6 +300,9 @@ func (b *Bid) Validate() error {
 		if err := b.Training.Validate(); err != nil {
 			return err
 		}
+	}
+	if b.Floor != 0 && !(b.Floor >= MinFloor && b.Floor <= 1) {
+		return rangeErr("floor %g (want %g to 1)", b.Floor, MinFloor)
 	}
 	return checkLabel("site", b.Site, false)
 }

@@ -50,6 +50,9 @@ type Params struct {
 	Python string
 	// Configure, if set, adjusts each node's config before it is written.
 	Configure func(n *Node, cfg *node.Config)
+	// LedgerParams, if set, are the ledger's rules in the genesis
+	// (default ledger.DefaultParams).
+	LedgerParams *ledger.Params
 }
 
 func (p *Params) check() error {
@@ -148,7 +151,7 @@ func Init(p Params) (*Manifest, error) {
 	}
 
 	var vals []ledger.GenesisValidator
-	var app ledger.GenesisState
+	app := ledger.GenesisState{Params: p.LedgerParams}
 	for i, n := range m.Nodes {
 		if n.Validator {
 			vals = append(vals, ledger.GenesisValidator{Name: n.Name, PubKey: keys[i].Public(), Power: 10})

@@ -151,6 +151,9 @@ func historySign(e ledger.HistoryEntry, who string) string {
 		if e.Attrs["to"] == who {
 			return "+"
 		}
+		if e.Type == ledger.TypeClaim && e.Attrs["from"] == who {
+			return "-" // a receipt lodged against this payer's settlement: out of its refund
+		}
 	case ledger.TypeOpenEscrow:
 		if e.Attrs["from"] == who {
 			return "-"

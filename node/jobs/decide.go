@@ -209,12 +209,32 @@ func AfterRun(out Outcome, k int) State {
 	return Failed
 }
 
-// Used is what worker w of run k has earned by now: its hourly price for
-// the time it ran, less the time its machine's owner had it suspended
-// (at most the largest uint64: a price no escrow covers is scaled down by
-// PayPlan, not wrapped). Once the run reports progress, the time it ran
-// ends at its last progress: a worker that never reported earns nothing.
+// Used is what worker w of run k has earned by now: the run's floor of
+// its price for the time it ran (FloorOf), or more when its work says so.
+// In a held run that is its price for the seconds of its accepted rounds
+// (less the share held back until it passes a spot check); otherwise its
+// hourly price for the time it ran, less the time its machine's owner had
+// it suspended, and, once the run reports progress, only up to its last
+// progress (a worker that never reported earns only the floor). At most
+// the largest uint64: a price no escrow covers is scaled down by PayPlan,
+// not wrapped.
 func Used(run *Run, w *Worker, now time.Time) uint64 {
+	return max(earned(run, w, now), FloorOf(run, w, now))
+}
+
+// FloorOf is what worker w is owed whatever its rounds or progress: the
+// run's floor share of its price for the wall time it ran, less
+// suspension. A worker that failed a spot check forfeits it.
+func FloorOf(run *Run, w *Worker, now time.Time) uint64 {
+	if run.Floor <= 0 || w.Started.IsZero() || w.Forfeited {
+		return 0
+	}
+	ran := perHour(w.PerHour, RanUntil(w, now).Sub(w.Started)-w.Suspended)
+	return uint64(float64(ran) * min(run.Floor, 1))
+}
+
+// earned is what worker w's work earned by now (Used, without the floor).
+func earned(run *Run, w *Worker, now time.Time) uint64 {
 	if run.Held() {
 		return perHour(w.PerHour, time.Duration(w.AcceptedSeconds*float64(time.Second)))
 	}
@@ -277,6 +297,39 @@ type HolderAccount struct {
 	HeldSeconds  float64 `json:"held_seconds"`
 	Forfeited    bool    `json:"forfeited"`
 	CheckFailure string  `json:"check_failure"`
+}
+
+// AbsentRounds is how many rounds the model's holder may close without a
+// worker's update before its submitter stops the worker: a machine that
+// runs nothing (or whose worker cannot reach the holder) is paid the
+// floor until then, not for the whole job.
+const AbsentRounds = 3
+
+// Benched lists the workers of held run the submitter stops while the run
+// goes on, each with why: one the holder dropped (it failed a spot check,
+// or its updates were refused round after round) that still runs, and
+// one absent: no update handed in while the holder closed AbsentRounds
+// rounds. A worker already benched, ended or lost is not listed.
+func Benched(run *Run) map[int]string {
+	out := map[int]string{}
+	if !run.Held() {
+		return out
+	}
+	for i := range run.Workers {
+		w := &run.Workers[i]
+		if w.Benched != "" || !w.Ended.IsZero() || w.Started.IsZero() {
+			continue
+		}
+		switch {
+		case w.Forfeited:
+			out[i] = "it failed a spot check: " + w.CheckFailure
+		case w.Dropped:
+			out[i] = "the model's holder dropped it (its updates were refused)"
+		case w.Accepted == 0 && w.Refused == 0 && run.HolderRounds >= AbsentRounds:
+			out[i] = fmt.Sprintf("it handed no update in while the model's holder closed %d rounds", run.HolderRounds)
+		}
+	}
+	return out
 }
 
 // ApplyAccounts records in run's workers what the holder's accounts say,
@@ -359,14 +412,18 @@ func RanUntil(w *Worker, now time.Time) time.Time {
 }
 
 // PayPlan is what run's settlement pays, one payment per machine in the
-// order the workers list them: each machine its hourly price for the time
-// its workers ran (a lost machine what its receipts cover, marked failed,
-// as is one whose worker failed), all scaled down to the escrow if
-// rounding went over it. total is their sum. The arithmetic cannot
-// overflow: what machines are owed is summed in 128 bits and each share
-// scaled with a 128-bit product, so every payment is exact (rounded down)
-// for any amounts the ledger holds, the sum is at most the escrow, and no
-// payment shrinks when the escrow grows.
+// order the workers list them: each machine what its workers earned
+// (Used; in a held run the share held back for spot checks is paid too,
+// unless the worker failed one: a share never checked is released here),
+// a lost machine what its receipts cover, all scaled down to the escrow
+// if rounding went over it. total is their sum. A machine is marked
+// failed only with a cause: it was lost, its worker failed, or it failed
+// a spot check; refused rounds alone do not mark it (the ledger counts an
+// undisputed mark only). The arithmetic cannot overflow: what machines
+// are owed is summed in 128 bits and each share scaled with a 128-bit
+// product, so every payment is exact (rounded down) for any amounts the
+// ledger holds, the sum is at most the escrow, and no payment shrinks
+// when the escrow grows.
 func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment, total uint64) {
 	owed := map[string]uint64{}
 	failed := map[string]bool{}
@@ -381,16 +438,14 @@ func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment,
 			owed[w.Payee] = max(owed[w.Payee], w.Receipt)
 			continue
 		}
-		if w.State == p2p.WorkerFailed {
+		if w.State == p2p.WorkerFailed || (run.Held() && w.Forfeited) {
 			failed[w.Payee] = true
 		}
-		// In a held run, a machine whose worker's rounds were refused
-		// (or that handed none in) failed the job: the ledger's record
-		// of it says so, and quotes weigh it.
-		if run.Held() && (w.Dropped || w.Accepted == 0 || w.Refused > w.Accepted) {
-			failed[w.Payee] = true
+		pay := Used(run, w, now)
+		if run.Held() && !w.Forfeited {
+			pay = max(pay, perHour(w.PerHour, time.Duration((w.AcceptedSeconds+w.HeldSeconds)*float64(time.Second))))
 		}
-		owed[w.Payee] = satAdd(owed[w.Payee], Used(run, w, now))
+		owed[w.Payee] = satAdd(owed[w.Payee], pay)
 	}
 	var sum uint128
 	for _, p := range order {

@@ -477,6 +477,27 @@ func TestDecideProgress(t *testing.T) {
 	}
 }
 
+// TestFloorRefusingDoesNotPay: a run's floor pays every worker its share
+// of its price for the time it ran, whatever the holder accepted: a
+// holder that refuses every round pays the floor all the same, and only a
+// failed spot check forfeits it (and marks the machine failed). What was
+// held back for spot checks and never checked is paid at settlement.
+func TestFloorRefusingDoesNotPay(t *testing.T) {
+	run := &Run{Holder: &Worker{}, Escrow: 1 << 40, Floor: 0.5, Workers: []Worker{
+		{Payee: "refused", PerHour: 3600, Started: t0.Add(-time.Hour), LastSeen: t0, Refused: 12, Dropped: true},
+		{Payee: "accepted", PerHour: 3600, Started: t0.Add(-time.Hour), LastSeen: t0, Accepted: 12, AcceptedSeconds: 2880, HeldSeconds: 720},
+		{Payee: "forfeited", PerHour: 3600, Started: t0.Add(-time.Hour), LastSeen: t0, Accepted: 12, Forfeited: true},
+	}}
+	if owed := OwedSoFar(run, t0); owed["refused"] != 1800 || owed["accepted"] != 2880 || owed["forfeited"] != 0 {
+		t.Errorf("receipts %v: want the floor (1800) for the refused worker, its accepted rounds less the held share for the other, nothing for the forfeited", owed)
+	}
+	pays, _ := PayPlan(run, nil, t0)
+	want := []ledger.Payment{{Machine: "refused", Amount: 1800}, {Machine: "accepted", Amount: 3600}, {Machine: "forfeited", Failed: true}}
+	if !slices.Equal(pays, want) {
+		t.Errorf("pay plan %+v, want %+v", pays, want)
+	}
+}
+
 // TestDecideHeld: a held run pays each worker its price for the seconds of
 // its accepted rounds, whatever it ran; its end is its holder's.
 func TestDecideHeld(t *testing.T) {
@@ -497,8 +518,8 @@ func TestDecideHeld(t *testing.T) {
 	}
 	pays, total := PayPlan(run, nil, t0)
 	if total != 600 || len(pays) != 3 || pays[0].Amount != 600 || pays[1].Amount != 0 || pays[2].Amount != 0 ||
-		pays[0].Failed || !pays[1].Failed || pays[2].Failed {
-		t.Errorf("pay plan %+v (total %d): want 600 for A's 600 s of accepted rounds, nothing for the others, B (dropped) failed", pays, total)
+		pays[0].Failed || pays[1].Failed || pays[2].Failed {
+		t.Errorf("pay plan %+v (total %d): want 600 for A's 600 s of accepted rounds, nothing for the others, none marked: refused rounds are no cause", pays, total)
 	}
 	if owed := OwedSoFar(run, t0); owed["A"] != 600 || owed["B"] != 0 {
 		t.Errorf("owed so far %v", owed)
@@ -582,5 +603,32 @@ func TestDecideLockstep(t *testing.T) {
 		if got := Used(run, &run.Workers[len(tt.ws)-1], t0); tt.name == "one lies past the others' stall" && got != 3600 {
 			t.Errorf("%s, not lockstep: the last worker used %d, want 3600", tt.name, got)
 		}
+	}
+}
+
+// TestBenched: in a held run the submitter stops a worker the holder
+// dropped, one that failed a spot check, and one that handed nothing in
+// while the holder closed AbsentRounds rounds; not a worker that hands
+// its rounds in, one not started, or one stopped already.
+func TestBenched(t *testing.T) {
+	started := t0.Add(-time.Minute)
+	run := &Run{Holder: &Worker{}, HolderRounds: AbsentRounds - 1, Workers: []Worker{
+		{Started: started, Accepted: 3},
+		{Started: started},
+		{Started: started, Refused: 3, Dropped: true},
+		{Started: started, Accepted: 2, Forfeited: true, Dropped: true, CheckFailure: "replay off by 0.9"},
+		{},
+		{Started: started, Dropped: true, Benched: "earlier"},
+	}}
+	got := Benched(run)
+	if len(got) != 2 || !strings.Contains(got[2], "dropped") || !strings.Contains(got[3], "replay off by 0.9") {
+		t.Fatalf("benched %v: want workers 2 (dropped) and 3 (failed its spot check)", got)
+	}
+	run.HolderRounds = AbsentRounds
+	if got := Benched(run); len(got) != 3 || !strings.Contains(got[1], "no update") {
+		t.Fatalf("benched %v: want worker 1 (absent for %d rounds) too", got, AbsentRounds)
+	}
+	if got := Benched(&Run{Workers: run.Workers}); len(got) != 0 {
+		t.Fatalf("a run no one holds benched %v", got)
 	}
 }

@@ -80,9 +80,15 @@ type File struct {
 	// Training, when set, is how the workers synchronize ([training]
 	// mode = "sync" or "diloco", sync_every, compress).
 	Training *p2p.Training `toml:"training" json:"training,omitempty"`
-	// Verify turns on spot checks in a held job ([verify] rate, share,
-	// tolerance; see p2p.Verify).
+	// Verify sets a held job's spot checks ([verify] rate, share,
+	// tolerance; see p2p.Verify). A held job has them whether or not it
+	// says so: each worker checked once in expectation.
 	Verify *VerifyFile `toml:"verify" json:"verify,omitempty"`
+	// Floor is the share of each machine's price the job pays for the
+	// time its worker runs, whatever its rounds or progress (0.25 to 1;
+	// default 0.5). Only a spot check the worker failed, or its machine
+	// lost, forfeits it.
+	Floor *float64 `toml:"floor" json:"floor,omitempty"`
 }
 
 // VerifyFile is [verify] as written: share and tolerance have defaults.
@@ -112,6 +118,7 @@ type Spec struct {
 	Site        string        `json:"site,omitempty"`
 	StallAfter  time.Duration `json:"stall_after_ns,omitempty"`
 	Training    *p2p.Training `json:"training,omitempty"`
+	Floor       float64       `json:"floor,omitempty"`
 }
 
 // SpecError is a spec that does not validate; Field names the key.
@@ -276,6 +283,12 @@ func (f *File) validateTerms(s *Spec) (err error) {
 	if f.Site != "" && !siteRE.MatchString(f.Site) {
 		return bad("site", "%q is not a site label", f.Site)
 	}
+	s.Floor = p2p.DefaultFloor
+	if f.Floor != nil {
+		if s.Floor = *f.Floor; !(s.Floor >= p2p.MinFloor && s.Floor <= 1) {
+			return bad("floor", "%g: want %g to 1 (the share of each machine's price paid for the time its worker runs)", s.Floor, p2p.MinFloor)
+		}
+	}
 	return nil
 }
 
@@ -299,12 +312,16 @@ func (f *File) validateTraining(s *Spec) error {
 		if v.Tolerance != nil {
 			t.Verify.Tolerance = *v.Tolerance
 		}
-		if err := t.Verify.Validate(); err != nil {
-			return bad("verify", "%s", strings.TrimPrefix(err.Error(), p2p.ErrOutOfRange.Error()+": "))
-		}
+	}
+	if t.Held() && t.Verify == nil {
+		t.Verify = t.DefaultVerify()
 	}
 	if err := t.Validate(); err != nil {
-		return bad("training", "%s", strings.TrimPrefix(err.Error(), p2p.ErrOutOfRange.Error()+": "))
+		msg := strings.TrimPrefix(err.Error(), p2p.ErrOutOfRange.Error()+": ")
+		if strings.HasPrefix(msg, "verify ") {
+			return bad("verify", "%s", msg)
+		}
+		return bad("training", "%s", msg)
 	}
 	s.Training = &t
 	return nil

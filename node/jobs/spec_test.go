@@ -52,6 +52,12 @@ func TestParseSpec(t *testing.T) {
 		p2p.Training{Mode: "sync", Steps: 5000, Params: 120_000, StepMillis: 55.5, StepsRatio: []float64{1, 0.6, 0.45}}) {
 		t.Errorf("[training] steps, params, step_ms, steps_ratio: %v %+v", err, s)
 	}
+	// A held job has spot checks whatever it says: each worker checked
+	// once in expectation (6 rounds: 1/6), and the default floor.
+	if s, err := ParseSpec([]byte(good+"[training]\nmode = \"diloco\"\nholder = \"submitter\"\nsteps = 600\nsync_every = 100\n"), dir); err != nil ||
+		s.Training.Verify == nil || s.Training.Verify.Rate != 1.0/6 || s.Training.Verify.Share != p2p.DefaultVerifyShare || s.Floor != p2p.DefaultFloor {
+		t.Errorf("a held job's default spot checks: %v %+v", err, s)
+	}
 	// [verify] turns on a held job's spot checks, with their defaults.
 	held := good + "[training]\nmode = \"diloco\"\nholder = \"submitter\"\n[verify]\nrate = 0.25\n"
 	if s, err := ParseSpec([]byte(held), dir); err != nil || s.Training == nil || s.Training.Verify == nil ||
@@ -114,6 +120,13 @@ func TestSpecErrorsNameTheKey(t *testing.T) {
 		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\n[verify]\nrate = 0.1", "training"},
 		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\nholder = \"submitter\"\n[verify]\nrate = 2", "verify"},
 		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\nholder = \"submitter\"\n[verify]\nrate = 0.1\nshare = 1.5", "verify"},
+		// A greedy submitter's terms: everything held back, nothing checked.
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\nholder = \"submitter\"\n[verify]\nrate = 1e-9\nshare = 1.0", "verify"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\nholder = \"submitter\"\n[verify]\nrate = 0.5\nshare = 0.21", "verify"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\nholder = \"submitter\"\n[verify]\nrate = 0.05", "verify"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\nholder = \"submitter\"\nsteps = 600\nsync_every = 100\n[verify]\nrate = 0.1", "verify"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\nfloor = 0.1", "floor"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\nfloor = 1.5", "floor"},
 	} {
 		in := strings.Replace(good, tc.from, tc.to, 1)
 		_, err := ParseSpec([]byte(in), dir)

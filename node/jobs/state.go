@@ -122,6 +122,9 @@ type Worker struct {
 	HeldSeconds  float64 `json:"held_seconds,omitempty"`
 	Forfeited    bool    `json:"forfeited,omitempty"`
 	CheckFailure string  `json:"check_failure,omitempty"`
+	// Benched says why the submitter stopped it while the held run went
+	// on (Benched): its floor stops with it.
+	Benched string `json:"benched,omitempty"`
 }
 
 // Run is one placement of a job: its own bid, holds and escrow. A job is
@@ -150,6 +153,12 @@ type Run struct {
 	// so a worker's progress is paid only as far as the (lower) median
 	// worker's (jobs.Used).
 	Lockstep bool `json:"lockstep,omitempty"`
+	// Floor is the share of each machine's price the run pays for the
+	// time its worker runs, whatever its rounds or progress (the bid's).
+	Floor float64 `json:"floor,omitempty"`
+	// HolderRounds is the rounds the model's holder has closed (its
+	// accounts' round).
+	HolderRounds int `json:"holder_rounds,omitempty"`
 	// Holder is the model's holder of a held job ([training] holder =
 	// "submitter"): this node's own process, worker len(Workers) of the
 	// run on this machine. Each worker is then paid for its accepted

@@ -2,6 +2,7 @@ package lender
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -23,15 +24,51 @@ type LedgerReads interface {
 
 // Admission decides, on this machine's replica of the ledger, who may take
 // part: which machines may offer, which members may bid, and which bids a
-// hold may be granted for.
+// hold may be granted for (the owner's Terms among them).
 type Admission struct {
 	reads   LedgerReads
 	chainID string
+	terms   Terms
 }
 
-// NewAdmission checks against reads, for bids signed on chainID.
-func NewAdmission(reads LedgerReads, chainID string) *Admission {
-	return &Admission{reads: reads, chainID: chainID}
+// Terms are the payment terms a machine's owner lends on ([lend]): a bid
+// that offers less is refused a hold here, and a launch that names a
+// lower floor is refused.
+type Terms struct {
+	// HeldJobs: lend to jobs whose submitter holds the model (and pays
+	// for accepted rounds above the floor).
+	HeldJobs bool
+	// MaxVerifyShare is the most of this machine's pay a held job may
+	// hold back until a spot check passes.
+	MaxVerifyShare float64
+	// MinFloor is the least share of its price a job must pay this
+	// machine for the time its worker runs, whatever its rounds.
+	MinFloor float64
+}
+
+// DefaultTerms take held jobs, at the network's bounds.
+func DefaultTerms() Terms {
+	return Terms{HeldJobs: true, MaxVerifyShare: p2p.MaxVerifyShare, MinFloor: p2p.MinFloor}
+}
+
+// Accept says why bid's payment terms are not acceptable here, or nil.
+func (t Terms) Accept(bid *p2p.Bid) error {
+	switch {
+	case bid.Floor < t.MinFloor:
+		return fmt.Errorf("the bid pays a floor of %g of the price for the time worked: this machine lends for %g at least ([lend] min_floor)", bid.Floor, t.MinFloor)
+	case bid.Training.Held() && !t.HeldJobs:
+		return errors.New("this machine does not lend to jobs whose submitter holds the model ([lend] held_jobs = false)")
+	case bid.Training.Held() && bid.Training.Verify != nil && bid.Training.Verify.Share > t.MaxVerifyShare:
+		return fmt.Errorf("the bid holds back %g of the pay until a spot check passes: this machine allows %g at most ([lend] max_verify_share)",
+			bid.Training.Verify.Share, t.MaxVerifyShare)
+	}
+	return nil
+}
+
+// NewAdmission checks against reads, for bids signed on chainID, on the
+// owner's terms.
+func NewAdmission(reads LedgerReads, chainID string, terms Terms) *Admission {
+	return &Admission{reads: reads, chainID: chainID, terms: terms}
 }
 
 var _ p2p.Admission = (*Admission)(nil)
@@ -97,6 +134,9 @@ func (a *Admission) CheckBid(r *p2p.Reserve, now time.Time) (HoldRequest, error)
 		return req, fmt.Errorf("the hold names bidder %s, its bid is signed by %s", r.Bidder, signer)
 	}
 	if err := a.canPay(identity.Address(bid.Submitter), bid.MaxPrice); err != nil {
+		return req, err
+	}
+	if err := a.terms.Accept(bid); err != nil {
 		return req, err
 	}
 	req.Account = bid.Submitter

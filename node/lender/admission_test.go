@@ -36,7 +36,8 @@ func TestCheckBid(t *testing.T) {
 	bidder, stranger := admissionKey(t, 1), admissionKey(t, 2)
 	now := time.Now()
 	bid := p2p.Bid{JobID: strings.Repeat("ab", 32), Submitter: string(bidder.Address()), Workers: 2,
-		PerWorker: p2p.Resources{Cores: 3, MemBytes: 1 << 30, GPUs: 1}, MaxPrice: 5_000_000, Duration: 600, Framework: "tensorflow"}
+		PerWorker: p2p.Resources{Cores: 3, MemBytes: 1 << 30, GPUs: 1}, MaxPrice: 5_000_000, Duration: 600, Framework: "tensorflow",
+		Floor: p2p.DefaultFloor}
 	sealed := func(k *identity.Key, b p2p.Bid) []byte {
 		data, err := p2p.Seal(k, admissionChain, p2p.TypeBid, &b, 1, now.Add(time.Minute))
 		if err != nil {
@@ -51,6 +52,9 @@ func TestCheckBid(t *testing.T) {
 	poor := ledgerView{bidder.Address(): 1}
 	other := bid
 	other.JobID = strings.Repeat("cd", 32)
+	noFloor, held := bid, bid
+	noFloor.Floor = 0
+	held.Training = &p2p.Training{Mode: "diloco", Holder: p2p.HolderSubmitter, Verify: &p2p.Verify{Rate: 0.5, Share: 0.2, Tolerance: 0.1}}
 	for name, c := range map[string]struct {
 		view ledgerView
 		r    *p2p.Reserve
@@ -62,8 +66,10 @@ func TestCheckBid(t *testing.T) {
 		"bid for another job":  {funded, reserve(sealed(bidder, other), bid.JobID, bidder), false},
 		"named another bidder": {funded, reserve(sealed(bidder, bid), bid.JobID, stranger), false},
 		"no bid":               {funded, reserve(nil, bid.JobID, bidder), false},
+		"no floor":             {funded, reserve(sealed(bidder, noFloor), bid.JobID, bidder), false},
+		"held, default terms":  {funded, reserve(sealed(bidder, held), bid.JobID, bidder), true},
 	} {
-		req, err := NewAdmission(c.view, admissionChain).CheckBid(c.r, now)
+		req, err := NewAdmission(c.view, admissionChain, DefaultTerms()).CheckBid(c.r, now)
 		if (err == nil) != c.ok {
 			t.Errorf("%s: err = %v, want ok %v", name, err, c.ok)
 			continue
@@ -72,8 +78,19 @@ func TestCheckBid(t *testing.T) {
 			t.Errorf("%s: the hold may take %+v for %s, want the two workers' 6 cores, 2 GiB, 2 GPUs", name, req.Most, req.Account)
 		}
 	}
+	// The owner's terms: no held jobs, or less held back.
+	for name, terms := range map[string]Terms{
+		"held_jobs = false":      {HeldJobs: false, MaxVerifyShare: 0.2, MinFloor: 0.25},
+		"max_verify_share = 0.1": {HeldJobs: true, MaxVerifyShare: 0.1, MinFloor: 0.25},
+		"min_floor = 0.75":       {HeldJobs: true, MaxVerifyShare: 0.2, MinFloor: 0.75},
+	} {
+		if _, err := NewAdmission(funded, admissionChain, terms).CheckBid(reserve(sealed(bidder, held), bid.JobID, bidder), now); err == nil ||
+			!strings.Contains(err.Error(), "[lend] "+strings.Fields(name)[0]) {
+			t.Errorf("terms %s: a held bid with a 0.5 floor and 0.2 held back: %v, want refused naming the key", name, err)
+		}
+	}
 	// Commits and releases carry no bid: the hold they name was checked.
-	if _, err := NewAdmission(ledgerView{}, admissionChain).CheckBid(&p2p.Reserve{Op: p2p.OpCommit, ID: "0000000000000001"}, now); err != nil {
+	if _, err := NewAdmission(ledgerView{}, admissionChain, DefaultTerms()).CheckBid(&p2p.Reserve{Op: p2p.OpCommit, ID: "0000000000000001"}, now); err != nil {
 		t.Errorf("commit: %v", err)
 	}
 }

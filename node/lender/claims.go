@@ -161,6 +161,16 @@ func (c *claims) saveLocked(cl *claim) error {
 	return nil
 }
 
+// Covered is what the latest receipt kept for run covers (0: none yet).
+func (c *claims) Covered(run string) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cl := c.runs[run]; cl != nil && cl.receipt != nil {
+		return cl.receipt.Amount
+	}
+	return 0
+}
+
 // covers says whether receipt r is worth more than kept: it covers more,
 // or as much with a later sequence.
 func covers(r, kept ledger.Receipt) bool {

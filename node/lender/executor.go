@@ -45,9 +45,13 @@ type Executor struct {
 	self    string           // this machine's peer ID
 	account identity.Address // what the ledger pays this machine
 	chainID string           // the ledger's: receipts are signed for it
-	store   Store
-	blocks  Blocks
-	ledger  Escrows
+	// minFloor is the least floor a launch may name: receipts cover at
+	// least that share of the price for the time worked, or the worker
+	// stops (unpaid).
+	minFloor float64
+	store    Store
+	blocks   Blocks
+	ledger   Escrows
 	// committed: see ExecutorParams.Committed.
 	committed func() <-chan struct{}
 	holds     HoldBook
@@ -162,6 +166,12 @@ type ExecutorParams struct {
 	// ShareCPUs pins no worker: the CPU quota alone holds each to its cores.
 	ShareCPUs bool
 	ChainID   string
+	// MinFloor is the least floor a launch may name ([lend] min_floor);
+	// 0: p2p.MinFloor.
+	MinFloor float64
+	// DisputeWindow is the ledger's (genesis dispute_window_s): the claim
+	// service looks for a run's settlement at least four times in it.
+	DisputeWindow time.Duration
 
 	Host    host.Host        // tunnels to a run's other machines go through it
 	Account identity.Address // this machine's ledger account, which is paid
@@ -197,13 +207,20 @@ func NewExecutor(p ExecutorParams) (*Executor, error) {
 		return nil, err
 	}
 	id := p.Host.ID().String()
-	e := &Executor{log: p.Logger, self: id, account: p.Account, chainID: p.ChainID, store: p.Store, blocks: p.Blocks, ledger: p.Ledger, committed: p.Committed,
+	minFloor := p.MinFloor
+	if minFloor == 0 {
+		minFloor = p2p.MinFloor
+	}
+	e := &Executor{log: p.Logger, self: id, account: p.Account, chainID: p.ChainID, minFloor: minFloor, store: p.Store, blocks: p.Blocks, ledger: p.Ledger, committed: p.Committed,
 		holds: p.Holds, lent: p.GPUs, dial: p.Dialer, home: p.Home, cpuPool: p.CPUs, shareCPUs: p.ShareCPUs,
 		dir: p.Dir, root: root, logs: logs, ids: ids, keep: p.KeepLogs,
 		python: p.Python, tunnels: tunnel.New(p.Host, p.ChainID, p.Logger.With("module", "tunnel")),
 		tag: id[len(id)-8:], workers: map[string]*worker{}, nets: map[string]*runNet{}, cpus: map[int]string{}, gpus: map[int]string{},
 		claims: newClaims(p.Ledger, p.Store, string(p.Account), p.Logger.With("module", "claims"))}
 	e.claims.failedHere = e.failedHere
+	if w := p.DisputeWindow / 4; w > 0 && w < e.claims.look {
+		e.claims.look = max(w, time.Second)
+	}
 	e.registerMetrics(p.Registerer)
 	return e, nil
 }
@@ -372,18 +389,21 @@ func (e *Executor) spawnLocked(f func(ctx context.Context)) bool {
 }
 
 // watch stops the live workers whose submitter stopped asking after them
-// (work past its last receipt would not be paid) or that ran past the
-// job's max duration.
+// (work past its last receipt would not be paid), whose receipts fell
+// behind the floor (unpaid), or that ran past the job's max duration.
 func (e *Executor) watch(now time.Time) {
+	unpaid := e.unpaidRuns(now)
 	for _, w := range e.snapshot() {
 		w.mu.Lock()
 		live := w.state == p2p.WorkerRunning || w.state == p2p.WorkerFetching
 		silent := now.Sub(w.beat) > submitterSilence
 		over := !w.started.IsZero() && now.Sub(w.started) > time.Duration(w.l.MaxSecs)*time.Second
 		w.mu.Unlock()
-		switch {
+		switch why, short := unpaid[w.l.JobID]; {
 		case live && silent:
 			e.stop(w, "the submitter stopped answering", false)
+		case live && short && !w.holder:
+			e.stop(w, why, false)
 		case live && over:
 			w.set(func() { w.outOfTime = true })
 			e.stop(w, "out of time: the job's max duration was reached", false)

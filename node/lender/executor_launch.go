@@ -27,6 +27,9 @@ import (
 // the machine's capacity), or the refusal may pass (errEscrowNotYet: the
 // hold stays until its launch window ends, for the launch to come again).
 func (e *Executor) launch(ctx context.Context, from peer.ID, l p2p.Launch) (err error) {
+	if l.Floor < e.minFloor {
+		return fmt.Errorf("the launch pays a floor of %g of the price for the time worked: this machine lends for %g at least ([lend] min_floor)", l.Floor, e.minFloor)
+	}
 	if err := e.checkHold(from, l); err != nil {
 		return err
 	}

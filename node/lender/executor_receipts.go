@@ -1,12 +1,14 @@
 package lender
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/units"
 )
 
 // keepReceipt hands the claim service the submitter's latest usage
@@ -58,6 +60,44 @@ func (e *Executor) failedHere(run string) bool {
 		}
 	}
 	return false
+}
+
+// receiptEvery is how often a submitter signs its machines a receipt.
+const receiptEvery = 30 * time.Second
+
+// UnpaidLag is the stop-loss's lag: a run whose latest receipt here
+// covers less than the floor of the time its workers had run UnpaidLag
+// ago is stopped. Two receipts late, and slack for the poll and the
+// clocks: what a lender risks on a payer that stops paying.
+const UnpaidLag = 2*receiptEvery + 15*time.Second
+
+// unpaidRuns are the runs whose workers here this machine stops, unpaid,
+// with why: the latest receipt their submitter signed covers less than
+// the floor (the launch's share of the price) for the time the run's
+// workers here had run UnpaidLag ago. Golem's debit notes work so: a
+// lender's exposure to a payer that stops paying is an interval or two.
+func (e *Executor) unpaidRuns(now time.Time) map[string]string {
+	floors := map[string]uint64{}
+	for _, w := range e.snapshot() {
+		w.mu.Lock()
+		live := w.state == p2p.WorkerRunning && !w.started.IsZero() && !w.holder
+		worked := now.Sub(w.started) - w.frozenFor - UnpaidLag
+		if !w.frozenAt.IsZero() {
+			worked -= now.Sub(w.frozenAt)
+		}
+		w.mu.Unlock()
+		if live && w.l.Floor > 0 && worked > 0 {
+			floors[w.l.JobID] += uint64(float64(perHourFor(w.l.PerHour, worked)) * w.l.Floor)
+		}
+	}
+	out := map[string]string{}
+	for run, floor := range floors {
+		if paid := e.claims.Covered(run); paid < floor {
+			out[run] = fmt.Sprintf("stopped: unpaid: the submitter's receipts cover %s credits, the floor for the time worked here is %s",
+				units.FormatCredits(paid), units.FormatCredits(floor))
+		}
+	}
+	return out
 }
 
 // Earnings is what the workers running here now will be paid in the next

@@ -13,6 +13,8 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
@@ -131,6 +133,57 @@ func TestOutOfTimeIsReported(t *testing.T) {
 		}
 		if st.State != c.state || st.OutOfTime != c.outOfTime {
 			t.Errorf("worker %d of %.8s: %s, out of time %v; want %s, %v (%s)", c.index, c.job, st.State, st.OutOfTime, c.state, c.outOfTime, st.Reason)
+		}
+	}
+}
+
+// TestUnpaidWorkerIsStopped: a worker whose submitter's receipts fall
+// behind the floor of its price for the time it ran (two receipt
+// intervals and slack ago) is stopped, and says it was unpaid; one whose
+// receipts cover the floor runs on, and so does one no floor binds.
+func TestUnpaidWorkerIsStopped(t *testing.T) {
+	st := newMemStore()
+	e := workAreaExecutor(t, filepath.Join(t.TempDir(), "work"), st)
+	e.account, e.chainID = "m", "test-chain"
+	e.claims = newClaims(newTestEscrows(time.Now), st, "m", e.log)
+	e.workers = map[string]*worker{}
+	payer, err := identity.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	const perHour = 3_600_000 // 1,000 micro-credits a second
+	add := func(floor float64, covered uint64) string {
+		job := randomJobID(t)
+		w := &worker{l: p2p.Launch{JobID: job, World: []string{"this"}, MaxSecs: 3600, PerHour: perHour, Floor: floor},
+			bidder: payer.PeerID(), key: workerKey(job, 0), name: workerName(job, 0), state: p2p.WorkerRunning,
+			started: now.Add(-10 * time.Minute), beat: now, done: make(chan struct{}), cancel: func() {}}
+		e.workers[w.key] = w
+		if covered > 0 {
+			r := ledger.SignReceipt(payer, e.chainID, ledger.Receipt{Job: job, Payee: "m", Amount: covered, Seq: 1})
+			if err := e.keepReceipt(w, payer.PeerID(), p2p.Receipt{Payee: r.Payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return job
+	}
+	// Ten minutes at 1,000 a second with a 0.5 floor, 75 s of lag: the
+	// floor asks for 262,500 at least.
+	short := add(0.5, 200_000)
+	never := add(0.5, 0)
+	covered := add(0.5, 300_000)
+	unbound := add(0, 0)
+	e.watch(now)
+	for _, w := range e.workers {
+		close(w.done)
+	}
+	for job, want := range map[string]p2p.WorkerState{short: p2p.WorkerStopped, never: p2p.WorkerStopped, covered: p2p.WorkerRunning, unbound: p2p.WorkerRunning} {
+		st, err := e.Status(payer.PeerID(), p2p.StatusReq{JobID: job})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.State != want || (want == p2p.WorkerStopped && !strings.HasPrefix(st.Reason, "stopped: unpaid")) {
+			t.Errorf("worker of %.8s: %s (%s), want %s", job, st.State, st.Reason, want)
 		}
 	}
 }

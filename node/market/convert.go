@@ -46,7 +46,7 @@ func SchedulerJob(b p2p.Bid) scheduler.Job {
 // defaultSyncEvery and defaultWire are what the deepmarket Python package
 // uses when a diloco job's spec leaves sync_every and compress out.
 const (
-	defaultSyncEvery = 500
+	defaultSyncEvery = p2p.DefaultSyncEvery
 	defaultWire      = 0.25 // int8
 )
 

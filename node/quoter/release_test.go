@@ -73,7 +73,7 @@ func newLab(t *testing.T) *lab {
 	lent := p2p.Resources{Cores: 2, MemBytes: 2 << 30}
 	newHolds := func() (*lender.Holds, *lender.Desk) {
 		h := lender.NewHolds(func() p2p.Resources { return lent }, lender.HoldLimits{}, nil)
-		return h, lender.NewDesk(lender.NewAdmission(reads, testChain), h)
+		return h, lender.NewDesk(lender.NewAdmission(reads, testChain, lender.DefaultTerms()), h)
 	}
 	l := &lab{bidder: bidder, beforeSend: func() {}}
 
@@ -143,7 +143,7 @@ func newLab(t *testing.T) *lab {
 		Holds: reserve, Quotes: send, Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))})
 
 	b := p2p.Bid{JobID: "ab" + string(bytes.Repeat([]byte("0"), 62)), Submitter: string(bidder.Address()), Workers: 2,
-		PerWorker: lent, MaxPrice: 50_000_000, Duration: 600, Framework: "generic"}
+		PerWorker: lent, MaxPrice: 50_000_000, Duration: 600, Framework: "generic", Floor: p2p.DefaultFloor}
 	raw, err := p2p.Seal(bidder, testChain, p2p.TypeBid, &b, 1, now.Add(time.Minute))
 	if err != nil {
 		t.Fatal(err)

@@ -343,11 +343,19 @@ func describe(h ledger.HistoryEntry, me string, mine map[string]bool) api.Activi
 		}
 		e.In = earned
 	case ledger.TypeClaim:
-		if to == me {
+		lodged := h.Attrs["lodged"] == "true"
+		switch {
+		case to == me && lodged:
+			e.In, e.What = amount, "receipt lodged against the settlement of job "+short(e.Job)+": paid the rest it covers"
+		case to == me:
 			e.In, e.What = amount, "claimed from the expired escrow of job "+short(e.Job)
-		} else {
+		case lodged:
+			e.Out, e.Counterparty, e.What = amount, to, "receipt lodged by "+to+" against your settlement of job "+short(e.Job)+" (out of its refund)"
+		default:
 			e.Out, e.Counterparty, e.What = amount, to, "claimed by "+to+" from your escrow of job "+short(e.Job)
 		}
+	case ledger.TypeDispute:
+		e.What = "failed mark on job " + short(e.Job) + " disputed by " + h.Attrs["machine"]
 	case ledger.TypeExpire:
 		e.Unlocked, e.What = h.Amount("refund"), "escrow of job "+short(e.Job)+" expired: remainder refunded"
 	case ledger.TypeLinkMachine:

@@ -82,10 +82,14 @@ func (m *Market) PublishBid(ctx context.Context, req api.PublishBidRequest) (api
 }
 
 // Publish gossips bid, signed by this node, to live for ttl. A bid
-// without a submitter is this node's account's.
+// without a submitter is this node's account's; one without a floor pays
+// the default floor (p2p.DefaultFloor), as a submitted job does.
 func (m *Market) Publish(ctx context.Context, bid p2p.Bid, ttl time.Duration) (api.SeenBid, error) {
 	if bid.Submitter == "" {
 		bid.Submitter = string(m.Account)
+	}
+	if bid.Floor == 0 {
+		bid.Floor = p2p.DefaultFloor
 	}
 	if err := bid.Validate(); err != nil {
 		return api.SeenBid{}, fault.Wrap(fault.Invalid, "", err)

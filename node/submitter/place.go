@@ -148,7 +148,7 @@ func (m *Manager) quote(ctx context.Context, j *job, runID string) (*jobs.Run, *
 	bid := p2p.Bid{JobID: runID, Workers: uint32(s.Workers),
 		PerWorker: p2p.Resources{Cores: uint32(s.Cores), MemBytes: s.MemBytes, GPUs: uint32(s.GPUs)},
 		MaxPrice:  s.MaxPrice - min(j.Cost, s.MaxPrice), Duration: int64(s.MaxDuration / time.Second),
-		BundleCID: j.BundleCID, DatasetCID: j.DatasetCID, Framework: s.Framework, Site: s.Site, Training: s.Training}
+		BundleCID: j.BundleCID, DatasetCID: j.DatasetCID, Framework: s.Framework, Site: s.Site, Training: s.Training, Floor: s.Floor}
 	if !s.Deadline.IsZero() {
 		bid.Deadline = s.Deadline.Unix()
 	}

@@ -182,7 +182,7 @@ func (m *Manager) launch(ctx context.Context, j *job, k int, resume string) erro
 			addrs[i] = addrs[i][:32]
 		}
 	}
-	run.Started = time.Now().UTC()
+	run.Started, run.Floor = time.Now().UTC(), j.Spec.Floor
 	sync := j.Spec.Training == nil || j.Spec.Training.Mode == "sync"
 	run.Lockstep = j.Spec.Framework == "tensorflow" && sync && len(run.Workers) > 1
 	m.save(j)
@@ -196,7 +196,7 @@ func (m *Manager) launch(ctx context.Context, j *job, k int, resume string) erro
 		l := p2p.Launch{JobID: run.ID, Index: i, World: world, Addrs: addrs, Hold: w.Hold, Framework: j.Spec.Framework,
 			Command: j.Spec.Command, Bundle: j.BundleCID, Dataset: j.DatasetCID,
 			Res:     p2p.Resources{Cores: uint32(j.Spec.Cores), MemBytes: j.Spec.MemBytes, GPUs: uint32(j.Spec.GPUs)},
-			MaxSecs: int64(j.Spec.MaxDuration / time.Second), PerHour: w.PerHour, Training: j.Spec.Training}
+			MaxSecs: int64(j.Spec.MaxDuration / time.Second), PerHour: w.PerHour, Floor: j.Spec.Floor, Training: j.Spec.Training}
 		if i == 0 {
 			l.Resume = resume
 		}

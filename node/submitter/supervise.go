@@ -127,6 +127,7 @@ func (m *Manager) pollHolder(ctx context.Context, j *job, run *jobs.Run, now tim
 		}
 	}
 	var doc struct {
+		Round   int                           `json:"round"`
 		Workers map[string]jobs.HolderAccount `json:"workers"`
 	}
 	b, err := m.p.Holders.HolderAccounts(run.ID, idx)
@@ -142,8 +143,28 @@ func (m *Manager) pollHolder(ctx context.Context, j *job, run *jobs.Run, now tim
 		recordTraining(run.Holder, p, run.Started, now)
 	}
 	jobs.ApplyAccounts(run, doc.Workers)
+	run.HolderRounds = max(run.HolderRounds, doc.Round)
 	m.save(j)
+	m.bench(ctx, j, run)
 	return &st
+}
+
+// bench stops the workers of held run that jobs.Benched lists, while the
+// run goes on: what they are paid (their floor) stops with them.
+func (m *Manager) bench(ctx context.Context, j *job, run *jobs.Run) {
+	for i, why := range jobs.Benched(run) {
+		w := &run.Workers[i]
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := m.p.Machines.Stop(cctx, w.Machine, p2p.Stop{JobID: run.ID, Index: i, Reason: "stopped by the submitter: " + why})
+		cancel()
+		if err != nil {
+			m.logf(j.ID, "worker %d on %s: could not stop it (%v); trying again at the next poll", i, w.Machine, err)
+			continue
+		}
+		w.Benched = why
+		m.logf(j.ID, "worker %d on %s stopped: %s", i, w.Machine, why)
+	}
+	m.save(j)
 }
 
 // heardNow counts run's live workers as heard from now. Supervising
