@@ -592,6 +592,16 @@ func (app *App) BalanceOf(a identity.Address) uint64 {
 	return app.state.balanceOf(string(a))
 }
 
+// PayerRecordOf is payer's record (the zero record if it has none).
+func (app *App) PayerRecordOf(payer identity.Address) PayerRecord {
+	app.mu.RLock()
+	defer app.mu.RUnlock()
+	if r, ok := app.state.Payers[string(payer)]; ok {
+		return *r
+	}
+	return PayerRecord{}
+}
+
 // Height is the last block the app executed.
 func (app *App) Height() int64 {
 	app.mu.RLock()

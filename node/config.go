@@ -40,11 +40,12 @@ type LendConfig struct {
 	HeldJobs       bool    `toml:"held_jobs"`
 	MaxVerifyShare float64 `toml:"max_verify_share"`
 	MinFloor       float64 `toml:"min_floor"`
+	MinPayerPaid   float64 `toml:"min_payer_paid"`
 }
 
 // Terms are the lender's terms as configured.
 func (c LendConfig) Terms() lender.Terms {
-	return lender.Terms{HeldJobs: c.HeldJobs, MaxVerifyShare: c.MaxVerifyShare, MinFloor: c.MinFloor}
+	return lender.Terms{HeldJobs: c.HeldJobs, MaxVerifyShare: c.MaxVerifyShare, MinFloor: c.MinFloor, MinPayerPaid: c.MinPayerPaid}
 }
 
 // MarketConfig bounds what this node keeps of the market and what others

@@ -186,10 +186,14 @@ launch_within = {{lit .Market.LaunchWithin}}
 # job whose submitter holds the model when held_jobs is false, or one that
 # holds back more of the pay until a spot check passes than max_verify_share
 # (0 to 0.2). The node also stops a worker whose receipts fall behind the
-# floor for two receipt intervals ("stopped: unpaid").
+# floor for two receipt intervals ("stopped: unpaid"). min_payer_paid (0 to 1;
+# 0 takes any payer) refuses a bidder whose own settlements, by its record on
+# the ledger, paid less than that share of what it owed (its lenders had to
+# lodge their receipts for the rest).
 held_jobs = {{.Lend.HeldJobs}}
 max_verify_share = {{.Lend.MaxVerifyShare}}
 min_floor = {{.Lend.MinFloor}}
+min_payer_paid = {{.Lend.MinPayerPaid}}
 
 [log]
 # debug, info, warn or error.

@@ -238,6 +238,8 @@ func (c LendConfig) validate() error {
 		return configErr("lend", "max_verify_share", "%g: want 0 to %g", c.MaxVerifyShare, p2p.MaxVerifyShare)
 	case !(c.MinFloor >= p2p.MinFloor && c.MinFloor <= 1):
 		return configErr("lend", "min_floor", "%g: want %g to 1", c.MinFloor, p2p.MinFloor)
+	case !(c.MinPayerPaid >= 0 && c.MinPayerPaid <= 1):
+		return configErr("lend", "min_payer_paid", "%g: want 0 (any payer) to 1", c.MinPayerPaid)
 	}
 	return nil
 }

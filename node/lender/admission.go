@@ -9,6 +9,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
 )
@@ -20,6 +21,7 @@ type LedgerReads interface {
 	MachineOwner(machine identity.Address) (owner identity.Address, registered bool)
 	IsMember(a identity.Address) bool
 	BalanceOf(a identity.Address) uint64
+	PayerRecordOf(payer identity.Address) ledger.PayerRecord
 }
 
 // Admission decides, on this machine's replica of the ledger, who may take
@@ -44,6 +46,10 @@ type Terms struct {
 	// MinFloor is the least share of its price a job must pay this
 	// machine for the time its worker runs, whatever its rounds.
 	MinFloor float64
+	// MinPayerPaid is the least share of what it owed a payer's own
+	// settlements must have paid (its ledger record: the rest its lenders
+	// had to lodge receipts for); 0 takes any payer.
+	MinPayerPaid float64
 }
 
 // DefaultTerms take held jobs, at the network's bounds.
@@ -61,6 +67,18 @@ func (t Terms) Accept(bid *p2p.Bid) error {
 	case bid.Training.Held() && bid.Training.Verify != nil && bid.Training.Verify.Share > t.MaxVerifyShare:
 		return fmt.Errorf("the bid holds back %g of the pay until a spot check passes: this machine allows %g at most ([lend] max_verify_share)",
 			bid.Training.Verify.Share, t.MaxVerifyShare)
+	}
+	return nil
+}
+
+// AcceptPayer says why a payer with record r is not lent to here, or nil.
+func (t Terms) AcceptPayer(r ledger.PayerRecord) error {
+	if t.MinPayerPaid <= 0 || r.Owed == 0 {
+		return nil
+	}
+	if paid := float64(r.Paid) / float64(r.Owed); paid < t.MinPayerPaid {
+		return fmt.Errorf("the bidder's settlements paid %.2f of what it owed (its lenders lodged receipts for the rest): this machine lends to payers above %.2f ([lend] min_payer_paid)",
+			paid, t.MinPayerPaid)
 	}
 	return nil
 }
@@ -137,6 +155,9 @@ func (a *Admission) CheckBid(r *p2p.Reserve, now time.Time) (HoldRequest, error)
 		return req, err
 	}
 	if err := a.terms.Accept(bid); err != nil {
+		return req, err
+	}
+	if err := a.terms.AcceptPayer(a.reads.PayerRecordOf(identity.Address(bid.Submitter))); err != nil {
 		return req, err
 	}
 	req.Account = bid.Submitter

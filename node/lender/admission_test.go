@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
@@ -17,6 +18,7 @@ type ledgerView map[identity.Address]uint64
 func (v ledgerView) MachineOwner(identity.Address) (identity.Address, bool) { return "", false }
 func (v ledgerView) IsMember(a identity.Address) bool                       { _, ok := v[a]; return ok }
 func (v ledgerView) BalanceOf(a identity.Address) uint64                    { return v[a] }
+func (v ledgerView) PayerRecordOf(identity.Address) ledger.PayerRecord      { return ledger.PayerRecord{} }
 
 const admissionChain = "deepmarket-test"
 
@@ -92,5 +94,28 @@ func TestCheckBid(t *testing.T) {
 	// Commits and releases carry no bid: the hold they name was checked.
 	if _, err := NewAdmission(ledgerView{}, admissionChain, DefaultTerms()).CheckBid(&p2p.Reserve{Op: p2p.OpCommit, ID: "0000000000000001"}, now); err != nil {
 		t.Errorf("commit: %v", err)
+	}
+}
+
+// TestPayerRecordTerms: a lender that asks for it refuses a bidder whose
+// own settlements paid less than its share of what it owed; a payer with
+// no record, or a lender that asks nothing, lends.
+func TestPayerRecordTerms(t *testing.T) {
+	picky := DefaultTerms()
+	picky.MinPayerPaid = 0.9
+	for _, c := range []struct {
+		terms Terms
+		rec   ledger.PayerRecord
+		ok    bool
+	}{
+		{picky, ledger.PayerRecord{Closed: 3, Paid: 20_000, Owed: 2_400_000}, false},
+		{picky, ledger.PayerRecord{Closed: 3, Paid: 2_300_000, Owed: 2_400_000}, true},
+		{picky, ledger.PayerRecord{}, true},
+		{DefaultTerms(), ledger.PayerRecord{Closed: 3, Paid: 20_000, Owed: 2_400_000}, true},
+	} {
+		err := c.terms.AcceptPayer(c.rec)
+		if (err == nil) != c.ok || (err != nil && !strings.Contains(err.Error(), "[lend] min_payer_paid")) {
+			t.Errorf("terms %+v, record %+v: %v, want ok %v", c.terms, c.rec, err, c.ok)
+		}
 	}
 }

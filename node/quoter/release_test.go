@@ -14,6 +14,7 @@ import (
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/lender"
 	"github.com/deepmarket/deepmarket/node/market"
 	"github.com/deepmarket/deepmarket/node/submitter"
@@ -36,8 +37,9 @@ func (v ledgerView) MachineOwner(a identity.Address) (identity.Address, bool) {
 	_, ok := v[a]
 	return a, ok
 }
-func (v ledgerView) IsMember(a identity.Address) bool    { _, ok := v[a]; return ok }
-func (v ledgerView) BalanceOf(a identity.Address) uint64 { return v[a] }
+func (v ledgerView) IsMember(a identity.Address) bool                  { _, ok := v[a]; return ok }
+func (v ledgerView) BalanceOf(a identity.Address) uint64               { return v[a] }
+func (v ledgerView) PayerRecordOf(identity.Address) ledger.PayerRecord { return ledger.PayerRecord{} }
 
 func testKey(t *testing.T, b byte) *identity.Key {
 	t.Helper()
