@@ -81,6 +81,13 @@ func startNet(t *testing.T, p Params, opts RunOptions) *Network {
 	}
 	p.Out = filepath.Join(t.TempDir(), "tn")
 	p.BasePort = basePort(t, p.Validators+p.Nodes)
+	if p.LedgerParams == nil {
+		// A settled escrow refunds its payer once its dispute window
+		// closes: 10 s here, not a real network's 10 minutes.
+		lp := ledger.DefaultParams()
+		lp.DisputeWindow = 10
+		p.LedgerParams = &lp
+	}
 	if _, err := Init(p); err != nil {
 		t.Fatal(err)
 	}
@@ -304,8 +311,10 @@ func (n *Network) check(t *testing.T, nodes []int, wantNoEscrow bool) *Consisten
 	var res *Consistency
 	var err error
 	// A node that just caught up may answer its audit a block behind the
-	// others' view; retry a little.
-	for try := 0; try < 10; try++ {
+	// others' view, and a settled escrow refunds only once its dispute
+	// window (10 s here) closes, in the next block, which on an idle chain
+	// may be an empty one: retry for a minute and a half.
+	for deadline := time.Now().Add(90 * time.Second); time.Now().Before(deadline); {
 		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 		res, err = n.Check(ctx, nodes, wantNoEscrow)
 		cancel()

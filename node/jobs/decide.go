@@ -89,6 +89,8 @@ func Survey(sts []*p2p.JobStatus, ws []Worker, lost map[int]bool, now time.Time)
 				f.Lost[i] = true
 			}
 			f.Over, f.Silent = false, true
+		case st.State == p2p.WorkerStopped && w.Benched != "":
+			// Its submitter stopped it (Benched): neither lost nor failed.
 		case st.State == p2p.WorkerStopped && st.OutOfTime && !f.Lost[i]:
 			if f.OutOfTime == nil {
 				f.OutOfTime = map[int]bool{}

@@ -628,6 +628,11 @@ func TestBenched(t *testing.T) {
 	if got := Benched(run); len(got) != 3 || !strings.Contains(got[1], "no update") {
 		t.Fatalf("benched %v: want worker 1 (absent for %d rounds) too", got, AbsentRounds)
 	}
+	// Stopped by its submitter, a benched worker is not lost.
+	f := Survey([]*p2p.JobStatus{{State: p2p.WorkerStopped}, {State: p2p.WorkerStopped}}, []Worker{{Benched: "absent"}, {}}, nil, t0)
+	if f.Lost[0] || !f.Lost[1] {
+		t.Fatalf("lost %v: want the worker its machine stopped, not the one its submitter benched", f.Lost)
+	}
 	if got := Benched(&Run{Workers: run.Workers}); len(got) != 0 {
 		t.Fatalf("a run no one holds benched %v", got)
 	}
