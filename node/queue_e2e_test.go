@@ -132,14 +132,7 @@ func TestQueueWaitsAndSurvivesRestart(t *testing.T) {
 	if !strings.Contains(log, "waiting in the queue (position 1)") || !strings.Contains(log, "its turn in the queue after") {
 		t.Errorf("the waiting job's log does not tell its wait:\n%s", log)
 	}
-	for _, id := range []string{busy.ID, waits.ID} {
-		j, err := sub2.client.Job(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		waitRefunded(t, sub2, j)
-	}
-	rep, err := sub2.client.Audit(ctx)
+	rep, err := settledAudit(t, sub2)
 	if err != nil || !rep.OK || rep.Escrowed != 0 {
 		t.Fatalf("audit: %+v %v", rep, err)
 	}
