@@ -589,15 +589,7 @@ func satAdd(a, b uint64) uint64 {
 	return math.MaxUint64
 }
 
-func (s *State) machine(addr string) *MachineRecord {
-	r, ok := s.Machines[addr]
-	if !ok {
-		r = &MachineRecord{}
-		s.Machines[addr] = r
-	}
-	s.touch(pMachine, addr)
-	return r
-}
+func (s *State) machine(addr string) *MachineRecord { return entry(s, s.Machines, pMachine, addr) }
 
 func (e *Escrow) hasPayee(p string) bool {
 	i := sort.SearchStrings(e.Payees, p)

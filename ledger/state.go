@@ -310,14 +310,18 @@ func (s *State) exists(addr string) bool {
 
 // account returns the account, creating an empty one, and marks it
 // changed.
-func (s *State) account(addr string) *Account {
-	a, ok := s.Accounts[addr]
+func (s *State) account(addr string) *Account { return entry(s, s.Accounts, pAccount, addr) }
+
+// entry returns m's entry under key, creating an empty one, and marks it
+// changed (the leaf prefix+key).
+func entry[T any](s *State, m map[string]*T, prefix, key string) *T {
+	v, ok := m[key]
 	if !ok {
-		a = &Account{}
-		s.Accounts[addr] = a
+		v = new(T)
+		m[key] = v
 	}
-	s.touch(pAccount, addr)
-	return a
+	s.touch(prefix, key)
+	return v
 }
 
 func (s *State) credit(addr string, amount uint64) {
@@ -478,15 +482,7 @@ func (s *State) closeRecords(e *Escrow) {
 }
 
 // payer returns a payer's record, creating it, and marks it changed.
-func (s *State) payer(addr string) *PayerRecord {
-	r, ok := s.Payers[addr]
-	if !ok {
-		r = &PayerRecord{}
-		s.Payers[addr] = r
-	}
-	s.touch(pPayer, addr)
-	return r
-}
+func (s *State) payer(addr string) *PayerRecord { return entry(s, s.Payers, pPayer, addr) }
 
 // closeSettled closes, at the start of a block at time now, the settled
 // escrows whose dispute window has ended.
