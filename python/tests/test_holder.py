@@ -6,11 +6,14 @@ random, NaN, empty and echoed updates, a worker that never pushes), train
 together; the holder's checks must keep the model as good as the honest
 workers alone make it, and account the hostile ones no accepted round.
 Each hostile case is also run with the checks off, and must then do harm:
-the test of a check that cannot fail would prove nothing. Spot checks
-replay a worker's round from the state it committed (the batches it trains
-on follow from its rank and data cursor): a worker that takes fewer steps
-than it says, forges its state or leaves a check unanswered forfeits its
-pay; with spot checks off, the shirker is paid.
+the test of a check that cannot fail would prove nothing. Greedy lenders
+too: a pair where one hands in the other's update (collusion: each pushes
+to the holder alone), and a worker that echoes the last global update
+turned just under the echo bound; with their check off, they are paid.
+Spot checks replay a worker's round from the state it committed (the
+batches it trains on follow from its rank and data cursor): a worker that
+takes fewer steps than it says, forges its state or leaves a check
+unanswered forfeits its pay; with spot checks off, the shirker is paid.
 test_keras_holder.py runs the same between real Keras processes.
 """
 
@@ -73,11 +76,44 @@ def replay(theta, state, rank, cursor, steps):
     return sgd(theta, rank, cursor, steps)
 
 
+class Board:
+    """What colluding workers share: a source's weights, by round."""
+
+    def __init__(self):
+        self.cv = threading.Condition()
+        self.posts = {}
+
+    def post(self, r, local):
+        with self.cv:
+            self.posts[r] = local.copy()
+            self.cv.notify_all()
+
+    def take(self, r):
+        with self.cv:
+            if not self.cv.wait_for(lambda: r in self.posts, timeout=10):
+                raise TimeoutError("no source posted round %d" % r)
+            return self.posts[r]
+
+
+# Seconds a worker holds its update back once it has it (after training).
+HOLD = {"copycat": 0.3, "late_source": 0.3}
+
+
+def turned(last, cos, rng):
+    """last turned to cosine `cos` with it, noise for the rest: the same norm."""
+    ln = np.linalg.norm(last)
+    noise = rng.standard_normal(D).astype(np.float32)
+    noise -= (noise @ last) / (ln * ln) * last
+    noise *= ln / np.linalg.norm(noise)
+    return (cos * last + np.sqrt(1 - cos * cos) * noise).astype(np.float32)
+
+
 class Member:
     """A worker thread: `behaviour` says what it hands in."""
 
-    def __init__(self, rank, addrs, holder, rounds, behaviour="honest", timeout=5.0, verify=False):
+    def __init__(self, rank, addrs, holder, rounds, behaviour="honest", timeout=5.0, verify=False, board=None):
         self.rank, self.rounds, self.behaviour, self.verify = rank, rounds, behaviour, verify
+        self.board, self.round = board, 0
         self.cursor = 0
         self.log = []
         self.av = Averager(Peers(rank, addrs, "test", holder=holder), sync_every=H, compress="none",
@@ -137,6 +173,17 @@ class Member:
             return theta.copy()
         if b == "echo":  # hands back the last global update, having trained nothing
             return theta - (self.prev - theta) if self.prev is not None else theta.copy()
+        if b in ("rotated", "rotated_faint"):  # the same, turned to a cosine of 0.97 (a faint one: scaled down)
+            if self.prev is None:
+                return theta.copy()
+            return theta - (0.3 if b == "rotated_faint" else 1.0) * turned(self.prev - theta, 0.97, self.rng)
+        if b in ("source", "late_source"):  # trains, and gives its update away
+            self.board.post(self.round, honest)
+            return honest
+        if b == "copycat":  # hands in the source's update (nearly: 1% noise), having trained nothing
+            delta = theta - self.board.take(self.round)
+            noise = self.rng.standard_normal(D).astype(np.float32)
+            return theta - (delta + 0.01 * np.linalg.norm(delta) / np.linalg.norm(noise) * noise)
         raise ValueError(b)
 
     def _run(self):
@@ -149,7 +196,9 @@ class Member:
                 time.sleep({"slow": 0.5, "late": 1.0}.get(self.behaviour, 0.01))
                 if self.verify and self.behaviour != "uncommitted":
                     self.av.commit_start(STATE, self.cursor)
+                self.round = res.round
                 local = self._local(res.theta)
+                time.sleep(HOLD.get(self.behaviour, 0))
                 before = res.theta
                 res = self.av.sync(local, H)
                 self.prev = before
@@ -159,16 +208,19 @@ class Member:
             self.av.close()
 
 
-def run(behaviours, rounds=20, checks=True, drop_after=100, timeout=5.0, verify_rate=0.0, verify_share=0.2):
-    """Runs a holder and one worker per behaviour; returns (holder, members, final theta)."""
+def run(behaviours, rounds=20, checks=True, drop_after=100, timeout=5.0, verify_rate=0.0, verify_share=0.2, **kw):
+    """Runs a holder and one worker per behaviour; returns (holder, members,
+    final theta). kw: more of Holder's arguments (check: mse unless given)."""
     n = len(behaviours)
     addrs = free_addrs(n + 1)
     hp = Peers(n, addrs, "test", holder=n)
-    holder = Holder(hp, H, check=mse, checks=checks, compress="none", timeout=timeout, join_timeout=10,
+    kw.setdefault("check", mse)
+    holder = Holder(hp, H, checks=checks, compress="none", timeout=timeout, join_timeout=10,
                     connect_timeout=2, drop_after=drop_after, outer_lr=1.0, outer_momentum=0.0, log=lambda m: None,
-                    verify_rate=verify_rate, verify_share=verify_share, replay=replay if verify_rate else None)
+                    verify_rate=verify_rate, verify_share=verify_share, replay=replay if verify_rate else None, **kw)
     holder.start(np.zeros(D, np.float32))
-    members = [Member(r, addrs, n, rounds, b, timeout=timeout, verify=verify_rate > 0).start()
+    board = Board()
+    members = [Member(r, addrs, n, rounds, b, timeout=timeout, verify=verify_rate > 0, board=board).start()
                for r, b in enumerate(behaviours)]
     while True:
         res = holder.next_round()
@@ -225,6 +277,74 @@ class HolderTest(unittest.TestCase):
                 if bad in ("scaled", "random", "nan"):
                     loss = mse(theta)
                     self.assertTrue(not np.isfinite(loss) or loss > 2 * self.honest_loss, "%s: %.4f" % (bad, loss))
+
+    def test_a_copycat_and_its_source_are_both_refused(self):
+        # The copy arrives once the source's update was accepted (which
+        # must then be taken out of the round), or before the source's.
+        for source in ("source", "late_source"):
+            with self.subTest(source):
+                holder, members, theta = run(["honest", source, "copycat"], rounds=8)
+                acc = holder.accounts()
+                self.assertEqual(acc["0"], dict(acc["0"], accepted=8, refused=0), acc)
+                for r, other in (("1", "2"), ("2", "1")):
+                    self.assertEqual(acc[r], dict(acc[r], accepted=0, refused=8, seconds=0), acc)
+                    self.assertIn("duplicate of rank %s's update" % other, acc[r]["last_refusal"])
+                self.assertLess(mse(theta), 0.05)
+                for m in members:
+                    self.assertIsNone(m.error)
+        # With the check off (a bound over any cosine), both are paid.
+        holder, _, _ = run(["honest", "source", "copycat"], rounds=8, duplicate=2.0)
+        acc = holder.accounts()
+        self.assertEqual((acc["1"]["accepted"], acc["2"]["accepted"]), (8, 8), acc)
+        self.assertGreater(acc["2"]["seconds"], 0, acc)
+
+    def test_a_duplicate_vetted_before_its_twin_is_stored_refuses_both(self):
+        # Rank 0's push is vetted and accepted, and not yet in the round
+        # (Averager._on_push stores it just after) when rank 1's copy of it
+        # is vetted: rank 0's delta must still leave the round's average.
+        addrs = free_addrs(3)
+        holder = Holder(Peers(2, addrs, "test", holder=2), H, check=mse, compress="none", timeout=2,
+                        join_timeout=1, connect_timeout=1, log=lambda m: None)
+        holder.start(np.zeros(D, np.float32))
+        try:
+            theta, h = holder.theta, {"steps": H, "digest": holder._state.digest}
+            delta = theta - sgd(theta, 0, 0, H)
+            accepted, why = holder._vet(0, 0, delta, h)
+            self.assertIs(accepted, delta, why)
+            got = []
+            copy = threading.Thread(target=lambda: got.append(holder._vet(1, 0, delta.copy(), h)))
+            copy.start()
+            time.sleep(0.2)
+            with holder._cv:  # rank 0's push is stored in the round
+                holder._pending[0] = (delta, H, False)
+                holder._cv.notify_all()
+            copy.join(5)
+            self.assertEqual(len(got), 1)
+            self.assertEqual(got[0][1], "duplicate of rank 0's update")
+            self.assertIsNone(got[0][0])
+            self.assertIsNone(holder._pending[0][0])  # refused: out of the round's average
+            self.assertIn("duplicate of rank 1's update", holder.accounts()["0"]["last_refusal"])
+        finally:
+            holder.close()
+
+    def test_an_echo_turned_under_the_bound_is_refused(self):
+        # The last global update turned to a cosine of 0.97 (under echo's
+        # 0.98), noise of its size for the rest: its echo helps the loss,
+        # and only the rest of it, no work, gives it away. Without a loss
+        # check, a faint rest does.
+        for bad, check in [("rotated", mse), ("rotated_faint", None)]:
+            with self.subTest(bad):
+                holder, _, theta = run(["honest", "honest", bad], check=check)
+                acc = holder.accounts()
+                self.assertLessEqual(acc["2"]["accepted"], 3, acc)
+                self.assertIn("leans on the last global update", acc["2"]["last_refusal"])
+                for r in ("0", "1"):
+                    self.assertEqual(acc[r], dict(acc[r], accepted=20, refused=0), acc)
+                self.assertLess(mse(theta), 1.5 * self.honest_loss + 0.01)
+                # With the check off (a bound over any cosine), it is paid.
+                holder, _, _ = run(["honest", "honest", bad], check=check, residual=2.0)
+                acc = holder.accounts()
+                self.assertGreater(acc["2"]["accepted"], 15, acc)
 
     def test_a_slow_honest_worker_is_paid_for_its_rounds(self):
         holder, _, theta = run(["honest", "slow"], rounds=10)
