@@ -139,6 +139,9 @@ func startNode(t testing.TB, h Home, opts ...nodeOpt) *testNode {
 	cfg.P2P.MDNS = false
 	cfg.P2P.DHT = "off"
 	cfg.Ledger.BlockTime = Duration{100 * time.Millisecond}
+	// A settled escrow closes in the first block past its dispute window:
+	// on an idle chain, an empty one.
+	cfg.Ledger.EmptyBlockInterval = Duration{5 * time.Second}
 	// Init chose the virtualenv with TensorFlow; a node that runs no
 	// TensorFlow job probes its base interpreter (execOpts names the one
 	// for jobs).
@@ -318,6 +321,7 @@ func initNetwork(t testing.TB, dir, chain string, names []string, members ...ide
 		ledger.GenesisState{
 			Issuers:  []ledger.GenesisIssuer{{Address: string(keys[0].Address()), Name: "lab-a", Quota: LocalIssuerQuota}},
 			Balances: balances,
+			Params:   testLedgerParams(),
 		})
 	if err != nil {
 		t.Fatal(err)

@@ -228,7 +228,7 @@ func TestHoldsNeedAFundedBid(t *testing.T) {
 	}
 	launch := p2p.Launch{JobID: real.Bid.JobID, Index: 0, World: []string{machine.String()}, Addrs: [][]string{nil},
 		Hold: "0000000000000009", Framework: "generic", Command: []string{"python3", "job.py"}, Bundle: "bafkqaaa",
-		Res: res, MaxSecs: 60, PerHour: 1}
+		Res: res, MaxSecs: 60, PerHour: 1, Floor: p2p.DefaultFloor}
 	var reply p2p.LaunchReply
 	err = evil.rpc.Call(ctx, machine, p2p.JobProtocol(chain), p2p.TypeLaunch, &launch, p2p.TypeLaunchReply, &reply)
 	if err != nil || reply.OK || !reply.Retry || !strings.Contains(reply.Reason, "no escrow") {
