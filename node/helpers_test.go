@@ -141,7 +141,7 @@ func startNode(t testing.TB, h Home, opts ...nodeOpt) *testNode {
 	cfg.Ledger.BlockTime = Duration{100 * time.Millisecond}
 	// A settled escrow closes in the first block past its dispute window:
 	// on an idle chain, an empty one.
-	cfg.Ledger.EmptyBlockInterval = Duration{5 * time.Second}
+	cfg.Ledger.EmptyBlockInterval = Duration{10 * time.Second}
 	// Init chose the virtualenv with TensorFlow; a node that runs no
 	// TensorFlow job probes its base interpreter (execOpts names the one
 	// for jobs).
