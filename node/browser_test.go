@@ -232,21 +232,21 @@ func (tb *tab) login() {
 		tb.t.Fatalf("login link %q is not on the node's API %s", link.URL, tb.base())
 	}
 	tb.do("open the login link", chromedp.Navigate(link.URL))
-	tb.wait(15*time.Second, "the dashboard after signing in", `location.pathname === "/" && document.querySelector('#main[data-page="dashboard"]')`)
+	tb.wait(time.Minute, "the dashboard after signing in", `location.pathname === "/" && document.querySelector('#main[data-page="dashboard"]')`)
 }
 
 // open loads a page of the dashboard and waits for its script to draw it.
 func (tb *tab) open(path, page string) {
 	tb.t.Helper()
 	tb.do("open "+path, chromedp.Navigate(tb.base()+path))
-	tb.wait(15*time.Second, "page "+page, fmt.Sprintf(`document.querySelector('#main[data-page=%s]')`, quote(page)))
+	tb.wait(30*time.Second, "page "+page, fmt.Sprintf(`document.querySelector('#main[data-page=%s]')`, quote(page)))
 }
 
 // nav follows a link in the page's navigation (no reload).
 func (tb *tab) nav(label, page string) {
 	tb.t.Helper()
 	tb.do("click "+label, chromedp.Click(chromedp.CSS(fmt.Sprintf(`header nav a[href=%s]`, quote(label))), chromedp.NodeVisible))
-	tb.wait(15*time.Second, "page "+page, fmt.Sprintf(`document.querySelector('#main[data-page=%s]')`, quote(page)))
+	tb.wait(30*time.Second, "page "+page, fmt.Sprintf(`document.querySelector('#main[data-page=%s]')`, quote(page)))
 }
 
 // shot saves a screenshot of the whole page as name.png, checks that it is
