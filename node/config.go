@@ -41,6 +41,7 @@ type LendConfig struct {
 	MaxVerifyShare float64 `toml:"max_verify_share"`
 	MinFloor       float64 `toml:"min_floor"`
 	MinPayerPaid   float64 `toml:"min_payer_paid"`
+	RefusedStop    int     `toml:"refused_stop"`
 }
 
 // Terms are the lender's terms as configured.
@@ -283,7 +284,7 @@ func DefaultConfig() Config {
 		Owner:     OwnerConfig{StartIdle: Duration{5 * time.Minute}, ResumeIdle: Duration{time.Minute}, VacateAfter: Duration{10 * time.Minute}},
 		Market: MarketConfig{MaxOffers: 20_000, MaxOffersPerOwner: 256, HoldsPerBidder: 8, HoldsPerScheduler: 32,
 			LaunchWithin: Duration{2 * time.Minute}},
-		Lend: LendConfig{HeldJobs: true, MaxVerifyShare: p2p.MaxVerifyShare, MinFloor: p2p.MinFloor},
+		Lend: LendConfig{HeldJobs: true, MaxVerifyShare: p2p.MaxVerifyShare, MinFloor: p2p.MinFloor, RefusedStop: 3},
 	}
 }
 

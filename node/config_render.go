@@ -189,11 +189,14 @@ launch_within = {{lit .Market.LaunchWithin}}
 # floor for two receipt intervals ("stopped: unpaid"). min_payer_paid (0 to 1;
 # 0 takes any payer) refuses a bidder whose own settlements, by its record on
 # the ledger, paid less than that share of what it owed (its lenders had to
-# lodge their receipts for the rest).
+# lodge their receipts for the rest). refused_stop (0 to 1000; 0: never)
+# stops a worker of a held job whose last refused_stop updates the job's holder
+# all refused ("stopped: unpaid"): only the floor pays such a worker.
 held_jobs = {{.Lend.HeldJobs}}
 max_verify_share = {{.Lend.MaxVerifyShare}}
 min_floor = {{.Lend.MinFloor}}
 min_payer_paid = {{.Lend.MinPayerPaid}}
+refused_stop = {{.Lend.RefusedStop}}
 
 [log]
 # debug, info, warn or error.

@@ -240,6 +240,8 @@ func (c LendConfig) validate() error {
 		return configErr("lend", "min_floor", "%g: want %g to 1", c.MinFloor, p2p.MinFloor)
 	case !(c.MinPayerPaid >= 0 && c.MinPayerPaid <= 1):
 		return configErr("lend", "min_payer_paid", "%g: want 0 (any payer) to 1", c.MinPayerPaid)
+	case c.RefusedStop < 0 || c.RefusedStop > 1000:
+		return configErr("lend", "refused_stop", "%d: want 0 (never) to 1000", c.RefusedStop)
 	}
 	return nil
 }

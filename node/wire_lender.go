@@ -113,7 +113,7 @@ func newExecutor(c Config, d executorDeps) (*lender.Executor, error) {
 	return lender.NewExecutor(lender.ExecutorParams{
 		Dir: dir, Python: c.Inventory.Python, Home: d.home.Dir, UIDRange: c.Executor.UIDRange,
 		KeepLogs: c.Executor.KeepLogs.Duration, CPUs: c.Executor.CPUs, ShareCPUs: c.Executor.ShareCPUs, ChainID: c.Node.ChainID,
-		MinFloor: c.Lend.MinFloor, DisputeWindow: time.Duration(d.params.DisputeWindow) * time.Second,
+		MinFloor: c.Lend.MinFloor, RefusedStop: c.Lend.RefusedStop, DisputeWindow: time.Duration(d.params.DisputeWindow) * time.Second,
 		Host: d.host, Account: d.key.Address(), Store: d.store, Blocks: d.blocks, Ledger: d.ledger, Committed: d.committed,
 		Holds: d.holds, GPUs: d.lender, Dialer: d.dialer, Registerer: d.reg, Logger: d.log,
 	})

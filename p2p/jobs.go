@@ -429,6 +429,11 @@ type Progress struct {
 	EvalLoss     float64 `cbor:"eloss,omitempty" json:"eval_loss,omitempty"`
 	EvalAccuracy float64 `cbor:"eacc,omitempty" json:"eval_accuracy,omitempty"`
 	EvalAt       uint64  `cbor:"eat,omitempty" json:"eval_at,omitempty"`
+	// The round answers the worker got (a held job's holder's): its
+	// updates accepted and refused, and the last refused in a row.
+	Accepted   uint64 `cbor:"ans_a,omitempty" json:"accepted,omitempty"`
+	Refused    uint64 `cbor:"ans_r,omitempty" json:"refused,omitempty"`
+	RefusedRun uint64 `cbor:"ans_run,omitempty" json:"refused_run,omitempty"`
 }
 
 // MaxProgressCount bounds a progress report's counts.
@@ -439,7 +444,6 @@ const MaxProgressCount = 1 << 50
 func (p *Progress) Validate() error {
 	for _, l := range []float64{p.Loss, p.EvalLoss} {
 		if !(math.Abs(l) < math.MaxFloat32) { // NaN too
-
 			return rangeErr("progress loss %v", l)
 		}
 	}
@@ -448,7 +452,7 @@ func (p *Progress) Validate() error {
 			return rangeErr("progress accuracy %v (want 0 to 1)", a)
 		}
 	}
-	if max(p.Units, p.Steps, p.Total, p.EvalAt) > MaxProgressCount {
+	if max(p.Units, p.Steps, p.Total, p.EvalAt, p.Accepted, p.Refused, p.RefusedRun) > MaxProgressCount {
 		return rangeErr("progress count over %d", uint64(MaxProgressCount))
 	}
 	return nil

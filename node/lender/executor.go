@@ -49,9 +49,11 @@ type Executor struct {
 	// least that share of the price for the time worked, or the worker
 	// stops (unpaid).
 	minFloor float64
-	store    Store
-	blocks   Blocks
-	ledger   Escrows
+	// refusedStop: the [lend] refused_stop (0: never).
+	refusedStop int
+	store       Store
+	blocks      Blocks
+	ledger      Escrows
 	// committed: see ExecutorParams.Committed.
 	committed func() <-chan struct{}
 	holds     HoldBook
@@ -138,6 +140,8 @@ type worker struct {
 	// holder: the model's holder of this machine's own held job (Hold),
 	// not a lent worker: the owner's use neither suspends nor reclaims it.
 	holder bool
+	// answers are the round answers it last reported (accepted, refused).
+	answers [2]uint64
 }
 
 // keepsOutput says whether the worker's output dir is its run's result:
@@ -172,6 +176,9 @@ type ExecutorParams struct {
 	// DisputeWindow is the ledger's (genesis dispute_window_s): the claim
 	// service looks for a run's settlement at least four times in it.
 	DisputeWindow time.Duration
+	// RefusedStop stops a worker whose last RefusedStop round answers
+	// all refused its update ([lend] refused_stop; 0: never).
+	RefusedStop int
 
 	Host    host.Host        // tunnels to a run's other machines go through it
 	Account identity.Address // this machine's ledger account, which is paid
@@ -211,7 +218,7 @@ func NewExecutor(p ExecutorParams) (*Executor, error) {
 	if minFloor == 0 {
 		minFloor = p2p.MinFloor
 	}
-	e := &Executor{log: p.Logger, self: id, account: p.Account, chainID: p.ChainID, minFloor: minFloor, store: p.Store, blocks: p.Blocks, ledger: p.Ledger, committed: p.Committed,
+	e := &Executor{log: p.Logger, self: id, account: p.Account, chainID: p.ChainID, minFloor: minFloor, refusedStop: p.RefusedStop, store: p.Store, blocks: p.Blocks, ledger: p.Ledger, committed: p.Committed,
 		holds: p.Holds, lent: p.GPUs, dial: p.Dialer, home: p.Home, cpuPool: p.CPUs, shareCPUs: p.ShareCPUs,
 		dir: p.Dir, root: root, logs: logs, ids: ids, keep: p.KeepLogs,
 		python: p.Python, tunnels: tunnel.New(p.Host, p.ChainID, p.Logger.With("module", "tunnel")),
@@ -399,11 +406,14 @@ func (e *Executor) watch(now time.Time) {
 		silent := now.Sub(w.beat) > submitterSilence
 		over := !w.started.IsZero() && now.Sub(w.started) > time.Duration(w.l.MaxSecs)*time.Second
 		w.mu.Unlock()
+		refused := live && !w.holder && e.refusedStop > 0 && e.answered(w) >= uint64(e.refusedStop)
 		switch why, short := unpaid[w.l.JobID]; {
 		case live && silent:
 			e.stop(w, "the submitter stopped answering", false)
 		case live && short && !w.holder:
 			e.stop(w, why, false)
+		case refused:
+			e.stop(w, fmt.Sprintf("stopped: unpaid: the job's holder refused this worker's last %d updates; only the floor would pay it", e.refusedStop), false)
 		case live && over:
 			w.set(func() { w.outOfTime = true })
 			e.stop(w, "out of time: the job's max duration was reached", false)

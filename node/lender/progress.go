@@ -62,10 +62,30 @@ func (e *Executor) readProgress(w *worker) *p2p.Progress {
 			*f = 0
 		}
 	}
-	if max(p.Units, p.Steps, p.Total, p.EvalAt) > p2p.MaxProgressCount {
+	if max(p.Units, p.Steps, p.Total, p.EvalAt, p.Accepted, p.Refused, p.RefusedRun) > p2p.MaxProgressCount {
 		return nil
 	}
 	return &p
+}
+
+// answered reads worker w's round answers from its progress report,
+// logs them when they changed, and returns how many of the last it was
+// refused in a row.
+func (e *Executor) answered(w *worker) uint64 {
+	p := e.readProgress(w)
+	if p == nil {
+		return 0
+	}
+	now := [2]uint64{p.Accepted, p.Refused}
+	w.mu.Lock()
+	changed := now != w.answers
+	w.answers = now
+	w.mu.Unlock()
+	if changed {
+		e.log.Info("round answers", "module", "executor", "job", w.l.JobID[:12], "worker", w.l.Index,
+			"accepted", p.Accepted, "refused", p.Refused, "refused_in_a_row", p.RefusedRun)
+	}
+	return p.RefusedRun
 }
 
 // statusOf is worker w's report to its submitter, with its progress.

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -185,5 +186,57 @@ func TestUnpaidWorkerIsStopped(t *testing.T) {
 		if st.State != want || (want == p2p.WorkerStopped && !strings.HasPrefix(st.Reason, "stopped: unpaid")) {
 			t.Errorf("worker of %.8s: %s (%s), want %s", job, st.State, st.Reason, want)
 		}
+	}
+}
+
+// TestRefusedWorkerIsStopped: a worker whose last refused_stop round
+// answers all refused its update (as its progress file says) is stopped,
+// unpaid, and says why; one refused less often, or with the stop off,
+// runs on.
+func TestRefusedWorkerIsStopped(t *testing.T) {
+	work := filepath.Join(t.TempDir(), "work")
+	st := newMemStore()
+	e := workAreaExecutor(t, work, st)
+	e.claims = newClaims(newTestEscrows(time.Now), st, "m", e.log)
+	e.workers = map[string]*worker{}
+	now := time.Now()
+	add := func(report string) *worker {
+		job := randomJobID(t)
+		w := &worker{l: p2p.Launch{JobID: job, World: []string{"this"}, MaxSecs: 3600},
+			key: workerKey(job, 0), name: workerName(job, 0), state: p2p.WorkerRunning,
+			started: now.Add(-time.Minute), beat: now, done: make(chan struct{}), cancel: func() {}}
+		tmp := filepath.Join(work, w.name, "tmp")
+		if err := os.MkdirAll(tmp, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(tmp, "progress.json"), []byte(report), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		e.workers[w.key] = w
+		return w
+	}
+	refused := add(`{"units": 9, "accepted": 2, "refused": 4, "refused_run": 3}`)
+	lately := add(`{"units": 9, "accepted": 5, "refused": 4, "refused_run": 2}`)
+	silent := add(`{"units": 9}`)
+	check := func(stop int, want map[*worker]p2p.WorkerState) {
+		t.Helper()
+		e.refusedStop = stop
+		e.watch(now)
+		for w, state := range want {
+			w.mu.Lock()
+			got, why := w.state, w.reason
+			w.mu.Unlock()
+			if got != state || (state == p2p.WorkerStopped && !strings.HasPrefix(why, "stopped: unpaid: the job's holder refused")) {
+				t.Errorf("refused_stop %d, worker %s: %s (%s), want %s", stop, w.name, got, why, state)
+			}
+		}
+	}
+	check(0, map[*worker]p2p.WorkerState{refused: p2p.WorkerRunning, lately: p2p.WorkerRunning, silent: p2p.WorkerRunning})
+	check(3, map[*worker]p2p.WorkerState{refused: p2p.WorkerStopped, lately: p2p.WorkerRunning, silent: p2p.WorkerRunning})
+	if refused.answers != [2]uint64{2, 4} {
+		t.Errorf("the node kept the answers %v, want 2 accepted and 4 refused", refused.answers)
+	}
+	for _, w := range e.workers {
+		close(w.done)
 	}
 }

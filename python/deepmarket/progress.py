@@ -39,6 +39,9 @@ ENV = "DM_PROGRESS_FILE"
 MIN_INTERVAL = 1.0
 
 _last = {"at": 0.0, "units": -1}
+# The round answers a held job's worker got so far (answers()): reported
+# beside its progress, so that its own node sees them.
+_answers = {}
 
 
 def _finite(x):
@@ -72,12 +75,30 @@ def report(units, loss=None, path=None, force=False, steps=None, total=None, acc
     for key, v in (("steps", steps), ("total", total), ("eval_at", eval_at)):
         if v is not None and int(v) >= 0:
             rec[key] = int(v)
+    rec.update(_answers)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(rec, f)
     os.replace(tmp, path)
     _last["at"], _last["units"] = now, units
     return True
+
+
+def answers(accepted, refused, refused_run, path=None):
+    """Records the round answers a worker got from whoever averages the
+    job's updates (a held job's holder): how many of its updates were
+    accepted and refused, and how many of the last were refused in a row.
+    The next report carries them, and this one writes them now (with the
+    last units reported): its node stops a worker refused round after
+    round (the lender's [lend] refused_stop), since only the floor pays
+    it. Returns whether the file was written."""
+    counts = {"accepted": int(accepted), "refused": int(refused), "refused_run": int(refused_run)}
+    if min(counts.values()) < 0:
+        raise ValueError("progress: answer counts must not be negative, got %r" % counts)
+    _answers.update(counts)
+    if _last["units"] < 0:
+        return False
+    return report(_last["units"], path=path, force=True)
 
 
 def keras_callback(keras):

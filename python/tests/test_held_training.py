@@ -51,6 +51,7 @@ def held_job(hostile=None, checks=True, workers=3, epochs=3, extra=()):
                     argv.append("--no-checks")
             else:
                 env["DM_RANK"] = str(rank)
+                env["DM_PROGRESS_FILE"] = os.path.join(d, "progress%d.json" % rank)
                 if hostile and rank == workers - 1:
                     env["DM_HOSTILE"] = hostile
                     argv = [sys.executable, HOSTILE] + argv[1:]
@@ -72,7 +73,16 @@ def held_job(hostile=None, checks=True, workers=3, epochs=3, extra=()):
         if procs[-1].returncode != 0 or not os.path.exists(path):
             raise AssertionError("the holder failed (%s):\n%s" % (procs[-1].returncode, outs[-1]))
         with open(path) as f:
-            return json.load(f), outs, [p.returncode for p in procs]
+            result = json.load(f)
+        # What each worker's node would read of its round answers.
+        result["_progress"] = {}
+        for rank in range(workers):
+            try:
+                with open(os.path.join(d, "progress%d.json" % rank)) as f:
+                    result["_progress"][str(rank)] = json.load(f)
+            except FileNotFoundError:
+                pass
+        return result, outs, [p.returncode for p in procs]
 
 
 class HeldTrainingTest(unittest.TestCase):
@@ -88,12 +98,22 @@ class HeldTrainingTest(unittest.TestCase):
         for rank in ("0", "1"):
             self.assertGreaterEqual(r["accounts"][rank]["accepted"], r["rounds"] - 1, r["accounts"])
             self.assertEqual(r["accounts"][rank]["refused"], 0, r["accounts"])
+            # Its node saw the answers too.
+            got = r["_progress"][rank]
+            self.assertGreaterEqual(got["accepted"], r["rounds"] - 1, got)
+            self.assertEqual((got["refused"], got["refused_run"]), (0, 0), got)
 
     def test_a_poisoning_worker_is_refused_and_earns_nothing(self):
         r, outs, _ = held_job("scaled")
         acc = r["accounts"]
         self.assertEqual(acc.get("2", {}).get("accepted", 0), 0, acc)
         self.assertTrue(acc["2"]["dropped"], acc)
+        # Its node saw every answer refuse it, in a row: the lender's
+        # stop-loss reads refused_run.
+        got = r["_progress"]["2"]
+        self.assertEqual(got["accepted"], 0, got)
+        self.assertGreaterEqual(got["refused_run"], 1, got)
+        self.assertEqual(got["refused_run"], got["refused"], got)
         self.assertGreater(r["test_accuracy"], self.honest["test_accuracy"] - 0.03, outs[-1])
         # Checks off: the same worker wrecks the model.
         r, outs, _ = held_job("scaled", checks=False)

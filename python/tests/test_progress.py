@@ -20,6 +20,7 @@ class ProgressTest(unittest.TestCase):
         self.dir = tempfile.TemporaryDirectory()
         self.path = os.path.join(self.dir.name, "progress.json")
         progress._last.update(at=0.0, units=-1)
+        progress._answers.clear()
 
     def tearDown(self):
         self.dir.cleanup()
@@ -40,6 +41,18 @@ class ProgressTest(unittest.TestCase):
         self.assertFalse(progress.report(2, path=self.path))
         self.assertEqual(self.read()["units"], 1)
         self.assertTrue(progress.report(3, path=self.path, force=True))
+
+    def test_answers_go_with_every_report(self):
+        self.assertFalse(progress.answers(0, 1, 1, path=self.path))  # nothing reported yet: kept for the first
+        progress.report(3, path=self.path)
+        self.assertEqual(self.read(), {"units": 3, "accepted": 0, "refused": 1, "refused_run": 1})
+        self.assertTrue(progress.answers(0, 2, 2, path=self.path))  # written at once, with the last units
+        self.assertEqual(self.read(), {"units": 3, "accepted": 0, "refused": 2, "refused_run": 2})
+        progress.answers(1, 2, 0, path=self.path)
+        progress.report(4, 0.5, path=self.path, force=True)
+        self.assertEqual(self.read(), {"units": 4, "loss": 0.5, "accepted": 1, "refused": 2, "refused_run": 0})
+        with self.assertRaises(ValueError):
+            progress.answers(-1, 0, 0, path=self.path)
 
     def test_without_the_variable_nothing_happens(self):
         with mock.patch.dict(os.environ, {}, clear=True):

@@ -74,6 +74,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import progress
 from . import codec as codecs
 from . import wire
 
@@ -194,7 +195,7 @@ class Averager:
         self._io = threading.Lock()
         self.stats = {"rank": self.rank, "world": self.world, "joined_round": None, "joined_how": None,
                       "last_round": None, "rounds": 0, "rounds_coordinated": 0, "late": 0, "resyncs": 0,
-                      "refused": 0,
+                      "refused": 0, "refused_run": 0,
                       "bytes_sent": 0, "bytes_received": 0, "seconds": 0.0}
         self._t0 = None
         self._expect_until = 0.0         # a founder's first round waits for all until then
@@ -629,13 +630,25 @@ class Averager:
         late = "progress" in h  # only replies to a push after the round closed carry it
         if self.rank in h.get("ranks", []):
             self.stats["rounds"] += 1
+            self.stats["refused_run"] = 0
+            self._answered()
         if self.rank in h.get("refused", []):
             self.stats["refused"] += 1
+            self.stats["refused_run"] += 1
             self._log("round %d: the holder refused our update" % h.get("from_round"))
+            self._answered()
         if late:
             self.stats["late"] += 1
         steps = max(0, self.H - int(h.get("progress", 0)))
         return Sync(new.theta.copy(), new.round, steps, new.stop, "late" if late else "update")
+
+    def _answered(self):
+        """Tells this worker's node the round answers so far (its progress
+        file): accepted, refused, and refused in a row."""
+        try:
+            progress.answers(self.stats["rounds"], self.stats["refused"], self.stats["refused_run"])
+        except OSError as e:
+            self._log("cannot report the round answers to the node: %s" % e)
 
     def _adopt(self, h, p, outcome):
         """Replaces our state with a peer's full state (theta and momentum)."""
