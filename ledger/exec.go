@@ -387,6 +387,9 @@ func (s *State) settle(c *call, m *Settle) (effect, error) {
 		if seen[p.Machine] {
 			return nil, reject(CodeMalformed, "machine %s paid twice", p.Machine)
 		}
+		if p.Refused > p.Rounds || p.Rounds > MaxRounds {
+			return nil, reject(CodeMalformed, "machine %s: %d rounds refused of %d; want at most the rounds, and at most %d rounds", p.Machine, p.Refused, p.Rounds, MaxRounds)
+		}
 		seen[p.Machine] = true
 		var ok bool
 		if total, ok = add(total, p.Amount); !ok || total > e.Total {
@@ -429,6 +432,11 @@ func (s *State) settle(c *call, m *Settle) (effect, error) {
 			if s.countsFor(p.Machine, c.signer, owed[p.Machine]) {
 				rec := s.machine(p.Machine)
 				rec.Earned = satAdd(rec.Earned, owed[p.Machine])
+				rec.Rounds, rec.Refused = satAdd(rec.Rounds, uint64(p.Rounds)), satAdd(rec.Refused, uint64(p.Refused))
+			}
+			if p.Rounds > 0 {
+				pr := s.payer(c.signer)
+				pr.Rounds, pr.Refused = satAdd(pr.Rounds, uint64(p.Rounds)), satAdd(pr.Refused, uint64(p.Refused))
 			}
 			ev.accounts = append(ev.accounts, owner)
 			ev.attrs = append(ev.attrs, [2]string{"paid", p.Machine + "=" + u(owed[p.Machine])})

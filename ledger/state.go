@@ -125,6 +125,10 @@ type PayerRecord struct {
 	Owed     uint64 `cbor:"owed" json:"owed"`
 	Marks    uint64 `cbor:"marks,omitempty" json:"marks"`
 	Disputed uint64 `cbor:"disputed,omitempty" json:"disputed"`
+	// Rounds are its held jobs' rounds it settled, Refused those its
+	// holders refused: its refusal rate, by its own settlements.
+	Rounds  uint64 `cbor:"rounds,omitempty" json:"rounds"`
+	Refused uint64 `cbor:"refused,omitempty" json:"refused"`
 }
 
 // MachineRecord is a machine's track record, for the scheduler. It counts
@@ -137,6 +141,10 @@ type MachineRecord struct {
 	Completed uint64 `cbor:"completed" json:"completed"`
 	Failed    uint64 `cbor:"failed" json:"failed"`
 	Earned    uint64 `cbor:"earned" json:"earned"`
+	// Rounds are its workers' rounds in held jobs and Refused those the
+	// holders refused: a statistic of their own, not failures.
+	Rounds  uint64 `cbor:"rounds,omitempty" json:"rounds"`
+	Refused uint64 `cbor:"refused,omitempty" json:"refused"`
 }
 
 // Params are the chain's rules, fixed at genesis. A genesis that leaves a

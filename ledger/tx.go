@@ -146,6 +146,11 @@ type (
 		Machine string `cbor:"machine"`
 		Amount  uint64 `cbor:"amount"`
 		Failed  bool   `cbor:"failed,omitempty"`
+		// Rounds and Refused are the machine's rounds in a held job and
+		// those the holder refused (at most MaxRounds): they count in the
+		// machine's and the payer's records, apart from failures.
+		Rounds  uint32 `cbor:"rounds,omitempty"`
+		Refused uint32 `cbor:"refused,omitempty"`
 	}
 	// Settle pays each machine for time used and refunds the rest.
 	Settle struct {
@@ -271,6 +276,9 @@ type LinkConsent struct {
 	Expiry  int64  `cbor:"expiry"`  // block time, unix seconds
 	Sig     []byte `cbor:"sig"`
 }
+
+// MaxRounds bounds the rounds one settlement counts for one machine.
+const MaxRounds = 1 << 20
 
 // MaxConsentTTL bounds how far ahead of the block time a consent may
 // expire.

@@ -82,3 +82,31 @@ func TestMarksNeedACause(t *testing.T) {
 		t.Fatalf("payer record %+v", r)
 	}
 }
+
+// TestRefusedRoundsAreTheirOwnStatistic: a settlement's refused rounds
+// count in the machine's record and the payer's, apart from failures (a
+// machine refused every round is not marked failed); a count that is not
+// a share of the rounds is refused and changes nothing.
+func TestRefusedRoundsAreTheirOwnStatistic(t *testing.T) {
+	issuer, payer, a, b := key(t, 1), key(t, 2), key(t, 3), key(t, 4)
+	h := newHarness(t, nil, genesis(issuer, map[*identity.Key]uint64{payer: 10 * credit}, a, b))
+	aa, ab := string(a.Address()), string(b.Address())
+	h.must(h.tx(payer, TypeOpenEscrow, &OpenEscrow{Job: job(1), Amount: credit, Expiry: h.now.Unix() + 3600, Payees: []string{aa, ab}}))
+	expectCode(t, h.block(h.tx(payer, TypeSettle, &Settle{Job: job(1), Payments: []Payment{
+		{Machine: aa, Amount: 10_000, Rounds: 3, Refused: 4}}})), CodeMalformed, "refused of")
+	expectCode(t, h.block(h.tx(payer, TypeSettle, &Settle{Job: job(1), Payments: []Payment{
+		{Machine: aa, Amount: 10_000, Rounds: MaxRounds + 1}}})), CodeMalformed, "at most")
+	h.must(h.tx(payer, TypeSettle, &Settle{Job: job(1), Payments: []Payment{
+		{Machine: aa, Amount: 10_000, Rounds: 10, Refused: 10}, {Machine: ab, Amount: 10_000, Rounds: 10, Refused: 1}}}))
+	h.closeWindows()
+	st := h.app.Snapshot()
+	if r := st.Machines[aa]; r == nil || r.Rounds != 10 || r.Refused != 10 || r.Failed != 0 || r.Completed != 1 {
+		t.Errorf("the machine refused every round: %+v", r)
+	}
+	if r := st.Machines[ab]; r == nil || r.Rounds != 10 || r.Refused != 1 {
+		t.Errorf("the other machine: %+v", r)
+	}
+	if r := st.Payers[string(payer.Address())]; r == nil || r.Rounds != 20 || r.Refused != 11 || r.Marks != 0 {
+		t.Errorf("payer record %+v", r)
+	}
+}

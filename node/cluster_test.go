@@ -146,9 +146,9 @@ func startJobClusterLending(t *testing.T, python string, lenders int, lend api.L
 	}
 	// Each offer as it stands once the machine probed its Python: with
 	// TensorFlow where python has it. Importing TensorFlow takes a lender
-	// seconds alone and over a minute beside make test's other packages.
+	// seconds alone and minutes beside make test's other packages.
 	tf := importsTF(python)
-	eventually(t, 3*time.Minute, "the submitter to hold every lender's offer, with its Python probed", func() bool {
+	eventually(t, 5*time.Minute, "the submitter to hold every lender's offer, with its Python probed", func() bool {
 		offers := a.Offers()
 		for _, l := range c.lenders {
 			if !slices.ContainsFunc(offers, func(o api.Offer) bool {

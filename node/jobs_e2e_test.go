@@ -118,7 +118,9 @@ func TestFashionMNISTAcrossTwoLenders(t *testing.T) {
 				until = x.ProgressAt
 			}
 		}
-		if w.Units == 0 || w.Ended.Sub(until) > 10*time.Second {
+		// Its last report comes as it ends, give or take the test set's
+		// evaluation and the saving (slower beside make test's packages).
+		if w.Units == 0 || w.Ended.Sub(until) > 45*time.Second {
 			t.Errorf("worker %d reported %d units, its last %s before it ended", i, w.Units, w.Ended.Sub(until))
 		}
 		earned := uint64(float64(w.PerHour) * until.Sub(w.Started).Hours())

@@ -404,6 +404,20 @@ func TestLedgerCLI(t *testing.T) {
 		t.Fatalf("history %+v", hist)
 	}
 
+	// Its records: no escrow of its own yet; a bad address is a usage error.
+	if out := mustRun(t, "ledger", "record", "--home", home); !strings.Contains(out, "as a payer:   no escrow closed yet") ||
+		!strings.Contains(out, "as a machine: 0 completed, 0 failed") {
+		t.Errorf("ledger record: %s", out)
+	}
+	var rec struct {
+		Address string         `json:"address"`
+		Payer   map[string]any `json:"payer"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "ledger", "record", other, "--json", "--home", home)), &rec); err != nil || rec.Address != other || rec.Payer["owed"] != 0.0 {
+		t.Errorf("ledger record --json: %+v %v", rec, err)
+	}
+	expectFail(t, 2, "addresses look like dm1", "ledger", "record", "dm1nothing", "--home", home)
+
 	var rep struct {
 		OK       bool     `json:"ok"`
 		Height   int64    `json:"height"`

@@ -97,6 +97,10 @@ would cost. Nothing is paid while it waits; cancel takes it out.`,
 					question = "Leave it in the queue, to run when machines free up? [y/N] "
 				} else {
 					showQuote(c.out, j)
+					// What lenders read of this node as a payer.
+					if rec, err := cl.Record(ctx, ""); err == nil {
+						fmt.Fprintf(c.out, "your record as a payer (lenders may refuse a bid by it): %s\n\n", payerLine(rec.Payer))
+					}
 				}
 				fmt.Fprint(c.out, question)
 				answers := make(chan string, 1)
@@ -206,8 +210,12 @@ func showQuote(w io.Writer, j *jobs.Job) {
 		fmt.Fprintf(w, "  worker %d  %-16s %-12s %s credits/h\n", i, name, wk.Site, units.FormatCredits(wk.PerHour))
 	}
 	explainPrices(w, r.Workers, "  ")
-	fmt.Fprintf(w, "price: %s credits an hour; at most %s credits for %s (your max price %s, locked in escrow, the rest refunded)\n\n",
+	fmt.Fprintf(w, "price: %s credits an hour; at most %s credits for %s (your max price %s, locked in escrow, the rest refunded)\n",
 		units.FormatCredits(r.PerHour), units.FormatCredits(r.Quoted), j.Spec.MaxDuration, units.FormatCredits(j.Spec.MaxPrice))
+	if j.Spec.Floor > 0 {
+		fmt.Fprintf(w, "floor: each machine is paid at least %.0f%% of its price for the time its worker runs, whatever its progress\n", 100*j.Spec.Floor)
+	}
+	fmt.Fprintln(w)
 	if p := r.Predicted; p != nil {
 		fmt.Fprintf(w, "predicted: %s to train (%s of it exchanging weights), %.0f ms a step, %.2fx one worker's speed",
 			seconds(p.TotalSeconds), seconds(p.CommSeconds), p.StepMillis, p.SpeedUp)

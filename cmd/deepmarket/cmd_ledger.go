@@ -29,7 +29,7 @@ func newLedgerCmd(c *cli) *cobra.Command {
 credits with up to six decimals (1 credit = 1,000,000 micro-credits); --json
 prints integers in micro-credits.`,
 	}
-	cmd.AddCommand(newBalanceCmd(c), newHistoryCmd(c), newSendCmd(c, ledger.TypeTransfer), newSendCmd(c, ledger.TypeGrant),
+	cmd.AddCommand(newBalanceCmd(c), newHistoryCmd(c), newRecordCmd(c), newSendCmd(c, ledger.TypeTransfer), newSendCmd(c, ledger.TypeGrant),
 		newAdmitCmd(c), newConsentCmd(c), newLinkCmd(c), newTxCmd(c), newAuditCmd(c),
 		newValidatorsCmd(c), newValidatorCmd(c))
 	return cmd
@@ -63,6 +63,49 @@ func newBalanceCmd(c *cli) *cobra.Command {
 		fmt.Fprintf(c.out, "%s  %s credits  (at height %d)\n", b.Address, units.FormatCredits(b.Balance), b.Height)
 		return nil
 	})
+}
+
+func newRecordCmd(c *cli) *cobra.Command {
+	cmd := &cobra.Command{Use: "record [ADDR]", Short: "Show an account's track records as a payer and as a machine (default: this node's)",
+		Long: `A payer's record counts its escrows that closed, what its own settlements paid
+against what it owed (the rest its machines had to lodge receipts for), the
+failed marks it gave and how many were disputed, and the rounds of its held jobs
+its holders refused. Lenders may refuse a payer by it ([lend] min_payer_paid).
+A machine's record counts its paid work completed and failed, what it earned,
+and its rounds refused (a statistic of its own: a refusal is not a failure).`,
+		Args: addressArg}
+	return showCmd(c, cmd, func(ctx context.Context, cl *api.Client, args []string) (api.Record, error) {
+		return cl.Record(ctx, firstOr(args))
+	}, func(r api.Record) error {
+		fmt.Fprintf(c.out, "%s  (at height %d)\n", r.Address, r.Height)
+		fmt.Fprintf(c.out, "  as a payer:   %s\n", payerLine(r.Payer))
+		m := r.Machine
+		fmt.Fprintf(c.out, "  as a machine: %d completed, %d failed, earned %s credits; %s\n",
+			m.Completed, m.Failed, units.FormatCredits(m.Earned), refusedLine(m.Refused, m.Rounds))
+		return nil
+	})
+}
+
+// payerLine is a payer's record in words.
+func payerLine(p ledger.PayerRecord) string {
+	if p.Closed == 0 && p.Rounds == 0 {
+		return "no escrow closed yet"
+	}
+	paid := "paid all it owed"
+	if p.Owed > 0 && p.Paid < p.Owed {
+		paid = fmt.Sprintf("paid %.1f%% of the %s credits it owed", 100*float64(p.Paid)/float64(p.Owed), units.FormatCredits(p.Owed))
+	}
+	return fmt.Sprintf("%s closed, %s; %s given (%d disputed); %s",
+		units.Count(int(min(p.Closed, 1<<31)), "escrow", "escrows"), paid, units.Count(int(min(p.Marks, 1<<31)), "failed mark", "failed marks"),
+		p.Disputed, refusedLine(p.Refused, p.Rounds))
+}
+
+// refusedLine is how many held rounds were refused of how many.
+func refusedLine(refused, rounds uint64) string {
+	if rounds == 0 {
+		return "no held rounds"
+	}
+	return fmt.Sprintf("%d of %d held rounds refused (%.1f%%)", refused, rounds, 100*float64(refused)/float64(rounds))
 }
 
 func newHistoryCmd(c *cli) *cobra.Command {

@@ -143,6 +143,13 @@ func (c *Client) Balance(ctx context.Context, addr string) (Balance, error) {
 	return b, c.do(ctx, http.MethodGet, "/api/v1/ledger/balance?address="+url.QueryEscape(addr), nil, &b)
 }
 
+// Record returns an account's track records as a payer and as a machine
+// (addr empty: the node's own).
+func (c *Client) Record(ctx context.Context, addr string) (Record, error) {
+	var r Record
+	return r, c.do(ctx, http.MethodGet, "/api/v1/ledger/record?address="+url.QueryEscape(addr), nil, &r)
+}
+
 // History lists what moved credits for an account, newest first.
 func (c *Client) History(ctx context.Context, addr string, limit int) ([]ledger.HistoryEntry, error) {
 	var h []ledger.HistoryEntry

@@ -73,6 +73,8 @@ type (
 	Ledger interface {
 		Balance(ctx context.Context, addr string) (Balance, error)
 		History(ctx context.Context, addr string, limit int) ([]ledger.HistoryEntry, error)
+		// Record is an account's track records, as a payer and as a machine.
+		Record(ctx context.Context, addr string) (Record, error)
 		// Send signs, sends and waits for a transfer or grant; it calls
 		// prepared with the transaction's hash before sending it.
 		Send(ctx context.Context, req SendRequest, prepared func(SendPrepared)) (SendResult, error)
@@ -220,6 +222,9 @@ func (s *Server) routeLedger() {
 		limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
 		h, err := p.Ledger.History(r.Context(), r.URL.Query().Get("address"), limit)
 		return nonNil(h), err
+	})
+	s.handle("GET /api/v1/ledger/record", func(r *http.Request) (any, error) {
+		return p.Ledger.Record(r.Context(), r.URL.Query().Get("address"))
 	})
 	s.handleFunc("POST /api/v1/ledger/send", s.send)
 	s.handle("GET /api/v1/ledger/tx/{hash}", func(r *http.Request) (any, error) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/inventory"
 	"github.com/deepmarket/deepmarket/node/lender"
 	"github.com/deepmarket/deepmarket/node/market"
@@ -43,6 +44,17 @@ type Balance struct {
 	Balance uint64 `json:"balance"`
 	Nonce   uint64 `json:"nonce"`
 	Height  int64  `json:"height"`
+}
+
+// Record is an account's two track records on the ledger: as a payer
+// (escrows closed, paid against owed, marks given and disputed, rounds
+// its holders refused) and as a machine (work completed and failed,
+// earned, rounds refused).
+type Record struct {
+	Address string               `json:"address"`
+	Payer   ledger.PayerRecord   `json:"payer"`
+	Machine ledger.MachineRecord `json:"machine"`
+	Height  int64                `json:"height"`
 }
 
 // SendRequest moves credits: a transfer, or a grant by an issuer.

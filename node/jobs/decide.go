@@ -429,11 +429,17 @@ func RanUntil(w *Worker, now time.Time) time.Time {
 func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment, total uint64) {
 	owed := map[string]uint64{}
 	failed := map[string]bool{}
+	rounds, refused := map[string]uint32{}, map[string]uint32{}
 	var order []string
 	for i := range run.Workers {
 		w := &run.Workers[i]
 		if !slices.Contains(order, w.Payee) {
 			order = append(order, w.Payee)
+		}
+		if run.Held() {
+			// Its own statistic on the ledger, not a mark.
+			rounds[w.Payee] = min(rounds[w.Payee]+uint32(min(w.Accepted+w.Refused, ledger.MaxRounds)), ledger.MaxRounds)
+			refused[w.Payee] = min(refused[w.Payee]+uint32(min(w.Refused, ledger.MaxRounds)), rounds[w.Payee])
 		}
 		if lost[i] {
 			failed[w.Payee] = true
@@ -462,7 +468,7 @@ func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment,
 	pays = make([]ledger.Payment, 0, len(order))
 	for _, p := range order {
 		total += owed[p] // at most the escrow, summed
-		pays = append(pays, ledger.Payment{Machine: p, Amount: owed[p], Failed: failed[p]})
+		pays = append(pays, ledger.Payment{Machine: p, Amount: owed[p], Failed: failed[p], Rounds: rounds[p], Refused: refused[p]})
 	}
 	return pays, total
 }

@@ -482,6 +482,7 @@ func TestDecideProgress(t *testing.T) {
 // holder that refuses every round pays the floor all the same, and only a
 // failed spot check forfeits it (and marks the machine failed). What was
 // held back for spot checks and never checked is paid at settlement.
+// Refused rounds are counted, not marked.
 func TestFloorRefusingDoesNotPay(t *testing.T) {
 	run := &Run{Holder: &Worker{}, Escrow: 1 << 40, Floor: 0.5, Workers: []Worker{
 		{Payee: "refused", PerHour: 3600, Started: t0.Add(-time.Hour), LastSeen: t0, Refused: 12, Dropped: true},
@@ -492,7 +493,9 @@ func TestFloorRefusingDoesNotPay(t *testing.T) {
 		t.Errorf("receipts %v: want the floor (1800) for the refused worker, its accepted rounds less the held share for the other, nothing for the forfeited", owed)
 	}
 	pays, _ := PayPlan(run, nil, t0)
-	want := []ledger.Payment{{Machine: "refused", Amount: 1800}, {Machine: "accepted", Amount: 3600}, {Machine: "forfeited", Failed: true}}
+	// The refused rounds go to the ledger as a statistic of their own.
+	want := []ledger.Payment{{Machine: "refused", Amount: 1800, Rounds: 12, Refused: 12}, {Machine: "accepted", Amount: 3600, Rounds: 12},
+		{Machine: "forfeited", Failed: true, Rounds: 12}}
 	if !slices.Equal(pays, want) {
 		t.Errorf("pay plan %+v, want %+v", pays, want)
 	}

@@ -38,6 +38,24 @@ func (l *Ledger) Balance(ctx context.Context, addr string) (api.Balance, error) 
 	return api.Balance{Address: string(a), Balance: acct.Balance, Nonce: acct.Nonce, Height: l.Chain.Height()}, nil
 }
 
+// Record is an account's records as a payer and as a machine; addr empty
+// is this node's.
+func (l *Ledger) Record(ctx context.Context, addr string) (api.Record, error) {
+	a, err := addressOr(addr, l.Account)
+	if err != nil {
+		return api.Record{}, err
+	}
+	payer, err := l.Client.PayerRecord(ctx, string(a))
+	if err != nil {
+		return api.Record{}, err
+	}
+	machine, err := l.Client.MachineRecord(ctx, string(a))
+	if err != nil {
+		return api.Record{}, err
+	}
+	return api.Record{Address: string(a), Payer: payer, Machine: machine, Height: l.Chain.Height()}, nil
+}
+
 // History is an account's transactions, newest first.
 func (l *Ledger) History(ctx context.Context, addr string, limit int) ([]ledger.HistoryEntry, error) {
 	a, err := addressOr(addr, l.Account)
