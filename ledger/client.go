@@ -575,6 +575,10 @@ func ReadValidators(ctx context.Context, rpc Querier) (*ValidatorSet, error) {
 // SignReceipt signs a usage receipt with the client's key (as payer).
 func (c *Client) SignReceipt(r Receipt) Receipt { return SignReceipt(c.key, c.chainID, r) }
 
+// SignAnswer signs a held job's answer to a payee with the client's key
+// (as payer).
+func (c *Client) SignAnswer(a Answer) Answer { return SignAnswer(c.key, c.chainID, a) }
+
 func (c *Client) query(ctx context.Context, path string, v any) error {
 	_, err := query(ctx, c.rpc, path, v)
 	return err

@@ -341,6 +341,21 @@ type Receipt struct {
 	Amount uint64 `cbor:"amount" json:"amount"`
 	Seq    uint64 `cbor:"seq" json:"seq"`
 	Sig    []byte `cbor:"sig" json:"sig"`
+	// Answer, in a held job, is the payer's signed word on the payee's
+	// rounds so far (ledger.Answer, whose job and payee are the
+	// receipt's).
+	Answer *Answer `cbor:"answer,omitempty" json:"answer,omitempty"`
+}
+
+// Answer is a ledger.Answer on the wire, beside its receipt.
+type Answer struct {
+	Round          uint64 `cbor:"round" json:"round"`
+	Accepted       uint32 `cbor:"accepted" json:"accepted"`
+	Refused        uint32 `cbor:"refused" json:"refused"`
+	AcceptedMillis uint64 `cbor:"accepted_ms" json:"accepted_ms"`
+	Reason         string `cbor:"reason,omitempty" json:"reason,omitempty"`
+	Forfeited      bool   `cbor:"forfeited,omitempty" json:"forfeited,omitempty"`
+	Sig            []byte `cbor:"sig" json:"sig"`
 }
 
 // StatusReq asks how a worker is doing; it is also the submitter's

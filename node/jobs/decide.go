@@ -352,6 +352,9 @@ func ApplyAccounts(run *Run, acc map[string]HolderAccount) {
 		w.Accepted, w.Refused = max(w.Accepted, a.Accepted), max(w.Refused, a.Refused)
 		w.AcceptedSeconds = max(w.AcceptedSeconds, a.Seconds)
 		w.Dropped = w.Dropped || a.Dropped
+		if a.LastRefusal != "" {
+			w.LastRefusal = p2p.Clip(a.LastRefusal, 200)
+		}
 		w.ChecksPassed = max(w.ChecksPassed, a.ChecksPassed)
 		if a.HeldSeconds >= 0 && a.HeldSeconds < 1e9 {
 			w.HeldSeconds = a.HeldSeconds
@@ -471,6 +474,31 @@ func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment,
 		pays = append(pays, ledger.Payment{Machine: p, Amount: owed[p], Failed: failed[p], Rounds: rounds[p], Refused: refused[p]})
 	}
 	return pays, total
+}
+
+// AnswerTo is what held run's holder has answered payee's workers so far
+// (summed over them), unsigned: the rounds accepted and refused, the
+// accepted seconds, the last refusal's reason and a forfeit.
+func AnswerTo(run *Run, payee string) ledger.Answer {
+	a := ledger.Answer{Job: run.ID, Payee: payee, Round: uint64(max(run.HolderRounds, 0))}
+	var ms float64
+	for i := range run.Workers {
+		w := &run.Workers[i]
+		if w.Payee != payee {
+			continue
+		}
+		a.Accepted = min(a.Accepted+uint32(min(max(w.Accepted, 0), ledger.MaxRounds)), ledger.MaxRounds)
+		a.Refused = min(a.Refused+uint32(min(max(w.Refused, 0), ledger.MaxRounds)), ledger.MaxRounds)
+		ms += w.AcceptedSeconds * 1000
+		if w.LastRefusal != "" {
+			a.Reason = w.LastRefusal
+		}
+		a.Forfeited = a.Forfeited || w.Forfeited
+	}
+	if ms > 0 && ms < 1<<62 {
+		a.AcceptedMillis = uint64(ms)
+	}
+	return a
 }
 
 // OwedSoFar is what each machine of run has earned by now, capped at the

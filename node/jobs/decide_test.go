@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/big"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -638,5 +639,24 @@ func TestBenched(t *testing.T) {
 	}
 	if got := Benched(&Run{Workers: run.Workers}); len(got) != 0 {
 		t.Fatalf("a run no one holds benched %v", got)
+	}
+}
+
+// TestAnswerTo: a held run's answer to a machine sums its workers'
+// rounds and accepted seconds, names the last refusal and a forfeit, and
+// is for the round the holder has reached.
+func TestAnswerTo(t *testing.T) {
+	run := &Run{ID: "run", Holder: &Worker{}, HolderRounds: 7, Workers: []Worker{
+		{Payee: "a", Accepted: 5, Refused: 2, AcceptedSeconds: 50.25, LastRefusal: "round 6: not finite"},
+		{Payee: "b", Accepted: 7},
+		{Payee: "a", Accepted: 1, Refused: 6, Forfeited: true},
+	}}
+	want := ledger.Answer{Job: "run", Payee: "a", Round: 7, Accepted: 6, Refused: 8, AcceptedMillis: 50_250,
+		Reason: "round 6: not finite", Forfeited: true}
+	if got := AnswerTo(run, "a"); !reflect.DeepEqual(got, want) {
+		t.Errorf("answer to a: %+v, want %+v", got, want)
+	}
+	if got := AnswerTo(run, "b"); got.Accepted != 7 || got.Refused != 0 || got.Reason != "" || got.Forfeited {
+		t.Errorf("answer to b: %+v", got)
 	}
 }

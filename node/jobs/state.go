@@ -112,6 +112,8 @@ type Worker struct {
 	Accepted        int     `json:"accepted,omitempty"`
 	Refused         int     `json:"refused,omitempty"`
 	AcceptedSeconds float64 `json:"accepted_seconds,omitempty"`
+	// LastRefusal is the reason the holder gave for its last refusal.
+	LastRefusal string `json:"last_refusal,omitempty"`
 	// Dropped says the holder dropped it for its refused updates (or a
 	// failed spot check).
 	Dropped bool `json:"dropped,omitempty"`

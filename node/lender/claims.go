@@ -22,6 +22,11 @@ import (
 // still.
 const receiptsKey = "receipts/"
 
+// answersKey prefixes the latest signed answer kept for each held run
+// (ledger.Answer): the payer's word on this machine's rounds, kept while
+// the run's receipt is.
+const answersKey = "answers/"
+
 // Claim timings.
 const (
 	// claimDelay waits past an escrow's expiry before claiming, so the
@@ -140,6 +145,32 @@ func (c *claims) Keep(r ledger.Receipt) error {
 		return err
 	}
 	return nil
+}
+
+// KeepAnswer stores a, a verified answer of the payer's, unless the one
+// kept for its run says as much; it reports whether a was kept.
+func (c *claims) KeepAnswer(a ledger.Answer) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var kept ledger.Answer
+	found, err := c.store.Get(answersKey+a.Job, &kept)
+	if err != nil {
+		return false, fmt.Errorf("read the answer kept for job %.12s: %w", a.Job, err)
+	}
+	if found && !a.Later(kept) {
+		return false, nil
+	}
+	if err := c.store.Put(answersKey+a.Job, a); err != nil {
+		return false, fmt.Errorf("keep the answer for job %.12s: %w", a.Job, err)
+	}
+	return true, nil
+}
+
+// Answer is the latest answer kept for run.
+func (c *claims) Answer(run string) (ledger.Answer, bool) {
+	var a ledger.Answer
+	found, err := c.store.Get(answersKey+run, &a)
+	return a, found && err == nil
 }
 
 // saveLocked stores cl's receipt, unless the store already holds a later
@@ -318,6 +349,9 @@ func (c *claims) step(ctx context.Context, cl *claim) {
 		delete(c.runs, cl.run)
 		if err := c.store.Delete(receiptsKey + cl.run); err != nil {
 			c.log.Warn("cannot forget a receipt whose claim is answered: the next start claims it again", "job", cl.run, "err", err)
+		}
+		if err := c.store.Delete(answersKey + cl.run); err != nil {
+			c.log.Warn("cannot forget the answer kept for a closed run", "job", cl.run, "err", err)
 		}
 		c.log.Debug("claim answered", "job", cl.run, "outcome", st.why)
 		return

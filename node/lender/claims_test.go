@@ -453,3 +453,68 @@ func TestJunkReceiptIsDropped(t *testing.T) {
 		t.Fatalf("kept %+v (found %v, %v), want the later good receipt for 600", kept, found, err)
 	}
 }
+
+// TestSignedAnswersAreKept: the payer's signed answer on this machine's
+// rounds, carried with a receipt, is kept when its signature checks and
+// it says more than the one kept; a forged one, one for another payee,
+// an earlier one and one whose reason is out of bounds are dropped, and
+// the receipt beside each is judged on its own.
+func TestSignedAnswersAreKept(t *testing.T) {
+	st := newMemStore()
+	e := workAreaExecutor(t, t.TempDir(), st)
+	e.account, e.chainID = "m", "test-chain"
+	e.claims = newClaims(newTestEscrows(time.Now), st, "m", e.log)
+	payer, err := identity.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := identity.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := randomJobID(t)
+	w := &worker{l: p2p.Launch{JobID: job, World: []string{"this"}}, bidder: payer.PeerID(), key: workerKey(job, 0),
+		state: p2p.WorkerRunning, beat: time.Now(), done: make(chan struct{})}
+	e.workers = map[string]*worker{w.key: w}
+	seq := uint64(0)
+	send := func(k *identity.Key, payee string, a ledger.Answer) {
+		t.Helper()
+		seq++
+		a.Job, a.Payee = job, payee
+		a = ledger.SignAnswer(k, e.chainID, a)
+		r := ledger.SignReceipt(payer, e.chainID, ledger.Receipt{Job: job, Payee: "m", Amount: 100 * seq, Seq: seq})
+		req := p2p.StatusReq{JobID: job, Receipt: &p2p.Receipt{Payee: r.Payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig,
+			Answer: &p2p.Answer{Round: a.Round, Accepted: a.Accepted, Refused: a.Refused, AcceptedMillis: a.AcceptedMillis,
+				Reason: a.Reason, Forfeited: a.Forfeited, Sig: a.Sig}}}
+		if _, err := e.Status(payer.PeerID(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kept := func() ledger.Answer {
+		t.Helper()
+		a, ok := e.claims.Answer(job)
+		if !ok {
+			t.Fatal("no answer kept")
+		}
+		return a
+	}
+	send(payer, "m", ledger.Answer{Round: 4, Accepted: 2, Refused: 2, AcceptedMillis: 61_500, Reason: "round 3: it raised the validation loss"})
+	if a := kept(); a.Round != 4 || a.Refused != 2 || a.Reason != "round 3: it raised the validation loss" || !ledger.VerifyAnswer(payer.Public(), e.chainID, a) {
+		t.Fatalf("kept %+v", a)
+	}
+	send(stranger, "m", ledger.Answer{Round: 9, Accepted: 9})                                                  // forged
+	send(payer, "other", ledger.Answer{Round: 9, Accepted: 9})                                                 // another payee's
+	send(payer, "m", ledger.Answer{Round: 3, Accepted: 3})                                                     // earlier
+	send(payer, "m", ledger.Answer{Round: 9, Accepted: 9, Reason: strings.Repeat("x", ledger.MaxReasonLen+1)}) // too long
+	if a := kept(); a.Round != 4 || a.Accepted != 2 {
+		t.Fatalf("a bad answer replaced the good one: %+v", a)
+	}
+	var r ledger.Receipt
+	if found, err := st.Get(receiptsKey+job, &r); !found || err != nil || r.Seq != seq {
+		t.Errorf("the receipts beside the bad answers: kept %+v (%v %v), want seq %d", r, found, err, seq)
+	}
+	send(payer, "m", ledger.Answer{Round: 5, Accepted: 2, Refused: 3, Forfeited: true})
+	if a := kept(); a.Round != 5 || !a.Forfeited {
+		t.Fatalf("the later answer was not kept: %+v", a)
+	}
+}

@@ -27,7 +27,33 @@ func (e *Executor) keepReceipt(w *worker, from peer.ID, r p2p.Receipt) error {
 			"job", w.l.JobID[:12], "payee", r.Payee, "seq", r.Seq, "amount", r.Amount)
 		return nil
 	}
+	if r.Answer != nil {
+		e.keepAnswer(w, from, r.Payee, *r.Answer)
+	}
 	return e.claims.Keep(lr)
+}
+
+// keepAnswer keeps the payer's signed answer on this machine's rounds of
+// a held run (ledger.Answer), the latest one whose signature checks, and
+// logs what it says when it says more; one the payer did not sign, or
+// for another payee, is dropped with a warning.
+func (e *Executor) keepAnswer(w *worker, from peer.ID, payee string, pa p2p.Answer) {
+	a := ledger.Answer{Job: w.l.JobID, Payee: payee, Round: pa.Round, Accepted: pa.Accepted, Refused: pa.Refused,
+		AcceptedMillis: pa.AcceptedMillis, Reason: pa.Reason, Forfeited: pa.Forfeited, Sig: pa.Sig}
+	if payee != string(e.account) || !ledger.VerifyAnswer(payerKey(from), e.chainID, a) {
+		e.log.Warn("dropped a round answer that is not the submitter's for this machine", "module", "executor",
+			"job", w.l.JobID[:12], "payee", payee, "round", pa.Round)
+		return
+	}
+	kept, err := e.claims.KeepAnswer(a)
+	if err != nil {
+		e.log.Warn("cannot keep a round answer", "module", "executor", "job", w.l.JobID[:12], "err", err)
+		return
+	}
+	if kept {
+		e.log.Info("the submitter's signed answer", "module", "executor", "job", w.l.JobID[:12], "round", a.Round,
+			"accepted", a.Accepted, "refused", a.Refused, "accepted_s", a.AcceptedMillis/1000, "last_refusal", a.Reason, "forfeited", a.Forfeited)
+	}
 }
 
 // payerKey is the ed25519 key of peer from (nil if it has none): the key

@@ -57,6 +57,8 @@ type Ledger interface {
 	OpenEscrow(ctx context.Context, m ledger.OpenEscrow) (*ctypes.ResultTx, error)
 	Settle(ctx context.Context, m ledger.Settle) (*ctypes.ResultTx, error)
 	SignReceipt(r ledger.Receipt) ledger.Receipt
+	// SignAnswer signs a held run's answer to a machine with the same key.
+	SignAnswer(a ledger.Answer) ledger.Answer
 	// Wait waits on a transaction sent before, by its hash.
 	Wait(ctx context.Context, hash string) (*ctypes.ResultTx, error)
 }

@@ -636,6 +636,7 @@ type fakeLedger struct {
 	opened   []ledger.OpenEscrow
 	settles  []ledger.Settle // accepted
 	receipts []ledger.Receipt
+	answers  []ledger.Answer
 	refuse   string // escrows are refused for this reason
 	txs      int
 }
@@ -689,6 +690,14 @@ func (l *fakeLedger) Settle(_ context.Context, s ledger.Settle) (*ctypes.ResultT
 	delete(l.escrows, s.Job)
 	l.settles = append(l.settles, s)
 	return l.tx(), nil
+}
+
+func (l *fakeLedger) SignAnswer(a ledger.Answer) ledger.Answer {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a.Sig = []byte("signed by the payer")
+	l.answers = append(l.answers, a)
+	return a
 }
 
 func (l *fakeLedger) SignReceipt(r ledger.Receipt) ledger.Receipt {

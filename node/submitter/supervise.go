@@ -322,6 +322,11 @@ func (m *Manager) receipts(j *job, k int, now time.Time) map[string]*p2p.Receipt
 		}
 		r := m.p.Ledger.SignReceipt(ledger.Receipt{Job: run.ID, Payee: payee, Amount: amount, Seq: seq})
 		out[payee] = &p2p.Receipt{Payee: payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig}
+		if run.Held() {
+			a := m.p.Ledger.SignAnswer(jobs.AnswerTo(run, payee))
+			out[payee].Answer = &p2p.Answer{Round: a.Round, Accepted: a.Accepted, Refused: a.Refused, AcceptedMillis: a.AcceptedMillis,
+				Reason: a.Reason, Forfeited: a.Forfeited, Sig: a.Sig}
+		}
 	}
 	m.save(j)
 	return out
