@@ -45,7 +45,7 @@ var collections = []collection{
 	},
 	{
 		name: "machine record", prefix: pMachine, addressKeys: true,
-		entries: mapOf[MachineRecord]{field: func(s *State) *map[string]*MachineRecord { return &s.Machines }},
+		entries: mapOf[MachineRecord]{field: func(s *State) *map[string]*MachineRecord { return &s.Machines }, clone: (*MachineRecord).clone},
 	},
 	{
 		name: "payer record", prefix: pPayer, addressKeys: true,

@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -291,7 +292,7 @@ func TestNothingForFreeOverRPC(t *testing.T) {
 			t.Fatalf("settle: code %d", code)
 		}
 	}
-	if rec, err := cl.MachineRecord(ctx, v); err != nil || rec != (MachineRecord{}) {
+	if rec, err := cl.MachineRecord(ctx, v); err != nil || !reflect.DeepEqual(rec, MachineRecord{}) {
 		t.Fatalf("victim's record after 3 settlements paying nothing: %+v %v", rec, err)
 	}
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/big"
 	"math/bits"
+	"slices"
 	"sort"
 
 	"github.com/deepmarket/deepmarket/identity"
@@ -145,6 +146,41 @@ type MachineRecord struct {
 	// holders refused: a statistic of their own, not failures.
 	Rounds  uint64 `cbor:"rounds,omitempty" json:"rounds"`
 	Refused uint64 `cbor:"refused,omitempty" json:"refused"`
+	// MarkedBy counts, by payer (sorted), the failed marks that payer's
+	// settlements gave the machine and it did not dispute. Failed counts
+	// at most MaxMarksPerPayer of each payer's: one account cannot price
+	// a machine out of the market with cheap marks.
+	MarkedBy []PayerMarks `cbor:"marked_by,omitempty" json:"marked_by,omitempty"`
+}
+
+func (r *MachineRecord) clone() *MachineRecord {
+	c := *r
+	c.MarkedBy = slices.Clone(r.MarkedBy)
+	return &c
+}
+
+// PayerMarks is one payer's undisputed failed marks on a machine.
+type PayerMarks struct {
+	Payer string `cbor:"payer" json:"payer"`
+	Marks uint64 `cbor:"marks" json:"marks"`
+}
+
+// MaxMarksPerPayer is how many of one payer's failed marks count in a
+// machine's record (MachineRecord.Failed): with the scheduler's prior
+// (a failure rate of 0.1 weighing as 10 jobs), one payer can move a new
+// machine's risk multiplier from 1.11 to at most 1.33, whatever it pays
+// for its marks.
+const MaxMarksPerPayer = 2
+
+// markBy counts one more undisputed mark from payer and reports whether
+// it counts in Failed (the payer's first MaxMarksPerPayer do).
+func (r *MachineRecord) markBy(payer string) bool {
+	i := sort.Search(len(r.MarkedBy), func(i int) bool { return r.MarkedBy[i].Payer >= payer })
+	if i == len(r.MarkedBy) || r.MarkedBy[i].Payer != payer {
+		r.MarkedBy = slices.Insert(r.MarkedBy, i, PayerMarks{Payer: payer})
+	}
+	r.MarkedBy[i].Marks = satAdd(r.MarkedBy[i].Marks, 1)
+	return r.MarkedBy[i].Marks <= MaxMarksPerPayer
 }
 
 // Params are the chain's rules, fixed at genesis. A genesis that leaves a
@@ -483,7 +519,7 @@ func (s *State) closeRecords(e *Escrow) {
 		switch m, marked := e.mark(c.Payee); {
 		case !marked:
 			rec.Completed = satAdd(rec.Completed, 1)
-		case !m.Disputed:
+		case !m.Disputed && rec.markBy(e.Payer):
 			rec.Failed = satAdd(rec.Failed, 1)
 		}
 	}

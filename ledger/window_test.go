@@ -110,3 +110,36 @@ func TestRefusedRoundsAreTheirOwnStatistic(t *testing.T) {
 		t.Errorf("payer record %+v", r)
 	}
 }
+
+// TestOnePayersMarksAreCapped: a payer that marks a machine failed in
+// escrow after escrow (cheap settlements, none disputed) counts at most
+// MaxMarksPerPayer of them in the machine's record; another payer's
+// marks count on their own.
+func TestOnePayersMarksAreCapped(t *testing.T) {
+	issuer, greedy, other, victim := key(t, 1), key(t, 2), key(t, 3), key(t, 4)
+	h := newHarness(t, nil, genesis(issuer, map[*identity.Key]uint64{greedy: 10 * credit, other: 10 * credit}, victim))
+	av := string(victim.Address())
+	mark := func(payer *identity.Key, n int) {
+		t.Helper()
+		j := job(n)
+		h.must(h.tx(payer, TypeOpenEscrow, &OpenEscrow{Job: j, Amount: credit / 10, Expiry: h.now.Unix() + 3600, Payees: []string{av}}))
+		h.must(h.tx(payer, TypeSettle, &Settle{Job: j, Payments: []Payment{{Machine: av, Amount: 10_000, Failed: true}}}))
+	}
+	for i := range 6 {
+		mark(greedy, i+1)
+	}
+	h.closeWindows()
+	st := h.app.Snapshot()
+	r := st.Machines[av]
+	if r == nil || r.Failed != MaxMarksPerPayer || len(r.MarkedBy) != 1 || r.MarkedBy[0].Marks != 6 {
+		t.Fatalf("six marks from one payer: %+v, want %d counted of 6", r, MaxMarksPerPayer)
+	}
+	mark(other, 7)
+	h.closeWindows()
+	if r := h.app.Snapshot().Machines[av]; r.Failed != MaxMarksPerPayer+1 || len(r.MarkedBy) != 2 {
+		t.Fatalf("another payer's mark: %+v", r)
+	}
+	if r.Failed != MaxMarksPerPayer {
+		t.Errorf("the earlier snapshot changed with the state: %+v", r)
+	}
+}
