@@ -354,14 +354,27 @@ func (n *Node) runServices(gctx context.Context, g *errgroup.Group, disc *p2p.Di
 
 // probeInventory runs the full inventory (the Python and TensorFlow
 // probe, seconds) after start-up, and has the lender re-announce what it
-// found.
+// found. A probe cut short (a busy machine imports TensorFlow slowly) is
+// run again, after 30 s, then after twice as long each time up to 10
+// minutes: until then the offer says the software is being checked.
 func probeInventory(ctx context.Context, home, python string, inv *atomic.Pointer[inventory.Inventory], l *lender.Lender, log *slog.Logger) error {
-	full := inventory.Detect(ctx, home, python)
-	if ctx.Err() != nil {
-		return nil
+	for wait := 30 * time.Second; ; wait = min(2*wait, 10*time.Minute) {
+		full := inventory.Detect(ctx, home, python)
+		if ctx.Err() != nil {
+			return nil
+		}
+		inv.Store(&full)
+		if !full.Probing {
+			log.Info("inventory", "machine", full.String())
+			l.Refresh()
+			return nil
+		}
+		log.Warn("the Python and TensorFlow probe did not finish in time (a busy machine?): trying again",
+			"python", python, "timeout", inventory.PythonProbeTimeout, "retry", wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
 	}
-	inv.Store(&full)
-	log.Info("inventory", "machine", full.String())
-	l.Refresh()
-	return nil
 }

@@ -35,15 +35,23 @@ type Inventory struct {
 // Detect probes the machine: cores, memory, GPUs (through
 // nvidia-smi when it is on PATH), free disk under dir, and whether python
 // can import TensorFlow. Probes that fail leave their fields empty; the
-// TensorFlow probe is bounded by ctx.
+// TensorFlow probe is bounded by ctx and PythonProbeTimeout, and one cut
+// short (a busy machine imports TensorFlow slowly) leaves Probing set:
+// not known yet, rather than absent.
 func Detect(ctx context.Context, dir, python string) Inventory {
 	inv := Inventory{Cores: runtime.NumCPU(), OS: runtime.GOOS, Arch: runtime.GOARCH}
 	inv.MemBytes = memTotal()
 	inv.DiskFree = diskFree(dir)
 	inv.GPUs = detectGPUs(ctx)
-	inv.Python, inv.TensorFlow = detectPython(ctx, python)
+	var done bool
+	inv.Python, inv.TensorFlow, done = detectPython(ctx, python)
+	inv.Probing = !done
 	return inv
 }
+
+// PythonProbeTimeout bounds one Python and TensorFlow probe: importing
+// TensorFlow takes seconds on an idle machine and minutes on a busy one.
+var PythonProbeTimeout = 3 * time.Minute
 
 func memTotal() uint64 {
 	f, err := os.Open("/proc/meminfo")
@@ -118,10 +126,15 @@ func parseNvidiaSMI(out []byte) []p2p.GPU {
 	return gpus
 }
 
-// detectPython returns python's version and TensorFlow's, if importable.
-// Importing TensorFlow takes seconds, so this runs off the start-up path.
-func detectPython(ctx context.Context, python string) (string, string) {
-	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+// detectPython returns python's version and TensorFlow's, if importable,
+// and whether the probe finished (false: it was cut short, and neither
+// is known). Importing TensorFlow takes seconds, so this runs off the
+// start-up path.
+func detectPython(ctx context.Context, python string) (string, string, bool) {
+	if python == "" {
+		return "", "", true
+	}
+	ctx, cancel := context.WithTimeout(ctx, PythonProbeTimeout)
 	defer cancel()
 	const probe = `import platform, sys
 print(platform.python_version())
@@ -134,9 +147,14 @@ try:
 except Exception:
     print("")
 `
-	out, err := exec.CommandContext(ctx, python, "-c", probe).Output()
+	cmd := exec.CommandContext(ctx, python, "-c", probe)
+	cmd.WaitDelay = 5 * time.Second // a child left holding its stdout does not hold the probe
+	out, err := cmd.Output()
+	if err != nil && ctx.Err() != nil {
+		return "", "", false
+	}
 	if err != nil && len(out) == 0 {
-		return "", ""
+		return "", "", true
 	}
 	lines := strings.Split(string(bytes.TrimRight(out, "\n")), "\n")
 	py := strings.TrimSpace(lines[0])
@@ -144,7 +162,7 @@ except Exception:
 	if len(lines) > 1 {
 		tf = strings.TrimSpace(lines[len(lines)-1])
 	}
-	return py, tf
+	return py, tf, true
 }
 
 // String summarises the inventory for logs and the CLI.

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 )
 
 func TestDetectBasics(t *testing.T) {
@@ -47,8 +48,37 @@ func TestParseNvidiaSMIIgnoresJunk(t *testing.T) {
 }
 
 func TestPythonMissing(t *testing.T) {
-	py, tf := detectPython(context.Background(), "/nonexistent/python3")
-	if py != "" || tf != "" {
-		t.Fatalf("missing python gave %q %q", py, tf)
+	py, tf, done := detectPython(context.Background(), "/nonexistent/python3")
+	if py != "" || tf != "" || !done {
+		t.Fatalf("missing python gave %q %q (done %v)", py, tf, done)
+	}
+}
+
+// TestSlowProbeIsNotAbsence: a Python that takes longer than the probe's
+// timeout to import TensorFlow (a busy machine) leaves the inventory
+// probing, software unknown, rather than saying TensorFlow is absent;
+// one that answers in time is read.
+func TestSlowProbeIsNotAbsence(t *testing.T) {
+	defer func(d time.Duration) { PythonProbeTimeout = d }(PythonProbeTimeout)
+	PythonProbeTimeout = 500 * time.Millisecond
+	dir := t.TempDir()
+	fake := func(name, body string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte("#!/bin/sh\n"+body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	slow := fake("slow", "echo 3.11.2\nexec sleep 30\n")
+	if inv := Detect(t.Context(), dir, slow); !inv.Probing || inv.Python != "" || inv.TensorFlow != "" {
+		t.Errorf("a probe cut short: %+v, want probing with nothing known", inv)
+	}
+	quick := fake("quick", "echo 3.11.2\necho 2.20.0\n")
+	if inv := Detect(t.Context(), dir, quick); inv.Probing || inv.Python != "3.11.2" || inv.TensorFlow != "2.20.0" {
+		t.Errorf("a probe in time: %+v", inv)
+	}
+	notf := fake("notf", "echo 3.11.2\necho\n")
+	if inv := Detect(t.Context(), dir, notf); inv.Probing || inv.Python != "3.11.2" || inv.TensorFlow != "" {
+		t.Errorf("a Python without TensorFlow: %+v", inv)
 	}
 }
