@@ -361,8 +361,9 @@ class HolderTest(unittest.TestCase):
         holder, _, _ = run(["honest", "honest", "late"], rounds=6)
         acc = holder.accounts()
         self.assertEqual(acc["2"]["accepted"], 6, acc)
-        # It waited 1 s a round; the others took about 0.01 s.
-        self.assertLess(acc["2"]["seconds"], 0.5 * 6, acc)
+        # It waited 1 s a round; the others took about 0.01 s (tenths
+        # beside make test's other suites): paid less than its wait.
+        self.assertLess(acc["2"]["seconds"], 1.0 * 6, acc)
         # Each round at most twice its low median (here the slower honest
         # worker's time that round), so at most twice both honest ones' sum.
         self.assertLessEqual(acc["2"]["seconds"], 2 * (acc["0"]["seconds"] + acc["1"]["seconds"]) + 0.01, acc)
