@@ -23,11 +23,12 @@ start=$(date +%s)
 ) &
 py=$!
 
-# The longest packages first, so that go test's two slots run the longest
-# (./node, about 10-15 minutes) beside the next ones (./testnet, then
-# ./cmd/deepmarket and ./ledger) rather than after them.
+# The longest package first (./node, 10-15 minutes), so that go test's two
+# slots run it from the start beside the others (./cmd/deepmarket and
+# ./ledger, then ./testnet, whose TensorFlow jobs come once the Python
+# suite's are done) rather than after them.
 DM_PYTHON=$VENV/bin/python3 DM_REQUIRE_TF=1 DM_REQUIRE_BROWSER=1 DM_REQUIRE_ROOT=1 \
-	"$GO" test -count=1 -timeout 25m ./node ./testnet ./cmd/deepmarket ./ledger ./...
+	"$GO" test -count=1 -timeout 25m ./node ./cmd/deepmarket ./ledger ./testnet ./...
 go_rc=$?
 echo "== go test: exit $go_rc after $(( $(date +%s) - start ))s"
 
