@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # make test's suites, after deps and lint: every Go package's tests, the
 # Python package's unit tests beside them (their TensorFlow runs use the
-# cores the Go end-to-end tests spend waiting on timers and peers; niced,
-# so that the nodes' timers, which have peers waiting, come first), then
+# cores the Go end-to-end tests spend waiting on timers and peers; niced a
+# little, so that the nodes' timers, which have peers waiting, come first), then
 # the fuzzers. The Python output is printed whole after the Go output; the
 # exit status is the first failing suite's.
 #
@@ -19,7 +19,7 @@ py_log=$(mktemp)
 trap 'rm -f "$py_log"' EXIT
 start=$(date +%s)
 (
-	TF_CPP_MIN_LOG_LEVEL=2 nice -n 10 "$VENV/bin/python3" -m unittest discover -s python/tests -t python >"$py_log" 2>&1
+	TF_CPP_MIN_LOG_LEVEL=2 nice -n 5 "$VENV/bin/python3" -m unittest discover -s python/tests -t python >"$py_log" 2>&1
 ) &
 py=$!
 

@@ -310,10 +310,23 @@ func (n *Network) check(t *testing.T, nodes []int, wantNoEscrow bool) *Consisten
 	t.Helper()
 	var res *Consistency
 	var err error
+	// A settled escrow refunds only once its dispute window (10 s here)
+	// closes, in the next block, which on an idle chain may be an empty
+	// one (30 s): first wait for one node to hold no escrow, which one
+	// audit tells (the whole network's audit takes a minute or more beside
+	// make test's other packages).
+	if wantNoEscrow {
+		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(2 * time.Second) {
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			_, err := n.Check(ctx, nodes[:1], true)
+			cancel()
+			if err == nil || time.Now().After(deadline) {
+				break
+			}
+		}
+	}
 	// A node that just caught up may answer its audit a block behind the
-	// others' view, and a settled escrow refunds only once its dispute
-	// window (10 s here) closes, in the next block, which on an idle chain
-	// may be an empty one: retry for a minute and a half.
+	// others' view: retry for a minute and a half.
 	for deadline := time.Now().Add(90 * time.Second); time.Now().Before(deadline); {
 		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 		res, err = n.Check(ctx, nodes, wantNoEscrow)
