@@ -25,7 +25,7 @@ import numpy as np
 from test_averager import free_addrs
 
 WORKER = os.path.join(HERE, "keras_worker.py")
-WAIT = 480  # seconds a test waits for a line, an exit; generous: the machine may be busy
+WAIT = 600  # seconds a test waits for a line, an exit; generous: the machine may be busy
 
 
 class Proc:

@@ -20,7 +20,7 @@ sys.path.insert(0, HERE)
 from test_averager import free_addrs
 
 WORKER = os.path.join(HERE, "sync_worker.py")
-WAIT = 180  # seconds: the machine may be busy
+WAIT = 600  # seconds: the machine may be busy
 PAUSE = 20  # seconds: twice TensorFlow's default heartbeat timeout
 
 
