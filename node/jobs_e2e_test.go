@@ -357,7 +357,7 @@ func TestSubmitterRestartKeepsItsJob(t *testing.T) {
 	py := jobPython(t)
 	c := startJobCluster(t, py, 2)
 	a := c.sub
-	j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: fashionSpec(t, 2, "--epochs", "6", "--steps-per-epoch", "100"), Yes: true})
+	j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: fashionSpec(t, 2, "--epochs", "4", "--steps-per-epoch", "100"), Yes: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +378,9 @@ func TestSubmitterRestartKeepsItsJob(t *testing.T) {
 	a.stop()
 	withPython := func(cfg *Config) { cfg.Inventory.Python = py }
 	a2 := startNode(t, a.home, withPython, withBootstrap(c.lenders[0].addr(), c.lenders[1].addr()))
-	j = waitJob(t, a2, j.ID, 5*time.Minute)
+	// Three epochs more: seconds alone, minutes beside make test's other
+	// packages (an epoch took 60-80 s there).
+	j = waitJob(t, a2, j.ID, 10*time.Minute)
 	log := jobLog(t, a2, j.ID)
 	if j.State != jobs.Succeeded || j.ResultCID == "" || !j.Current().Settled {
 		t.Fatalf("after the submitter restarted: %s (%s), result %q\n%s", j.State, j.Reason, j.ResultCID, log)
