@@ -250,7 +250,7 @@ func TestLendersMeasureTheirLinks(t *testing.T) {
 	l, _ := linkOf(a, b)
 	// Measured, and of loopback's order (beside make test's other
 	// packages a round trip can take tens of milliseconds).
-	if l.RTTMicros == 0 || l.RTTMicros > 1_000_000 || l.KBps < 1_000 {
+	if l.RTTMicros == 0 || l.RTTMicros > 1_000_000 || l.KBps < 100 {
 		t.Errorf("A's link to B on loopback: %+v", l)
 	}
 }

@@ -147,8 +147,10 @@ func TestAnnouncePaceStretchesWithTheMarket(t *testing.T) {
 		}
 		return false
 	})
+	// Every 2 s would be 7 in 15 s; one more (a late refresh on a busy
+	// machine) still shows the stretch.
 	time.Sleep(15*time.Second - time.Since(quiet))
-	if got := heard(quiet); len(got) > 0 {
+	if got := heard(quiet); len(got) > 1 {
 		t.Fatalf("the lender announced %d times in 15 s with %d machines in its book; want every %s", len(got), node.book.Len(), want.Interval)
 	}
 	// The announcement that took the new pace carries the stretched TTL,
