@@ -412,27 +412,34 @@ func TestReceiptsLodgedInTheWindow(t *testing.T) {
 	}
 }
 
+// receiptExecutor is an executor paid as "m" running one worker of job,
+// launched by payer; stranger is another key.
+func receiptExecutor(t *testing.T) (e *Executor, st *memStore, payer, stranger *identity.Key, job string) {
+	t.Helper()
+	st = newMemStore()
+	e = workAreaExecutor(t, t.TempDir(), st)
+	e.account, e.chainID = "m", "test-chain"
+	e.claims = newClaims(newTestEscrows(time.Now), st, "m", e.log)
+	var err error
+	if payer, err = identity.GenerateKey(); err != nil {
+		t.Fatal(err)
+	}
+	if stranger, err = identity.GenerateKey(); err != nil {
+		t.Fatal(err)
+	}
+	job = randomJobID(t)
+	w := &worker{l: p2p.Launch{JobID: job, World: []string{"this"}}, bidder: payer.PeerID(), key: workerKey(job, 0),
+		state: p2p.WorkerRunning, beat: time.Now(), done: make(chan struct{})}
+	e.workers = map[string]*worker{w.key: w}
+	return e, st, payer, stranger, job
+}
+
 // TestJunkReceiptIsDropped: a receipt with the highest sequence number
 // and a signature that is not the submitter's, or one for another payee,
 // is dropped on arrival; the good one stays and is what is claimed with.
 // A later receipt for less than the one kept changes nothing.
 func TestJunkReceiptIsDropped(t *testing.T) {
-	st := newMemStore()
-	e := workAreaExecutor(t, t.TempDir(), st)
-	e.account, e.chainID = "m", "test-chain"
-	e.claims = newClaims(newTestEscrows(time.Now), st, "m", e.log)
-	payer, err := identity.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stranger, err := identity.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	job := randomJobID(t)
-	w := &worker{l: p2p.Launch{JobID: job, World: []string{"this"}}, bidder: payer.PeerID(), key: workerKey(job, 0),
-		state: p2p.WorkerRunning, beat: time.Now(), done: make(chan struct{})}
-	e.workers = map[string]*worker{w.key: w}
+	e, st, payer, stranger, job := receiptExecutor(t)
 	send := func(k *identity.Key, payee string, amount, seq uint64) {
 		t.Helper()
 		r := ledger.SignReceipt(k, e.chainID, ledger.Receipt{Job: job, Payee: payee, Amount: amount, Seq: seq})
@@ -460,22 +467,7 @@ func TestJunkReceiptIsDropped(t *testing.T) {
 // an earlier one and one whose reason is out of bounds are dropped, and
 // the receipt beside each is judged on its own.
 func TestSignedAnswersAreKept(t *testing.T) {
-	st := newMemStore()
-	e := workAreaExecutor(t, t.TempDir(), st)
-	e.account, e.chainID = "m", "test-chain"
-	e.claims = newClaims(newTestEscrows(time.Now), st, "m", e.log)
-	payer, err := identity.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stranger, err := identity.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	job := randomJobID(t)
-	w := &worker{l: p2p.Launch{JobID: job, World: []string{"this"}}, bidder: payer.PeerID(), key: workerKey(job, 0),
-		state: p2p.WorkerRunning, beat: time.Now(), done: make(chan struct{})}
-	e.workers = map[string]*worker{w.key: w}
+	e, st, payer, stranger, job := receiptExecutor(t)
 	seq := uint64(0)
 	send := func(k *identity.Key, payee string, a ledger.Answer) {
 		t.Helper()
