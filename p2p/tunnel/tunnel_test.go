@@ -21,6 +21,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/net/swarm"
+	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/deepmarket/deepmarket/identity"
 	"github.com/deepmarket/deepmarket/p2p"
@@ -36,6 +38,9 @@ const (
 type node struct {
 	h  host.Host
 	tn *tunnel.Service
+	// closed holds the listen addresses cut closed, which connect opens
+	// again.
+	closed []ma.Multiaddr
 }
 
 func newNode(t *testing.T, seed byte, transport string) *node {
@@ -70,6 +75,15 @@ func (w tWriter) Write(b []byte) (int, error) {
 
 func connect(t *testing.T, a, b *node) {
 	t.Helper()
+	if b.closed != nil {
+		if err := b.h.Network().Listen(b.closed...); err != nil {
+			t.Fatal(err)
+		}
+		b.closed = nil
+		if sw, ok := a.h.Network().(interface{ Backoff() *swarm.DialBackoff }); ok {
+			sw.Backoff().Clear(b.h.ID()) // from cut's check that B was out of reach
+		}
+	}
 	if err := a.h.Connect(t.Context(), peer.AddrInfo{ID: b.h.ID(), Addrs: b.h.Addrs()}); err != nil {
 		t.Fatal(err)
 	}
