@@ -129,10 +129,17 @@ func parseNvidiaSMI(out []byte) []p2p.GPU {
 // detectPython returns python's version and TensorFlow's, if importable,
 // and whether the probe finished (false: it was cut short, and neither
 // is known). Importing TensorFlow takes seconds, so this runs off the
-// start-up path.
+// start-up path, and a finished probe is kept (ProbeCacheDir) until the
+// environment changes.
 func detectPython(ctx context.Context, python string) (string, string, bool) {
 	if python == "" {
 		return "", "", true
+	}
+	key, keyed := probeKey(python)
+	if keyed {
+		if py, tf, ok := cachedProbe(key); ok {
+			return py, tf, true
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, PythonProbeTimeout)
 	defer cancel()
@@ -161,6 +168,9 @@ except Exception:
 	tf := ""
 	if len(lines) > 1 {
 		tf = strings.TrimSpace(lines[len(lines)-1])
+	}
+	if keyed && err == nil {
+		keepProbe(key, py, tf)
 	}
 	return py, tf, true
 }

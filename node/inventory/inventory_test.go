@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -61,6 +62,8 @@ func TestPythonMissing(t *testing.T) {
 func TestSlowProbeIsNotAbsence(t *testing.T) {
 	defer func(d time.Duration) { PythonProbeTimeout = d }(PythonProbeTimeout)
 	PythonProbeTimeout = 500 * time.Millisecond
+	defer func(d string) { ProbeCacheDir = d }(ProbeCacheDir)
+	ProbeCacheDir = t.TempDir()
 	dir := t.TempDir()
 	fake := func(name, body string) string {
 		path := filepath.Join(dir, name)
@@ -80,5 +83,67 @@ func TestSlowProbeIsNotAbsence(t *testing.T) {
 	notf := fake("notf", "echo 3.11.2\necho\n")
 	if inv := Detect(t.Context(), dir, notf); inv.Probing || inv.Python != "3.11.2" || inv.TensorFlow != "" {
 		t.Errorf("a Python without TensorFlow: %+v", inv)
+	}
+}
+
+// TestProbeIsKept: a finished probe is kept, and read instead of running
+// Python again, until the interpreter or its packages change; a probe
+// cut short is not kept, nor is anything with the cache off.
+func TestProbeIsKept(t *testing.T) {
+	defer func(d string) { ProbeCacheDir = d }(ProbeCacheDir)
+	ProbeCacheDir = t.TempDir()
+	venv := t.TempDir()
+	site := filepath.Join(venv, "lib", "python3.11", "site-packages")
+	if err := os.MkdirAll(site, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	runs := filepath.Join(venv, "runs")
+	python := filepath.Join(venv, "bin", "python3")
+	write := func(tf string) {
+		os.MkdirAll(filepath.Dir(python), 0o755)
+		body := "#!/bin/sh\necho x >>" + runs + "\necho 3.11.2\necho " + tf + "\n"
+		if err := os.WriteFile(python, []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func() int {
+		b, _ := os.ReadFile(runs)
+		return strings.Count(string(b), "x")
+	}
+	detect := func(want string) {
+		t.Helper()
+		if inv := Detect(t.Context(), venv, python); inv.Probing || inv.TensorFlow != want {
+			t.Fatalf("%+v, want TensorFlow %q", inv, want)
+		}
+	}
+	write("2.20.0")
+	detect("2.20.0")
+	detect("2.20.0")
+	if n := count(); n != 1 {
+		t.Fatalf("python ran %d times for two probes, want 1", n)
+	}
+	// A package installed: the site-packages directory changes.
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(site, later, later); err != nil {
+		t.Fatal(err)
+	}
+	detect("2.20.0")
+	if n := count(); n != 2 {
+		t.Fatalf("python ran %d times after a package changed, want 2", n)
+	}
+	// The interpreter replaced.
+	write("2.21.0")
+	if err := os.Chtimes(python, later.Add(time.Minute), later.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	detect("2.21.0")
+	if n := count(); n != 3 {
+		t.Fatalf("python ran %d times after it changed, want 3", n)
+	}
+	ProbeCacheDir = ""
+	detect("2.21.0")
+	detect("2.21.0")
+	if n := count(); n != 5 {
+		t.Fatalf("python ran %d times with the cache off, want 5", n)
 	}
 }
