@@ -135,14 +135,22 @@ func detectPython(ctx context.Context, python string) (string, string, bool) {
 	if python == "" {
 		return "", "", true
 	}
+	ctx, cancel := context.WithTimeout(ctx, PythonProbeTimeout)
+	defer cancel()
 	key, keyed := probeKey(python)
 	if keyed {
 		if py, tf, ok := cachedProbe(key); ok {
 			return py, tf, true
 		}
+		unlock, err := lockProbe(ctx, key)
+		if err != nil {
+			return "", "", false // another node's probe of it is still running
+		}
+		defer unlock()
+		if py, tf, ok := cachedProbe(key); ok {
+			return py, tf, true
+		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, PythonProbeTimeout)
-	defer cancel()
 	const probe = `import platform, sys
 print(platform.python_version())
 sys.stdout.flush()

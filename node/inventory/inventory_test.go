@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -145,5 +146,31 @@ func TestProbeIsKept(t *testing.T) {
 	detect("2.21.0")
 	if n := count(); n != 5 {
 		t.Fatalf("python ran %d times with the cache off, want 5", n)
+	}
+}
+
+// TestProbesStartedTogetherRunOnce: nodes probing the same environment at
+// once share one run of Python; the rest read its answer.
+func TestProbesStartedTogetherRunOnce(t *testing.T) {
+	defer func(d string) { ProbeCacheDir = d }(ProbeCacheDir)
+	ProbeCacheDir = t.TempDir()
+	dir := t.TempDir()
+	runs := filepath.Join(dir, "runs")
+	python := filepath.Join(dir, "python3")
+	body := "#!/bin/sh\necho x >>" + runs + "\nsleep 1\necho 3.11.2\necho 2.20.0\n"
+	if err := os.WriteFile(python, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			if inv := Detect(t.Context(), dir, python); inv.Probing || inv.TensorFlow != "2.20.0" {
+				t.Errorf("%+v", inv)
+			}
+		})
+	}
+	wg.Wait()
+	if b, _ := os.ReadFile(runs); strings.Count(string(b), "x") != 1 {
+		t.Fatalf("python ran %d times for 4 probes at once, want 1", strings.Count(string(b), "x"))
 	}
 }

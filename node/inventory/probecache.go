@@ -1,14 +1,17 @@
 package inventory
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -133,5 +136,38 @@ func keepProbe(key, py, tf string) {
 	}
 	if os.Rename(f.Name(), filepath.Join(ProbeCacheDir, key[:32]+".json")) != nil {
 		os.Remove(f.Name())
+	}
+}
+
+// lockProbe waits, within ctx, to be the one process on the machine
+// probing the environment named key, so that nodes started together
+// import TensorFlow once between them rather than once each: the others
+// find the first one's answer kept. It returns the unlock function; with
+// the cache off, or a lock that cannot be made, it returns at once and
+// the probe runs unshared.
+func lockProbe(ctx context.Context, key string) (unlock func(), err error) {
+	nop := func() {}
+	if ProbeCacheDir == "" || os.MkdirAll(ProbeCacheDir, 0o755) != nil {
+		return nop, nil
+	}
+	f, err := os.OpenFile(filepath.Join(ProbeCacheDir, key[:32]+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nop, nil
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nop, nil
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nop, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 }
