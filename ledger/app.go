@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -318,6 +319,8 @@ func (app *App) FinalizeBlock(_ context.Context, req *abci.RequestFinalizeBlock)
 		return nil, fmt.Errorf("block %d, but the ledger's store is ready for height %d", req.Height, v)
 	}
 	now := req.Time.Unix()
+	seed := sha256.Sum256(append(append(append([]byte(nil), req.Hash...), s.AppHash...), strconv.FormatInt(req.Height, 10)...))
+	s.seed = seed[:]
 	// Before the transactions: a consent this block could carry never
 	// needs an entry pruned here.
 	s.pruneLinks(req.Height)

@@ -10,7 +10,7 @@ import (
 // pinnedAppHash is the app hash after pinnedChain. It changes only with
 // the state's format: a change to it is a new AppVersion and a new
 // genesis for every network, never a refactoring.
-const pinnedAppHash = "c73cebb1da69800ae88ff41a54e5af31f256b73dbea74d52739879ed1e3323ad"
+const pinnedAppHash = "79f70b5262bdea0ca76f6aa1aba7646044f6bf96e7b207c802316ad78110f459"
 
 // pinnedChain runs blocks that use every kind of transaction and leave
 // entries in every collection of the state. It returns the harness and
@@ -59,8 +59,20 @@ func pinnedChain(t *testing.T) (*harness, map[string]bool) {
 		vote(h, vals[0], vals[2], 10, "third"),
 		vote(h, vals[0], vals[1], 5, ""),
 		vote(h, vals[1], vals[1], 5, ""),
+		h.tx(alice, TypeTransfer, &Transfer{To: string(owner.Address()), Amount: credit, Memo: "bond"}),
 	)
-	must(h.tx(m, TypeDispute, &Dispute{Job: job(1)}))
+	must(h.tx(m, TypeDispute, &Dispute{Job: job(1)}),
+		h.tx(m, TypeAppeal, &Appeal{Job: job(1), Claim: credit, Evidence: "bafypinned", Reason: "every round refused"}))
+	byAddr := map[string]*identity.Key{}
+	for _, v := range vals {
+		byAddr[string(v.Address())] = v
+	}
+	refs := h.app.Snapshot().Escrows[job(1)].Cases[0].Referees
+	if len(refs) < 2 {
+		t.Fatalf("referees %v", refs)
+	}
+	must(h.tx(byAddr[refs[0]], TypeVerdict, &Verdict{Job: job(1), Appellant: mAddr, Overturn: true}),
+		h.tx(byAddr[refs[1]], TypeVerdict, &Verdict{Job: job(1), Appellant: mAddr, Overturn: true}))
 	for h.now.Unix() < exp {
 		h.block()
 	}

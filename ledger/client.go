@@ -544,6 +544,20 @@ func (c *Client) Dispute(ctx context.Context, job string) (*ctypes.ResultTx, err
 	return c.Do(ctx, TypeDispute, &Dispute{Job: job})
 }
 
+// Appeal asks referees, in a settled escrow's dispute window, to pay this
+// client's machine claim more than the settlement paid it; evidence is
+// the content address of what they recompute the contested check from.
+// The machine's owner locks the ledger's appeal bond.
+func (c *Client) Appeal(ctx context.Context, job string, claim uint64, evidence, reason string) (*ctypes.ResultTx, error) {
+	return c.Do(ctx, TypeAppeal, &Appeal{Job: job, Claim: claim, Evidence: evidence, Reason: reason})
+}
+
+// Verdict is this client's vote, as a referee the appeal drew, on
+// appellant's appeal of job: overturn the refusal, or uphold it.
+func (c *Client) Verdict(ctx context.Context, job, appellant string, overturn bool) (*ctypes.ResultTx, error) {
+	return c.Do(ctx, TypeVerdict, &Verdict{Job: job, Appellant: appellant, Overturn: overturn})
+}
+
 // Expire reclaims an expired escrow's remainder.
 func (c *Client) Expire(ctx context.Context, job string) (*ctypes.ResultTx, error) {
 	return c.Do(ctx, TypeExpire, &Expire{Job: job})

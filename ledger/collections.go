@@ -231,13 +231,15 @@ func escrowChanged(w *blockWrite, ch leafChange) error {
 	if err := decodeLeaf(ch.old, &was); err != nil {
 		return err
 	}
-	var amount uint64
+	held := new(big.Int)
 	if !ch.removed {
 		e := w.s.Escrows[ch.key]
-		amount = e.Amount
+		held.Add(new(big.Int).SetUint64(e.Amount), new(big.Int).SetUint64(e.bonds()))
 		w.problems = append(w.problems, checkEscrow(ch.key, e)...)
 	}
-	w.books.Escrowed.Add(w.books.Escrowed, new(big.Int).Sub(new(big.Int).SetUint64(amount), new(big.Int).SetUint64(was.Amount)))
+	held.Sub(held, new(big.Int).SetUint64(was.Amount))
+	held.Sub(held, new(big.Int).SetUint64(was.bonds()))
+	w.books.Escrowed.Add(w.books.Escrowed, held)
 	return nil
 }
 

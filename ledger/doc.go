@@ -85,6 +85,11 @@
 // its settlement; a payee gets no more than the payer signed. A settled
 // escrow counts against its payer's MaxOpenEscrows until it closes.
 //
+// A payee may also Appeal a settlement in the window, with a bond its
+// owner locks: validators the block's hash draws, none a party to the
+// case, vote a Verdict, and the majority decides whether the payer's
+// refusals stand (appeal.go).
+//
 // Payers have records too (PayerRecord, query /payer/ADDR): escrows
 // closed, what their settlements paid against what their payees were paid
 // in all (receipts lodged and claims after expiry included), the marks

@@ -17,6 +17,8 @@ var txKinds = []txKind{
 	kindOf[Claim]{typ: TypeClaim, handle: (*State).claim, standing: (*State).payeeStanding}.kind(),
 	kindOf[Expire]{typ: TypeExpire, handle: (*State).expire}.kind(),
 	kindOf[Dispute]{typ: TypeDispute, handle: (*State).dispute, standing: (*State).disputeStanding}.kind(),
+	kindOf[Appeal]{typ: TypeAppeal, handle: (*State).appeal, standing: (*State).appealStanding}.kind(),
+	kindOf[Verdict]{typ: TypeVerdict, handle: (*State).verdict, standing: (*State).verdictStanding}.kind(),
 	kindOf[ValidatorVote]{typ: TypeValidatorVote, handle: (*State).vote, standing: (*State).voterStanding}.kind(),
 	kindOf[Admit]{typ: TypeAdmit, handle: (*State).admitTx}.kind(),
 }

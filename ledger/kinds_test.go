@@ -27,6 +27,8 @@ func kindSamples(t *testing.T) map[string]struct {
 		TypeClaim:         {&Claim{Receipt: Receipt{Job: job(1), Payee: to, Amount: 1, Seq: 2, Sig: make([]byte, 64)}}, 0},
 		TypeExpire:        {&Expire{Job: job(1)}, 0},
 		TypeDispute:       {&Dispute{Job: job(1)}, 0},
+		TypeAppeal:        {&Appeal{Job: job(1), Claim: 5, Evidence: "bafy", Reason: "r"}, 0},
+		TypeVerdict:       {&Verdict{Job: job(1), Appellant: to, Overturn: true}, 0},
 		TypeValidatorVote: {&ValidatorVote{PubKey: k.Public(), Power: 3, Name: "u"}, 0},
 		TypeAdmit:         {&Admit{Account: to, Revoke: true}, 0},
 	}

@@ -96,6 +96,10 @@ type Escrow struct {
 	// disputed it in the window: an undisputed mark counts in the
 	// machine's record when the escrow closes, a disputed one does not.
 	Marks []Mark `cbor:"marks,omitempty" json:"marks,omitempty"`
+	// Cases are the payees' appeals against the settlement, by
+	// appellant (appeal.go). The escrow stays open until every one is
+	// decided or past its deadline.
+	Cases []Case `cbor:"cases,omitempty" json:"cases,omitempty"`
 }
 
 // Mark is a settlement's statement that a payee failed the job.
@@ -110,6 +114,13 @@ func (e *Escrow) clone() *Escrow {
 	c.Payees = append([]string(nil), e.Payees...)
 	c.Claimed = append([]Claimed(nil), e.Claimed...)
 	c.Marks = append([]Mark(nil), e.Marks...)
+	c.Cases = make([]Case, len(e.Cases))
+	for i, k := range e.Cases {
+		c.Cases[i] = k.clone()
+	}
+	if e.Cases == nil {
+		c.Cases = nil
+	}
 	return &c
 }
 
@@ -130,6 +141,9 @@ type PayerRecord struct {
 	// holders refused: its refusal rate, by its own settlements.
 	Rounds  uint64 `cbor:"rounds,omitempty" json:"rounds"`
 	Refused uint64 `cbor:"refused,omitempty" json:"refused"`
+	// AppealsLost counts the appeals against its settlements that
+	// referees decided for the appellant.
+	AppealsLost uint64 `cbor:"appeals_lost,omitempty" json:"appeals_lost"`
 }
 
 // MachineRecord is a machine's track record, for the scheduler. It counts
@@ -151,6 +165,8 @@ type MachineRecord struct {
 	// at most MaxMarksPerPayer of each payer's: one account cannot price
 	// a machine out of the market with cheap marks.
 	MarkedBy []PayerMarks `cbor:"marked_by,omitempty" json:"marked_by,omitempty"`
+	// AppealsLost counts its appeals the referees decided against it.
+	AppealsLost uint64 `cbor:"appeals_lost,omitempty" json:"appeals_lost"`
 }
 
 func (r *MachineRecord) clone() *MachineRecord {
@@ -215,6 +231,17 @@ type Params struct {
 	// payees to lodge their receipts and dispute failed marks (seconds).
 	// Default 600.
 	DisputeWindow int64 `cbor:"dispute_window" json:"dispute_window_s"`
+	// Referees is how many validators judge an appeal (fewer when fewer
+	// are not party to it). Default 3.
+	Referees uint64 `cbor:"referees" json:"referees"`
+	// AppealBond is what an appellant's owner locks with an appeal: the
+	// referees' pay if they uphold the refusal, returned if they
+	// overturn it (the payer then pays them as much) or do not decide
+	// (micro-credits). Default 100,000 (0.1 credit).
+	AppealBond uint64 `cbor:"appeal_bond" json:"appeal_bond"`
+	// VerdictWindow is how long the referees have to decide an appeal
+	// (seconds). Default 300.
+	VerdictWindow int64 `cbor:"verdict_window" json:"verdict_window_s"`
 }
 
 // DefaultParams are used when genesis names none, and for each field a
@@ -224,7 +251,7 @@ func DefaultParams() Params {
 		ClaimGrace: 3600, MaxEscrowTTL: 30 * 24 * 3600,
 		MaxMachinesPerOwner: 256, ConsentBlocks: 3600, MinPayment: 10_000,
 		MaxOpenEscrows: 1024, MinNewAccount: 1_000_000, MaxTxsPerBlock: 1000,
-		DisputeWindow: 600,
+		DisputeWindow: 600, Referees: 3, AppealBond: 100_000, VerdictWindow: 300,
 	}
 }
 
@@ -254,6 +281,10 @@ func (p Params) validate() error {
 		return fmt.Errorf("consent_blocks must be > 0")
 	case p.DisputeWindow <= 0 || p.DisputeWindow > p.MaxEscrowTTL:
 		return fmt.Errorf("dispute_window_s must be > 0 and at most max_escrow_ttl_s")
+	case p.Referees == 0 || p.Referees > MaxReferees:
+		return fmt.Errorf("referees must be 1 to %d", MaxReferees)
+	case p.VerdictWindow <= 0 || p.VerdictWindow > p.MaxEscrowTTL:
+		return fmt.Errorf("verdict_window_s must be > 0 and at most max_escrow_ttl_s")
 	}
 	return nil
 }
@@ -289,6 +320,9 @@ type State struct {
 	books     Books             // kept from each block's changes (store.go)
 
 	dirty map[string]bool // keys changed since the last commit
+	// seed is what the block being finalized draws referees with: its
+	// hash, beside the state's app hash and height.
+	seed []byte
 }
 
 // NewState returns an empty state.
@@ -475,6 +509,7 @@ func (s *State) openEscrow(job string, e *Escrow) {
 // removes it.
 func (s *State) closeEscrow(job string) (refund uint64) {
 	e := s.Escrows[job]
+	s.lapse(e)
 	refund = e.Amount
 	s.credit(e.Payer, refund) // supply bounds every balance: no overflow
 	s.closeRecords(e)
@@ -608,6 +643,7 @@ func (s *State) count() Books {
 	}
 	for _, e := range s.Escrows {
 		b.Escrowed.Add(b.Escrowed, new(big.Int).SetUint64(e.Amount))
+		b.Escrowed.Add(b.Escrowed, new(big.Int).SetUint64(e.bonds()))
 	}
 	for _, c := range collections {
 		if c.tally == nil {
@@ -757,6 +793,7 @@ func checkEscrow(job string, e *Escrow) []string {
 			problems = append(problems, fmt.Sprintf("escrow %s: %s marked failed is not a payee", job, m.Machine))
 		}
 	}
+	problems = append(problems, checkCases(job, e)...)
 	return problems
 }
 

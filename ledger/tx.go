@@ -28,6 +28,11 @@ const (
 	// TypeDispute is a payee contesting the failed mark a settlement gave
 	// it, in the escrow's dispute window.
 	TypeDispute = "dispute"
+	// TypeAppeal is a payee asking referees to overturn what a
+	// settlement refused it, with a bond; TypeVerdict is a drawn
+	// referee's vote on an appeal (appeal.go).
+	TypeAppeal  = "appeal"
+	TypeVerdict = "verdict"
 	// TypeValidatorVote is a current validator's vote to add a validator,
 	// change its power or remove it (validators.go).
 	TypeValidatorVote = "validator_vote"
@@ -72,6 +77,9 @@ const (
 	CodeRateLimited      // more transactions of one signer in a block (or pending at once) than allowed
 	CodeSettled          // the escrow is settled: it closes by itself once its dispute window ends
 	CodeNotSettled       // a dispute on an escrow not settled yet
+	CodeNoReferees       // an appeal no validator can judge: every one is a party to it
+	CodeNotReferee       // a verdict by an account the appeal did not draw
+	CodeClosedAppeal     // a verdict on an appeal already decided, or past its deadline
 )
 
 // Error is a rejected transaction: a stable code and a readable reason.
@@ -176,6 +184,27 @@ type (
 	// mark the settlement of Job gave it.
 	Dispute struct {
 		Job string `cbor:"job"`
+	}
+	// Appeal is a payee of a settled escrow asking, in its dispute
+	// window, to be paid Claim more than the settlement paid it: what
+	// the rounds the payer's holder refused would have paid. Its owner
+	// posts Params.AppealBond; Params.Referees validators drawn from the
+	// block's hash judge it from Evidence, the content address of what
+	// they recompute the contested check from (the model by digest, the
+	// worker's update, the committed validation batch, the payer's
+	// signed answer).
+	Appeal struct {
+		Job      string `cbor:"job"`
+		Claim    uint64 `cbor:"claim"`
+		Evidence string `cbor:"evidence"`
+		Reason   string `cbor:"reason,omitempty"`
+	}
+	// Verdict is a referee's vote on Appellant's appeal of Job: Overturn
+	// says the refusal was wrong and the appellant is to be paid.
+	Verdict struct {
+		Job       string `cbor:"job"`
+		Appellant string `cbor:"appellant"`
+		Overturn  bool   `cbor:"overturn"`
 	}
 	// Expire returns an expired escrow's remainder to its payer.
 	Expire struct {

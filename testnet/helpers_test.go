@@ -199,35 +199,19 @@ func (l *transferLoad) run(t *testing.T, ctx context.Context, count int) {
 			for j, v := range vias {
 				clients[j] = l.net.ledgerClient(t, s, v)
 			}
-			hashes := make(chan struct {
-				c *ledger.Client
-				h string
-			}, per)
-			var waiters sync.WaitGroup
-			for range 8 {
-				waiters.Add(1)
-				go func() {
-					defer waiters.Done()
-					for x := range hashes {
-						wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
-						_, err := x.c.Wait(wctx, x.h)
-						cancel()
-						if err == nil {
-							l.committed.Add(1)
-						} else {
-							l.fail("wait for "+x.h, err)
-						}
-					}
-				}()
-			}
+			var mu sync.Mutex
 			cur := 0
-			for m := 0; m < per; m++ {
+			// submit broadcasts one transfer, through the next node
+			// when one fails.
+			submit := func() (*ledger.Client, string, error) {
+				mu.Lock()
+				defer mu.Unlock()
 				var h string
 				var err error
 				for try := 0; try < 3*len(clients); try++ {
 					h, err = clients[cur].Submit(ctx, ledger.TypeTransfer, &ledger.Transfer{To: string(l.sink), Amount: 1, Memo: "load"})
 					if err == nil {
-						break
+						return clients[cur], h, nil
 					}
 					if ledger.CodeOf(err) == ledger.CodeBadNonce {
 						// A transaction lost with a killed node left a gap: the
@@ -237,14 +221,53 @@ func (l *transferLoad) run(t *testing.T, ctx context.Context, count int) {
 					cur = (cur + 1) % len(clients)
 					time.Sleep(200 * time.Millisecond)
 				}
+				return nil, "", err
+			}
+			type sent struct {
+				c *ledger.Client
+				h string
+			}
+			hashes := make(chan sent, per)
+			var waiters sync.WaitGroup
+			for range 8 {
+				waiters.Add(1)
+				go func() {
+					defer waiters.Done()
+					for x := range hashes {
+						// A transfer refused in its block for its nonce (its
+						// predecessor sent through the other node reached the
+						// proposer later, or was lost with a node) is sent
+						// again, as a wallet would: the load is what is
+						// measured, and every transfer must commit once.
+						for again := 0; ; again++ {
+							wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+							_, err := x.c.Wait(wctx, x.h)
+							cancel()
+							if err == nil {
+								l.committed.Add(1)
+								break
+							}
+							if ledger.CodeOf(err) != ledger.CodeBadNonce || again == 3 {
+								l.fail("wait for "+x.h, err)
+								break
+							}
+							c, h, err := submit()
+							if err != nil {
+								l.fail("submit again", err)
+								break
+							}
+							x = sent{c, h}
+						}
+					}
+				}()
+			}
+			for m := 0; m < per; m++ {
+				c, h, err := submit()
 				if err != nil {
 					l.fail("submit", err)
 					continue
 				}
-				hashes <- struct {
-					c *ledger.Client
-					h string
-				}{clients[cur], h}
+				hashes <- sent{c, h}
 			}
 			close(hashes)
 			waiters.Wait()

@@ -418,6 +418,21 @@ func TestLedgerCLI(t *testing.T) {
 	}
 	expectFail(t, 2, "addresses look like dm1", "ledger", "record", "dm1nothing", "--home", home)
 
+	// Appeals and verdicts: usage errors say which argument; the ledger
+	// refuses an appeal of a job with no escrow, and the balance stays.
+	j := strings.Repeat("ab", 32)
+	before = balanceOf(t, home)
+	expectFail(t, 2, "not a job ID", "ledger", "appeal", "abc", "--claim", "1", "--evidence", "bafy", "--home", home)
+	expectFail(t, 2, "--evidence is required", "ledger", "appeal", j, "--claim", "1", "--home", home)
+	expectFail(t, 2, "--claim must be more than 0", "ledger", "appeal", j, "--claim", "0", "--evidence", "bafy", "--home", home)
+	expectFail(t, 1, "no open escrow for job", "ledger", "appeal", j, "--claim", "1", "--evidence", "bafy", "--home", home)
+	expectFail(t, 2, "say --overturn or --uphold", "ledger", "verdict", j, other, "--home", home)
+	expectFail(t, 2, "addresses look like dm1", "ledger", "verdict", j, "dm1nothing", "--uphold", "--home", home)
+	expectFail(t, 1, "no open escrow for job", "ledger", "verdict", j, other, "--uphold", "--home", home)
+	if after := balanceOf(t, home); after != before {
+		t.Fatalf("refused appeals changed the balance: %d -> %d", before, after)
+	}
+
 	var rep struct {
 		OK       bool     `json:"ok"`
 		Height   int64    `json:"height"`

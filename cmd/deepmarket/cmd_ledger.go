@@ -31,7 +31,7 @@ prints integers in micro-credits.`,
 	}
 	cmd.AddCommand(newBalanceCmd(c), newHistoryCmd(c), newRecordCmd(c), newSendCmd(c, ledger.TypeTransfer), newSendCmd(c, ledger.TypeGrant),
 		newAdmitCmd(c), newConsentCmd(c), newLinkCmd(c), newTxCmd(c), newAuditCmd(c),
-		newValidatorsCmd(c), newValidatorCmd(c))
+		newValidatorsCmd(c), newValidatorCmd(c), newAppealCmd(c), newVerdictCmd(c))
 	return cmd
 }
 
@@ -95,9 +95,13 @@ func payerLine(p ledger.PayerRecord) string {
 	if p.Owed > 0 && p.Paid < p.Owed {
 		paid = fmt.Sprintf("paid %.1f%% of the %s credits it owed", 100*float64(p.Paid)/float64(p.Owed), units.FormatCredits(p.Owed))
 	}
-	return fmt.Sprintf("%s closed, %s; %s given (%d disputed); %s",
+	line := fmt.Sprintf("%s closed, %s; %s given (%d disputed); %s",
 		units.Count(int(min(p.Closed, 1<<31)), "escrow", "escrows"), paid, units.Count(int(min(p.Marks, 1<<31)), "failed mark", "failed marks"),
 		p.Disputed, refusedLine(p.Refused, p.Rounds))
+	if p.AppealsLost > 0 {
+		line += fmt.Sprintf("; %s lost to referees", units.Count(int(min(p.AppealsLost, 1<<31)), "appeal", "appeals"))
+	}
+	return line
 }
 
 // refusedLine is how many held rounds were refused of how many.

@@ -18,6 +18,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/market"
 	"github.com/deepmarket/deepmarket/node/submitter"
 	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/units"
 	"github.com/libp2p/go-libp2p/core/peer"
 )
 
@@ -294,6 +295,23 @@ func (d *Dashboard) Activity(ctx context.Context, addr string, days int) (api.Ac
 	return out, nil
 }
 
+// verdictText says what a referee's verdict did.
+func verdictText(h ledger.HistoryEntry) string {
+	vote := "uphold"
+	if h.Attrs["overturn"] == "true" {
+		vote = "overturn"
+	}
+	j := h.Attrs["job"]
+	t := fmt.Sprintf("referee %s voted to %s the refusal of %s on job %s", h.Attrs["referee"], vote, h.Attrs["appellant"], j[:min(len(j), 12)])
+	switch h.Attrs["verdict"] {
+	case ledger.VerdictOverturned:
+		t += ": overturned, the appellant is paid"
+	case ledger.VerdictUpheld:
+		t += ": upheld, the appellant's bond goes to the referees"
+	}
+	return t
+}
+
 // describe says what a ledger transaction moved for account me.
 func describe(h ledger.HistoryEntry, me string, mine map[string]bool) api.ActivityEntry {
 	e := api.ActivityEntry{Height: h.Height, Hash: h.Hash, Type: h.Type, Job: h.Attrs["job"], Memo: h.Attrs["memo"]}
@@ -356,6 +374,21 @@ func describe(h ledger.HistoryEntry, me string, mine map[string]bool) api.Activi
 		}
 	case ledger.TypeDispute:
 		e.What = "failed mark on job " + short(e.Job) + " disputed by " + h.Attrs["machine"]
+	case ledger.TypeAppeal:
+		e.What = fmt.Sprintf("appeal of the settlement of job %s by %s: claims %s, judged by %s",
+			short(e.Job), h.Attrs["appellant"], units.FormatCredits(h.Amount("claim")), h.Attrs["referees"])
+		if h.Attrs["owner"] == me {
+			e.Out, e.What = h.Amount("bond"), e.What+" (your bond)"
+		}
+	case ledger.TypeVerdict:
+		e.What = verdictText(h)
+		majority := strings.Split(h.Attrs["majority"], ",")
+		if h.Attrs["verdict"] == ledger.VerdictOverturned && h.Attrs["owner"] == me {
+			e.In = h.Amount("paid") // the claim, and the bond back
+		}
+		if h.Attrs["verdict"] != "" && slices.Contains(majority, me) {
+			e.In += h.Amount("fee") / uint64(len(majority))
+		}
 	case ledger.TypeExpire:
 		e.Unlocked, e.What = h.Amount("refund"), "escrow of job "+short(e.Job)+" expired: remainder refunded"
 	case ledger.TypeLinkMachine:

@@ -1,0 +1,205 @@
+package ledger
+
+import (
+	"testing"
+	"time"
+
+	"github.com/deepmarket/deepmarket/identity"
+)
+
+// appealNet is a chain of four validators, a payer, and two machines
+// (their own owners): a with credit enough for bonds, poor with less
+// than a bond once paid.
+type appealNet struct {
+	h                *harness
+	payer, a, poor   *identity.Key
+	vals             []*identity.Key
+	byAddr           map[string]*identity.Key
+	aa, apoor, apayr string
+}
+
+func newAppealNet(t *testing.T) *appealNet {
+	t.Helper()
+	issuer, payer, a, poor := key(t, 1), key(t, 2), key(t, 3), key(t, 4)
+	vals := valKeys(t, 4)
+	g := genesis(issuer, map[*identity.Key]uint64{payer: 100 * credit, a: credit}, a, poor)
+	n := &appealNet{h: newHarnessWith(t, nil, g, genesisVals(vals)), payer: payer, a: a, poor: poor, vals: vals,
+		byAddr: map[string]*identity.Key{}, aa: string(a.Address()), apoor: string(poor.Address()), apayr: string(payer.Address())}
+	for _, v := range vals {
+		n.byAddr[string(v.Address())] = v
+	}
+	return n
+}
+
+// settled opens job j for a and poor and settles it paying each 0.1.
+func (n *appealNet) settled(j string) {
+	n.h.t.Helper()
+	n.h.must(n.h.tx(n.payer, TypeOpenEscrow, &OpenEscrow{Job: j, Amount: 3 * credit, Expiry: n.h.now.Unix() + 3600, Payees: []string{n.aa, n.apoor}}))
+	n.h.must(n.h.tx(n.payer, TypeSettle, &Settle{Job: j, Payments: []Payment{
+		{Machine: n.aa, Amount: credit / 10, Rounds: 10, Refused: 9}, {Machine: n.apoor, Amount: credit / 20, Rounds: 10, Refused: 9}}}))
+}
+
+func (n *appealNet) referees(j, appellant string) []*identity.Key {
+	n.h.t.Helper()
+	e := n.h.app.Snapshot().Escrows[j]
+	if e == nil || e.caseOf(appellant) < 0 {
+		n.h.t.Fatalf("no case of %s on %s", appellant, j)
+	}
+	var out []*identity.Key
+	for _, r := range e.Cases[e.caseOf(appellant)].Referees {
+		out = append(out, n.byAddr[r])
+	}
+	return out
+}
+
+func (n *appealNet) verdict(by *identity.Key, j, appellant string, overturn bool) []byte {
+	return n.h.tx(by, TypeVerdict, &Verdict{Job: j, Appellant: appellant, Overturn: overturn})
+}
+
+func (n *appealNet) balance(k *identity.Key) uint64 {
+	return n.h.app.Snapshot().balanceOf(string(k.Address()))
+}
+
+// TestAppealsAreJudged: a payee's appeal locks its owner's bond and draws
+// three of the four validators; the first side two of them take decides
+// it. Overturned, the appellant is paid its claim and its bond back and
+// the payer pays the majority as much as the bond; upheld, the majority
+// takes the bond. Nobody else votes, nobody votes twice, nothing moves
+// after the verdict, and the books balance after every block (the
+// harness checks them).
+func TestAppealsAreJudged(t *testing.T) {
+	n := newAppealNet(t)
+	h := n.h
+	bond := DefaultParams().AppealBond
+	h.must(h.tx(n.payer, TypeOpenEscrow, &OpenEscrow{Job: job(1), Amount: 3 * credit, Expiry: h.now.Unix() + 3600, Payees: []string{n.aa, n.apoor}}))
+	expectCode(t, h.block(h.tx(n.a, TypeAppeal, &Appeal{Job: job(1), Claim: credit, Evidence: "bafyev"})), CodeNotSettled, "not settled")
+	h.must(h.tx(n.payer, TypeSettle, &Settle{Job: job(1), Payments: []Payment{
+		{Machine: n.aa, Amount: credit / 10, Rounds: 10, Refused: 9}, {Machine: n.apoor, Amount: credit / 20, Rounds: 10, Refused: 9}}}))
+
+	expectCode(t, h.block(h.tx(n.poor, TypeAppeal, &Appeal{Job: job(1), Claim: credit, Evidence: "bafyev"})), CodeInsufficientFunds, "bond")
+	expectCode(t, h.block(h.tx(n.a, TypeAppeal, &Appeal{Job: job(1), Claim: 3 * credit, Evidence: "bafyev"})), CodeInvalidAmount, "want 1 to")
+	expectCode(t, h.block(h.tx(n.a, TypeAppeal, &Appeal{Job: job(1), Claim: credit, Evidence: "bafy ev"})), CodeMalformed, "evidence")
+	before := n.balance(n.a)
+	h.must(h.tx(n.a, TypeAppeal, &Appeal{Job: job(1), Claim: credit, Evidence: "bafyev", Reason: "my rounds were refused"}))
+	expectCode(t, h.block(h.tx(n.a, TypeAppeal, &Appeal{Job: job(1), Claim: 1, Evidence: "bafyev"})), CodeAlreadyVoted, "already")
+	if got := n.balance(n.a); got != before-bond {
+		t.Fatalf("appellant's balance %d after the appeal, want %d less the bond %d", got, before, bond)
+	}
+	refs := n.referees(job(1), n.aa)
+	if len(refs) != 3 {
+		t.Fatalf("%d referees drawn, want 3", len(refs))
+	}
+	var outsider *identity.Key
+	for _, v := range n.vals {
+		drawn := false
+		for _, r := range refs {
+			drawn = drawn || r == v
+		}
+		if !drawn {
+			outsider = v
+		}
+	}
+	expectCode(t, h.block(n.verdict(outsider, job(1), n.aa, true)), CodeNotReferee, "not a referee")
+	expectCode(t, h.block(n.verdict(n.payer, job(1), n.aa, false)), CodeNotReferee, "")
+	h.must(n.verdict(refs[0], job(1), n.aa, true))
+	expectCode(t, h.block(n.verdict(refs[0], job(1), n.aa, true)), CodeAlreadyVoted, "voted")
+	h.must(n.verdict(refs[1], job(1), n.aa, false))
+	r0, r2 := n.balance(refs[0]), n.balance(refs[2])
+	escrowed := h.app.Snapshot().Escrows[job(1)].Amount
+	h.must(n.verdict(refs[2], job(1), n.aa, true)) // two of three: overturned
+	st := h.app.Snapshot()
+	if got := n.balance(n.a); got != before+credit {
+		t.Errorf("appellant holds %d after winning, want %d (its claim paid, its bond back)", got, before+credit)
+	}
+	if n.balance(refs[0]) != r0+bond/2 || n.balance(refs[2]) != r2+bond/2 {
+		t.Errorf("the majority was paid %d and %d, want %d each", n.balance(refs[0])-r0, n.balance(refs[2])-r2, bond/2)
+	}
+	if got := st.Escrows[job(1)].Amount; got != escrowed-credit-bond {
+		t.Errorf("escrow holds %d, want %d less the claim and the referees' fee", got, escrowed)
+	}
+	if r := st.Payers[n.apayr]; r == nil || r.AppealsLost != 1 {
+		t.Errorf("payer record %+v, want an appeal lost", r)
+	}
+	expectCode(t, h.block(n.verdict(refs[1], job(1), n.aa, false)), CodeClosedAppeal, "decided")
+
+	// Upheld: the bond goes to the two that upheld the refusal.
+	n.settled(job(2))
+	before = n.balance(n.a)
+	h.must(h.tx(n.a, TypeAppeal, &Appeal{Job: job(2), Claim: credit, Evidence: "bafyev2"}))
+	refs = n.referees(job(2), n.aa)
+	r0, r1 := n.balance(refs[0]), n.balance(refs[1])
+	h.must(n.verdict(refs[0], job(2), n.aa, false), n.verdict(refs[1], job(2), n.aa, false))
+	if got := n.balance(n.a); got != before-bond {
+		t.Errorf("appellant holds %d after losing, want %d less the bond", got, before)
+	}
+	if n.balance(refs[0]) != r0+bond/2 || n.balance(refs[1]) != r1+bond/2 {
+		t.Errorf("the majority was paid %d and %d, want %d each", n.balance(refs[0])-r0, n.balance(refs[1])-r1, bond/2)
+	}
+	if r := h.app.Snapshot().Machines[n.aa]; r == nil || r.AppealsLost != 1 {
+		t.Errorf("machine record %+v, want an appeal lost", r)
+	}
+}
+
+// TestAppealKeepsTheEscrowOpen: an appeal made at the end of the dispute
+// window keeps the escrow open until its deadline; undecided by then, it
+// lapses as the escrow closes, and the bond comes back. A decided case
+// lets the escrow close at the end of its window again.
+func TestAppealKeepsTheEscrowOpen(t *testing.T) {
+	n := newAppealNet(t)
+	h := n.h
+	p := DefaultParams()
+	n.settled(job(1))
+	settledAt := h.now.Unix()
+	h.now = time.Unix(settledAt+p.DisputeWindow-10, 0)
+	before := n.balance(n.a)
+	h.must(h.tx(n.a, TypeAppeal, &Appeal{Job: job(1), Claim: credit, Evidence: "bafylate"}))
+	deadline := h.now.Unix() + p.VerdictWindow
+	h.now = time.Unix(settledAt+p.DisputeWindow+5, 0)
+	expectCode(t, h.block(h.tx(n.poor, TypeAppeal, &Appeal{Job: job(1), Claim: credit, Evidence: "bafylate"})), CodeExpired, "window")
+	if h.app.Snapshot().Escrows[job(1)] == nil {
+		t.Fatal("the escrow closed with an appeal open")
+	}
+	refs := n.referees(job(1), n.aa)
+	h.now = time.Unix(deadline, 0).Add(-5 * time.Second) // the next block is at the deadline: the escrow closes first
+	expectCode(t, h.block(n.verdict(refs[0], job(1), n.aa, true)), CodeUnknownEscrow, "no open escrow")
+	if h.app.Snapshot().Escrows[job(1)] != nil {
+		t.Fatal("the escrow is open past the case's deadline")
+	}
+	if got := n.balance(n.a); got != before {
+		t.Errorf("appellant holds %d after its case lapsed, want its bond back (%d)", got, before)
+	}
+
+	// Decided early: the escrow closes at the end of its window.
+	n.settled(job(2))
+	settledAt = h.now.Unix()
+	h.must(h.tx(n.a, TypeAppeal, &Appeal{Job: job(2), Claim: 1, Evidence: "bafyearly"}))
+	refs = n.referees(job(2), n.aa)
+	h.must(n.verdict(refs[0], job(2), n.aa, false), n.verdict(refs[1], job(2), n.aa, false))
+	if e := h.app.Snapshot().Escrows[job(2)]; e == nil || e.Closes != settledAt+p.DisputeWindow {
+		t.Fatalf("escrow %+v, want it to close at %d", e, settledAt+p.DisputeWindow)
+	}
+}
+
+// TestNoRefereeIsAParty: the payer, the appellant and its owner are never
+// drawn; where every validator is one of them, the appeal is refused
+// rather than judged by a party.
+func TestNoRefereeIsAParty(t *testing.T) {
+	issuer, payer, a := key(t, 1), key(t, 2), key(t, 3)
+	g := genesis(issuer, map[*identity.Key]uint64{payer: 100 * credit, a: credit}, a)
+	h := newHarnessWith(t, nil, g, genesisVals([]*identity.Key{payer, a}))
+	aa := string(a.Address())
+	h.must(h.tx(payer, TypeOpenEscrow, &OpenEscrow{Job: job(1), Amount: credit, Expiry: h.now.Unix() + 3600, Payees: []string{aa}}))
+	h.must(h.tx(payer, TypeSettle, &Settle{Job: job(1), Payments: []Payment{{Machine: aa, Amount: credit / 10}}}))
+	expectCode(t, h.block(h.tx(a, TypeAppeal, &Appeal{Job: job(1), Claim: credit / 2, Evidence: "bafy"})), CodeNoReferees, "no validator")
+
+	n := newAppealNet(t)
+	for j := range 20 {
+		n.settled(job(j))
+		n.h.must(n.h.tx(n.a, TypeAppeal, &Appeal{Job: job(j), Claim: 1, Evidence: "bafy"}))
+		for _, r := range n.referees(job(j), n.aa) {
+			if a := string(r.Address()); a == n.aa || a == n.apayr {
+				t.Fatalf("a party drawn as referee: %s", a)
+			}
+		}
+	}
+}
