@@ -30,6 +30,10 @@ import (
 //   - upheld: the bond goes to the majority's referees; the machine's
 //     record counts an appeal lost.
 //
+// A failed mark on the appellant follows the verdict: overturned, it is
+// disputed and does not count; upheld, it counts even if the machine
+// disputed it, and the machine cannot dispute it again.
+//
 // A case no majority decides by its deadline (Params.VerdictWindow) lapses
 // when the escrow closes: the bond comes back and nothing else moves. The
 // escrow does not close while a case is open: an appeal made late in the
@@ -313,6 +317,9 @@ func (s *State) overturn(e *Escrow, k *Case, majority []string) (paid, fee uint6
 		rec := s.machine(k.Appellant)
 		rec.Earned = satAdd(rec.Earned, paid)
 	}
+	if i := e.markIndex(k.Appellant); i >= 0 {
+		e.Marks[i].Disputed = true // the referees found no cause
+	}
 	fee = min(k.Bond, e.Amount)
 	e.Amount -= fee
 	s.split(fee, majority, e.Payer)
@@ -327,6 +334,9 @@ func (s *State) overturn(e *Escrow, k *Case, majority []string) (paid, fee uint6
 // referees.
 func (s *State) uphold(e *Escrow, k *Case, majority []string) {
 	k.Verdict = VerdictUpheld
+	if i := e.markIndex(k.Appellant); i >= 0 {
+		e.Marks[i].Disputed = false // an upheld dispute: the mark has its cause, and counts
+	}
 	s.split(k.Bond, majority, k.Owner)
 	rec := s.machine(k.Appellant)
 	rec.AppealsLost = satAdd(rec.AppealsLost, 1)

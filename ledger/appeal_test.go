@@ -203,3 +203,28 @@ func TestNoRefereeIsAParty(t *testing.T) {
 		}
 	}
 }
+
+// TestAnUpheldMarkCounts: a mark the machine disputed and then lost its
+// appeal over counts in its record, and cannot be disputed again; a mark
+// whose appeal the referees overturned does not count.
+func TestAnUpheldMarkCounts(t *testing.T) {
+	n := newAppealNet(t)
+	h := n.h
+	for _, j := range []string{job(1), job(2)} {
+		h.must(h.tx(n.payer, TypeOpenEscrow, &OpenEscrow{Job: j, Amount: credit, Expiry: h.now.Unix() + 3600, Payees: []string{n.aa}}))
+		h.must(h.tx(n.payer, TypeSettle, &Settle{Job: j, Payments: []Payment{{Machine: n.aa, Amount: credit / 10, Failed: true}}}))
+		h.must(h.tx(n.a, TypeDispute, &Dispute{Job: j}), h.tx(n.a, TypeAppeal, &Appeal{Job: j, Claim: credit / 2, Evidence: "bafy"}))
+	}
+	refs := n.referees(job(1), n.aa)
+	h.must(n.verdict(refs[0], job(1), n.aa, false), n.verdict(refs[1], job(1), n.aa, false))
+	if m, _ := h.app.Snapshot().Escrows[job(1)].mark(n.aa); m.Disputed {
+		t.Fatal("a mark the referees upheld still counts as disputed")
+	}
+	expectCode(t, h.block(h.tx(n.a, TypeDispute, &Dispute{Job: job(1)})), CodeClosedAppeal, "decided")
+	refs = n.referees(job(2), n.aa)
+	h.must(n.verdict(refs[0], job(2), n.aa, true), n.verdict(refs[1], job(2), n.aa, true))
+	h.closeWindows()
+	if r := h.app.Snapshot().Machines[n.aa]; r == nil || r.Failed != 1 || r.AppealsLost != 1 {
+		t.Fatalf("machine record %+v: want the upheld mark counted, the overturned one not", r)
+	}
+}

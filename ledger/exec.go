@@ -530,6 +530,9 @@ func (s *State) dispute(c *call, m *Dispute) (effect, error) {
 	case e.Marks[i].Disputed:
 		return nil, reject(CodeAlreadyVoted, "%s disputed its mark on job %s already", c.signer, m.Job)
 	}
+	if j := e.caseOf(c.signer); j >= 0 && e.Cases[j].Verdict != "" {
+		return nil, reject(CodeClosedAppeal, "the referees decided the appeal of %s on job %s: %s", c.signer, m.Job, e.Cases[j].Verdict)
+	}
 	return func() *event {
 		e.Marks[i].Disputed = true
 		s.touch(pEscrow, m.Job)
