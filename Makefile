@@ -130,7 +130,7 @@ bench-held: deps ## Held DiLoCo: the holder's checks' share of a round (goal <= 
 
 .PHONY: bench-held
 
-bench-fair: ## Fair to both sides: an honest worker's pay under each greedy-submitter strategy (goal >= the floor; its receipt after an early settlement), a lazy or caught machine's pay, a lender's exposure to a payer that stops signing, when a settled escrow closes; node pay code on a real in-memory ledger, training simulated (seconds); report in bench/results/fair.json
+bench-fair: ## Fair to both sides: an honest worker's pay under each greedy-submitter strategy (goal >= the floor; its receipt after an early settlement), a lazy or caught machine's pay, a lender's exposure to a payer that stops signing, the pay after an appeal the referees overturn (goal >= 0.95), when a settled escrow closes; node pay code on a real in-memory ledger, training simulated (seconds); report in bench/results/fair.json
 	$(GO) run ./bench/fair -out bench/results/fair.json
 
 .PHONY: bench-fair
