@@ -114,7 +114,7 @@ func main() {
 			round := uint64(roundPay) // one worker-round, truncated
 			rows = append(rows, Row{Side: "greedy submitter", Strategy: s.name + ", then appealed", Paid: after[1], Honest: honest,
 				Ratio: ratio(after[1], honest), Goal: ">= 0.95 of honest after a dispute; the referees' fee covers replaying a round",
-				Met: ratio(after[1], honest) >= 0.95 && perCase >= round,
+				Met:  ratio(after[1], honest) >= 0.95 && perCase >= round,
 				Note: fmt.Sprintf("referees overturned the refusal %d blocks after the appeal; their fee, paid by the payer: %d micro-credits a case, for recomputing at most one worker-round (priced %d)", blocks, perCase, round)})
 		}
 	}
