@@ -17,8 +17,8 @@ import (
 // holder refused (rounds booked refused, an update judged bad, a spot
 // check said failed) appeals in the escrow's dispute window: it names
 // what it says it is owed beyond what the settlement paid (Claim, at most
-// what the escrow still holds and no other appeal claims) and where the
-// evidence is, and its owner locks Params.AppealBond. The block's hash
+// what the escrow still holds; claims are not reserved against each other,
+// so no payee can shut another out) and where the evidence is, and its owner locks Params.AppealBond. The block's hash
 // draws Params.Referees validators that are not party to the case (the
 // payer, the appellant, its owner); they recompute the contested check
 // and vote. The first side a majority of the drawn referees takes wins:
@@ -94,17 +94,6 @@ func (e *Escrow) bonds() uint64 {
 	return b
 }
 
-// claims is what the escrow's open cases claim of its Amount.
-func (e *Escrow) claims() uint64 {
-	var c uint64
-	for i := range e.Cases {
-		if e.Cases[i].open() {
-			c += e.Cases[i].Claim // each is at most Amount less the others
-		}
-	}
-	return c
-}
-
 func (e *Escrow) caseOf(appellant string) int {
 	for i := range e.Cases {
 		if e.Cases[i].Appellant == appellant {
@@ -144,8 +133,10 @@ func (s *State) eligibleReferees(payer, appellant, owner string) []string {
 	return out
 }
 
-// draw picks k of eligible in an order the block's hash fixes: no party
-// can pick its referees, and every node draws the same ones.
+// draw picks k of eligible in an order the block's hash fixes: the
+// appellant cannot know its referees when it signs, and every node draws
+// the same ones. (A proposer that is the payer could try blocks until one
+// draws referees it likes; they are still validators outside the case.)
 func (s *State) draw(eligible []string, k int, job, appellant string) []string {
 	pool := append([]string(nil), eligible...)
 	seed := sha256.Sum256([]byte(string(s.seed) + "\x00" + job + "\x00" + appellant))
@@ -185,9 +176,12 @@ func (s *State) appeal(c *call, m *Appeal) (effect, error) {
 	if e.caseOf(c.signer) >= 0 {
 		return nil, reject(CodeAlreadyVoted, "%s appealed the settlement of job %s already", c.signer, m.Job)
 	}
-	free := e.Amount - min(e.claims(), e.Amount)
-	if m.Claim == 0 || m.Claim > free {
-		return nil, reject(CodeInvalidAmount, "claim %d: want 1 to %d (what the escrow holds that no other appeal claims)", m.Claim, free)
+	// Claims are not reserved against each other: one payee claiming the
+	// whole escrow must not shut the others out. Referees judge the amount
+	// with the cause, and a case is paid from what the escrow holds when it
+	// is decided.
+	if m.Claim == 0 || m.Claim > e.Amount {
+		return nil, reject(CodeInvalidAmount, "claim %d: want 1 to %d (what the escrow holds)", m.Claim, e.Amount)
 	}
 	owner, registered := s.registered(c.signer)
 	if !registered {

@@ -228,3 +228,18 @@ func TestAnUpheldMarkCounts(t *testing.T) {
 		t.Fatalf("machine record %+v: want the upheld mark counted, the overturned one not", r)
 	}
 }
+
+// TestOneClaimShutsNobodyOut: a payee claiming all the escrow holds does
+// not stop another payee from appealing.
+func TestOneClaimShutsNobodyOut(t *testing.T) {
+	n := newAppealNet(t)
+	h := n.h
+	n.settled(job(1))
+	h.must(h.tx(n.payer, TypeTransfer, &Transfer{To: n.apoor, Amount: credit}))
+	all := h.app.Snapshot().Escrows[job(1)].Amount
+	h.must(h.tx(n.a, TypeAppeal, &Appeal{Job: job(1), Claim: all, Evidence: "bafygreedy"}))
+	h.must(h.tx(n.poor, TypeAppeal, &Appeal{Job: job(1), Claim: credit, Evidence: "bafyhonest"}))
+	if e := h.app.Snapshot().Escrows[job(1)]; len(e.Cases) != 2 {
+		t.Fatalf("cases %+v", e.Cases)
+	}
+}
