@@ -71,12 +71,27 @@ func checkLinks(self string, links []LinkSample) error {
 // table of recent probers. An admitted probe is bounded too: its echo is
 // at most probePings bytes, done within probeEchoTime, and its bulk
 // ProbeBytes within probeTimeout.
+//
+// Slots are bounded per account as well: the machines of one account
+// (all linked to one member) hold at most probesPerAccount slots at once,
+// so one member's idle streams never hold every slot, and are admitted at
+// most probesPerAccountPeriod times a period between them, so a member
+// with many machines cannot take turns holding slots all period long.
 type ProbeServer struct {
-	adm   Admission
-	slots chan struct{}
-	every time.Duration
-	mu    sync.Mutex
-	last  map[peer.ID]time.Time // admitted peers only
+	adm      Admission
+	slots    chan struct{}
+	every    time.Duration
+	mu       sync.Mutex
+	last     map[peer.ID]time.Time // admitted peers only
+	held     map[string]int        // slots held, by account
+	accounts map[string]*accountProbes
+}
+
+// accountProbes counts one account's admitted probes in the current
+// period.
+type accountProbes struct {
+	since time.Time
+	n     int
 }
 
 // Bounds of what one probe may take of the machine that answers it.
@@ -92,13 +107,20 @@ const (
 	probeSlots = 2
 	// maxProbers bounds the table of recent probers (admitted machines).
 	maxProbers = 4096
+	// probesPerAccount is how many slots one account's machines hold at
+	// once; probesPerAccountPeriod how many of their probes are admitted
+	// in a period (a lender probes at most 32 machines a period, so an
+	// account lending from two machines that both probe this one uses 2).
+	probesPerAccount       = 1
+	probesPerAccountPeriod = 64
 )
 
 // ServeProbes registers the probe protocol on h, answering at most one
 // probe every period from each machine admit backs (a nil admit backs
 // everyone: tests of this package); stop removes it.
 func ServeProbes(h host.Host, chainID string, every time.Duration, admit Admission) (s *ProbeServer, stop func()) {
-	s = &ProbeServer{adm: admit, slots: make(chan struct{}, probeSlots), every: every, last: map[peer.ID]time.Time{}}
+	s = &ProbeServer{adm: admit, slots: make(chan struct{}, probeSlots), every: every, last: map[peer.ID]time.Time{},
+		held: map[string]int{}, accounts: map[string]*accountProbes{}}
 	pid := ProbeProtocol(chainID)
 	h.SetStreamHandler(pid, s.handle)
 	return s, func() { h.RemoveStreamHandler(pid) }
@@ -109,28 +131,66 @@ func ServeProbes(h host.Host, chainID string, every time.Duration, admit Admissi
 // slot), a slot is free, and p has not probed within the period: the
 // probe spends it. release frees the slot.
 func (s *ProbeServer) admit(p peer.ID, now time.Time) (release func(), ok bool) {
-	if _, ok := backer(s.adm, p); !ok {
+	account, ok := backer(s.adm, p)
+	if !ok {
 		return nil, false
+	}
+	s.mu.Lock()
+	busy := s.held[account] >= probesPerAccount
+	if !busy {
+		s.held[account]++
+	}
+	s.mu.Unlock()
+	if busy {
+		return nil, false
+	}
+	unhold := func() {
+		s.mu.Lock()
+		if s.held[account]--; s.held[account] <= 0 {
+			delete(s.held, account)
+		}
+		s.mu.Unlock()
 	}
 	select {
 	case s.slots <- struct{}{}:
 	default:
+		unhold()
 		return nil, false
 	}
-	release = func() { <-s.slots }
-	if !s.spend(p, now) {
+	release = func() { <-s.slots; unhold() }
+	if !s.spend(p, account, now) {
 		release()
 		return nil, false
 	}
 	return release, true
 }
 
-// spend records a probe from p at now, unless p probed within the period
-// or the table is full of machines that did.
-func (s *ProbeServer) spend(p peer.ID, now time.Time) bool {
+// spend records a probe from p (backed by account) at now, unless p
+// probed within the period, its account's machines were admitted
+// probesPerAccountPeriod times in it, or the tables are full of machines
+// and accounts that did.
+func (s *ProbeServer) spend(p peer.ID, account string, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if t, ok := s.last[p]; ok && now.Sub(t) < s.every {
+		return false
+	}
+	a := s.accounts[account]
+	if a == nil || now.Sub(a.since) >= s.every {
+		if a == nil && len(s.accounts) >= maxProbers {
+			for q, b := range s.accounts {
+				if now.Sub(b.since) >= s.every {
+					delete(s.accounts, q)
+				}
+			}
+			if len(s.accounts) >= maxProbers {
+				return false
+			}
+		}
+		a = &accountProbes{since: now}
+		s.accounts[account] = a
+	}
+	if a.n >= probesPerAccountPeriod {
 		return false
 	}
 	if len(s.last) >= maxProbers {
@@ -144,6 +204,7 @@ func (s *ProbeServer) spend(p peer.ID, now time.Time) bool {
 		return false
 	}
 	s.last[p] = now
+	a.n++
 	return true
 }
 

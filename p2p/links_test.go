@@ -231,3 +231,68 @@ func TestFreshKeysDoNotFillTheProbersTable(t *testing.T) {
 		t.Errorf("a backed machine's probe after %d strangers': %v", maxProbers+1000, err)
 	}
 }
+
+// One member's idle streams hold one slot at most: two of its machines
+// each open a probe and hold it idle, and another member's probe is
+// answered meanwhile. (Without the bound they held both slots.)
+func TestOneMembersIdleStreamsDoNotBlockProbes(t *testing.T) {
+	victim, honest, m1, m2 := rpcHost(t, 1), rpcHost(t, 2), rpcHost(t, 3), rpcHost(t, 4)
+	b := backing(honest.Key)
+	insider := identity.Address("dm1insider")
+	b[string(m1.Key.Public())], b[string(m2.Key.Public())] = insider, insider
+	ServeProbes(victim.Host, testChain, time.Hour, b)
+	for _, m := range []*RPC{honest, m1, m2} {
+		connect(t, m.Host, victim.Host)
+	}
+	for _, m := range []*RPC{m1, m2} {
+		st, err := m.Host.NewStream(t.Context(), victim.Host.ID(), ProbeProtocol(testChain))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Reset() })
+		var one [1]byte
+		st.SetDeadline(time.Now().Add(probeEchoTime))
+		st.Write([]byte{'p'})
+		io.ReadFull(st, one[:]) // the first is answered and then held idle; the second is reset
+	}
+	if _, err := Probe(t.Context(), honest.Host, testChain, victim.Host.ID()); err != nil {
+		t.Errorf("a member's probe beside another member's two idle streams: %v", err)
+	}
+}
+
+// One account's machines are admitted probesPerAccountPeriod times a
+// period between them, however many machines it links; another
+// account's are not affected, and the next period admits them again.
+func TestProbesPerAccountAreBounded(t *testing.T) {
+	victim, honest := rpcHost(t, 1), rpcHost(t, 2)
+	b := backing(honest.Key)
+	var machines []peer.ID
+	for i := range probesPerAccountPeriod + 1 {
+		pub := make([]byte, 32)
+		binary.BigEndian.PutUint32(pub, uint32(i+1))
+		b[string(pub)] = "dm1insider"
+		machines = append(machines, identity.PeerIDOf(pub))
+	}
+	s, _ := ServeProbes(victim.Host, testChain, time.Minute, b)
+	now := time.Now()
+	admitted := 0
+	for _, m := range machines {
+		if release, ok := s.admit(m, now); ok {
+			admitted++
+			release()
+		}
+	}
+	if admitted != probesPerAccountPeriod {
+		t.Errorf("one account's %d machines were admitted %d times in a period, want %d", len(machines), admitted, probesPerAccountPeriod)
+	}
+	if release, ok := s.admit(honest.Host.ID(), now); !ok {
+		t.Error("another account's machine was refused")
+	} else {
+		release()
+	}
+	if release, ok := s.admit(machines[len(machines)-1], now.Add(time.Minute)); !ok {
+		t.Error("the account's last machine was refused in the next period")
+	} else {
+		release()
+	}
+}
