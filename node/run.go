@@ -246,6 +246,13 @@ func (n *Node) startMarket(psCtx context.Context) (err error) {
 		return err
 	}
 	n.lender, n.holds, n.desk, n.links = l.lender, l.holds, l.desk, l.links
+	n.admission.SetPrices(func() (p2p.Prices, bool) {
+		st := n.lender.State(time.Now())
+		if !st.Offering || st.Settings == nil || st.Settings.Price == nil {
+			return p2p.Prices{}, false
+		}
+		return *st.Settings.Price, true
+	})
 	n.quotes = submitter.NewQuoteBook()
 	n.rpc = &p2p.RPC{Host: n.host, Key: n.key, ChainID: chainID, Logger: n.log.With("module", "rpc")}
 	n.calls = &machineCalls{host: n.host, rpc: n.rpc, chainID: chainID, book: n.book, desk: n.desk, quotes: n.quotes}

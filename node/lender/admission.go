@@ -31,7 +31,15 @@ type Admission struct {
 	reads   LedgerReads
 	chainID string
 	terms   Terms
+	// prices, once set, are this machine's reserve prices while it lends
+	// (false: not lending): a hold's bid must cover them for its duration.
+	prices func() (p2p.Prices, bool)
 }
+
+// SetPrices has CheckBid refuse a hold whose bid's max price does not
+// cover this machine's reserve prices (what prices returns while it
+// lends) for the resources held, for the bid's duration.
+func (a *Admission) SetPrices(prices func() (p2p.Prices, bool)) { a.prices = prices }
 
 // Terms are the payment terms a machine's owner lends on ([lend]): a bid
 // that offers less is refused a hold here, and a launch that names a
@@ -134,8 +142,9 @@ func (a *Admission) Scheduler(p peer.ID) error {
 // CheckBid is what a machine checks before holding capacity for a
 // scheduler: the bid the request carries is signed by its bidder, for this
 // job, by a member whose balance (on this machine's own replica) covers
-// its maximum price; the hold may ask for at most what the bid's workers
-// need.
+// its maximum price, and that price covers this machine's reserve prices
+// for what the hold asks, for the job's duration (SetPrices); the hold may
+// ask for at most what the bid's workers need.
 func (a *Admission) CheckBid(r *p2p.Reserve, now time.Time) (HoldRequest, error) {
 	req := HoldRequest{Reserve: r}
 	if r.Op != p2p.OpReserve {
@@ -153,6 +162,17 @@ func (a *Admission) CheckBid(r *p2p.Reserve, now time.Time) (HoldRequest, error)
 	}
 	if err := a.canPay(identity.Address(bid.Submitter), bid.MaxPrice); err != nil {
 		return req, err
+	}
+	if a.prices != nil {
+		if p, ok := a.prices(); ok {
+			// The scheduler quotes at least the reserve for the job's
+			// duration: a bid below it can hold capacity but never pay for it.
+			reserve := float64(p.PerHour(r.Res)) * float64(bid.Duration) / 3600
+			if float64(bid.MaxPrice) < reserve {
+				return req, fmt.Errorf("the bid's max price, %s credits, does not cover this machine's reserve price for what it holds over the job's %s: %s credits",
+					units.FormatCredits(bid.MaxPrice), time.Duration(bid.Duration)*time.Second, units.FormatCredits(uint64(reserve)))
+			}
+		}
 	}
 	if err := a.terms.Accept(bid); err != nil {
 		return req, err

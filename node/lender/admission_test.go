@@ -119,3 +119,40 @@ func TestPayerRecordTerms(t *testing.T) {
 		}
 	}
 }
+
+// TestBidMustCoverTheReserve: a bid whose max price does not cover this
+// machine's reserve prices for what the hold asks, over the job's
+// duration, holds nothing here (the insider's 1-micro-credit bid); one
+// that does, does; and a machine not lending has no reserve to check.
+func TestBidMustCoverTheReserve(t *testing.T) {
+	bidder := admissionKey(t, 1)
+	now := time.Now()
+	funded := ledgerView{bidder.Address(): 10_000_000}
+	hold := func(maxPrice uint64) *p2p.Reserve {
+		bid := p2p.Bid{JobID: strings.Repeat("ab", 32), Submitter: string(bidder.Address()), Workers: 1,
+			PerWorker: p2p.Resources{Cores: 2, MemBytes: 1 << 30}, MaxPrice: maxPrice, Duration: 3600, Framework: "generic", Floor: p2p.DefaultFloor}
+		data, err := p2p.Seal(bidder, admissionChain, p2p.TypeBid, &bid, 1, now.Add(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &p2p.Reserve{Op: p2p.OpReserve, ID: "0000000000000001", JobID: bid.JobID, TTL: 5, Bidder: bidder.PeerID().String(),
+			Bid: data, Res: p2p.Resources{Cores: 2, MemBytes: 1 << 30}}
+	}
+	a := NewAdmission(funded, admissionChain, DefaultTerms())
+	lending := true
+	// 2 cores at 0.1 and 1 GiB at 0.05 credit an hour: 0.25 credit for the job's hour.
+	a.SetPrices(func() (p2p.Prices, bool) { return p2p.Prices{CoreHour: 100_000, MemGiBHour: 50_000}, lending })
+	if _, err := a.CheckBid(hold(1), now); err == nil || !strings.Contains(err.Error(), "does not cover this machine's reserve price") {
+		t.Errorf("a 1-micro-credit bid: %v, want refused", err)
+	}
+	if _, err := a.CheckBid(hold(249_999), now); err == nil {
+		t.Error("a bid just under the reserve was granted a hold")
+	}
+	if _, err := a.CheckBid(hold(250_000), now); err != nil {
+		t.Errorf("a bid at the reserve: %v", err)
+	}
+	lending = false
+	if _, err := a.CheckBid(hold(1), now); err != nil {
+		t.Errorf("a machine not lending checked a reserve: %v", err)
+	}
+}
