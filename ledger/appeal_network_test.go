@@ -30,6 +30,18 @@ func TestNetworkAppealJudgedByValidators(t *testing.T) {
 	if _, err := pay.Settle(ctx, Settle{Job: j, Payments: []Payment{{Machine: aa, Amount: credit / 100, Rounds: 6, Refused: 6}}}); err != nil {
 		t.Fatal(err)
 	}
+	// The machine's node may be a block behind the payer's: it appeals
+	// once it sees the settlement.
+	for {
+		e, err := mach.Escrow(ctx, j)
+		if err == nil && e != nil && e.Settled != 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the machine's node never saw the settlement: %+v (%v)", e, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	before, _ := mach.Balance(ctx, a.Address())
 	if _, err := mach.Appeal(ctx, j, credit, "bafyevidence", "every round refused"); err != nil {
 		t.Fatal(err)

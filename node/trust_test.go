@@ -158,6 +158,16 @@ func TestHoldsNeedAFundedBid(t *testing.T) {
 		t.Fatal("the bidder published a bid beyond its balance")
 	}
 
+	// The greedy member's own bid for 1 micro-credit (its balance covers
+	// that): the lender's reserve for an hour of a core is more, so it
+	// holds nothing.
+	cheap := p2p.Bid{JobID: jobIDOf(chain + "cheap"), Submitter: string(evil.key.Address()), Workers: 1, PerWorker: res,
+		MaxPrice: 1, Duration: 3600, Framework: "generic", Floor: p2p.DefaultFloor}
+	sealed, _ = p2p.Seal(evil.key, chain, p2p.TypeBid, &cheap, 3, time.Now().Add(time.Minute))
+	if r, err := hold("0000000000000014", cheap.JobID, sealed, evil.key.PeerID()); err != nil || r.OK || !strings.Contains(r.Reason, "reserve price") {
+		t.Fatalf("a hold for a 1-micro-credit bid: %+v %v", r, err)
+	}
+
 	// The bidder's real bid, overheard by the stranger on gossip.
 	real := api.PublishBidRequest{Bid: p2p.Bid{JobID: jobIDOf(chain + "real"), Workers: 2, PerWorker: res,
 		MaxPrice: 10_000_000, Duration: 60, Framework: "generic"}}

@@ -170,7 +170,11 @@ class KerasDiLoCoTest(unittest.TestCase):
         # Rank 1 is in every round from the one it joined at: round 0 unless
         # TensorFlow took it longer to import than rank 0 waits for the first
         # round (join_timeout), then it joins a later one with the job's weights.
-        self.assertEqual(s1["rounds"], 8 - s1["joined_round"], out)
+        # With rounds overlapped, a joiner whose first update reached the
+        # coordinator after that round closed without it (a busy machine)
+        # is in every round from the next one.
+        missed = 1 if "overlap" in flags else 0
+        self.assertIn(s1["rounds"], range(8 - s1["joined_round"] - missed, 8 - s1["joined_round"] + 1), out)
         self.assertEqual(s1["late"], 0, out)
 
     def test_killed_worker_rejoins_with_current_weights(self):
