@@ -25,6 +25,11 @@ const holdTTL = time.Minute
 // scheduler got there first) or cannot be reached.
 const quoteAttempts = 8
 
+// lostPerAccount is how many of one account's machines may fail to
+// answer a quote's holds before the quote leaves out the rest of that
+// account's machines.
+const lostPerAccount = 2
+
 // reserveTimeout bounds one hold request: a machine that does not answer
 // in time is skipped and remembered as unreachable (Market.MarkUnreachable).
 const reserveTimeout = 3 * time.Second
@@ -64,6 +69,7 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) (p2p.Quote, []holdRef
 	job := market.SchedulerJob(b)
 	refused := ""
 	collided := false
+	lostBy := map[string]int{} // machines of each account that did not answer, in this quote
 	for attempt := range quoteAttempts {
 		if collided {
 			// Schedulers that collided on the same machines all retry; a
@@ -122,7 +128,7 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) (p2p.Quote, []holdRef
 			v = scheduler.View{Machines: slices.Clone(v.Machines), RTT: v.RTT}
 			idx = nil
 		}
-		collided = believeRefusals(&v, offers, h, &refused)
+		collided = believeRefusals(&v, offers, h, &refused, lostBy)
 	}
 	return p2p.Quote{JobID: b.JobID, Resource: "cores", Reason: p2p.Clip(fmt.Sprintf(
 		"machines refused holds %d times (other schedulers took their capacity): %s", quoteAttempts, refused), 256)}, nil
@@ -273,7 +279,10 @@ func (q *Quoter) holdPlacement(ctx context.Context, w bidWork, job scheduler.Job
 // said they have free (nothing, when unreachable or not lending), adds
 // their reasons to refused, and reports whether another scheduler took
 // capacity (then the next attempt backs off first).
-func believeRefusals(v *scheduler.View, offers []p2p.Offer, h heldPlacement, refused *string) (collided bool) {
+//
+// lostBy counts, across the quote's attempts, the machines of each account
+// that did not answer (see lostPerAccount).
+func believeRefusals(v *scheduler.View, offers []p2p.Offer, h heldPlacement, refused *string, lostBy map[string]int) (collided bool) {
 	for _, i := range h.failed {
 		f := h.replies[i].Free
 		if f != (p2p.Resources{}) {
@@ -291,6 +300,23 @@ func believeRefusals(v *scheduler.View, offers []p2p.Offer, h heldPlacement, ref
 		}
 		if f == (p2p.Resources{}) {
 			m.Allocated = m.Lent // unreachable or not lending: nothing there
+		}
+		if h.lost[i] {
+			lostBy[offers[i].Owner]++
+		}
+		if h.lost[i] && lostBy[offers[i].Owner] >= lostPerAccount {
+			// One account's machines that do not answer must not use up
+			// the attempts one by one (256 of them, cheapest, failed every
+			// honest bid): once lostPerAccount of them did not answer, none
+			// of that account's machines is tried for the rest of this
+			// quote (one dead machine of a lab leaves its others in). Only
+			// the ones that failed are remembered as unreachable for later
+			// quotes.
+			for j := range offers {
+				if offers[j].Owner == offers[i].Owner {
+					v.Machines[j].Allocated = v.Machines[j].Lent
+				}
+			}
 		}
 	}
 	return collided

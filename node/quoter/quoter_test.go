@@ -210,7 +210,7 @@ func TestBelieveRefusals(t *testing.T) {
 			v := scheduler.View{Machines: []scheduler.Machine{{ID: "m", Lent: lent}}}
 			offers := []p2p.Offer{{Machine: "m", Moniker: "m1"}}
 			refused := ""
-			got := believeRefusals(&v, offers, heldPlacement{failed: []int{0}, replies: map[int]p2p.ReserveReply{0: tc.reply}}, &refused)
+			got := believeRefusals(&v, offers, heldPlacement{failed: []int{0}, replies: map[int]p2p.ReserveReply{0: tc.reply}}, &refused, map[string]int{})
 			if got != tc.collided || v.Machines[0].Allocated != tc.alloc {
 				t.Fatalf("collided %v, allocated %+v; want %v, %+v", got, v.Machines[0].Allocated, tc.collided, tc.alloc)
 			}
@@ -305,5 +305,47 @@ func TestTensorFlowBidOnMachinesStillChecking(t *testing.T) {
 		if quote.Resource != "framework" || !strings.Contains(quote.Reason, want) {
 			t.Errorf("checking %v: %+v, want a reason with %q", checking, quote, want)
 		}
+	}
+}
+
+// TestOneAccountsDeadMachinesDoNotFailABid: an insider's account offers
+// 256 machines cheaper than anyone's, none of which answers. An honest
+// bid is still quoted, on the honest machine, after two attempts on the
+// insider's machines: an account two of whose machines do not answer is
+// left out of the rest of the quote. (Before, each attempt dropped one of
+// them, and the bid failed after 8.)
+func TestOneAccountsDeadMachinesDoNotFailABid(t *testing.T) {
+	book := market.NewOfferBook(1000, 256)
+	lent := p2p.Resources{Cores: 2, MemBytes: 2 << 30}
+	now := time.Now()
+	honest := newPeerID(t)
+	ms := &machines{free: map[peer.ID]p2p.Resources{honest: lent}, down: map[peer.ID]bool{}, held: map[string]peer.ID{}}
+	offer := func(id peer.ID, owner string, price uint64) {
+		book.Apply(&p2p.Received{Signer: id, Seq: 1, Expiry: now.Add(time.Hour), Offer: &p2p.Offer{
+			Machine: id.String(), Owner: owner, Moniker: id.String()[len(id.String())-4:], Lent: lent, Price: p2p.Prices{CoreHour: price}}}, now)
+	}
+	offer(honest, "honest", 1_000_000)
+	for range 256 {
+		id := newPeerID(t)
+		offer(id, "insider", 1)
+		ms.free[id], ms.down[id] = lent, true
+	}
+	mk := market.New(market.Params{Book: book, Subset: market.SubsetAll})
+	q := New(Params{Self: newPeerID(t), Market: mk, Holds: ms, Quotes: SendFunc(func(context.Context, peer.ID, p2p.Quote) error { return nil }),
+		Logger: slog.New(slog.DiscardHandler)})
+	bid := p2p.Bid{JobID: "honest", Workers: 2, PerWorker: p2p.Resources{Cores: 1, MemBytes: 128 << 20},
+		MaxPrice: 10_000_000, Duration: 600, Framework: "generic"}
+	quote, _ := q.answerBid(t.Context(), bidWork{bid: bid, bidder: newPeerID(t)})
+	if len(quote.Workers) != 2 || quote.Workers[0].Machine != honest.String() || quote.Workers[1].Machine != honest.String() {
+		t.Fatalf("the honest bid beside 256 dead machines of one account: %+v", quote)
+	}
+	unreachable := 0
+	for id := range ms.down {
+		if mk.Unreachable(id.String(), time.Now()) {
+			unreachable++
+		}
+	}
+	if unreachable != lostPerAccount {
+		t.Errorf("%d of the insider's machines were tried, want %d", unreachable, lostPerAccount)
 	}
 }
