@@ -21,8 +21,13 @@ func job(n int) string {
 	return hex.EncodeToString([]byte(strings.Repeat(string(rune('a'+n%26)), 32)))
 }
 
+// genesis is a chain whose issuer has a large quota, with balances and
+// members. Its links lock no stake (most tests' owners hold nothing):
+// TestLinksLockAStake and the pinned chain link with the default stake.
 func genesis(issuer *identity.Key, balances map[*identity.Key]uint64, members ...*identity.Key) GenesisState {
-	g := GenesisState{Issuers: []GenesisIssuer{{Address: string(issuer.Address()), Quota: 1_000_000 * credit}}}
+	p := DefaultParams()
+	p.LinkStake = 0
+	g := GenesisState{Issuers: []GenesisIssuer{{Address: string(issuer.Address()), Quota: 1_000_000 * credit}}, Params: &p}
 	for k, v := range balances {
 		g.Balances = append(g.Balances, GenesisBalance{Address: string(k.Address()), Amount: v})
 	}

@@ -73,6 +73,7 @@ type AuditReport struct {
 	Supply   uint64        `json:"supply"`
 	Balances uint64        `json:"balances"`
 	Escrowed uint64        `json:"escrowed"`
+	Staked   uint64        `json:"staked"`
 	Problems []string      `json:"problems"`
 	Accounts []AccountFlow `json:"accounts"`
 }
@@ -277,7 +278,7 @@ func audit(ctx context.Context, rpc AuditRPC, opts AuditOptions, served string) 
 	rep.Problems = append(rep.Problems, app.Verify()...)
 	totals := app.state.Totals()
 	rep.Height, rep.AppHash = latest, fmt.Sprintf("%X", app.state.AppHash)
-	rep.Supply, rep.Balances, rep.Escrowed = totals.Supply, totals.Balances, totals.Escrowed
+	rep.Supply, rep.Balances, rep.Escrowed, rep.Staked = totals.Supply, totals.Balances, totals.Escrowed, totals.Staked
 	for _, f := range flows {
 		f.Balance = app.state.balanceOf(f.Address)
 		rep.Accounts = append(rep.Accounts, *f)

@@ -245,6 +245,15 @@ func escrowChanged(w *blockWrite, ch leafChange) error {
 
 func linkChanged(w *blockWrite, ch leafChange) error {
 	s := w.s
+	var before Link
+	if err := decodeLeaf(ch.old, &before); err != nil {
+		return err
+	}
+	var stake uint64
+	if l, ok := s.Links[ch.key]; ok && !ch.removed {
+		stake = l.Stake
+	}
+	w.books.Staked.Add(w.books.Staked, new(big.Int).Sub(new(big.Int).SetUint64(stake), new(big.Int).SetUint64(before.Stake)))
 	if !ch.removed {
 		if is := s.Links[ch.key]; is.Changed != s.Height {
 			w.bad("link of %s changed at height %d but says %d", ch.key, s.Height, is.Changed)

@@ -299,8 +299,34 @@ func (s *State) linkMachine(c *call, m *LinkMachine) (effect, error) {
 	if !verify(con.Machine, con.signBytes(s.ChainID), con.Sig) {
 		return nil, reject(CodeBadSignature, "the machine's consent does not verify")
 	}
+	// A link locks the new owner's stake, unless the machine is a member
+	// (an issuer vouched for it). An unlink's entry keeps the stake the
+	// link locked until the entry goes; a stake left by the machine's
+	// previous link or unlink comes back when another owner links it.
+	var lock uint64
+	if !unlink && !s.isMember(machine) {
+		lock = s.Params.LinkStake
+		if s.balanceOf(con.Owner) < lock {
+			return nil, reject(CodeInsufficientFunds, "linking a machine locks a stake of %d, and %s holds %d", lock, con.Owner, s.balanceOf(con.Owner))
+		}
+	}
+	prev, hadEntry := s.Links[machine]
+	stake := lock
+	if unlink && hadEntry {
+		stake = prev.Stake
+	}
+	refund := !unlink && hadEntry && prev.Stake > 0
+	if refund {
+		if err := s.canCredit(prev.staker(machine), prev.Stake); err != nil {
+			return nil, err
+		}
+	}
 	return func() *event {
-		s.setLink(machine, con.Owner, block)
+		if refund {
+			s.credit(prev.staker(machine), prev.Stake)
+		}
+		s.debit(con.Owner, lock)
+		s.setLink(machine, con.Owner, block, stake)
 		return &event{accounts: []string{c.signer, machine, cur.Owner, con.Owner},
 			attrs: [][2]string{{"owner", con.Owner}, {"machine", machine}, {"previous", cur.Owner}, {"height", strconv.FormatInt(block, 10)}}}
 	}, nil

@@ -159,6 +159,7 @@ func TestEscrowStateBoundedByStake(t *testing.T) {
 func recordsGenesis(issuer, attacker, victim, owner *identity.Key, pool []*identity.Key) GenesisState {
 	g := genesis(issuer, map[*identity.Key]uint64{attacker: credit}, append([]*identity.Key{victim, owner}, pool...)...)
 	p := DefaultParams()
+	p.LinkStake = 0 // the count bounds alone here; TestLinksLockAStake prices links
 	p.ConsentBlocks = 5
 	g.Params = &p
 	return g
@@ -259,6 +260,7 @@ func TestNothingForFreeOverRPC(t *testing.T) {
 	issuer, att, victim := key(t, 1), key(t, 2), key(t, 3)
 	g := genesis(issuer, map[*identity.Key]uint64{att: credit}, victim)
 	p := DefaultParams()
+	p.LinkStake = 0 // the count bounds alone here; TestLinksLockAStake prices links
 	p.MaxMachinesPerOwner, p.ConsentBlocks = 2, 10
 	g.Params = &p
 	c := startRPCChain(t, key(t, 99), g)
@@ -332,5 +334,55 @@ func TestNothingForFreeOverRPC(t *testing.T) {
 		if reg, err := cl.Registration(ctx, m.Address()); err != nil || reg.Changed != 0 || reg.Owner != string(m.Address()) {
 			t.Fatalf("registration of an unlinked machine %d blocks on: %+v %v", p.ConsentBlocks, reg, err)
 		}
+	}
+}
+
+// TestLinksLockAStake: each machine an owner links locks Params.LinkStake
+// of its balance, so a member with 2.5 credits links two fake machines,
+// not 256; an unlink keeps the stake locked until its entry goes; a
+// machine another owner links returns the first owner's stake at once; a
+// machine that is a member itself (an issuer vouched for it) links free.
+// The books (checked after every block) count the stakes.
+func TestLinksLockAStake(t *testing.T) {
+	issuer, owner, other, m1, m2, m3, member := key(t, 1), key(t, 2), key(t, 3), key(t, 4), key(t, 5), key(t, 6), key(t, 7)
+	g := genesis(issuer, map[*identity.Key]uint64{owner: 5 * credit / 2, other: 5 * credit}, owner, other, member)
+	p := DefaultParams()
+	p.ConsentBlocks = 4
+	g.Params = &p
+	h := newHarness(t, nil, g)
+	stake := p.LinkStake
+	bal := func(k *identity.Key) uint64 { return h.app.Snapshot().balanceOf(string(k.Address())) }
+	h.must(h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: h.consent(m1, owner.Address())}))
+	h.must(h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: h.consent(m2, owner.Address())}))
+	expectCode(t, h.block(h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: h.consent(m3, owner.Address())})), CodeInsufficientFunds, "stake")
+	if got := bal(owner); got != 5*credit/2-2*stake {
+		t.Fatalf("owner holds %d after two links, want %d", got, 5*credit/2-2*stake)
+	}
+	if tot, _ := h.app.Snapshot().CheckInvariants(); tot.Staked != 2*stake {
+		t.Fatalf("staked %d, want %d", tot.Staked, 2*stake)
+	}
+	// Unlinked: locked until the entry goes, ConsentBlocks later.
+	h.must(h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: h.consent(m1, m1.Address())}))
+	if got := bal(owner); got != 5*credit/2-2*stake {
+		t.Fatalf("owner holds %d right after the unlink, want the stake still locked", got)
+	}
+	for range p.ConsentBlocks {
+		h.block()
+	}
+	if got := bal(owner); got != 5*credit/2-stake {
+		t.Fatalf("owner holds %d once the unlink's entry went, want the stake back (%d)", got, 5*credit/2-stake)
+	}
+	// Linked by another owner: the first owner's stake comes back now.
+	h.must(h.tx(other, TypeLinkMachine, &LinkMachine{Consent: h.consent(m2, other.Address())}))
+	if bal(owner) != 5*credit/2 || bal(other) != 5*credit-stake {
+		t.Fatalf("after the machine moved: owner %d, other %d", bal(owner), bal(other))
+	}
+	// A member machine links free.
+	h.must(h.tx(owner, TypeLinkMachine, &LinkMachine{Consent: h.consent(member, owner.Address())}))
+	if bal(owner) != 5*credit/2 {
+		t.Fatalf("linking a member machine cost %d", 5*credit/2-bal(owner))
+	}
+	if tot, problems := h.app.Snapshot().CheckInvariants(); tot.Staked != stake || len(problems) != 0 {
+		t.Fatalf("staked %d (want %d), problems %v", tot.Staked, stake, problems)
 	}
 }

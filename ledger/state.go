@@ -47,7 +47,14 @@ type Link struct {
 	Changed int64 `cbor:"changed" json:"changed"`
 	// Former is, in the entry an unlink leaves, the owner it left.
 	Former string `cbor:"former,omitempty" json:"former,omitempty"`
+	// Stake is what the owner (or, in an unlink's entry, the owner it
+	// left) locked to link the machine (Params.LinkStake): returned when
+	// another owner links the machine, or when an unlink's entry goes.
+	Stake uint64 `cbor:"stake,omitempty" json:"stake,omitempty"`
 }
+
+// staker is who gets l's stake back.
+func (l *Link) staker(machine string) string { return l.counted(machine) }
 
 // unlinked reports whether l is the entry an unlink leaves (machine is its
 // key).
@@ -242,6 +249,12 @@ type Params struct {
 	// VerdictWindow is how long the referees have to decide an appeal
 	// (seconds). Default 300.
 	VerdictWindow int64 `cbor:"verdict_window" json:"verdict_window_s"`
+	// LinkStake is what an owner locks for each machine it links that is
+	// not a member itself (an issuer admitted members; a machine key is
+	// free), returned when the machine's entry goes ConsentBlocks after an
+	// unlink, or at once when another owner links it (micro-credits).
+	// Default 1,000,000 (1 credit): a fake machine costs a credit locked.
+	LinkStake uint64 `cbor:"link_stake" json:"link_stake"`
 }
 
 // DefaultParams are used when genesis names none, and for each field a
@@ -251,7 +264,7 @@ func DefaultParams() Params {
 		ClaimGrace: 3600, MaxEscrowTTL: 30 * 24 * 3600,
 		MaxMachinesPerOwner: 256, ConsentBlocks: 3600, MinPayment: 10_000,
 		MaxOpenEscrows: 1024, MinNewAccount: 1_000_000, MaxTxsPerBlock: 1000,
-		DisputeWindow: 600, Referees: 3, AppealBond: 100_000, VerdictWindow: 300,
+		DisputeWindow: 600, Referees: 3, AppealBond: 100_000, VerdictWindow: 300, LinkStake: 1_000_000,
 	}
 }
 
@@ -451,12 +464,12 @@ func (s *State) registered(machine string) (owner string, ok bool) {
 // setLink points machine at owner at height h, keeping the per-owner
 // counts. An unlink keeps the entry, counted for the owner it left, until
 // pruneLinks removes it.
-func (s *State) setLink(machine, owner string, h int64) {
+func (s *State) setLink(machine, owner string, h int64, stake uint64) {
 	l := s.link(machine)
 	if was, ok := s.Links[machine]; ok {
 		s.uncount(was.counted(machine))
 	}
-	next := &Link{Owner: owner, Changed: h}
+	next := &Link{Owner: owner, Changed: h, Stake: stake}
 	if owner == machine {
 		next.Former = l.Owner
 		s.unlinks = append(s.unlinks, unlink{changed: h, machine: machine})
@@ -486,6 +499,7 @@ func (s *State) pruneLinks(h int64) {
 			continue // linked again since
 		}
 		s.uncount(l.Former)
+		s.credit(l.Former, l.Stake) // the stake comes back with the entry
 		delete(s.Links, u.machine)
 		s.touch(pLink, u.machine)
 		if _, ok := s.Machines[u.machine]; ok && !s.isMember(u.machine) {
@@ -616,23 +630,30 @@ func sortClosing(q []closing) {
 type Books struct {
 	Balances *big.Int
 	Escrowed *big.Int
+	Staked   *big.Int // link stakes
 	Accounts int64
 	Escrows  int64
 	Members  int64
 	Links    int64
 }
 
-func newBooks() Books { return Books{Balances: new(big.Int), Escrowed: new(big.Int)} }
+func newBooks() Books {
+	return Books{Balances: new(big.Int), Escrowed: new(big.Int), Staked: new(big.Int)}
+}
+
+// locked is what the books hold outside balances: escrows, appeal bonds
+// and link stakes.
+func (b Books) locked() *big.Int { return new(big.Int).Add(b.Escrowed, b.Staked) }
 
 func (b Books) clone() Books {
 	c := b
-	c.Balances, c.Escrowed = new(big.Int).Set(b.Balances), new(big.Int).Set(b.Escrowed)
+	c.Balances, c.Escrowed, c.Staked = new(big.Int).Set(b.Balances), new(big.Int).Set(b.Escrowed), new(big.Int).Set(b.Staked)
 	return c
 }
 
 func (b Books) String() string {
-	return fmt.Sprintf("balances %s, escrowed %s, %d accounts, %d escrows, %d members, %d links",
-		b.Balances, b.Escrowed, b.Accounts, b.Escrows, b.Members, b.Links)
+	return fmt.Sprintf("balances %s, escrowed %s, staked %s, %d accounts, %d escrows, %d members, %d links",
+		b.Balances, b.Escrowed, b.Staked, b.Accounts, b.Escrows, b.Members, b.Links)
 }
 
 // count is the books computed from every entry.
@@ -644,6 +665,9 @@ func (s *State) count() Books {
 	for _, e := range s.Escrows {
 		b.Escrowed.Add(b.Escrowed, new(big.Int).SetUint64(e.Amount))
 		b.Escrowed.Add(b.Escrowed, new(big.Int).SetUint64(e.bonds()))
+	}
+	for _, l := range s.Links {
+		b.Staked.Add(b.Staked, new(big.Int).SetUint64(l.Stake))
 	}
 	for _, c := range collections {
 		if c.tally == nil {
@@ -663,7 +687,8 @@ func (s *State) count() Books {
 type Totals struct {
 	Supply   uint64 `json:"supply"`
 	Balances uint64 `json:"balances"`
-	Escrowed uint64 `json:"escrowed"`
+	Escrowed uint64 `json:"escrowed"` // escrows and appeal bonds
+	Staked   uint64 `json:"staked"`   // link stakes
 }
 
 // Totals are the state's books as kept from block to block.
@@ -675,12 +700,15 @@ func (s *State) Totals() Totals {
 	if s.books.Escrowed.IsUint64() {
 		t.Escrowed = s.books.Escrowed.Uint64()
 	}
+	if s.books.Staked.IsUint64() {
+		t.Staked = s.books.Staked.Uint64()
+	}
 	return t
 }
 
 // CheckInvariants verifies the whole state, entry by entry (O(n); the
 // per-block check is incremental, see store.go): supply = balances + open
-// escrows (summed without overflow); no escrow holds more than it locked
+// escrows, appeal bonds and link stakes (summed without overflow); no escrow holds more than it locked
 // or than its payees' claims left; every stored address well formed;
 // every link and escrow payer counted, every linked owner within its
 // limit; the validator set well formed; and the books kept from block to
@@ -747,9 +775,9 @@ func (s *State) CheckInvariants() (Totals, []string) {
 	}
 	problems = append(problems, s.checkValidators()...)
 	b := s.count()
-	total := new(big.Int).Add(b.Balances, b.Escrowed)
+	total := new(big.Int).Add(b.Balances, b.locked())
 	if !total.IsUint64() || total.Uint64() != s.Supply {
-		bad("supply %d != balances %s + escrowed %s", s.Supply, b.Balances, b.Escrowed)
+		bad("supply %d != balances %s + escrowed %s + staked %s", s.Supply, b.Balances, b.Escrowed, b.Staked)
 	}
 	if b.String() != s.books.String() {
 		bad("books kept block by block (%s) differ from the entries (%s)", s.books, b)
@@ -760,6 +788,9 @@ func (s *State) CheckInvariants() (Totals, []string) {
 	}
 	if b.Escrowed.IsUint64() {
 		t.Escrowed = b.Escrowed.Uint64()
+	}
+	if b.Staked.IsUint64() {
+		t.Staked = b.Staked.Uint64()
 	}
 	sort.Strings(problems)
 	return t, problems

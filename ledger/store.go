@@ -316,11 +316,11 @@ func (st *treeStore) write(s *State) ([]string, error) {
 		w.problems = append(w.problems, s.checkValidators()...)
 	}
 	b := w.books
-	if b.Balances.Sign() < 0 || b.Escrowed.Sign() < 0 {
+	if b.Balances.Sign() < 0 || b.Escrowed.Sign() < 0 || b.Staked.Sign() < 0 {
 		w.bad("books went negative: %s", b)
 	}
-	if total := new(big.Int).Add(b.Balances, b.Escrowed); !total.IsUint64() || total.Uint64() != s.Supply {
-		w.bad("supply %d != balances %s + escrowed %s", s.Supply, b.Balances, b.Escrowed)
+	if total := new(big.Int).Add(b.Balances, b.locked()); !total.IsUint64() || total.Uint64() != s.Supply {
+		w.bad("supply %d != balances %s + escrowed %s + staked %s", s.Supply, b.Balances, b.Escrowed, b.Staked)
 	}
 	sort.Strings(w.problems)
 	return w.problems, nil

@@ -125,7 +125,7 @@ func TestAdmitAndRevoke(t *testing.T) {
 // limitsGenesis is genesis with small limits, so tests reach them.
 func limitsGenesis(issuer *identity.Key, balances map[*identity.Key]uint64, members ...*identity.Key) GenesisState {
 	g := genesis(issuer, balances, members...)
-	p := DefaultParams()
+	p := *g.Params // no link stake: the limits alone
 	p.MaxMachinesPerOwner, p.MaxOpenEscrows, p.MaxTxsPerBlock, p.ConsentBlocks = 2, 2, 3, 4
 	g.Params = &p
 	return g

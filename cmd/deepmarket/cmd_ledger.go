@@ -437,7 +437,8 @@ node's ledger RPC ([ledger] rpc_listen).`,
 						problems = problems[1:] // the first problem says so: said above
 					}
 				}
-				fmt.Fprintf(c.out, "supply %s = balances %s + escrowed %s credits\n", units.FormatCredits(rep.Supply), units.FormatCredits(rep.Balances), units.FormatCredits(rep.Escrowed))
+				fmt.Fprintf(c.out, "supply %s = balances %s + escrowed %s + staked %s credits\n", units.FormatCredits(rep.Supply),
+					units.FormatCredits(rep.Balances), units.FormatCredits(rep.Escrowed), units.FormatCredits(rep.Staked))
 				var rows [][]string
 				for _, a := range rep.Accounts {
 					rows = append(rows, []string{a.Address, units.FormatCredits(a.Balance), units.FormatCredits(a.In), units.FormatCredits(a.Out)})
