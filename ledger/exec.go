@@ -328,7 +328,8 @@ func (s *State) linkMachine(c *call, m *LinkMachine) (effect, error) {
 		s.debit(con.Owner, lock)
 		s.setLink(machine, con.Owner, block, stake)
 		return &event{accounts: []string{c.signer, machine, cur.Owner, con.Owner},
-			attrs: [][2]string{{"owner", con.Owner}, {"machine", machine}, {"previous", cur.Owner}, {"height", strconv.FormatInt(block, 10)}}}
+			attrs: [][2]string{{"owner", con.Owner}, {"machine", machine}, {"previous", cur.Owner}, {"height", strconv.FormatInt(block, 10)},
+				{"stake", u(lock)}}}
 	}, nil
 }
 

@@ -393,6 +393,9 @@ func describe(h ledger.HistoryEntry, me string, mine map[string]bool) api.Activi
 		e.Unlocked, e.What = h.Amount("refund"), "escrow of job "+short(e.Job)+" expired: remainder refunded"
 	case ledger.TypeLinkMachine:
 		e.What = "machine " + h.Attrs["machine"] + " linked to " + h.Attrs["owner"]
+		if h.Attrs["owner"] == me {
+			e.Locked = h.Amount("stake") // comes back when the machine leaves
+		}
 	default:
 		e.What = h.Type
 	}
