@@ -172,6 +172,7 @@ func (a *Admission) CheckBid(r *p2p.Reserve, now time.Time) (HoldRequest, error)
 				return req, fmt.Errorf("the bid's max price, %s credits, does not cover this machine's reserve price for what it holds over the job's %s: %s credits",
 					units.FormatCredits(bid.MaxPrice), time.Duration(bid.Duration)*time.Second, units.FormatCredits(uint64(reserve)))
 			}
+			req.Cost, req.Balance = max(uint64(reserve), 1), a.reads.BalanceOf(identity.Address(bid.Submitter))
 		}
 	}
 	if err := a.terms.Accept(bid); err != nil {

@@ -79,6 +79,7 @@ type hold struct {
 	account   string  // the bidder's ledger account, which pays
 	job       string
 	res       p2p.Resources
+	cost      uint64 // HoldRequest.Cost
 	created   time.Time
 	expires   time.Time // when it lapses; zero once launched
 	committed bool
@@ -179,6 +180,11 @@ type HoldRequest struct {
 	*p2p.Reserve
 	Account string        // the bidder's account
 	Most    p2p.Resources // the bid's workers times its per-worker resources
+	// Cost is this machine's reserve price for the hold over the job's
+	// duration, and Balance the account's balance on this machine's
+	// replica (both 0 when the machine is not lending): the account's
+	// live holds here, one cost per job, may lock no more than Balance.
+	Cost, Balance uint64
 }
 
 // Apply performs a scheduler's request and says what came of it.
@@ -235,6 +241,24 @@ func (h *Holds) applyLocked(from peer.ID, r HoldRequest, lent p2p.Resources, now
 		if scheduler >= h.limits.PerScheduler {
 			return p2p.ReserveReply{Reason: fmt.Sprintf("this scheduler already has %d holds here waiting for launch, the most one may", scheduler)}
 		}
+		if r.Cost > 0 {
+			// One cost per job (several schedulers may place one bid), and
+			// none for launched holds, whose escrow locked the price.
+			perJob := map[string]uint64{r.JobID: r.Cost}
+			for _, o := range h.holds {
+				if o.account == r.Account && !o.launched {
+					perJob[o.job] = max(perJob[o.job], o.cost)
+				}
+			}
+			var sum uint64
+			for _, c := range perJob {
+				sum += c
+			}
+			if sum > r.Balance {
+				return p2p.ReserveReply{Reason: fmt.Sprintf("account %s's holds here would lock %s credits at this machine's reserve prices, more than its balance of %s",
+					r.Account, units.FormatCredits(sum), units.FormatCredits(r.Balance))}
+			}
+		}
 		f := free(lent, h.allocatedLocked())
 		if r.Res.Cores > f.Cores || r.Res.MemBytes > f.MemBytes || r.Res.GPUs > f.GPUs {
 			why := fmt.Sprintf("only %d cores, %s memory and %d GPUs free here", f.Cores, units.FormatSize(f.MemBytes), f.GPUs)
@@ -245,7 +269,7 @@ func (h *Holds) applyLocked(from peer.ID, r HoldRequest, lent p2p.Resources, now
 		}
 		exp := now.Add(time.Duration(r.TTL) * time.Second)
 		bid, _ := peer.Decode(r.Bidder)
-		h.holds[r.ID] = &hold{from: from, bidder: bid, account: r.Account, job: r.JobID, res: r.Res, created: now, expires: exp}
+		h.holds[r.ID] = &hold{from: from, bidder: bid, account: r.Account, job: r.JobID, res: r.Res, cost: r.Cost, created: now, expires: exp}
 		return p2p.ReserveReply{OK: true, Expires: exp.UnixMilli()}
 	case p2p.OpCommit:
 		if !exists {

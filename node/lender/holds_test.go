@@ -285,3 +285,41 @@ func TestCapturedBidHoldsOnlyForItsQuote(t *testing.T) {
 		t.Fatalf("after the quote window, allocated %+v: want the bidder's 2 committed cores", got)
 	}
 }
+
+// TestAccountsHoldsAreBoundedByItsBalance: the holds one account has on a
+// machine lock, at the machine's reserve prices, no more than its balance:
+// one cost per job however many schedulers place it, none for a launched
+// hold (its escrow locked the price), and the same credit cannot back
+// holds for a second job here.
+func TestAccountsHoldsAreBoundedByItsBalance(t *testing.T) {
+	lent := p2p.Resources{Cores: 16, MemBytes: 16 << 30}
+	h := NewHolds(func() p2p.Resources { return lent }, HoldLimits{PerBidder: 100, PerScheduler: 100, LaunchWithin: time.Minute}, nil)
+	now := time.Now()
+	costly := func(id, job string) HoldRequest {
+		r := reserveReq(id, 1, 60)
+		r.JobID, r.Cost, r.Balance = job, 600_000, 1_000_000
+		return r
+	}
+	other := strings.Repeat("cd", 32)
+	if r := h.Apply("scheduler-a", costly("0000000000000001", testJob), now); !r.OK {
+		t.Fatal(r.Reason)
+	}
+	if r := h.Apply("scheduler-b", costly("0000000000000002", testJob), now); !r.OK {
+		t.Fatalf("a second scheduler placing the same bid: %s", r.Reason)
+	}
+	if r := h.Apply("scheduler-a", costly("0000000000000003", other), now); r.OK || !strings.Contains(r.Reason, "more than its balance") {
+		t.Fatalf("a second job on the same credit: %+v", r)
+	}
+	// The first job launched: its escrow holds the price, and the credit
+	// left backs the other job.
+	if r := h.Apply(testBidder, opReq(p2p.OpCommit, "0000000000000001"), now); !r.OK {
+		t.Fatal(r.Reason)
+	}
+	if _, ok := h.Launch("0000000000000001", testJob, testBidder, now); !ok {
+		t.Fatal("launch")
+	}
+	h.Release("0000000000000002")
+	if r := h.Apply("scheduler-a", costly("0000000000000004", other), now); !r.OK {
+		t.Fatalf("the other job once the first launched: %s", r.Reason)
+	}
+}
