@@ -16,6 +16,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 )
 
@@ -420,6 +421,38 @@ type forwarder struct {
 	finding       *directFind // the lookup of the direct listener under way, or nil
 }
 
+// connectTries and connectPause bound how a forwarder's first connection
+// to its peer is retried: a job's machines start their workers at about
+// the same moment, on machines that may be busy, and one failed dial
+// (which also puts the peer in libp2p's dial backoff) must not fail the
+// worker.
+const (
+	connectTries = 3
+	connectPause = 750 * time.Millisecond
+)
+
+// connect connects s's host to p, within ctx, trying again after a pause
+// with the peer's dial backoff cleared.
+func (s *Service) connect(ctx context.Context, p peer.ID) error {
+	var err error
+	for try := range connectTries {
+		if try > 0 {
+			select {
+			case <-ctx.Done():
+				return err
+			case <-time.After(time.Duration(try) * connectPause):
+			}
+			if b, ok := s.h.Network().(interface{ Backoff() *swarm.DialBackoff }); ok {
+				b.Backoff().Clear(p)
+			}
+		}
+		if err = s.h.Connect(ctx, peer.AddrInfo{ID: p}); err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
 // Forward opens a listener on 127.0.0.1 at a port the system picks, whose
 // connections are carried to worker index of job on peer p, and returns
 // its address. ctx bounds only connecting to p, which must be in the
@@ -446,7 +479,7 @@ func (s *Service) ForwardIn(ctx context.Context, ns Namespace, port int, job str
 	if p == s.h.ID() {
 		return "", nil, fmt.Errorf("forward to worker %d of job %s: it is on this machine, use its own port", index, job)
 	}
-	if err := s.h.Connect(ctx, peer.AddrInfo{ID: p}); err != nil {
+	if err := s.connect(ctx, p); err != nil {
 		return "", nil, fmt.Errorf("forward: connect to %s: %w", p, err)
 	}
 	// Loopback only, always: the other end runs anything it is sent.
