@@ -150,6 +150,7 @@ func TestAnnouncePaceStretchesWithTheMarket(t *testing.T) {
 	// Every 2 s would be 7 in 15 s; one more (a late refresh on a busy
 	// machine) still shows the stretch.
 	time.Sleep(15*time.Second - time.Since(quiet))
+	refreshed := len(heard(quiet)) == 1
 	if got := heard(quiet); len(got) > 1 {
 		t.Fatalf("the lender announced %d times in 15 s with %d machines in its book; want every %s", len(got), node.book.Len(), want.Interval)
 	}
@@ -167,7 +168,11 @@ func TestAnnouncePaceStretchesWithTheMarket(t *testing.T) {
 	if ttl := last.expires.Sub(last.at); ttl < want.TTL-2*time.Second || ttl > want.TTL+time.Second {
 		t.Fatalf("the stretched offer lives %s; want %s", ttl, want.TTL)
 	}
-	if time.Since(last.at) < 12*time.Second || !hasOffer(peerNode, me) {
+	// Peers keep the offer 12 s after the announcement at least (the
+	// default pace's TTL would have dropped it). After a late refresh, the
+	// offer they hold says nothing of that: its carried TTL is checked
+	// above.
+	if !hasOffer(peerNode, me) || (!refreshed && time.Since(last.at) < 12*time.Second) {
 		t.Fatalf("a peer dropped the lender's offer %s after its last announcement", time.Since(last.at).Round(time.Second))
 	}
 }

@@ -150,8 +150,16 @@ func (e *Executor) fetchInputs(ctx context.Context, w *worker) error {
 			return nil
 		}
 		id, _ := cid.Decode(c)
-		_, err := e.blocks.FetchInto(ctx, id, into, nil)
-		return err
+		// A fetch that stalled (no peer delivered a block for a while: a
+		// relay or hole punch that broke, on a busy machine) is tried once
+		// more, from the blocks it kept, before the worker fails.
+		for try := 0; ; try++ {
+			_, err := e.blocks.FetchInto(ctx, id, into, nil)
+			if err == nil || try == 1 || !errors.Is(err, storage.ErrStalled) || ctx.Err() != nil {
+				return err
+			}
+			e.log.Warn("fetch stalled: trying again from the blocks kept", "module", "executor", "job", l.JobID[:min(len(l.JobID), 12)], "cid", c, "err", err)
+		}
 	}
 	if err := fetch(l.Bundle, filepath.Join(w.dir, "bundle")); err != nil {
 		return fmt.Errorf("fetch bundle: %w", err)
