@@ -301,15 +301,7 @@ func validators() []abci.ValidatorUpdate {
 // end, what the referees were paid in all, and how many blocks each
 // appeal took from its transaction to its verdict.
 func appealOnLedger(pays []ledger.Payment, owed uint64) (paid []uint64, refereesPaid uint64, blocks int) {
-	c := newChain()
-	payer := key(2)
-	job := jobID()
-	var payees []string
-	for i := range workers {
-		payees = append(payees, payee(i))
-	}
-	c.block(c.tx(payer, ledger.TypeOpenEscrow, &ledger.OpenEscrow{Job: job, Amount: workers * 2 * perHour, Expiry: c.now.Unix() + 7200, Payees: payees}))
-	c.block(c.tx(payer, ledger.TypeSettle, &ledger.Settle{Job: job, Payments: pays}))
+	c, _, job := settledChain(pays)
 	var appeals [][]byte
 	var appellants []string
 	for i := range workers {
@@ -390,13 +382,9 @@ func (c *chain) block(txs ...[]byte) {
 	}
 }
 
-// settleOnLedger opens an escrow for the 3 workers, settles it with pays,
-// lets each machine whose receipt covers more lodge it, and each one
-// marked failed that was owed a receipt dispute the mark (as a lender's
-// node does when its worker did not fail), then runs the window out. It
-// returns what each machine was paid and whether it was marked and
-// disputed.
-func settleOnLedger(pays []ledger.Payment, receipts map[string]uint64) (paid []uint64, marked, disputed []bool) {
+// settledChain is a new chain on which the payer (key 2) opened an escrow
+// for the 3 workers and settled it with pays.
+func settledChain(pays []ledger.Payment) (*chain, *identity.Key, string) {
 	c := newChain()
 	payer := key(2)
 	job := jobID()
@@ -406,6 +394,17 @@ func settleOnLedger(pays []ledger.Payment, receipts map[string]uint64) (paid []u
 	}
 	c.block(c.tx(payer, ledger.TypeOpenEscrow, &ledger.OpenEscrow{Job: job, Amount: workers * 2 * perHour, Expiry: c.now.Unix() + 7200, Payees: payees}))
 	c.block(c.tx(payer, ledger.TypeSettle, &ledger.Settle{Job: job, Payments: pays}))
+	return c, payer, job
+}
+
+// settleOnLedger opens an escrow for the 3 workers, settles it with pays,
+// lets each machine whose receipt covers more lodge it, and each one
+// marked failed that was owed a receipt dispute the mark (as a lender's
+// node does when its worker did not fail), then runs the window out. It
+// returns what each machine was paid and whether it was marked and
+// disputed.
+func settleOnLedger(pays []ledger.Payment, receipts map[string]uint64) (paid []uint64, marked, disputed []bool) {
+	c, payer, job := settledChain(pays)
 	var lodge [][]byte
 	for i := range workers {
 		r, ok := receipts[payee(i)]
