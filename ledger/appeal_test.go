@@ -243,3 +243,19 @@ func TestOneClaimShutsNobodyOut(t *testing.T) {
 		t.Fatalf("cases %+v", e.Cases)
 	}
 }
+
+// TestStrangersCannotAppealOrJudge: a fresh key appealing a settlement it
+// is no payee of is refused before anything else (not a member), and one
+// giving a verdict is no referee; neither moves a credit.
+func TestStrangersCannotAppealOrJudge(t *testing.T) {
+	n := newAppealNet(t)
+	h := n.h
+	n.settled(job(1))
+	stranger := key(t, 99)
+	expectCode(t, h.block(h.tx(stranger, TypeAppeal, &Appeal{Job: job(1), Claim: 1, Evidence: "bafy"})), CodeNotMember, "not a member")
+	h.must(h.tx(n.a, TypeAppeal, &Appeal{Job: job(1), Claim: 1, Evidence: "bafy"}))
+	expectCode(t, h.block(h.tx(stranger, TypeVerdict, &Verdict{Job: job(1), Appellant: n.aa, Overturn: true})), CodeNotReferee, "not a validator")
+	if e := h.app.Snapshot().Escrows[job(1)]; len(e.Cases) != 1 || len(e.Cases[0].Votes) != 0 {
+		t.Fatalf("cases after strangers' attempts: %+v", e.Cases)
+	}
+}
