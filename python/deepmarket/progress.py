@@ -32,6 +32,7 @@ Imports nothing beyond the standard library.
 import json
 import math
 import os
+import threading
 import time
 
 ENV = "DM_PROGRESS_FILE"
@@ -39,6 +40,10 @@ ENV = "DM_PROGRESS_FILE"
 MIN_INTERVAL = 1.0
 
 _last = {"at": 0.0, "units": -1}
+# report() is called from the training loop and from an overlapped
+# averager's thread (answers()): one writer at a time, each through a file
+# of its own, so that neither renames away the other's.
+_lock = threading.Lock()
 # The round answers a held job's worker got so far (answers()): reported
 # beside its progress, so that its own node sees them.
 _answers = {}
@@ -64,6 +69,11 @@ def report(units, loss=None, path=None, force=False, steps=None, total=None, acc
     units = int(units)
     if units < 0:
         raise ValueError("progress: units must not be negative, got %d" % units)
+    with _lock:
+        return _write(path, units, loss, force, steps, total, accuracy, eval_loss, eval_accuracy, eval_at)
+
+
+def _write(path, units, loss, force, steps, total, accuracy, eval_loss, eval_accuracy, eval_at):
     now = time.monotonic()
     if not force and units > 0 and now - _last["at"] < MIN_INTERVAL:
         return False
@@ -76,7 +86,7 @@ def report(units, loss=None, path=None, force=False, steps=None, total=None, acc
         if v is not None and int(v) >= 0:
             rec[key] = int(v)
     rec.update(_answers)
-    tmp = path + ".tmp"
+    tmp = "%s.%d.%d.tmp" % (path, os.getpid(), threading.get_ident())
     with open(tmp, "w") as f:
         json.dump(rec, f)
     os.replace(tmp, path)
@@ -95,10 +105,12 @@ def answers(accepted, refused, refused_run, path=None):
     counts = {"accepted": int(accepted), "refused": int(refused), "refused_run": int(refused_run)}
     if min(counts.values()) < 0:
         raise ValueError("progress: answer counts must not be negative, got %r" % counts)
-    _answers.update(counts)
-    if _last["units"] < 0:
+    with _lock:
+        _answers.update(counts)
+        units = _last["units"]
+    if units < 0:
         return False
-    return report(_last["units"], path=path, force=True)
+    return report(units, path=path, force=True)
 
 
 def keras_callback(keras):

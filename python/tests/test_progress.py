@@ -54,6 +54,31 @@ class ProgressTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             progress.answers(-1, 0, 0, path=self.path)
 
+    def test_reports_from_two_threads_do_not_collide(self):
+        # An overlapped averager's thread writes the round answers while the
+        # training loop reports its epochs: both renamed one temp file, and a
+        # worker died on the rename that found it gone.
+        import threading
+        progress.report(0, path=self.path)
+        errors = []
+
+        def run(f):
+            try:
+                for i in range(300):
+                    f(i)
+            except Exception as e:  # noqa: BLE001 - any error fails the test below
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(lambda i: progress.report(i, path=self.path, force=True),)),
+                   threading.Thread(target=run, args=(lambda i: progress.answers(i, 0, 0, path=self.path),))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(os.listdir(self.dir.name), ["progress.json"])
+        self.assertIn("units", self.read())
+
     def test_without_the_variable_nothing_happens(self):
         with mock.patch.dict(os.environ, {}, clear=True):
             self.assertFalse(progress.report(5))
