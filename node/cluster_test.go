@@ -118,11 +118,18 @@ func startJobCluster(t *testing.T, python string, lenders int) *jobCluster {
 // lend, and started with opts.
 func startJobClusterLending(t *testing.T, python string, lenders int, lend api.LendRequest, opts ...nodeOpt) *jobCluster {
 	t.Helper()
+	return startJobClusterWith(t, python, lenders, lend, nil, opts...)
+}
+
+// startJobClusterWith is startJobClusterLending with the submitter
+// started with subOpts too.
+func startJobClusterWith(t *testing.T, python string, lenders int, lend api.LendRequest, subOpts []nodeOpt, opts ...nodeOpt) *jobCluster {
+	t.Helper()
 	chain := testNet(t)
 	dir := t.TempDir()
 	withExec := execOpts(t, python)
 	ah := initHome(t, filepath.Join(dir, "sub"), chain)
-	a := startNode(t, ah, withExec("sub", 0))
+	a := startNode(t, ah, append([]nodeOpt{withExec("sub", 0)}, subOpts...)...)
 	st := a.Status()
 	ledgerPort := a.cfg.Ledger.P2PListen[len("tcp://127.0.0.1:"):]
 	c := &jobCluster{sub: a}
@@ -172,7 +179,7 @@ func registered(t testing.TB, lender *testNode) {
 	eventually(t, time.Minute, "the lender's replica to show it admitted", func() bool { return lender.Lend().Registered })
 }
 
-func waitJob(t *testing.T, n *testNode, id string, within time.Duration) *jobs.Job {
+func waitJob(t testing.TB, n *testNode, id string, within time.Duration) *jobs.Job {
 	t.Helper()
 	var j *jobs.Job
 	deadline := time.Now().Add(within)

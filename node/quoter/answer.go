@@ -121,7 +121,7 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) (p2p.Quote, []holdRef
 			}
 			return quote, h.held(offers)
 		}
-		q.release(ctx, b.JobID, h.held(offers))
+		q.releaseBeforeRequote(ctx, b.JobID, h.held(offers))
 		if idx != nil {
 			// The index's view is shared with the other bids: the
 			// refusals go into a copy, which the index does not follow.
@@ -132,6 +132,27 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) (p2p.Quote, []holdRef
 	}
 	return p2p.Quote{JobID: b.JobID, Resource: "cores", Reason: p2p.Clip(fmt.Sprintf(
 		"machines refused holds %d times (other schedulers took their capacity): %s", quoteAttempts, refused), 256)}, nil
+}
+
+// releaseBeforeRequote gives back what an attempt held before the next
+// one: the holds machines granted at once, since the next attempt may ask
+// the same machines; the ones asked of machines that did not answer in the
+// background, since the next attempt leaves those machines out and waiting
+// on each would add reserveTimeout to the quote (a quote that tried two of
+// an insider's dead machines came after the bidder stopped listening).
+func (q *Quoter) releaseBeforeRequote(ctx context.Context, job string, held []holdRef) {
+	var sure, unsure []holdRef
+	for _, h := range held {
+		if h.unsure {
+			unsure = append(unsure, h)
+		} else {
+			sure = append(sure, h)
+		}
+	}
+	q.release(ctx, job, sure)
+	if len(unsure) > 0 {
+		q.bg.Go(func() { q.release(ctx, job, unsure) })
+	}
 }
 
 // placeReachable places job within each group of machines that all reach

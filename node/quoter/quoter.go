@@ -68,6 +68,9 @@ type Params struct {
 type Quoter struct {
 	p     Params
 	queue chan bidWork
+	// bg are the releases a quote left behind, of holds on machines that
+	// did not answer (answerBid): Run returns once they are done.
+	bg sync.WaitGroup
 }
 
 // New returns a Quoter; Run answers the bids Queue takes.
@@ -106,6 +109,7 @@ func (q *Quoter) Run(ctx context.Context) error {
 		wg.Go(func() { q.priceBids(ctx) })
 	}
 	wg.Wait()
+	q.bg.Wait()
 	return nil
 }
 

@@ -42,10 +42,19 @@ type machines struct {
 	down map[peer.ID]bool
 	late map[peer.ID]bool
 	held map[string]peer.ID // hold ID -> machine
+	// stall, when set, holds every release sent to a machine that is
+	// down until it is closed.
+	stall chan struct{}
 }
 
 func (m *machines) Reserve(_ context.Context, machine peer.ID, _ []string, r p2p.Reserve) (p2p.ReserveReply, error) {
 	m.mu.Lock()
+	if m.down[machine] && r.Op == p2p.OpRelease && m.stall != nil {
+		stall := m.stall
+		m.mu.Unlock()
+		<-stall // a machine that never answers: a caller waiting on it waits for the test
+		return p2p.ReserveReply{}, errors.New("no route to host")
+	}
 	defer m.mu.Unlock()
 	if m.down[machine] {
 		return p2p.ReserveReply{}, errors.New("no route to host")
@@ -183,6 +192,7 @@ func TestAnswerBidReleasesHoldsWhoseReplyWasLost(t *testing.T) {
 	if len(q.Workers) != 1 || q.Workers[0].Machine != h.dear.String() {
 		t.Fatalf("with the cheap machine answering late: %+v", q)
 	}
+	h.q.bg.Wait() // released in the background: the quote did not wait on it
 	h.machines.mu.Lock()
 	defer h.machines.mu.Unlock()
 	if len(h.machines.held) != 1 || h.machines.held[q.Workers[0].Hold] != h.dear {
@@ -335,7 +345,22 @@ func TestOneAccountsDeadMachinesDoNotFailABid(t *testing.T) {
 		Logger: slog.New(slog.DiscardHandler)})
 	bid := p2p.Bid{JobID: "honest", Workers: 2, PerWorker: p2p.Resources{Cores: 1, MemBytes: 128 << 20},
 		MaxPrice: 10_000_000, Duration: 600, Framework: "generic"}
-	quote, _ := q.answerBid(t.Context(), bidWork{bid: bid, bidder: newPeerID(t)})
+	// The holds asked of the dead machines are released in the
+	// background: the quote does not wait on machines that never answer.
+	ms.stall = make(chan struct{})
+	answered := make(chan p2p.Quote, 1)
+	go func() {
+		quote, _ := q.answerBid(t.Context(), bidWork{bid: bid, bidder: newPeerID(t)})
+		answered <- quote
+	}()
+	var quote p2p.Quote
+	select {
+	case quote = <-answered:
+	case <-time.After(time.Minute):
+		t.Fatal("the quote waited on releasing the holds asked of machines that never answered")
+	}
+	close(ms.stall)
+	q.bg.Wait()
 	if len(quote.Workers) != 2 || quote.Workers[0].Machine != honest.String() || quote.Workers[1].Machine != honest.String() {
 		t.Fatalf("the honest bid beside 256 dead machines of one account: %+v", quote)
 	}
