@@ -130,6 +130,12 @@ bench-held: deps ## Held DiLoCo: the holder's checks' share of a round (goal <= 
 
 .PHONY: bench-held
 
+bench-insider: deps ## Root: an honest 2-worker job beside an insider (1-micro-credit bids, funded bids re-holding every core, 20 linked fake machines) and beside none: succeeded, launch delay (goal <= 10 s more); 10 failed marks' effect on a lender's price; in-process nodes (~5 min); report in bench/results/insider.json
+	DM_PYTHON=$(VENV)/bin/python3 DM_REQUIRE_TF=1 DM_REQUIRE_ROOT=1 DM_BENCH_OUT=$(CURDIR)/bench/results/insider.json \
+		$(GO) test -run '^$$' -bench '^BenchmarkInsider$$' -benchtime 1x -timeout 30m ./node
+
+.PHONY: bench-insider
+
 bench-fair: ## Fair to both sides: an honest worker's pay under each greedy-submitter strategy (goal >= the floor; its receipt after an early settlement), a lazy or caught machine's pay, a lender's exposure to a payer that stops signing, the pay after an appeal the referees overturn (goal >= 0.95), when a settled escrow closes; node pay code on a real in-memory ledger, training simulated (seconds); report in bench/results/fair.json
 	$(GO) run ./bench/fair -out bench/results/fair.json
 

@@ -605,6 +605,18 @@ func (app *App) PayerRecordOf(payer identity.Address) PayerRecord {
 	return PayerRecord{}
 }
 
+// EscrowOf is job's open escrow as of the last executed block (a copy),
+// and whether there is one: a lending machine's hot-path read.
+func (app *App) EscrowOf(job string) (Escrow, bool) {
+	app.mu.RLock()
+	defer app.mu.RUnlock()
+	e, ok := app.state.Escrows[job]
+	if !ok {
+		return Escrow{}, false
+	}
+	return *e.clone(), true
+}
+
 // Height is the last block the app executed.
 func (app *App) Height() int64 {
 	app.mu.RLock()

@@ -116,14 +116,14 @@ func startJobCluster(t *testing.T, python string, lenders int) *jobCluster {
 
 // startJobClusterLending is startJobCluster with each lender lending
 // lend, and started with opts.
-func startJobClusterLending(t *testing.T, python string, lenders int, lend api.LendRequest, opts ...nodeOpt) *jobCluster {
+func startJobClusterLending(t testing.TB, python string, lenders int, lend api.LendRequest, opts ...nodeOpt) *jobCluster {
 	t.Helper()
 	return startJobClusterWith(t, python, lenders, lend, nil, opts...)
 }
 
 // startJobClusterWith is startJobClusterLending with the submitter
 // started with subOpts too.
-func startJobClusterWith(t *testing.T, python string, lenders int, lend api.LendRequest, subOpts []nodeOpt, opts ...nodeOpt) *jobCluster {
+func startJobClusterWith(t testing.TB, python string, lenders int, lend api.LendRequest, subOpts []nodeOpt, opts ...nodeOpt) *jobCluster {
 	t.Helper()
 	chain := testNet(t)
 	dir := t.TempDir()

@@ -49,7 +49,7 @@ func withBootstrap(addrs ...string) nodeOpt {
 
 // initHome makes a home in dir on chain, listening on random loopback
 // ports, with mDNS and the DHT off so tests control the topology.
-func initHome(t *testing.T, dir, chain string) Home {
+func initHome(t testing.TB, dir, chain string) Home {
 	t.Helper()
 	h := Home{Dir: dir}
 	if _, err := Init(h, InitOptions{
@@ -234,7 +234,7 @@ func (n *testNode) addr() string { return n.Status().Addrs[0] }
 
 // admit has issuer (a node whose local genesis made it the issuer) admit
 // member's account: escrows pay registered machines only.
-func admit(t *testing.T, issuer, member *testNode) {
+func admit(t testing.TB, issuer, member *testNode) {
 	t.Helper()
 	if _, err := issuer.ledger.Admit(t.Context(), member.key.Address()); err != nil {
 		t.Fatalf("admit %s: %v", member.home.Dir, err)

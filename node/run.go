@@ -232,7 +232,7 @@ func (n *Node) startMarket(psCtx context.Context) (err error) {
 	registerBookMetrics(n.reg, n.book)
 	l, err := startLending(n.cfg, lendingDeps{
 		host: n.host, key: n.key, store: n.store, offers: n.gossip.Offers(), book: n.book, admission: n.admission,
-		owners: n.reads, inventory: n.Inventory, log: n.log,
+		owners: n.reads, inventory: n.Inventory, log: n.log, escrowOf: n.ledgerApp.EscrowOf,
 		// The executor comes later in start-up (startJobs, before any
 		// service runs); until then nothing is offered anyway.
 		capable: func() error {

@@ -29,7 +29,7 @@ type rawPeer struct {
 	ps  *pubsub.PubSub
 }
 
-func newRawPeer(t *testing.T, ctx context.Context, chain string, connect ...*testNode) *rawPeer {
+func newRawPeer(t testing.TB, ctx context.Context, chain string, connect ...*testNode) *rawPeer {
 	t.Helper()
 	k, err := identity.GenerateKey()
 	if err != nil {
@@ -40,7 +40,7 @@ func newRawPeer(t *testing.T, ctx context.Context, chain string, connect ...*tes
 
 // newRawPeerWith is newRawPeer run by key k (a member's, for a greedy
 // member rather than a stranger).
-func newRawPeerWith(t *testing.T, ctx context.Context, chain string, k *identity.Key, connect ...*testNode) *rawPeer {
+func newRawPeerWith(t testing.TB, ctx context.Context, chain string, k *identity.Key, connect ...*testNode) *rawPeer {
 	t.Helper()
 	h, err := p2p.NewHost(p2p.HostParams{Key: k, Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Version: "evil"})
 	if err != nil {
@@ -59,7 +59,7 @@ func newRawPeerWith(t *testing.T, ctx context.Context, chain string, k *identity
 	return &rawPeer{key: k, rpc: &p2p.RPC{Host: h, Key: k, ChainID: chain}, ps: ps}
 }
 
-func (p *rawPeer) join(t *testing.T, topic string) (*pubsub.Topic, *pubsub.Subscription) {
+func (p *rawPeer) join(t testing.TB, topic string) (*pubsub.Topic, *pubsub.Subscription) {
 	t.Helper()
 	tp, err := p.ps.Join(topic)
 	if err != nil {

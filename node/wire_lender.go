@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
@@ -47,7 +48,9 @@ type lendingDeps struct {
 	// capable says whether this machine can enforce a job's limits (the
 	// executor's answer, once it exists).
 	capable func() error
-	log     *slog.Logger
+	// escrowOf reads a job's open escrow on this machine's ledger replica.
+	escrowOf func(job string) (ledger.Escrow, bool)
+	log      *slog.Logger
 }
 
 // startLending makes the lender (its settings and offer), the holds on
@@ -61,7 +64,7 @@ func startLending(c Config, d lendingDeps) (lending, error) {
 	src := lender.OfferSource{
 		Host: d.host, Account: d.key.Address(), Moniker: c.Node.Moniker, Site: c.Node.Site, Version: Version,
 		Inventory: d.inventory, Owners: d.owners,
-		Allocated: func(now time.Time) p2p.Resources { return l.holds.Allocated(now) },
+		Allocated: func(now time.Time) p2p.Resources { return l.holds.Announced(now) },
 		Links:     l.links.Samples,
 		Reach:     func() string { return p2p.ReachOf(d.host) },
 	}
@@ -77,6 +80,11 @@ func startLending(c Config, d lendingDeps) (lending, error) {
 	mc := c.Market
 	l.holds = lender.NewHolds(l.lender.Lent, lender.HoldLimits{PerBidder: mc.HoldsPerBidder, PerScheduler: mc.HoldsPerScheduler,
 		LaunchWithin: mc.LaunchWithin.Duration}, l.lender.Refresh)
+	me := string(d.key.Address())
+	l.holds.SetEscrowed(func(job, account string, cost uint64) bool {
+		e, ok := d.escrowOf(job)
+		return ok && e.Payer == account && e.Settled == 0 && e.Amount >= cost && slices.Contains(e.Payees, me)
+	})
 	l.desk = lender.NewDesk(d.admission, l.holds)
 	return l, nil
 }

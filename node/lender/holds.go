@@ -37,6 +37,15 @@ type Holds struct {
 	// changed is told when the allocation changes, so the offer that
 	// carries it is re-announced.
 	changed func()
+	// escrowed says whether account has an escrow open for job that pays
+	// this machine at least cost (SetEscrowed); nil: nobody has.
+	escrowed func(job, account string, cost uint64) bool
+	// streaks are, by account, its last streak of unlaunched holds here
+	// that has ended, kept for streakGap: a hold taken again within it
+	// continues the streak (graceFrom).
+	streaks map[string]holdStreak
+	// announced is what Announced last said.
+	announced p2p.Resources
 	// lapse fires at the next hold's expiry, so a lapse is announced when
 	// it happens: in a big market the offer is otherwise re-announced
 	// only every few minutes (lender.PaceFor), and a lapsed hold would
@@ -60,6 +69,19 @@ type HoldLimits struct {
 	LaunchWithin time.Duration
 }
 
+// Grace periods after which another account's request may take a
+// hold's place (Holds.preemptLocked): an honest scheduler's hold is
+// committed within its quote window (10 s) and the bidder's escrow is
+// open a block or two after the commit.
+const (
+	// TentativeGrace is how long an uncommitted hold keeps its capacity
+	// against other accounts.
+	TentativeGrace = 15 * time.Second
+	// EscrowWithin is how long a committed hold keeps its capacity
+	// against other accounts without an escrow that pays this machine.
+	EscrowWithin = 20 * time.Second
+)
+
 func (l HoldLimits) withDefaults() HoldLimits {
 	if l.PerBidder <= 0 {
 		l.PerBidder = 8
@@ -74,16 +96,18 @@ func (l HoldLimits) withDefaults() HoldLimits {
 }
 
 type hold struct {
-	from      peer.ID // the scheduler that asked
-	bidder    peer.ID // may commit, release and launch too
-	account   string  // the bidder's ledger account, which pays
-	job       string
-	res       p2p.Resources
-	cost      uint64 // HoldRequest.Cost
-	created   time.Time
-	expires   time.Time // when it lapses; zero once launched
-	committed bool
-	launched  bool
+	from        peer.ID // the scheduler that asked
+	bidder      peer.ID // may commit, release and launch too
+	account     string  // the bidder's ledger account, which pays
+	job         string
+	res         p2p.Resources
+	cost        uint64 // HoldRequest.Cost
+	created     time.Time
+	graceFrom   time.Time // when its account's streak of unlaunched holds here began (holdStreak)
+	committedAt time.Time
+	expires     time.Time // when it lapses; zero once launched
+	committed   bool
+	launched    bool
 }
 
 // MaxTentativePerJob bounds the uncommitted holds one bid may have on a
@@ -94,7 +118,117 @@ const MaxTentativePerJob = 4
 
 // NewHolds makes an empty book over the capacity lent reports.
 func NewHolds(lent func() p2p.Resources, limits HoldLimits, changed func()) *Holds {
-	return &Holds{lent: lent, limits: limits.withDefaults(), holds: map[string]*hold{}, changed: changed}
+	return &Holds{lent: lent, limits: limits.withDefaults(), holds: map[string]*hold{}, changed: changed,
+		streaks: map[string]holdStreak{}}
+}
+
+// holdStreak is a time an account held capacity here without launching
+// on it: a hold released (or lapsed, or preempted) and taken again within
+// streakGap is the same streak, so an account cannot keep its holds young
+// by releasing each before its grace runs out.
+type holdStreak struct{ start, end time.Time }
+
+// streakGap is how long after an account's last unlaunched hold here
+// ended a new one still continues its streak.
+const streakGap = 10 * time.Second
+
+// graceFromLocked is when account's streak of unlaunched holds here
+// began, for a hold it takes now; h.mu must be held.
+func (h *Holds) graceFromLocked(account string, now time.Time) time.Time {
+	from := now
+	for _, o := range h.holds {
+		if o.account == account && !o.launched && o.graceFrom.Before(from) {
+			from = o.graceFrom
+		}
+	}
+	if s, ok := h.streaks[account]; ok && now.Sub(s.end) < streakGap && s.start.Before(from) {
+		from = s.start
+	}
+	return from
+}
+
+// dropLocked removes hold id, which ended at end; an unlaunched one ends
+// a streak of its account's. h.mu must be held.
+func (h *Holds) dropLocked(id string, end time.Time) {
+	x, ok := h.holds[id]
+	if !ok {
+		return
+	}
+	delete(h.holds, id)
+	if x.launched || x.account == "" {
+		return
+	}
+	s, ok := h.streaks[x.account]
+	if !ok || end.Sub(s.end) >= streakGap {
+		s = holdStreak{start: x.graceFrom}
+	}
+	if x.graceFrom.Before(s.start) {
+		s.start = x.graceFrom
+	}
+	if end.After(s.end) {
+		s.end = end
+	}
+	h.streaks[x.account] = s
+}
+
+// pruneStreaksLocked forgets the streaks that ended streakGap ago; h.mu
+// must be held.
+func (h *Holds) pruneStreaksLocked(now time.Time) {
+	for a, s := range h.streaks {
+		if now.Sub(s.end) >= streakGap {
+			delete(h.streaks, a)
+		}
+	}
+}
+
+// SetEscrowed tells the book how to see a committed hold's money:
+// escrowed reports whether account has an escrow open for job that pays
+// this machine and holds at least cost (read from this machine's ledger
+// replica, under the book's lock).
+func (h *Holds) SetEscrowed(escrowed func(job, account string, cost uint64) bool) {
+	h.mu.Lock()
+	h.escrowed = escrowed
+	h.mu.Unlock()
+}
+
+// preemptLocked makes room for account's request for res, when it does
+// not fit, by dropping other accounts' holds that have nothing behind
+// them any more: uncommitted ones whose account has held here, unlaunched,
+// for TentativeGrace (a streak: holdStreak), and committed ones with no
+// escrow paying this machine EscrowWithin after their commit. An uncommitted hold costs its account nothing, so without
+// this one member whose balance covers a modest bid held every lent core
+// it reached, again as each hold lapsed, and honest bids waited minutes.
+// The oldest go first, and none go unless enough do for res to fit. It
+// reports whether any went; h.mu must be held.
+func (h *Holds) preemptLocked(account string, res, lent p2p.Resources, now time.Time) bool {
+	var stale []string
+	for id, x := range h.holds {
+		if x.account != account && h.stale(x, now) {
+			stale = append(stale, id)
+		}
+	}
+	slices.SortFunc(stale, func(a, b string) int { return h.holds[a].graceFrom.Compare(h.holds[b].graceFrom) })
+	alloc := h.allocatedLocked()
+	var n int
+	for n < len(stale) && !fits(res, free(lent, alloc)) {
+		x := h.holds[stale[n]]
+		alloc.Cores -= x.res.Cores
+		alloc.MemBytes -= x.res.MemBytes
+		alloc.GPUs -= x.res.GPUs
+		n++
+	}
+	if !fits(res, free(lent, alloc)) {
+		return false
+	}
+	for _, id := range stale[:n] {
+		h.dropLocked(id, now)
+	}
+	return n > 0
+}
+
+// fits says whether res fits in f.
+func fits(res, f p2p.Resources) bool {
+	return res.Cores <= f.Cores && res.MemBytes <= f.MemBytes && res.GPUs <= f.GPUs
 }
 
 // dropExpired removes lapsed holds; h.mu must be held.
@@ -102,20 +236,26 @@ func (h *Holds) dropExpired(now time.Time) bool {
 	dropped := false
 	for id, x := range h.holds {
 		if !x.launched && !now.Before(x.expires) {
-			delete(h.holds, id)
+			h.dropLocked(id, x.expires)
 			dropped = true
 		}
 	}
+	h.pruneStreaksLocked(now)
 	return dropped
 }
 
-// armLocked sets the lapse timer to the earliest expiry of a hold not
-// launched; h.mu must be held.
+// armLocked sets the lapse timer to the next time a hold not launched
+// lapses or comes to have nothing behind it (staleAt); h.mu must be held.
 func (h *Holds) armLocked(now time.Time) {
 	var next time.Time
 	for _, x := range h.holds {
-		if !x.launched && (next.IsZero() || x.expires.Before(next)) {
-			next = x.expires
+		if x.launched {
+			continue
+		}
+		for _, at := range []time.Time{x.expires, h.staleAt(x)} {
+			if at.After(now) && (next.IsZero() || at.Before(next)) {
+				next = at
+			}
 		}
 	}
 	switch {
@@ -130,16 +270,68 @@ func (h *Holds) armLocked(now time.Time) {
 	}
 }
 
-// sweep drops the holds that lapsed and tells the offer.
+// sweep drops the holds that lapsed and tells the offer, which also
+// leaves out the holds that now have nothing behind them (Announced).
 func (h *Holds) sweep() {
 	h.mu.Lock()
 	now := time.Now()
-	changed := h.dropExpired(now)
+	changed := h.dropExpired(now) || h.announcedLocked(now) != h.announced
 	h.armLocked(now)
 	h.mu.Unlock()
 	if changed && h.changed != nil {
 		h.changed()
 	}
+}
+
+// staleAt is when hold x comes to have nothing behind it, if it has
+// nothing then (see stale): the zero time for a launched hold.
+func (h *Holds) staleAt(x *hold) time.Time {
+	switch {
+	case x.launched:
+		return time.Time{}
+	case !x.committed:
+		return x.graceFrom.Add(TentativeGrace)
+	}
+	return x.committedAt.Add(EscrowWithin)
+}
+
+// stale says whether hold x has nothing behind it at now, so that another
+// account's request may take its place (preemptLocked): uncommitted, its
+// account has held here unlaunched for TentativeGrace; committed, no
+// escrow pays this machine EscrowWithin after the commit. h.mu must be
+// held.
+func (h *Holds) stale(x *hold, now time.Time) bool {
+	at := h.staleAt(x)
+	switch {
+	case at.IsZero() || now.Before(at):
+		return false
+	case !x.committed:
+		return true
+	}
+	return h.escrowed == nil || !h.escrowed(x.job, x.account, x.cost)
+}
+
+// Announced is what the machine's offer says its holds take now: every
+// live hold but those with nothing behind them, whose capacity another
+// account's request would get. Allocated is all of them.
+func (h *Holds) Announced(now time.Time) p2p.Resources {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dropExpired(now)
+	h.announced = h.announcedLocked(now)
+	return h.announced
+}
+
+func (h *Holds) announcedLocked(now time.Time) p2p.Resources {
+	var a p2p.Resources
+	for _, x := range h.holds {
+		if !h.stale(x, now) {
+			a.Cores += x.res.Cores
+			a.MemBytes += x.res.MemBytes
+			a.GPUs += x.res.GPUs
+		}
+	}
+	return a
 }
 
 func (h *Holds) allocatedLocked() p2p.Resources {
@@ -260,7 +452,10 @@ func (h *Holds) applyLocked(from peer.ID, r HoldRequest, lent p2p.Resources, now
 			}
 		}
 		f := free(lent, h.allocatedLocked())
-		if r.Res.Cores > f.Cores || r.Res.MemBytes > f.MemBytes || r.Res.GPUs > f.GPUs {
+		if !fits(r.Res, f) && h.preemptLocked(r.Account, r.Res, lent, now) {
+			f = free(lent, h.allocatedLocked())
+		}
+		if !fits(r.Res, f) {
 			why := fmt.Sprintf("only %d cores, %s memory and %d GPUs free here", f.Cores, units.FormatSize(f.MemBytes), f.GPUs)
 			if lent == (p2p.Resources{}) {
 				why = "this machine is not lending now"
@@ -269,7 +464,8 @@ func (h *Holds) applyLocked(from peer.ID, r HoldRequest, lent p2p.Resources, now
 		}
 		exp := now.Add(time.Duration(r.TTL) * time.Second)
 		bid, _ := peer.Decode(r.Bidder)
-		h.holds[r.ID] = &hold{from: from, bidder: bid, account: r.Account, job: r.JobID, res: r.Res, cost: r.Cost, created: now, expires: exp}
+		h.holds[r.ID] = &hold{from: from, bidder: bid, account: r.Account, job: r.JobID, res: r.Res, cost: r.Cost, created: now,
+			graceFrom: h.graceFromLocked(r.Account, now), expires: exp}
 		return p2p.ReserveReply{OK: true, Expires: exp.UnixMilli()}
 	case p2p.OpCommit:
 		if !exists {
@@ -282,12 +478,12 @@ func (h *Holds) applyLocked(from peer.ID, r HoldRequest, lent p2p.Resources, now
 			return p2p.ReserveReply{Reason: "only the job's bidder commits a hold"}
 		}
 		if !x.committed {
-			x.committed, x.expires = true, now.Add(h.limits.LaunchWithin)
+			x.committed, x.committedAt, x.expires = true, now, now.Add(h.limits.LaunchWithin)
 		}
 		return p2p.ReserveReply{OK: true, Expires: x.expires.UnixMilli()}
 	case p2p.OpRelease:
 		if exists && !x.launched {
-			delete(h.holds, r.ID)
+			h.dropLocked(r.ID, now)
 		}
 		return p2p.ReserveReply{OK: true}
 	}
@@ -335,7 +531,7 @@ func (h *Holds) Launch(id, job string, launcher peer.ID, now time.Time) (p2p.Res
 func (h *Holds) Release(id string) {
 	h.mu.Lock()
 	_, ok := h.holds[id]
-	delete(h.holds, id)
+	h.dropLocked(id, time.Now())
 	h.mu.Unlock()
 	if ok && h.changed != nil {
 		h.changed()
@@ -362,7 +558,7 @@ func (h *Holds) ReleaseByOwner(id string) error {
 		h.mu.Unlock()
 		return fmt.Errorf("hold %s: %w (job %s); `lend --stop` takes the machine back", id, ErrHoldRunning, x.job)
 	}
-	delete(h.holds, id)
+	h.dropLocked(id, time.Now())
 	h.mu.Unlock()
 	if h.changed != nil {
 		h.changed()

@@ -323,3 +323,95 @@ func TestAccountsHoldsAreBoundedByItsBalance(t *testing.T) {
 		t.Fatalf("the other job once the first launched: %s", r.Reason)
 	}
 }
+
+// reqAs is reserveReq for another account's bid, for job.
+func reqAs(id string, cores uint32, account, job string) HoldRequest {
+	r := reserveReq(id, cores, 60)
+	r.Account, r.JobID = account, job
+	return r
+}
+
+// TestStaleHoldsGiveWayToOtherAccounts: an account's holds that have
+// nothing behind them (uncommitted for TentativeGrace, counted over its
+// streak of holds taken again; committed without an escrow paying this
+// machine for EscrowWithin) give way to another account's request that
+// does not fit beside them. Fresh holds, escrowed ones, launched ones and
+// the requester's own do not; and none go unless the request then fits.
+func TestStaleHoldsGiveWayToOtherAccounts(t *testing.T) {
+	const insiderJob = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"
+	lent := p2p.Resources{Cores: 2, MemBytes: 1 << 30}
+	t0 := time.Now()
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	insider, honest := peer.ID("scheduler-insider"), peer.ID("scheduler-honest")
+
+	t.Run("uncommitted", func(t *testing.T) {
+		h := NewHolds(func() p2p.Resources { return lent }, HoldLimits{}, nil)
+		if r := h.Apply(insider, reqAs("1111111111111111", 2, "dm1insider", insiderJob), t0); !r.OK {
+			t.Fatalf("the insider's hold: %+v", r)
+		}
+		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(5*time.Second)); r.OK {
+			t.Fatalf("a fresh hold gave way: %+v", r)
+		}
+		// Released and taken again: the streak goes on from t0.
+		h.Apply(insider, opReq(p2p.OpRelease, "1111111111111111"), at(10*time.Second))
+		if r := h.Apply(insider, reqAs("3333333333333333", 2, "dm1insider", insiderJob), at(12*time.Second)); !r.OK {
+			t.Fatalf("the insider's hold again: %+v", r)
+		}
+		// The offer leaves the stale hold out, so other schedulers ask.
+		if a, all := h.Announced(at(16*time.Second)), h.Allocated(at(16*time.Second)); a.Cores != 0 || all.Cores != 2 {
+			t.Fatalf("announced %+v of %+v held: want the stale hold left out", a, all)
+		}
+		// Its own request takes nothing of its own.
+		if r := h.Apply(insider, reqAs("4444444444444444", 1, "dm1insider", insiderJob), at(16*time.Second)); r.OK {
+			t.Fatalf("the insider's own stale hold gave way to it: %+v", r)
+		}
+		// Three cores cannot fit however many holds go: none goes.
+		if r := h.Apply(honest, reserveReq("5555555555555555", 3, 60), at(16*time.Second)); r.OK || len(h.List(at(16*time.Second))) != 1 {
+			t.Fatalf("a request that cannot fit took a hold's place: %+v, %d holds", r, len(h.List(at(16*time.Second))))
+		}
+		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(16*time.Second)); !r.OK {
+			t.Fatalf("a hold %s into its account's streak did not give way: %+v", 16*time.Second, r)
+		}
+		if l := h.List(at(16 * time.Second)); len(l) != 1 || l[0].Account != "dm1test" {
+			t.Fatalf("holds after: %+v", l)
+		}
+	})
+
+	t.Run("committed", func(t *testing.T) {
+		escrowed := false
+		h := NewHolds(func() p2p.Resources { return lent }, HoldLimits{}, nil)
+		h.SetEscrowed(func(job, account string, cost uint64) bool {
+			return escrowed && job == insiderJob && account == "dm1insider"
+		})
+		if r := h.Apply(insider, reqAs("1111111111111111", 2, "dm1insider", insiderJob), t0); !r.OK {
+			t.Fatalf("the insider's hold: %+v", r)
+		}
+		// reqAs names testBidder: it commits.
+		if r := h.Apply(testBidder, opReq(p2p.OpCommit, "1111111111111111"), at(time.Second)); !r.OK {
+			t.Fatalf("commit: %+v", r)
+		}
+		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(16*time.Second)); r.OK {
+			t.Fatalf("a committed hold gave way before its escrow was due: %+v", r)
+		}
+		escrowed = true
+		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(22*time.Second)); r.OK {
+			t.Fatalf("an escrowed hold gave way: %+v", r)
+		}
+		escrowed = false
+		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(22*time.Second)); !r.OK {
+			t.Fatalf("a committed hold with no escrow %s after its commit did not give way: %+v", 21*time.Second, r)
+		}
+	})
+
+	t.Run("launched", func(t *testing.T) {
+		h := NewHolds(func() p2p.Resources { return lent }, HoldLimits{}, nil)
+		h.Apply(insider, reqAs("1111111111111111", 2, "dm1insider", insiderJob), t0)
+		h.Apply(testBidder, opReq(p2p.OpCommit, "1111111111111111"), t0)
+		if _, ok := h.Launch("1111111111111111", insiderJob, testBidder, t0); !ok {
+			t.Fatal("launch")
+		}
+		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(time.Hour)); r.OK {
+			t.Fatalf("a launched hold gave way: %+v", r)
+		}
+	})
+}
