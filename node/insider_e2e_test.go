@@ -90,10 +90,11 @@ const (
 	insiderFakes  = 20
 )
 
-func startInsiderMarket(t testing.TB) *insiderMarket {
+func startInsiderMarket(t testing.TB, lenderOpts ...nodeOpt) *insiderMarket {
 	t.Helper()
 	perOwner := func(c *Config) { c.Market.MaxOffersPerOwner = perOwnerBound }
-	c := startJobClusterWith(t, genericPython(t), 2, api.LendRequest{Cores: 1, MemBytes: 1 << 30}, []nodeOpt{perOwner}, perOwner)
+	c := startJobClusterWith(t, genericPython(t), 2, api.LendRequest{Cores: 1, MemBytes: 1 << 30}, []nodeOpt{perOwner},
+		append([]nodeOpt{perOwner}, lenderOpts...)...)
 	m := &insiderMarket{jobCluster: c, chain: c.sub.cfg.Node.ChainID, bundle: sleepBundle(t)}
 	ctx := t.Context()
 	var err error
@@ -114,6 +115,14 @@ func startInsiderMarket(t testing.TB) *insiderMarket {
 		t.Fatal(err)
 	}
 	m.ledger = ledger.NewClient(m.rc, m.insider, m.chain)
+	eventually(t, 30*time.Second, "every replica to show the insider's credits", func() bool {
+		for _, n := range m.nodes() {
+			if n.ledgerApp.BalanceOf(m.insider.Address()) == 0 {
+				return false
+			}
+		}
+		return true
+	})
 	m.raw = newRawPeerWith(t, ctx, m.chain, m.insider, c.sub, c.lenders[0], c.lenders[1])
 	return m
 }
@@ -287,6 +296,95 @@ func TestLinkedFakeMachinesCannotFailAnHonestJob(t *testing.T) {
 		r.launched.Round(100*time.Millisecond), perOwnerBound, hole.accepted.Load())
 }
 
+// TestUnlaunchedCommitIsPaidFor: a member holds a lender's core for a bid
+// of its own, opens the run's escrow naming the lender, and commits the
+// hold with its receipt for the launch window, over raw protocol and a
+// raw transaction, then never launches nor settles. The lender's hold
+// lapses, it claims with the receipt once the escrow has expired, and is
+// paid the receipt's amount: holding a core costs the
+// member the core's reserve price for the time it held it waiting. A
+// commit without the receipt is refused, and the same run is not held
+// again.
+func TestUnlaunchedCommitIsPaidFor(t *testing.T) {
+	t.Parallel()
+	const within = 10 * time.Second
+	m := startInsiderMarket(t, func(c *Config) { c.Market.LaunchWithin = Duration{within} })
+	ctx := t.Context()
+	l := m.lenders[0]
+	payee := string(l.key.Address())
+	var prices p2p.Prices
+	for _, h := range m.sub.book.List(time.Now()) {
+		if h.Offer.Machine == l.Host().ID().String() {
+			prices = h.Offer.Price
+		}
+	}
+	res := p2p.Resources{Cores: 1, MemBytes: 1 << 30}
+	need := p2p.HoldCharge(prices.PerHour(res), within)
+	if need == 0 {
+		t.Fatal("the lender's offer names no prices")
+	}
+	job := jobIDOf(m.chain + "insider-commit")
+	bid := p2p.Bid{JobID: job, Submitter: string(m.insider.Address()), Workers: 1, PerWorker: res, MaxPrice: 10 * units.MicroPerCredit,
+		Duration: 600, Framework: "generic", Floor: p2p.DefaultFloor}
+	sealed, err := p2p.Seal(m.insider, m.chain, p2p.TypeBid, &bid, 1, time.Now().Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	holdID := "00000000000000a1"
+	if r, err := m.raw.reserve(ctx, l.Host().ID(), p2p.Reserve{Op: p2p.OpReserve, ID: holdID, JobID: job, Res: res, TTL: 60,
+		Bidder: m.insider.PeerID().String(), Bid: sealed}); err != nil || !r.OK {
+		t.Fatalf("the insider's hold: %+v %v", r, err)
+	}
+	// An escrow that expires soon: the member never settles it, and the
+	// lender claims from it once it has expired.
+	if _, err := m.ledger.OpenEscrow(ctx, ledger.OpenEscrow{Job: job, Amount: units.MicroPerCredit, Expiry: time.Now().Add(30 * time.Second).Unix(),
+		Payees: []string{payee}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "the lender's replica to show the escrow", func() bool {
+		_, ok := l.ledgerApp.EscrowOf(job)
+		return ok
+	})
+	commit := func(rc *p2p.Receipt) p2p.ReserveReply {
+		r, err := m.raw.reserve(ctx, l.Host().ID(), p2p.Reserve{Op: p2p.OpCommit, ID: holdID, JobID: job, Receipt: rc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if r := commit(nil); r.OK || !strings.Contains(r.Reason, "receipt") {
+		t.Fatalf("a commit without its receipt: %+v", r)
+	}
+	signed := ledger.SignReceipt(m.insider, m.chain, ledger.Receipt{Job: job, Payee: payee, Amount: need})
+	if r := commit(&p2p.Receipt{Payee: payee, Amount: signed.Amount, Sig: signed.Sig}); !r.OK {
+		t.Fatalf("the commit with its receipt: %+v", r)
+	}
+	before, err := m.ledger.Balance(ctx, l.key.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The launch never comes; the hold lapses.
+	eventually(t, within+10*time.Second, "the committed hold to lapse", func() bool { return len(l.holds.List(time.Now())) == 0 })
+	if !l.exec.HasClaim(job) {
+		t.Fatal("the lapsed hold's receipt is not with the claim service")
+	}
+	eventually(t, 2*time.Minute, "the lender paid its receipt for the launch window", func() bool {
+		b, err := m.ledger.Balance(ctx, l.key.Address())
+		return err == nil && b >= before+need
+	})
+	// The run was charged here: it is not held again.
+	sealed, _ = p2p.Seal(m.insider, m.chain, p2p.TypeBid, &bid, 2, time.Now().Add(time.Minute))
+	if r, err := m.raw.reserve(ctx, l.Host().ID(), p2p.Reserve{Op: p2p.OpReserve, ID: "00000000000000a2", JobID: job, Res: res, TTL: 60,
+		Bidder: m.insider.PeerID().String(), Bid: sealed}); err != nil || !r.OK {
+		t.Fatalf("the insider's second hold: %+v %v", r, err)
+	}
+	if r, err := m.raw.reserve(ctx, l.Host().ID(), p2p.Reserve{Op: p2p.OpCommit, ID: "00000000000000a2", JobID: job,
+		Receipt: &p2p.Receipt{Payee: payee, Amount: signed.Amount, Sig: signed.Sig}}); err != nil || r.OK {
+		t.Fatalf("a second commit of the charged run: %+v %v", r, err)
+	}
+	t.Logf("the lender was paid %s credits for a core held %s unlaunched", units.FormatCredits(need), within)
+}
+
 // insiderStrategy is one thing an insider does to the market while an
 // honest job bids: start begins it and returns what stops it and says
 // what it got.
@@ -330,7 +428,11 @@ func holdLoop(maxPrice uint64, commit bool) func(t testing.TB, m *insiderMarket)
 					if err == nil && r.OK {
 						granted.Add(1)
 						if commit {
-							m.raw.reserve(t.Context(), l.Host().ID(), p2p.Reserve{Op: p2p.OpCommit, ID: hex.EncodeToString(id[:]), JobID: job})
+							// Its receipt for the launch window: a credit, more than the machine asks.
+							payee := string(l.key.Address())
+							rc := ledger.SignReceipt(m.insider, m.chain, ledger.Receipt{Job: job, Payee: payee, Amount: units.MicroPerCredit})
+							m.raw.reserve(t.Context(), l.Host().ID(), p2p.Reserve{Op: p2p.OpCommit, ID: hex.EncodeToString(id[:]), JobID: job,
+								Receipt: &p2p.Receipt{Payee: payee, Amount: rc.Amount, Sig: rc.Sig}})
 						}
 					} else if err == nil {
 						lastReason.Store(r.Reason)

@@ -275,6 +275,10 @@ func (n *Node) startJobs() (err error) {
 	if err != nil {
 		return err
 	}
+	// A committed hold this machine's executor never launched is charged
+	// to the run's escrow, through the executor's claim service.
+	n.holds.SetCharges(lender.HoldCharges{ChainID: n.cfg.Node.ChainID, Payee: string(n.key.Address()),
+		Keep: n.exec.KeepHoldCharge, Charged: n.exec.HasClaim})
 	n.rpc.Handle(p2p.JobProtocol(n.cfg.Node.ChainID), n.exec.Handle)
 	// The market's answers publish this node's bids, the submitter's too.
 	n.svc.market = &service.Market{Host: n.host, Account: n.key.Address(), Book: n.book, BidLog: n.bids,

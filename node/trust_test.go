@@ -16,6 +16,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/p2p"
 )
@@ -233,7 +234,11 @@ func TestHoldsNeedAFundedBid(t *testing.T) {
 	if r, err := hold("0000000000000009", real.Bid.JobID, raw, by); err != nil || !r.OK {
 		t.Fatalf("hold: %+v %v", r, err)
 	}
-	if r, err := bidder.calls.reserve(ctx, machine, nil, p2p.Reserve{Op: p2p.OpCommit, ID: "0000000000000009", JobID: real.Bid.JobID}); err != nil || !r.OK {
+	// The commit carries the bidder's receipt for the launch window.
+	lenderPayee := string(lender.key.Address())
+	rc := bidder.ledger.SignReceipt(ledger.Receipt{Job: real.Bid.JobID, Payee: lenderPayee, Amount: 1_000_000})
+	if r, err := bidder.calls.reserve(ctx, machine, nil, p2p.Reserve{Op: p2p.OpCommit, ID: "0000000000000009", JobID: real.Bid.JobID,
+		Receipt: &p2p.Receipt{Payee: lenderPayee, Amount: rc.Amount, Sig: rc.Sig}}); err != nil || !r.OK {
 		t.Fatalf("the bidder's commit: %+v %v", r, err)
 	}
 	launch := p2p.Launch{JobID: real.Bid.JobID, Index: 0, World: []string{machine.String()}, Addrs: [][]string{nil},

@@ -83,7 +83,10 @@ func startLending(c Config, d lendingDeps) (lending, error) {
 	me := string(d.key.Address())
 	l.holds.SetEscrowed(func(job, account string, cost uint64) bool {
 		e, ok := d.escrowOf(job)
-		return ok && e.Payer == account && e.Settled == 0 && e.Amount >= cost && slices.Contains(e.Payees, me)
+		if !ok || e.Payer != account || !slices.Contains(e.Payees, me) {
+			return false
+		}
+		return cost == 0 || e.Settled == 0 && e.Amount >= cost
 	})
 	l.desk = lender.NewDesk(d.admission, l.holds)
 	return l, nil

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"math/bits"
 	"regexp"
 	"time"
 
@@ -78,6 +80,34 @@ type Reserve struct {
 	// (OpReserve): a machine holds capacity only for a bid it has checked
 	// itself, from a member whose balance covers the bid.
 	Bid []byte `cbor:"bid,omitempty" json:"-"`
+	// Receipt is the bidder's signed receipt for the hold's launch window
+	// (OpCommit): its hourly price for HoldChargeWindow, which the machine
+	// lodges against the run's escrow if the hold lapses, or the bidder
+	// releases it, unlaunched once that escrow is open (HoldCharge).
+	Receipt *Receipt `cbor:"receipt,omitempty" json:"receipt,omitempty"`
+}
+
+// HoldChargeWindow is the most of a committed hold's wait for its launch
+// that the hold's receipt covers.
+const HoldChargeWindow = 2 * time.Minute
+
+// HoldCharge is what a committed hold that is never launched costs its
+// bidder at perHour (micro-credits an hour) for window (at most
+// HoldChargeWindow): rounded up, at least 1 when perHour is not 0.
+func HoldCharge(perHour uint64, window time.Duration) uint64 {
+	window = min(window, HoldChargeWindow)
+	if perHour == 0 || window <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(perHour, uint64(window))
+	if hi >= uint64(time.Hour) {
+		return math.MaxUint64
+	}
+	q, rem := bits.Div64(hi, lo, uint64(time.Hour))
+	if rem > 0 {
+		q++
+	}
+	return max(q, 1)
 }
 
 // Validate checks a reservation request.
@@ -102,6 +132,14 @@ func (r *Reserve) Validate() error {
 	case OpCommit, OpRelease:
 	default:
 		return rangeErr("op %q (want reserve, commit or release)", r.Op)
+	}
+	if r.Receipt != nil {
+		switch {
+		case r.Op != OpCommit:
+			return rangeErr("%s: only a commit carries a receipt", r.Op)
+		case len(r.Receipt.Payee) == 0 || len(r.Receipt.Payee) > 128 || len(r.Receipt.Sig) != 64 || r.Receipt.Answer != nil:
+			return rangeErr("commit: malformed receipt")
+		}
 	}
 	if !reservationIDRE.MatchString(r.ID) {
 		return rangeErr("reservation ID %q is not 16-64 hex digits", r.ID)

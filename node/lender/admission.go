@@ -173,6 +173,7 @@ func (a *Admission) CheckBid(r *p2p.Reserve, now time.Time) (HoldRequest, error)
 					units.FormatCredits(bid.MaxPrice), time.Duration(bid.Duration)*time.Second, units.FormatCredits(uint64(reserve)))
 			}
 			req.Cost, req.Balance = max(uint64(reserve), 1), a.reads.BalanceOf(identity.Address(bid.Submitter))
+			req.Rate = p.PerHour(r.Res)
 		}
 	}
 	if err := a.terms.Accept(bid); err != nil {

@@ -202,6 +202,14 @@ func (c *claims) Covered(run string) uint64 {
 	return 0
 }
 
+// Has says whether run has a claim here: a worker of it ran here, or a
+// receipt of it is kept.
+func (c *claims) Has(run string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.runs[run] != nil
+}
+
 // covers says whether receipt r is worth more than kept: it covers more,
 // or as much with a later sequence.
 func covers(r, kept ledger.Receipt) bool {

@@ -33,6 +33,22 @@ func (e *Executor) keepReceipt(w *worker, from peer.ID, r p2p.Receipt) error {
 	return e.claims.Keep(lr)
 }
 
+// KeepHoldCharge hands the claim service the bidder's receipt for a
+// committed hold that ended unlaunched while the run's escrow was open
+// (Holds checked its signature at the commit): the machine lodges it
+// against that escrow.
+func (e *Executor) KeepHoldCharge(r ledger.Receipt) error {
+	e.log.Info("a committed hold ended unlaunched: its receipt for the launch window is charged to the run's escrow",
+		"module", "executor", "job", r.Job[:12], "amount", r.Amount)
+	err := e.claims.Keep(r)
+	e.claims.Watch(r.Job) // wakes the claim service: the run is new to it
+	return err
+}
+
+// HasClaim says whether run has a claim on this machine: a worker of it
+// ran here or a receipt of it is kept.
+func (e *Executor) HasClaim(run string) bool { return e.claims.Has(run) }
+
 // keepAnswer keeps the payer's signed answer on this machine's rounds of
 // a held run (ledger.Answer), the latest one whose signature checks, and
 // logs what it says when it says more; one the payer did not sign, or

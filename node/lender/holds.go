@@ -10,6 +10,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
 )
@@ -46,6 +47,10 @@ type Holds struct {
 	streaks map[string]holdStreak
 	// announced is what Announced last said.
 	announced p2p.Resources
+	// charges, once set, has a commit carry the bidder's receipt for the
+	// launch window, kept for the claim service when the hold ends
+	// unlaunched (SetCharges).
+	charges *HoldCharges
 	// lapse fires at the next hold's expiry, so a lapse is announced when
 	// it happens: in a big market the offer is otherwise re-announced
 	// only every few minutes (lender.PaceFor), and a lapsed hold would
@@ -96,12 +101,16 @@ func (l HoldLimits) withDefaults() HoldLimits {
 }
 
 type hold struct {
-	from        peer.ID // the scheduler that asked
-	bidder      peer.ID // may commit, release and launch too
-	account     string  // the bidder's ledger account, which pays
-	job         string
-	res         p2p.Resources
-	cost        uint64 // HoldRequest.Cost
+	from    peer.ID // the scheduler that asked
+	bidder  peer.ID // may commit, release and launch too
+	account string  // the bidder's ledger account, which pays
+	job     string
+	res     p2p.Resources
+	cost    uint64 // HoldRequest.Cost
+	rate    uint64 // HoldRequest.Rate
+	// receipt is the bidder's, for the launch window, taken with the
+	// commit (HoldCharges).
+	receipt     *ledger.Receipt
 	created     time.Time
 	graceFrom   time.Time // when its account's streak of unlaunched holds here began (holdStreak)
 	committedAt time.Time
@@ -148,8 +157,10 @@ func (h *Holds) graceFromLocked(account string, now time.Time) time.Time {
 }
 
 // dropLocked removes hold id, which ended at end; an unlaunched one ends
-// a streak of its account's. h.mu must be held.
-func (h *Holds) dropLocked(id string, end time.Time) {
+// a streak of its account's, and a committed one is charged (its receipt
+// kept) when charge is set and the run's escrow is open. h.mu must be
+// held.
+func (h *Holds) dropLocked(id string, end time.Time, charge bool) {
 	x, ok := h.holds[id]
 	if !ok {
 		return
@@ -157,6 +168,10 @@ func (h *Holds) dropLocked(id string, end time.Time) {
 	delete(h.holds, id)
 	if x.launched || x.account == "" {
 		return
+	}
+	if charge && x.receipt != nil && h.charges != nil && h.escrowed != nil && h.escrowed(x.job, x.account, 0) {
+		// Kept (or retried) by the claim service, which logs what it cannot store.
+		_ = h.charges.Keep(*x.receipt)
 	}
 	s, ok := h.streaks[x.account]
 	if !ok || end.Sub(s.end) >= streakGap {
@@ -181,10 +196,62 @@ func (h *Holds) pruneStreaksLocked(now time.Time) {
 	}
 }
 
+// HoldCharges is what a machine needs to charge a committed hold that is
+// never launched: a commit carries the bidder's receipt for the hold's
+// hourly reserve price over the launch window (p2p.HoldCharge), and if
+// the hold lapses, or the bidder releases it, unlaunched while the run's
+// escrow is open, the receipt goes to the claim service, which lodges it
+// against that escrow (after its settlement, or once it expires). A run
+// charged here once is not held here again: an honest bidder re-places a
+// run whose escrow is open as a new run.
+type HoldCharges struct {
+	ChainID string
+	Payee   string // this machine's ledger address
+	// Keep hands a receipt to the claim service; Charged says whether it
+	// keeps one for run already.
+	Keep    func(ledger.Receipt) error
+	Charged func(run string) bool
+}
+
+// SetCharges has commits carry receipts and unlaunched ends charged.
+func (h *Holds) SetCharges(c HoldCharges) {
+	h.mu.Lock()
+	h.charges = &c
+	h.mu.Unlock()
+}
+
+// commitReceiptLocked checks the receipt a commit of x carries, from
+// from; h.mu must be held.
+func (h *Holds) commitReceiptLocked(x *hold, from peer.ID, r *p2p.Receipt) (*ledger.Receipt, error) {
+	need := p2p.HoldCharge(x.rate, h.limits.LaunchWithin)
+	if h.charges == nil || need == 0 {
+		return nil, nil
+	}
+	if h.charges.Charged(x.job) {
+		return nil, fmt.Errorf("a hold of run %s was left here unlaunched once already: bid for it as a new run", x.job[:12])
+	}
+	if r == nil {
+		return nil, fmt.Errorf("a commit carries the bidder's receipt for the launch window: %s credits at this machine's reserve price", units.FormatCredits(need))
+	}
+	lr := ledger.Receipt{Job: x.job, Payee: r.Payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig}
+	switch {
+	case r.Payee != h.charges.Payee:
+		return nil, fmt.Errorf("the commit's receipt is for %s, not this machine (%s)", r.Payee, h.charges.Payee)
+	case r.Amount < need:
+		return nil, fmt.Errorf("the commit's receipt covers %s credits, less than this machine's reserve price for the launch window: %s",
+			units.FormatCredits(r.Amount), units.FormatCredits(need))
+	case !ledger.VerifyReceipt(payerKey(from), h.charges.ChainID, lr):
+		return nil, errors.New("the commit's receipt is not signed by the bidder")
+	}
+	return &lr, nil
+}
+
 // SetEscrowed tells the book how to see a committed hold's money:
 // escrowed reports whether account has an escrow open for job that pays
-// this machine and holds at least cost (read from this machine's ledger
-// replica, under the book's lock).
+// this machine, unsettled and holding at least cost; with cost 0, whether
+// it has one open at all, settled or not, that a receipt may still be
+// lodged against (read from this machine's ledger replica, under the
+// book's lock).
 func (h *Holds) SetEscrowed(escrowed func(job, account string, cost uint64) bool) {
 	h.mu.Lock()
 	h.escrowed = escrowed
@@ -221,7 +288,7 @@ func (h *Holds) preemptLocked(account string, res, lent p2p.Resources, now time.
 		return false
 	}
 	for _, id := range stale[:n] {
-		h.dropLocked(id, now)
+		h.dropLocked(id, now, false)
 	}
 	return n > 0
 }
@@ -236,7 +303,7 @@ func (h *Holds) dropExpired(now time.Time) bool {
 	dropped := false
 	for id, x := range h.holds {
 		if !x.launched && !now.Before(x.expires) {
-			h.dropLocked(id, x.expires)
+			h.dropLocked(id, x.expires, true)
 			dropped = true
 		}
 	}
@@ -377,6 +444,9 @@ type HoldRequest struct {
 	// replica (both 0 when the machine is not lending): the account's
 	// live holds here, one cost per job, may lock no more than Balance.
 	Cost, Balance uint64
+	// Rate is this machine's reserve price for the hold, an hour: what a
+	// commit's receipt covers for the launch window (p2p.HoldCharge).
+	Rate uint64
 }
 
 // Apply performs a scheduler's request and says what came of it.
@@ -464,7 +534,7 @@ func (h *Holds) applyLocked(from peer.ID, r HoldRequest, lent p2p.Resources, now
 		}
 		exp := now.Add(time.Duration(r.TTL) * time.Second)
 		bid, _ := peer.Decode(r.Bidder)
-		h.holds[r.ID] = &hold{from: from, bidder: bid, account: r.Account, job: r.JobID, res: r.Res, cost: r.Cost, created: now,
+		h.holds[r.ID] = &hold{from: from, bidder: bid, account: r.Account, job: r.JobID, res: r.Res, cost: r.Cost, rate: r.Rate, created: now,
 			graceFrom: h.graceFromLocked(r.Account, now), expires: exp}
 		return p2p.ReserveReply{OK: true, Expires: exp.UnixMilli()}
 	case p2p.OpCommit:
@@ -478,12 +548,16 @@ func (h *Holds) applyLocked(from peer.ID, r HoldRequest, lent p2p.Resources, now
 			return p2p.ReserveReply{Reason: "only the job's bidder commits a hold"}
 		}
 		if !x.committed {
-			x.committed, x.committedAt, x.expires = true, now, now.Add(h.limits.LaunchWithin)
+			receipt, err := h.commitReceiptLocked(x, from, r.Receipt)
+			if err != nil {
+				return p2p.ReserveReply{Reason: err.Error()}
+			}
+			x.committed, x.committedAt, x.expires, x.receipt = true, now, now.Add(h.limits.LaunchWithin), receipt
 		}
 		return p2p.ReserveReply{OK: true, Expires: x.expires.UnixMilli()}
 	case p2p.OpRelease:
 		if exists && !x.launched {
-			h.dropLocked(r.ID, now)
+			h.dropLocked(r.ID, now, true)
 		}
 		return p2p.ReserveReply{OK: true}
 	}
@@ -531,7 +605,7 @@ func (h *Holds) Launch(id, job string, launcher peer.ID, now time.Time) (p2p.Res
 func (h *Holds) Release(id string) {
 	h.mu.Lock()
 	_, ok := h.holds[id]
-	h.dropLocked(id, time.Now())
+	h.dropLocked(id, time.Now(), false)
 	h.mu.Unlock()
 	if ok && h.changed != nil {
 		h.changed()
@@ -558,7 +632,7 @@ func (h *Holds) ReleaseByOwner(id string) error {
 		h.mu.Unlock()
 		return fmt.Errorf("hold %s: %w (job %s); `lend --stop` takes the machine back", id, ErrHoldRunning, x.job)
 	}
-	h.dropLocked(id, time.Now())
+	h.dropLocked(id, time.Now(), false)
 	h.mu.Unlock()
 	if h.changed != nil {
 		h.changed()

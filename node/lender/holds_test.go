@@ -3,6 +3,7 @@ package lender
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
@@ -414,4 +417,108 @@ func TestStaleHoldsGiveWayToOtherAccounts(t *testing.T) {
 			t.Fatalf("a launched hold gave way: %+v", r)
 		}
 	})
+}
+
+// TestUnlaunchedCommitsAreCharged: a commit carries the bidder's receipt
+// for the hold's reserve price over the launch window, signed by the
+// bidder and for this machine, or it is refused. A committed hold that
+// lapses, or that its bidder releases, unlaunched while the run's escrow
+// is open hands that receipt to the claim service, and the run is not
+// committed here again; without an escrow, launched, or released by the
+// owner, nothing is charged.
+func TestUnlaunchedCommitsAreCharged(t *testing.T) {
+	const chain, payee = "deepmarket-test", "dm1machine"
+	lent := p2p.Resources{Cores: 2, MemBytes: 1 << 30}
+	bidder, err := identity.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _ := identity.GenerateKey()
+	escrowed := false
+	var kept []ledger.Receipt
+	h := NewHolds(func() p2p.Resources { return lent }, HoldLimits{}, nil)
+	h.SetEscrowed(func(string, string, uint64) bool { return escrowed })
+	h.SetCharges(HoldCharges{ChainID: chain, Payee: payee,
+		Keep: func(r ledger.Receipt) error { kept = append(kept, r); return nil },
+		Charged: func(run string) bool {
+			return slices.ContainsFunc(kept, func(r ledger.Receipt) bool { return r.Job == run })
+		}})
+	const rate = 3_600_000 // 3.6 credits an hour: 0.12 for the 2-minute launch window
+	need := p2p.HoldCharge(rate, 2*time.Minute)
+	if need != 120_000 {
+		t.Fatalf("the charge for 2 minutes at 3.6 credits an hour: %d", need)
+	}
+	hold := func(id, job string, now time.Time) {
+		t.Helper()
+		r := reqAs(id, 1, "dm1bidder", job)
+		r.Bidder, r.Rate = bidder.PeerID().String(), rate
+		if reply := h.Apply(bidder.PeerID(), r, now); !reply.OK {
+			t.Fatalf("hold %s: %+v", id, reply)
+		}
+	}
+	receipt := func(job, to string, amount uint64, by *identity.Key) *p2p.Receipt {
+		r := ledger.SignReceipt(by, chain, ledger.Receipt{Job: job, Payee: to, Amount: amount})
+		return &p2p.Receipt{Payee: r.Payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig}
+	}
+	commit := func(id, job string, rc *p2p.Receipt, now time.Time) p2p.ReserveReply {
+		return h.Apply(bidder.PeerID(), HoldRequest{Reserve: &p2p.Reserve{Op: p2p.OpCommit, ID: id, JobID: job, Receipt: rc}}, now)
+	}
+	now := time.Now()
+	jobA := strings.Repeat("a", 64)
+	hold("1111111111111111", jobA, now)
+	for _, c := range []struct {
+		rc   *p2p.Receipt
+		want string
+	}{
+		{nil, "carries the bidder's receipt"},
+		{receipt(jobA, payee, need-1, bidder), "less than this machine's reserve price"},
+		{receipt(jobA, "dm1elsewhere", need, bidder), "not this machine"},
+		{receipt(jobA, payee, need, other), "not signed by the bidder"},
+		{receipt(strings.Repeat("b", 64), payee, need, bidder), "not signed by the bidder"},
+	} {
+		if r := commit("1111111111111111", jobA, c.rc, now); r.OK || !strings.Contains(r.Reason, c.want) {
+			t.Errorf("commit with receipt %+v: %+v, want a refusal saying %q", c.rc, r, c.want)
+		}
+	}
+	if r := commit("1111111111111111", jobA, receipt(jobA, payee, need, bidder), now); !r.OK {
+		t.Fatalf("a commit with a good receipt: %+v", r)
+	}
+	// Released by the bidder before any escrow: nothing to charge.
+	h.Apply(bidder.PeerID(), opReq(p2p.OpRelease, "1111111111111111"), now)
+	if len(kept) != 0 {
+		t.Fatalf("charged without an escrow: %+v", kept)
+	}
+
+	// Lapsed with the escrow open: charged, once.
+	escrowed = true
+	hold("2222222222222222", jobA, now)
+	if r := commit("2222222222222222", jobA, receipt(jobA, payee, need, bidder), now); !r.OK {
+		t.Fatalf("commit: %+v", r)
+	}
+	later := now.Add(3 * time.Minute)
+	h.Allocated(later)
+	if len(kept) != 1 || kept[0].Job != jobA || kept[0].Amount != need || kept[0].Payee != payee {
+		t.Fatalf("kept after the lapse: %+v", kept)
+	}
+	hold("3333333333333333", jobA, later)
+	if r := commit("3333333333333333", jobA, receipt(jobA, payee, 2*need, bidder), later); r.OK || !strings.Contains(r.Reason, "unlaunched once already") {
+		t.Fatalf("a second commit of a charged run: %+v", r)
+	}
+
+	// Launched, or released by the owner: nothing charged.
+	jobC, jobD := strings.Repeat("c", 64), strings.Repeat("d", 64)
+	hold("4444444444444444", jobC, later)
+	commit("4444444444444444", jobC, receipt(jobC, payee, need, bidder), later)
+	if _, ok := h.Launch("4444444444444444", jobC, bidder.PeerID(), later); !ok {
+		t.Fatal("launch")
+	}
+	h.Release("4444444444444444")
+	hold("5555555555555555", jobD, later)
+	commit("5555555555555555", jobD, receipt(jobD, payee, need, bidder), later)
+	if err := h.ReleaseByOwner("5555555555555555"); err != nil {
+		t.Fatal(err)
+	}
+	if len(kept) != 1 {
+		t.Fatalf("charged a launched hold or one the owner released: %+v", kept)
+	}
 }

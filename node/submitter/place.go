@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
@@ -264,12 +265,25 @@ func (m *Manager) releaseHolds(ctx context.Context, r *jobs.Run) {
 }
 
 // commit turns every hold of the run into a commitment; one refusal
-// fails the whole (the caller releases and re-quotes).
+// fails the whole (the caller releases and re-quotes). Each commit
+// carries this node's receipt for the hold's quoted price over the launch
+// window (p2p.HoldCharge): what the machine is paid from the run's escrow
+// if its hold is then left unlaunched.
 func (m *Manager) commit(ctx context.Context, r *jobs.Run) error {
 	g, gctx := errgroup.WithContext(ctx)
 	for _, h := range holdsOf(r) {
+		var perHour uint64
+		for _, w := range r.Workers {
+			if w.Machine == h[0] && w.Hold == h[1] {
+				perHour += w.PerHour
+			}
+		}
+		payee := PayeeOf(h[0])
+		signed := m.p.Ledger.SignReceipt(ledger.Receipt{Job: r.ID, Payee: payee,
+			Amount: p2p.HoldCharge(perHour+perHour/50+1, p2p.HoldChargeWindow)}) // 2% above: the quote's rounding
+		receipt := &p2p.Receipt{Payee: payee, Amount: signed.Amount, Seq: signed.Seq, Sig: signed.Sig}
 		g.Go(func() error {
-			reply, err := m.p.Machines.Reserve(gctx, h[0], p2p.Reserve{Op: p2p.OpCommit, ID: h[1], JobID: r.ID})
+			reply, err := m.p.Machines.Reserve(gctx, h[0], p2p.Reserve{Op: p2p.OpCommit, ID: h[1], JobID: r.ID, Receipt: receipt})
 			if err != nil {
 				return err
 			}
