@@ -128,7 +128,7 @@ func TestFaultValidatorKilledDuringTransfers(t *testing.T) {
 	top := n.Heights(t.Context(), []int{0})[0]
 	n.waitHeights(t, all(n), top, 2*time.Minute) // val3 caught up
 	// Every committed transfer, on every node.
-	waitSink(t, n, all(n), sink, uint64(want))
+	n.waitLoaded(t, all(n), sink, l, uint64(want))
 	n.check(t, all(n), true)
 }
 
@@ -193,7 +193,7 @@ func TestFaultTenThousandTransfers(t *testing.T) {
 	t.Logf("%d transfers committed in %s", total, time.Since(start).Round(time.Millisecond))
 	top := n.Heights(t.Context(), []int{0})[0]
 	n.waitHeights(t, all(n), top, time.Minute)
-	waitSink(t, n, all(n), sink, uint64(total))
+	n.waitLoaded(t, all(n), sink, l, uint64(total))
 	n.check(t, all(n), true)
 }
 

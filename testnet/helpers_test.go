@@ -159,6 +159,10 @@ type transferLoad struct {
 	via       func(k int) []int // nodes to broadcast through, in order of preference
 	sink      identity.Address
 	committed atomic.Int64
+	// resent counts transfers sent again after a try whose outcome was
+	// not known (a node that failed to answer may have taken it): each may
+	// have committed twice.
+	resent atomic.Int64
 	failed    atomic.Int64
 
 	mu     sync.Mutex
@@ -219,6 +223,7 @@ func (l *transferLoad) run(t *testing.T, ctx context.Context, count int) {
 						continue
 					}
 					cur = (cur + 1) % len(clients)
+					l.resent.Add(1)
 					time.Sleep(200 * time.Millisecond)
 				}
 				return nil, "", err
@@ -251,6 +256,7 @@ func (l *transferLoad) run(t *testing.T, ctx context.Context, count int) {
 								l.fail("wait for "+x.h, err)
 								break
 							}
+							l.resent.Add(1)
 							c, h, err := submit()
 							if err != nil {
 								l.fail("submit again", err)
@@ -323,6 +329,46 @@ func (n *Network) waitBalances(t *testing.T, nodes []int, addr identity.Address,
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: want %d on every node; %s", addr, want, strings.Join(wrong, ", "))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// waitLoaded waits until every node shows the same balance for sink, at
+// least want transfers in and at most the ones l sent again more: a
+// transfer whose first try's outcome was not known may have committed
+// twice (a wallet's double send, not the ledger's).
+func (n *Network) waitLoaded(t *testing.T, nodes []int, sink identity.Address, l *transferLoad, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		seen := map[uint64]bool{}
+		var errs []string
+		for _, i := range nodes {
+			c, err := n.Client(i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := c.Balance(t.Context(), string(sink))
+			if err != nil {
+				errs = append(errs, err.Error())
+				continue
+			}
+			seen[b.Balance] = true
+		}
+		if len(errs) == 0 && len(seen) == 1 {
+			for b := range seen {
+				in, most := b-sinkOpening, want+uint64(l.resent.Load())
+				if b >= sinkOpening && in >= want && in <= most {
+					return
+				}
+				if b >= sinkOpening+want {
+					t.Fatalf("%s: %d transfers in, more than the %d sent plus %d sent again", sink, in, want, l.resent.Load())
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: want %d transfers in on every node (plus at most %d sent again); balances %v %v", sink, want, l.resent.Load(), seen, errs)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

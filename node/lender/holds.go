@@ -228,7 +228,7 @@ func (h *Holds) commitReceiptLocked(x *hold, from peer.ID, r *p2p.Receipt) (*led
 		return nil, nil
 	}
 	if h.charges.Charged(x.job) {
-		return nil, fmt.Errorf("a hold of run %s was left here unlaunched once already: bid for it as a new run", x.job[:12])
+		return nil, fmt.Errorf("a hold of run %.12s was left here unlaunched once already: bid for it as a new run", x.job)
 	}
 	if r == nil {
 		return nil, fmt.Errorf("a commit carries the bidder's receipt for the launch window: %s credits at this machine's reserve price", units.FormatCredits(need))
