@@ -163,7 +163,7 @@ type transferLoad struct {
 	// not known (a node that failed to answer may have taken it): each may
 	// have committed twice.
 	resent atomic.Int64
-	failed    atomic.Int64
+	failed atomic.Int64
 
 	mu     sync.Mutex
 	errors []string // the first few failures, for the test's message
