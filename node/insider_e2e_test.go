@@ -276,12 +276,10 @@ func TestLinkedFakeMachinesCannotFailAnHonestJob(t *testing.T) {
 	if !m.onHonestLenders(r) {
 		t.Errorf("the honest job ran on %+v, not on the honest lenders", r.job.Runs[0].Workers)
 	}
-	// Each scheduler (3) dialed at most lostPerAccount (2) of the
-	// insider's machines, once to hold and once to release what it may
-	// have granted.
-	if n := hole.accepted.Load(); n > 3*2*2 {
-		t.Errorf("the fake machines' address took %d connections: the schedulers tried more than %d of the insider's machines each", n, 2)
-	}
+	// How many times the fakes were dialed is logged, not bounded here: a
+	// bid that collided bids again, and libp2p may dial an address more
+	// than once; the quoter's TestOneAccountsDeadMachinesDoNotFailABid
+	// bounds the machines a quote tries per account.
 	t.Logf("the honest job launched %s after its submission, with %d fake machines in each book; the fakes' address took %d connections",
 		r.launched.Round(100*time.Millisecond), perOwnerBound, hole.accepted.Load())
 }
