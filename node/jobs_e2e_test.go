@@ -224,7 +224,8 @@ func TestFashionMNISTDiLoCoAcrossTwoLenders(t *testing.T) {
 	spec := fashionSpec(t, 2)
 	// The work described (120 steps of the mlp, 101,770 parameters), so
 	// the quote predicts its time from the lenders' links.
-	spec.Training = &p2p.Training{Mode: "diloco", SyncEvery: 20, Compress: "int8", Steps: 120, Params: 101_770, StepMillis: 5}
+	spec.Training = &p2p.Training{Mode: "diloco", SyncEvery: 20, Compress: "int8", Steps: 120, Params: 101_770, StepMillis: 5,
+		Holder: p2p.HolderWorkers} // the workers average among themselves (held runs: held_e2e_test.go)
 	j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: spec, Yes: true})
 	if err != nil {
 		t.Fatal(err)

@@ -305,6 +305,9 @@ func (f *File) validateTraining(s *Spec) error {
 		t.Mode = "sync"
 	}
 	if v := f.Verify; v != nil {
+		if t.Mode == "diloco" && t.Holder == "" {
+			t.Holder = p2p.HolderSubmitter // spot checks are the holder's: asking for them asks for one
+		}
 		t.Verify = &p2p.Verify{Rate: v.Rate, Share: p2p.DefaultVerifyShare, Tolerance: p2p.DefaultVerifyTolerance}
 		if v.Share != nil {
 			t.Verify.Share = *v.Share

@@ -67,6 +67,10 @@ func TestParseSpec(t *testing.T) {
 	if s, err := ParseSpec([]byte(held+"share = 0\ntolerance = 0.05\n"), dir); err != nil || *s.Training.Verify != (p2p.Verify{Rate: 0.25, Tolerance: 0.05}) {
 		t.Errorf("[verify] share = 0: %v %+v", err, s)
 	}
+	// [verify] in a diloco job that names no holder asks for one.
+	if s, err := ParseSpec([]byte(good+"[training]\nmode = \"diloco\"\n[verify]\nrate = 0.25\n"), dir); err != nil || !s.Training.Held() {
+		t.Errorf("[verify] without a holder: %v %+v", err, s)
+	}
 	// Measured statistics better than perfect scaling are refused.
 	if _, err := ParseSpec([]byte(good+"[training]\nsteps_ratio = [1, 0.3]\n"), dir); err == nil || !strings.Contains(err.Error(), "steps_ratio") {
 		t.Errorf("steps_ratio [1, 0.3]: %v", err)
@@ -117,7 +121,7 @@ func TestSpecErrorsNameTheKey(t *testing.T) {
 		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nparams = 100000000001", "training"},
 		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nstep_ms = nan", "training"},
 		{`max_duration = "30m"`, "max_duration = \"30m\"\n[verify]\nrate = 0.1", "verify"},
-		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\n[verify]\nrate = 0.1", "training"},
+		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\nholder = \"workers\"\n[verify]\nrate = 0.1", "training"},
 		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\nholder = \"submitter\"\n[verify]\nrate = 2", "verify"},
 		{`max_duration = "30m"`, "max_duration = \"30m\"\n[training]\nmode = \"diloco\"\nholder = \"submitter\"\n[verify]\nrate = 0.1\nshare = 1.5", "verify"},
 		// A greedy submitter's terms: everything held back, nothing checked.

@@ -814,11 +814,19 @@ func (b *fakeBlocks) Add(_ context.Context, path string, _ func(storage.Progress
 
 // fakeHolders is this machine as it would run a held job's holder: it
 // runs none.
-type fakeHolders struct{ machine string }
+type fakeHolders struct {
+	machine string
+	can     bool // CanHold says yes (Hold still fails)
+}
 
 var _ Holders = (*fakeHolders)(nil)
 
-func (f *fakeHolders) CanHold([]string) error { return errors.New("no sandbox in tests") }
+func (f *fakeHolders) CanHold([]string) error {
+	if f.can {
+		return nil
+	}
+	return errors.New("no sandbox in tests")
+}
 
 func (f *fakeHolders) Hold(p2p.Launch) error { return errors.New("no sandbox in tests") }
 

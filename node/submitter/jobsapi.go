@@ -54,6 +54,7 @@ func (m *Manager) Submit(ctx context.Context, req SubmitRequest) (*jobs.Job, err
 	if runCtx == nil {
 		return nil, &fault.Error{Kind: fault.Unavailable, Message: "the node is starting; try again"}
 	}
+	heldWhy := m.holdByDefault(spec)
 	if spec.Training.Held() {
 		if err := m.p.Holders.CanHold(spec.Command); err != nil {
 			return nil, &fault.Error{Kind: fault.Invalid, Field: "training.holder",
@@ -74,6 +75,9 @@ func (m *Manager) Submit(ctx context.Context, req SubmitRequest) (*jobs.Job, err
 	m.save(j)
 	m.logf(id, "submitted %s: %d %s of %s each", spec.Name, spec.Workers, units.Plural(spec.Workers, "worker", "workers"),
 		units.FormatResources(spec.Cores, spec.MemBytes, spec.GPUs))
+	if heldWhy != "" {
+		m.logf(id, "%s", heldWhy)
+	}
 	m.start(runCtx, j) // j is its goroutine's from here
 	// Wait for the quote (or the end).
 	snapshot := m.await(ctx, id, func(j *jobs.Job) bool {
@@ -83,6 +87,28 @@ func (m *Manager) Submit(ctx context.Context, req SubmitRequest) (*jobs.Job, err
 	})
 	placeIn(&snapshot, m.q.positions(time.Now()))
 	return &snapshot, nil
+}
+
+// holdByDefault settles who holds the model of a diloco job whose spec
+// does not say: this node, the submitter's, whenever it can run the
+// job's program as the holder (each worker then paid for its accepted
+// rounds, with spot checks on), else the workers. It says which, and why,
+// for the job's log; "" when the spec said.
+func (m *Manager) holdByDefault(spec *jobs.Spec) string {
+	t := spec.Training
+	if t == nil || t.Mode != "diloco" || t.Holder != "" {
+		return ""
+	}
+	if err := m.p.Holders.CanHold(spec.Command); err != nil {
+		t.Holder = p2p.HolderWorkers
+		return "the workers hold the model (this machine cannot run the job's program as the holder: " + err.Error() + ")"
+	}
+	t.Holder = p2p.HolderSubmitter
+	if t.Verify == nil {
+		t.Verify = t.DefaultVerify()
+	}
+	return fmt.Sprintf("this machine holds the model (the default for diloco): workers are paid for accepted rounds, "+
+		"spot checks replay %.3g of them", t.Verify.Rate)
 }
 
 // fitsSomewhere refuses at once a job one of whose workers no machine on

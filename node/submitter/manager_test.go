@@ -243,3 +243,45 @@ func TestInbox(t *testing.T) {
 		t.Errorf("took %v again", a)
 	}
 }
+
+// TestDiLoCoIsHeldByDefault: a diloco job whose spec names no holder is
+// held by its submitter's node when that node can run the holder, with
+// spot checks on, and by its workers when it cannot, each said in the
+// job's log; a spec that names one keeps it, and the bid carries what was
+// settled.
+func TestDiLoCoIsHeldByDefault(t *testing.T) {
+	h := newHarness(t, "a")
+	h.Market.Answer(h.PlaceOn("a"))
+	h.Holders.can = true
+	h.Start()
+	diloco := func(holder string) jobs.File {
+		f := h.Spec(1)
+		f.Training = &p2p.Training{Mode: "diloco", Holder: holder}
+		return f
+	}
+	j := h.Submit(diloco(""), false)
+	if tr := j.Spec.Training; !tr.Held() || tr.Verify == nil || tr.Verify.Rate < tr.MinVerifyRate() {
+		t.Errorf("a diloco job, the node able to hold it: %+v, want held with spot checks", tr)
+	}
+	if log := h.Log(j.ID); !strings.Contains(log, "this machine holds the model (the default for diloco)") {
+		t.Errorf("the job's log says nothing of its holder:\n%s", log)
+	}
+	if bids := h.Market.Bids(); len(bids) == 0 || !bids[len(bids)-1].Training.Held() {
+		t.Errorf("the bid's training terms: %+v, want held", bids)
+	}
+	if j := h.Submit(diloco(p2p.HolderWorkers), false); j.Spec.Training.Held() {
+		t.Errorf("holder = \"workers\": %+v, want the workers to hold", j.Spec.Training)
+	}
+
+	h.Holders.can = false
+	j = h.Submit(diloco(""), false)
+	if j.Spec.Training.Held() || j.Spec.Training.Holder != p2p.HolderWorkers {
+		t.Errorf("a node that cannot hold: %+v, want the workers to hold", j.Spec.Training)
+	}
+	if log := h.Log(j.ID); !strings.Contains(log, "the workers hold the model (this machine cannot run the job's program as the holder: no sandbox in tests)") {
+		t.Errorf("the job's log does not say why the workers hold:\n%s", log)
+	}
+	if _, err := h.M.Submit(t.Context(), SubmitRequest{Spec: diloco(p2p.HolderSubmitter)}); !isFault(err, fault.Invalid) {
+		t.Errorf("holder = \"submitter\" on a node that cannot: %v, want refused", err)
+	}
+}

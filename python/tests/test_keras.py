@@ -141,6 +141,26 @@ class KerasDiLoCoTest(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "diloco-state.npz")))  # done: removed
         self.assertTrue(os.path.isfile(os.path.join(self.tmp.name, "worker-0.json")))
 
+    def test_holder_process_refuses_to_train(self):
+        # A held job's program run as the holder (DM_ROLE=holder, the
+        # default for diloco when the submitting node can hold) that builds
+        # the worker's callback gets a clear error, not a silent worker.
+        import deepmarket.train as dmt
+
+        env = {"DM_ROLE": "holder", "DM_AVG_HOLDER": "127.0.0.1:1", "DM_AVG_HOLDER_RANKS": "127.0.0.1:1",
+               "DM_RANK": "1", "DM_WORLD_SIZE": "1", "DM_AVG_PEERS": "127.0.0.1:2"}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            with self.assertRaisesRegex(ValueError, "KerasHolder"):
+                dmt.DiLoCo(sync_every=5, log=lambda m: None)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
     def test_two_workers_converge_to_identical_weights(self):
         self.converge(rounds=8, sync_every=10, compress="int8")
 

@@ -71,6 +71,10 @@ class DiLoCo(_keras.callbacks.Callback):
         if compress == "none":
             compress = None
         self.peers = envmod.from_env(rank=rank, addrs=peers)
+        if self.peers.holder is not None and self.peers.rank == self.peers.holder:
+            raise ValueError("this process is the model's holder (DM_ROLE=holder), which trains nothing: when "
+                             "DM_ROLE is holder the program runs deepmarket.train.KerasHolder (or Holder) instead; "
+                             "or the job's spec says [training] holder = \"workers\"")
         self.sync_every = int(sync_every)
         self.verify = self.peers.holder is not None and float(os.environ.get("DM_VERIFY_RATE") or 0) > 0
         self.overlap = bool(overlap) and self.peers.world > 1 and not self.verify
