@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -57,7 +58,9 @@ runpy.run_path("hostile_worker.py", run_name="__main__")
 // few rounds until the submitter stopped the one that handed nothing in
 // and the holder dropped the other. Spot checks are on ([verify]): the
 // holder replays some of worker 0's rounds, which pass, so none of its pay
-// is held back. (With the holder's checks off the
+// is held back. The bid names the holder's validation batch by content
+// address, and the holder checks every update on that batch, as its
+// accounts say. (With the holder's checks off the
 // same poisoning worker is accepted and wrecks the model:
 // python/tests/test_held_training.py, which also catches a worker that
 // claims more steps than it took by its spot checks.)
@@ -69,23 +72,31 @@ func TestHeldDiLoCoPaysOnlyForAcceptedRounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := jobs.File{Name: "held", Framework: "tensorflow", Bundle: heldBundle(t),
+	bundle := heldBundle(t)
+	batch := filepath.Join(t.TempDir(), "validation.npz")
+	if out, err := exec.Command(py, filepath.Join(bundle, "train.py"), "--data", "/usr/share/datasets/fashion-mnist",
+		"--check-examples", "256", "--write-validation", batch).CombinedOutput(); err != nil {
+		t.Fatalf("the validation batch: %v\n%s", err, out)
+	}
+	spec := jobs.File{Name: "held", Framework: "tensorflow", Bundle: bundle,
 		Command: []string{"python3", "run.py", "1=lazy,2=scaled", "train.py", "--epochs", "3", "--steps-per-epoch", "60",
 			"--join-timeout", "30", "--round-timeout", "20", "--no-overlap"},
 		Dataset: "/usr/share/datasets/fashion-mnist", Workers: 3, Cores: 1, Memory: "2GiB", MaxPrice: "5", MaxDuration: "15m",
-		Training: &p2p.Training{Mode: "diloco", SyncEvery: 20, Compress: "int8", Holder: p2p.HolderSubmitter},
+		Training: &p2p.Training{Mode: "diloco", SyncEvery: 20, Compress: "int8", Holder: p2p.HolderSubmitter, Validation: batch},
 		Verify:   &jobs.VerifyFile{Rate: 0.5}}
 	j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: spec, Yes: true})
 	if err != nil {
 		t.Fatal(err)
 	}
+	batchCID := j.Spec.Training.Validation
 	j = waitJob(t, a, j.ID, 8*time.Minute)
 	log := jobLog(t, a, j.ID)
 	if j.State != jobs.Succeeded || len(j.Runs) != 1 {
 		t.Fatalf("the held job: %s (%s), %d run(s)\n%s", j.State, j.Reason, len(j.Runs), log)
 	}
 	for _, want := range []string{"[h] [holder] round 0: closing without rank(s) 1", "refused rank 2's update",
-		"rank 2 dropped", "the model's holder starts on this machine", "rank 0's spot check passed"} {
+		"rank 2 dropped", "the model's holder starts on this machine", "rank 0's spot check passed",
+		"adding the validation batch", "checking on the bid's validation batch " + batchCID + " (256 examples)"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("the log lacks %q\n%s", want, log)
 		}
@@ -115,6 +126,14 @@ func TestHeldDiLoCoPaysOnlyForAcceptedRounds(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(out, "model.keras")); err != nil {
 		t.Errorf("the holder's model: %v", err)
+	}
+	var accounts struct {
+		Validation string             `json:"validation"`
+		Checks     map[string]float64 `json:"checks"`
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "holder.json")); err != nil || json.Unmarshal(b, &accounts) != nil ||
+		!jobs.IsCID(batchCID) || accounts.Validation != batchCID || accounts.Checks["echo"] != p2p.DefaultChecks().Echo {
+		t.Errorf("the holder's accounts %s (%v): want checked on the bid's batch %q, by the bid's thresholds", b, err, batchCID)
 	}
 
 	// The honest machine is paid for its accepted rounds; the lazy and the

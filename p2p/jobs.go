@@ -92,6 +92,78 @@ type Training struct {
 	Holder string `cbor:"holder,omitempty" json:"holder,omitempty" toml:"holder"`
 	// Verify, in a held job, turns on spot checks (a job spec's [verify]).
 	Verify *Verify `cbor:"verify,omitempty" json:"verify,omitempty" toml:"-"`
+	// Checks, in a held job, are the thresholds its holder judges every
+	// update by ([training.checks]; the defaults when the spec names
+	// none): part of the signed bid, so what refuses a round is written
+	// where a referee reads it.
+	Checks *Checks `cbor:"checks,omitempty" json:"checks,omitempty" toml:"checks"`
+	// Validation, in a held job, is the content address of the batch the
+	// holder checks every update on (in a spec, the file's path): the
+	// holder loads it by that address (DM_VALIDATION), and a referee
+	// recomputes a contested check on the same batch.
+	Validation string `cbor:"validation,omitempty" json:"validation,omitempty" toml:"validation"`
+}
+
+// Checks are a held job's thresholds, as the deepmarket package's Holder
+// reads them (DM_CHECK_*). An update is refused when theta less it raises
+// the validation loss by more than Tolerance (relative), when its norm is
+// over NormFactor times the round's median, when it repeats the last
+// global update (cosine similarity over Echo), when it leans on it (over
+// Residual) and the rest of it does not lower the loss, or when it
+// duplicates another worker's (over Duplicate).
+type Checks struct {
+	Tolerance  float64 `cbor:"tolerance" json:"tolerance" toml:"tolerance"`
+	NormFactor float64 `cbor:"norm_factor" json:"norm_factor" toml:"norm_factor"`
+	Echo       float64 `cbor:"echo" json:"echo" toml:"echo"`
+	Residual   float64 `cbor:"residual" json:"residual" toml:"residual"`
+	Duplicate  float64 `cbor:"duplicate" json:"duplicate" toml:"duplicate"`
+}
+
+// DefaultChecks are the Holder's own defaults.
+func DefaultChecks() *Checks {
+	return &Checks{Tolerance: 0.1, NormFactor: 10, Echo: 0.98, Residual: 0.9, Duplicate: 0.98}
+}
+
+// Bounds of a held job's thresholds: none may make refusing an honest
+// update the rule (a similarity bound of 0 refuses every update that
+// points the way the model went, a tolerance of 0 every noisy one).
+const (
+	MinCheckTolerance  = 0.01
+	MinCheckNormFactor = 2
+	MaxCheckNormFactor = 1000
+	MinCheckSimilarity = 0.9 // echo and duplicate
+	MinCheckResidual   = 0.5
+)
+
+// Validate checks the thresholds against their bounds.
+func (c *Checks) Validate() error {
+	in := func(v, lo, hi float64) bool { return v >= lo && v <= hi } // NaN: false
+	switch {
+	case !in(c.Tolerance, MinCheckTolerance, 1):
+		return rangeErr("checks tolerance %g (want %g to 1: the relative rise in validation loss allowed)", c.Tolerance, MinCheckTolerance)
+	case !in(c.NormFactor, MinCheckNormFactor, MaxCheckNormFactor):
+		return rangeErr("checks norm_factor %g (want %g to %g)", c.NormFactor, float64(MinCheckNormFactor), float64(MaxCheckNormFactor))
+	case !in(c.Echo, MinCheckSimilarity, 1):
+		return rangeErr("checks echo %g (want %g to 1)", c.Echo, MinCheckSimilarity)
+	case !in(c.Residual, MinCheckResidual, 1):
+		return rangeErr("checks residual %g (want %g to 1)", c.Residual, MinCheckResidual)
+	case !in(c.Duplicate, MinCheckSimilarity, 1):
+		return rangeErr("checks duplicate %g (want %g to 1)", c.Duplicate, MinCheckSimilarity)
+	}
+	return nil
+}
+
+// MaxValidationLen bounds a training block's validation address (or, in
+// a spec, path).
+const MaxValidationLen = 4096
+
+// ValidateInputs checks what a training block names by content address,
+// as a bid or a launch carries it: the validation batch is a CID.
+func (t *Training) ValidateInputs() error {
+	if t != nil && t.Validation != "" && !cidRE.MatchString(t.Validation) {
+		return rangeErr("validation batch CID %q", t.Validation)
+	}
+	return nil
 }
 
 // Verify is a held job's spot checks: every worker commits to its state at
@@ -164,6 +236,30 @@ func (t *Training) DefaultVerify() *Verify {
 	return &Verify{Rate: min(1, max(UnknownRoundsVerifyRate, t.MinVerifyRate())), Share: DefaultVerifyShare, Tolerance: DefaultVerifyTolerance}
 }
 
+// FillHeld gives a held job the spot checks and thresholds it does not
+// name: DefaultVerify and DefaultChecks. Not held: nothing.
+func (t *Training) FillHeld() {
+	if !t.Held() {
+		return
+	}
+	if t.Verify == nil {
+		t.Verify = t.DefaultVerify()
+	}
+	d := DefaultChecks()
+	if t.Checks == nil {
+		t.Checks = d
+		return
+	}
+	c := *t.Checks // those it names; none is 0 when valid, so 0 is unnamed
+	for _, f := range []struct{ v, d *float64 }{{&c.Tolerance, &d.Tolerance}, {&c.NormFactor, &d.NormFactor},
+		{&c.Echo, &d.Echo}, {&c.Residual, &d.Residual}, {&c.Duplicate, &d.Duplicate}} {
+		if *f.v == 0 {
+			*f.v = *f.d
+		}
+	}
+	t.Checks = &c
+}
+
 // Held says whether the job's submitter holds the model (Holder).
 func (t *Training) Held() bool { return t != nil && t.Holder == HolderSubmitter }
 
@@ -220,6 +316,12 @@ func (t *Training) Validate() error {
 		return rangeErr("holder = \"submitter\" applies to mode diloco only")
 	case t.Verify != nil && !t.Held():
 		return rangeErr("spot checks ([verify]) need a held job: [training] mode = \"diloco\", holder = \"submitter\"")
+	case t.Checks != nil && !t.Held():
+		return rangeErr("checks ([training.checks]) need a held job: holder = \"submitter\"")
+	case t.Validation != "" && !t.Held():
+		return rangeErr("a validation batch needs a held job: holder = \"submitter\"")
+	case len(t.Validation) > MaxValidationLen:
+		return rangeErr("validation: %d bytes (want at most %d)", len(t.Validation), MaxValidationLen)
 	case len(t.StepsRatio) > MaxStepsRatio:
 		return rangeErr("steps_ratio has %d values (want at most %d)", len(t.StepsRatio), MaxStepsRatio)
 	}
@@ -227,6 +329,11 @@ func (t *Training) Validate() error {
 		k := float64(i + 1)
 		if !(r >= 1/k && r <= 1) || (i == 0 && r != 1) {
 			return rangeErr("steps_ratio[%d] = %g (want 1 for 1 worker, 1/%d to 1 for %d)", i, r, i+1, i+1)
+		}
+	}
+	if t.Checks != nil {
+		if err := t.Checks.Validate(); err != nil {
+			return err
 		}
 	}
 	if t.Verify != nil {
@@ -261,6 +368,14 @@ func (t *Training) Env() []string {
 			"DM_VERIFY_SHARE="+strconv.FormatFloat(v.Share, 'g', -1, 64),
 			"DM_VERIFY_TOLERANCE="+strconv.FormatFloat(v.Tolerance, 'g', -1, 64))
 	}
+	if c := t.Checks; c != nil {
+		f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+		env = append(env, "DM_CHECK_TOLERANCE="+f(c.Tolerance), "DM_CHECK_NORM_FACTOR="+f(c.NormFactor),
+			"DM_CHECK_ECHO="+f(c.Echo), "DM_CHECK_RESIDUAL="+f(c.Residual), "DM_CHECK_DUPLICATE="+f(c.Duplicate))
+	}
+	if t.Validation != "" {
+		env = append(env, "DM_VALIDATION_CID="+t.Validation)
+	}
 	return env
 }
 
@@ -292,6 +407,9 @@ func (l *Launch) Validate() error {
 	}
 	if l.Training != nil {
 		if err := l.Training.Validate(); err != nil {
+			return err
+		}
+		if err := l.Training.ValidateInputs(); err != nil {
 			return err
 		}
 	}

@@ -300,6 +300,9 @@ func (b *Bid) Validate() error {
 		if err := b.Training.Validate(); err != nil {
 			return err
 		}
+		if err := b.Training.ValidateInputs(); err != nil {
+			return err
+		}
 	}
 	if b.Floor != 0 && !(b.Floor >= MinFloor && b.Floor <= 1) {
 		return rangeErr("floor %g (want %g to 1)", b.Floor, MinFloor)

@@ -65,6 +65,56 @@ func TestTrainingVerify(t *testing.T) {
 	}
 }
 
+// A held job's thresholds and validation batch are part of its bid,
+// within bounds that keep refusing from being the rule; they reach the
+// holder as DM_CHECK_* and DM_VALIDATION_CID. FillHeld gives the defaults
+// of those a spec leaves out.
+func TestTrainingChecks(t *testing.T) {
+	const batch = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
+	held := Training{Mode: "diloco", Holder: HolderSubmitter, Checks: &Checks{Echo: 0.95}, Validation: batch}
+	held.FillHeld()
+	if *held.Checks != (Checks{Tolerance: 0.1, NormFactor: 10, Echo: 0.95, Residual: 0.9, Duplicate: 0.98}) || held.Verify == nil {
+		t.Fatalf("FillHeld: %+v %+v", *held.Checks, held.Verify)
+	}
+	if err := held.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := held.ValidateInputs(); err != nil {
+		t.Fatal(err)
+	}
+	env := held.Env()
+	for _, want := range []string{"DM_CHECK_ECHO=0.95", "DM_CHECK_TOLERANCE=0.1", "DM_CHECK_NORM_FACTOR=10", "DM_VALIDATION_CID=" + batch} {
+		if !slices.Contains(env, want) {
+			t.Errorf("env %v lacks %s", env, want)
+		}
+	}
+	bad := func(c Checks) Training {
+		return Training{Mode: "diloco", Holder: HolderSubmitter, Checks: &c}
+	}
+	d := *DefaultChecks()
+	for _, tr := range []Training{
+		{Mode: "diloco", Checks: DefaultChecks()},    // not held
+		{Mode: "diloco", Validation: batch},          // not held
+		bad(Checks{0, 10, 0.98, 0.9, 0.98}),          // refuses every noisy update
+		bad(Checks{0.1, 10, 0, 0.9, 0.98}),           // refuses every update that points the model's way
+		bad(Checks{0.1, 10, 0.98, 0.9, 0.5}),         // refuses workers that agree
+		bad(Checks{0.1, 1, 0.98, 0.9, 0.98}),         // refuses any update over the median
+		bad(Checks{0.1, 10, 0.98, 0.1, 0.98}),        // refuses most of a converging run
+		bad(Checks{math.NaN(), 10, 0.98, 0.9, 0.98}), // NaN
+	} {
+		if err := tr.Validate(); err == nil {
+			t.Errorf("%+v %+v: no error", tr, tr.Checks)
+		}
+	}
+	if tr := bad(d); tr.Validate() != nil {
+		t.Errorf("the defaults: %v", tr.Validate())
+	}
+	notCID := Training{Mode: "diloco", Holder: HolderSubmitter, Validation: "/home/me/val.npz"}
+	if err := notCID.ValidateInputs(); err == nil {
+		t.Error("a bid naming its validation batch by path: no error")
+	}
+}
+
 // A machine's progress report out of bounds (NaN, an accuracy over 1, a
 // count past the bound) is refused with its status: the submitter takes
 // it as no answer.

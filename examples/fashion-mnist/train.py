@@ -109,6 +109,10 @@ def parse_args(argv=None):
                    help="diloco: how long a round waits for a silent worker, in seconds")
     p.add_argument("--check-examples", type=int, default=512,
                    help="diloco, held: the training examples the holder checks every update on")
+    p.add_argument("--write-validation", metavar="FILE", default=None,
+                   help="write the holder's validation batch (--check-examples training examples, as x and y "
+                        "in an .npz) to FILE and exit: name it in the job's [training] validation, and the "
+                        "holder checks on it by its content address")
     p.add_argument("--no-checks", action="store_true",
                    help="diloco, held: the holder averages every update unchecked (to measure what the checks do)")
     p.add_argument("--verify-rate", type=float, default=float(env.get("DM_VERIFY_RATE") or 0),
@@ -373,26 +377,33 @@ def train_batches(tf, x_train, y_train, seed, batch):
             .batch(batch, drop_remainder=True))
 
 
+def validation_pick(args, x_train, y_train):
+    """The holder's own validation batch: --check-examples training
+    examples, picked with --seed."""
+    import numpy as np
+
+    rng = np.random.default_rng(args.seed + 7)
+    pick = rng.choice(len(x_train), size=min(args.check_examples, len(x_train)), replace=False)
+    return x_train[pick], y_train[pick]
+
+
 def hold(args, tf, keras, dmt, model, x_train, y_train, test_ds, rounds, steps, workers, tag, local_batch):
     """The holder's side of a held diloco job: keeps the model, checks the
     workers' updates on --check-examples training examples of its own, and
     evaluates every --eval-every steps (else every epoch). With spot checks
     it replays a worker's round on the batches that worker's pipeline gives."""
-    import numpy as np
-
     def batches(rank, cursor, n):
         ds = train_batches(tf, x_train, y_train, args.seed + rank, local_batch)
         return ds.skip(cursor).take(n).as_numpy_iterator()
 
-    rng = np.random.default_rng(args.seed + 7)
-    pick = rng.choice(len(x_train), size=min(args.check_examples, len(x_train)), replace=False)
+    x_check, y_check = validation_pick(args, x_train, y_train)  # the bid's batch instead, when it names one
     per_round = args.sync_every
     every = max(1, (args.eval_every or steps) // per_round)
 
     def evaluate(m):
         return m.evaluate(test_ds, verbose=0)
 
-    holder = dmt.KerasHolder(model, x_train[pick], y_train[pick], rounds, evaluate=evaluate, eval_every=every,
+    holder = dmt.KerasHolder(model, x_check, y_check, rounds, evaluate=evaluate, eval_every=every,
                              target=args.target_accuracy, sync_every=args.sync_every,
                              compress=args.compress, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
                              checks=not args.no_checks, join_timeout=args.join_timeout,
@@ -439,6 +450,13 @@ def main(argv=None):
         print("train.py: error: cannot read the data set: %s" % e, file=sys.stderr)
         return 2
     t_data = time.time() - t_data0
+    if args.write_validation:
+        x, y = validation_pick(args, x_train, y_train)
+        import numpy as np
+        with open(args.write_validation, "wb") as f:
+            np.savez(f, x=x, y=y)
+        log("wrote the validation batch: %d examples to %s" % (len(x), args.write_validation))
+        return 0
 
     t_tf0 = time.time()
     import tensorflow as tf

@@ -316,9 +316,7 @@ func (f *File) validateTraining(s *Spec) error {
 			t.Verify.Tolerance = *v.Tolerance
 		}
 	}
-	if t.Held() && t.Verify == nil {
-		t.Verify = t.DefaultVerify()
-	}
+	t.FillHeld()
 	if err := t.Validate(); err != nil {
 		msg := strings.TrimPrefix(err.Error(), p2p.ErrOutOfRange.Error()+": ")
 		if strings.HasPrefix(msg, "verify ") {
@@ -338,6 +336,14 @@ func (f *File) validateInputs(s *Spec, baseDir string) (err error) {
 	}
 	if s.Dataset, err = resolveInput("dataset", f.Dataset, baseDir, false); err != nil {
 		return err
+	}
+	if t := s.Training; t != nil && t.Validation != "" {
+		v, err := resolveFile("training.validation", t.Validation, baseDir)
+		if err != nil {
+			return err
+		}
+		c := *t // the spec's block is the caller's
+		c.Validation, s.Training = v, &c
 	}
 	if err := checkProgram(s.Command[0], s.Bundle); err != nil {
 		return err
@@ -417,6 +423,36 @@ func IsCID(s string) bool {
 	_, err := cid.Decode(s)
 	return err == nil
 }
+
+// resolveFile resolves v, a file's path (relative to baseDir) or a CID,
+// for key: the path made absolute, or the CID as is. The file must be a
+// regular one of at most MaxValidationBytes.
+func resolveFile(key, v, baseDir string) (string, error) {
+	if IsCID(v) {
+		return v, nil
+	}
+	p := v
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(baseDir, p)
+	}
+	st, err := os.Stat(p)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return "", bad(key, "%s: no such file (and not a CID)", p)
+	case err != nil:
+		return "", bad(key, "%v", err)
+	case !st.Mode().IsRegular():
+		return "", bad(key, "%s is not a regular file", p)
+	case st.Size() > MaxValidationBytes:
+		return "", bad(key, "%s is %s (want at most %s: a batch every update is checked on)", p,
+			units.FormatSize(uint64(st.Size())), units.FormatSize(MaxValidationBytes))
+	}
+	return filepath.Clean(p), nil
+}
+
+// MaxValidationBytes bounds a held job's validation batch: the holder
+// runs it forward once per update, and a referee fetches it.
+const MaxValidationBytes = 256 << 20
 
 func resolveInput(key, v, baseDir string, required bool) (string, error) {
 	if v == "" {

@@ -71,6 +71,26 @@ func TestParseSpec(t *testing.T) {
 	if s, err := ParseSpec([]byte(good+"[training]\nmode = \"diloco\"\n[verify]\nrate = 0.25\n"), dir); err != nil || !s.Training.Held() {
 		t.Errorf("[verify] without a holder: %v %+v", err, s)
 	}
+	// A held job's validation batch is a file (its path made absolute, or
+	// a CID), and its thresholds are those named, the rest the defaults.
+	if err := os.WriteFile(filepath.Join(dir, "val.npz"), []byte("batch"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	withBatch := good + "[training]\nmode = \"diloco\"\nholder = \"submitter\"\nvalidation = \"val.npz\"\n[training.checks]\necho = 0.95\n"
+	if s, err := ParseSpec([]byte(withBatch), dir); err != nil || s.Training.Validation != filepath.Join(dir, "val.npz") ||
+		s.Training.Checks == nil || s.Training.Checks.Echo != 0.95 || s.Training.Checks.Tolerance != p2p.DefaultChecks().Tolerance {
+		t.Errorf("[training] validation and checks: %v %+v", err, s)
+	}
+	for _, v := range []string{"missing.npz", "."} {
+		spec := strings.Replace(withBatch, "val.npz", v, 1)
+		if _, err := ParseSpec([]byte(spec), dir); err == nil || !strings.Contains(err.Error(), "training.validation") {
+			t.Errorf("validation = %q: %v, want refused", v, err)
+		}
+	}
+	if _, err := ParseSpec([]byte(strings.Replace(withBatch, "echo = 0.95", "echo = 0.2", 1)), dir); err == nil ||
+		!strings.Contains(err.Error(), "checks echo") {
+		t.Errorf("echo = 0.2: %v, want refused", err)
+	}
 	// Measured statistics better than perfect scaling are refused.
 	if _, err := ParseSpec([]byte(good+"[training]\nsteps_ratio = [1, 0.3]\n"), dir); err == nil || !strings.Contains(err.Error(), "steps_ratio") {
 		t.Errorf("steps_ratio [1, 0.3]: %v", err)

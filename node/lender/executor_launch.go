@@ -175,6 +175,9 @@ func (e *Executor) awaitEscrow(ctx context.Context, run string) (*ledger.Escrow,
 // checkInputs checks that the launch's inputs are CIDs and that its
 // command is one this machine runs.
 func (e *Executor) checkInputs(l p2p.Launch) error {
+	if err := l.Training.ValidateInputs(); err != nil {
+		return err
+	}
 	for _, c := range []string{l.Bundle, l.Dataset, l.Resume} {
 		if c != "" {
 			if _, err := cid.Decode(c); err != nil {

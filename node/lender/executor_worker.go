@@ -141,8 +141,13 @@ func (e *Executor) prepareDir(w *worker) error {
 	return nil
 }
 
+// validationDir is where a held job's holder finds its validation batch,
+// in its dir: the file by its CID.
+const validationDir = "validation"
+
 // fetchInputs fetches the worker's inputs by CID into its dir: the bundle,
-// the dataset and, for the chief, the checkpoint the run resumes from.
+// the dataset, for the holder its validation batch, and, for the chief,
+// the checkpoint the run resumes from.
 func (e *Executor) fetchInputs(ctx context.Context, w *worker) error {
 	l := w.l
 	fetch := func(c, into string) error {
@@ -166,6 +171,11 @@ func (e *Executor) fetchInputs(ctx context.Context, w *worker) error {
 	}
 	if err := fetch(l.Dataset, filepath.Join(w.dir, "data")); err != nil {
 		return fmt.Errorf("fetch dataset: %w", err)
+	}
+	if w.holder && l.Training != nil {
+		if err := fetch(l.Training.Validation, filepath.Join(w.dir, validationDir)); err != nil {
+			return fmt.Errorf("fetch validation batch: %w", err)
+		}
 	}
 	if l.Index == 0 {
 		if err := fetch(l.Resume, filepath.Join(w.dir, "out")); err != nil {
@@ -205,6 +215,9 @@ func (e *Executor) buildEnv(w *worker) []string {
 			ranks[j] = "127.0.0.1:" + strconv.Itoa(holderPort(j))
 		}
 		env = append(env, "DM_ROLE=holder", "DM_AVG_HOLDER="+ranks[0], "DM_AVG_HOLDER_RANKS="+strings.Join(ranks, ","))
+		if v := l.Training.Validation; v != "" {
+			env = append(env, "DM_VALIDATION="+filepath.Join(w.dir, validationDir, v)) // FetchInto: a file root is dir/<cid>
+		}
 	} else {
 		if l.Training.Held() {
 			env = append(env, "DM_AVG_HOLDER=127.0.0.1:"+strconv.Itoa(holderPort(l.Index)))

@@ -104,9 +104,7 @@ func (m *Manager) holdByDefault(spec *jobs.Spec) string {
 		return "the workers hold the model (this machine cannot run the job's program as the holder: " + err.Error() + ")"
 	}
 	t.Holder = p2p.HolderSubmitter
-	if t.Verify == nil {
-		t.Verify = t.DefaultVerify()
-	}
+	t.FillHeld()
 	return fmt.Sprintf("this machine holds the model (the default for diloco): workers are paid for accepted rounds, "+
 		"spot checks replay %.3g of them", t.Verify.Rate)
 }

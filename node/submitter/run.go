@@ -143,6 +143,14 @@ func (m *Manager) addInputs(ctx context.Context, j *job) error {
 	if err != nil {
 		return err
 	}
+	if t := j.Spec.Training; t != nil && t.Validation != "" {
+		v, err := add("validation batch", t.Validation)
+		if err != nil {
+			return err
+		}
+		c := *t // the bid and the launches carry its address
+		c.Validation, j.Spec.Training = v, &c
+	}
 	j.BundleCID, j.DatasetCID = b, d
 	m.save(j)
 	if !m.move(j, jobs.Quoting, "") {

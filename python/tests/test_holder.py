@@ -17,8 +17,10 @@ unanswered forfeits its pay; with spot checks off, the shirker is paid.
 test_keras_holder.py runs the same between real Keras processes.
 """
 
+import json
 import os
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -31,7 +33,7 @@ import numpy as np
 
 from deepmarket.train import Averager, Peers
 from deepmarket.train.averager import Dropped, HolderGone
-from deepmarket.train.holder import Holder
+from deepmarket.train.holder import Holder, validation_batch
 from test_averager import free_addrs
 
 D = 40          # features
@@ -474,6 +476,36 @@ class HolderTest(unittest.TestCase):
         addrs = free_addrs(2)
         with self.assertRaises(ValueError):
             Holder(Peers(0, addrs, "test", holder=1), H)
+
+    def test_the_bids_thresholds_rule(self):
+        # What the signed bid names (DM_CHECK_*) is what the holder judges
+        # by, over what the program gives; then what it gives; then the
+        # defaults. Its accounts say which, and the batch's address.
+        addrs = free_addrs(2)
+        bid = {"DM_CHECK_ECHO": "0.95", "DM_CHECK_TOLERANCE": "0.2", "DM_VALIDATION_CID": "bafkreiexample"}
+        h = Holder(Peers(1, addrs, "test", holder=1), H, echo=0.5, duplicate=0.99, environ=bid, log=lambda m: None)
+        self.assertEqual((h.echo, h.tolerance, h.duplicate, h.residual, h.norm_factor), (0.95, 0.2, 0.99, 0.9, 10.0))
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "holder.json")
+            h.write_accounts(path)
+            with open(path) as f:
+                doc = json.load(f)
+        self.assertEqual(doc["checks"]["echo"], 0.95)
+        self.assertEqual(doc["validation"], "bafkreiexample")
+        plain = Holder(Peers(1, addrs, "test", holder=1), H, environ={}, log=lambda m: None)
+        self.assertEqual((plain.echo, plain.tolerance), (0.98, 0.1))
+        with self.assertRaises(ValueError):
+            Holder(Peers(1, addrs, "test", holder=1), H, environ={"DM_CHECK_ECHO": "high"}, log=lambda m: None)
+
+    def test_the_validation_batch_is_the_bids(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "batch.npz")
+            np.savez(path, x=np.ones((4, 2), np.float32), y=np.arange(4))
+            got = validation_batch({"DM_VALIDATION": path, "DM_VALIDATION_CID": "bafkreiexample"})
+            np.testing.assert_array_equal(got["y"], np.arange(4))
+        self.assertIsNone(validation_batch({}))
+        with self.assertRaisesRegex(ValueError, "no DM_VALIDATION"):
+            validation_batch({"DM_VALIDATION_CID": "bafkreiexample"})
 
 
 if __name__ == "__main__":

@@ -90,12 +90,48 @@ import numpy as np
 from .averager import Averager, Sync
 
 
+# The thresholds' defaults: the node's (p2p.DefaultChecks).
+CHECK_DEFAULTS = {"tolerance": 0.1, "norm_factor": 10.0, "echo": 0.98, "residual": 0.9, "duplicate": 0.98}
+
+
+def bid_checks(environ):
+    """The thresholds the job's signed bid names (DM_CHECK_*, set by the
+    node in a held job): {name: value} for those given."""
+    out = {}
+    for name in CHECK_DEFAULTS:
+        v = environ.get("DM_CHECK_" + name.upper())
+        if v:
+            try:
+                out[name] = float(v)
+            except ValueError:
+                raise ValueError("DM_CHECK_%s=%r: want a number" % (name.upper(), v))
+    return out
+
+
+def validation_batch(environ=None):
+    """The validation batch the job's bid names by content address, as the
+    node placed it for the holder (DM_VALIDATION, the file the node fetched
+    by DM_VALIDATION_CID): the arrays of its .npz, {name: array}; None when
+    the bid names none. A referee recomputing a contested check loads the
+    same bytes."""
+    env = os.environ if environ is None else environ
+    path = env.get("DM_VALIDATION")
+    if not path:
+        if env.get("DM_VALIDATION_CID"):
+            raise ValueError("the bid names validation batch %s but the node gave no DM_VALIDATION" % env["DM_VALIDATION_CID"])
+        return None
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
 class Holder(Averager):
     """Holder(peers, sync_every, check=fn, ...) runs the holder's rank.
 
     peers.rank must be peers.holder. check(theta) -> validation loss (None:
     no loss check; the cheap checks still apply unless checks=False).
-    tolerance (0.1): a delta is refused if the loss of theta - delta is over
+    The thresholds below are the job's signed bid's when it names them
+    (DM_CHECK_*, [training.checks] in its spec), then those given, then the
+    defaults (CHECK_DEFAULTS). tolerance (0.1): a delta is refused if the loss of theta - delta is over
     loss(theta) * (1 + tolerance); norm_factor (10); echo (0.98); residual
     (0.9: a delta whose cosine similarity with the last global update is
     over it must do work beyond that update: its residual, the delta less
@@ -113,16 +149,26 @@ class Holder(Averager):
     to stop; close() ends it.
     """
 
-    def __init__(self, peers, sync_every, check=None, checks=True, tolerance=0.1, norm_factor=10.0, echo=0.98,
-                 residual=0.9, duplicate=0.98, drop_after=3, pay_cap=2.0, verify_rate=0.0, verify_share=0.2,
-                 verify_tolerance=0.1, replay=None, **kw):
+    def __init__(self, peers, sync_every, check=None, checks=True, tolerance=None, norm_factor=None, echo=None,
+                 residual=None, duplicate=None, drop_after=3, pay_cap=2.0, verify_rate=0.0, verify_share=0.2,
+                 verify_tolerance=0.1, replay=None, environ=None, **kw):
         if peers.holder is None or peers.rank != peers.holder:
             raise ValueError("the holder runs as the holder's rank (%r), not rank %d" % (peers.holder, peers.rank))
         super().__init__(peers, sync_every, **kw)
         self.check = check if checks else None
         self.checks = bool(checks)
-        self.tolerance, self.norm_factor, self.echo = float(tolerance), float(norm_factor), float(echo)
-        self.residual, self.duplicate = float(residual), float(duplicate)
+        terms = bid_checks(os.environ if environ is None else environ)
+        given = {"tolerance": tolerance, "norm_factor": norm_factor, "echo": echo, "residual": residual,
+                 "duplicate": duplicate}
+        for name, v in given.items():
+            if name in terms and v is not None and float(v) != terms[name]:
+                self._log("the job's bid says %s = %g: it rules over the %g given" % (name, terms[name], float(v)))
+        th = dict(CHECK_DEFAULTS)
+        th.update({k: float(v) for k, v in given.items() if v is not None})
+        th.update(terms)
+        self.tolerance, self.norm_factor, self.echo = th["tolerance"], th["norm_factor"], th["echo"]
+        self.residual, self.duplicate = th["residual"], th["duplicate"]
+        self.validation = (os.environ if environ is None else environ).get("DM_VALIDATION_CID")
         self.drop_after = int(drop_after)
         self.pay_cap = float(pay_cap)
         self._check_lock = threading.Lock()
@@ -191,7 +237,11 @@ class Holder(Averager):
 
     def write_accounts(self, path):
         """Writes accounts() (and the holder's round and check time) to path, atomically."""
-        doc = {"round": self.round, "check_seconds": round(self.check_seconds, 3), "workers": self.accounts()}
+        doc = {"round": self.round, "check_seconds": round(self.check_seconds, 3), "workers": self.accounts(),
+               "checks": {"tolerance": self.tolerance, "norm_factor": self.norm_factor, "echo": self.echo,
+                          "residual": self.residual, "duplicate": self.duplicate}}
+        if self.validation:
+            doc["validation"] = self.validation  # the batch's content address, as the bid names it
         if self.verify_rate > 0:
             doc["verify"] = {"rate": self.verify_rate, "share": self.verify_share,
                              "tolerance": self.verify_tolerance, "replay_seconds": round(self.replay_seconds, 3)}

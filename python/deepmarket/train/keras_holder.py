@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import progress
 from . import env as envmod
-from .holder import Holder
+from .holder import Holder, validation_batch
 from .keras_callback import _flatten, _keras, _unflatten, load_optimizer_state
 
 
@@ -26,7 +26,9 @@ class KerasHolder:
 
     model: compiled like the workers' (same weights, same order). x_val,
     y_val: the validation batch every update is checked on (a few hundred
-    examples keep a check to tens of milliseconds). rounds: the rounds the
+    examples keep a check to tens of milliseconds); when the job's bid
+    names one by content address ([training] validation, an .npz of x and
+    y), that one is used instead, so a referee can check on the same. rounds: the rounds the
     workers run (they stop there). evaluate(model) -> (loss, accuracy),
     called every eval_every rounds on the global weights; target (None):
     stop every worker once accuracy reaches it. sync_every, compress,
@@ -45,7 +47,7 @@ class KerasHolder:
     """
 
     def __init__(self, model, x_val, y_val, rounds, evaluate=None, eval_every=1, target=None, sync_every=None,
-                 compress=None, outer_lr=0.7, outer_momentum=0.9, checks=True, tolerance=0.1, drop_after=3,
+                 compress=None, outer_lr=0.7, outer_momentum=0.9, checks=True, tolerance=None, drop_after=3,
                  timeout=60.0, join_timeout=300.0, out_dir=None, log=None, batches=None, verify_rate=None,
                  verify_share=None, verify_tolerance=None):
         import tensorflow as tf
@@ -67,6 +69,18 @@ class KerasHolder:
         trainable = {id(v) for v in model.trainable_weights}
         self._mask = np.concatenate([np.full(int(np.prod(v.shape)), id(v) in trainable, dtype=bool)
                                      for v in model.weights])
+        named = validation_batch()
+        if named is not None:  # the bid's batch, by its content address
+            if "x" not in named or "y" not in named:
+                raise ValueError("the validation batch %s has arrays %s: want x and y"
+                                 % (os.environ.get("DM_VALIDATION_CID"), sorted(named)))
+            if x_val is not None:
+                self._log("checking on the bid's validation batch %s (%d examples), not the one given"
+                          % (os.environ.get("DM_VALIDATION_CID"), len(named["x"])))
+            x_val, y_val = named["x"], named["y"]
+        elif x_val is None or y_val is None:
+            raise ValueError("no validation batch: give x_val and y_val, or name one in the job's [training] validation")
+        self.validation = os.environ.get("DM_VALIDATION_CID")  # None: the program's own, not addressed
         xv, yv = tf.constant(x_val), tf.constant(y_val)
         loss_fn = model.loss if callable(model.loss) else tf.keras.losses.get(model.loss)
 
