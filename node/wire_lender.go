@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
@@ -81,12 +80,9 @@ func startLending(c Config, d lendingDeps) (lending, error) {
 	l.holds = lender.NewHolds(l.lender.Lent, lender.HoldLimits{PerBidder: mc.HoldsPerBidder, PerScheduler: mc.HoldsPerScheduler,
 		LaunchWithin: mc.LaunchWithin.Duration}, l.lender.Refresh)
 	me := string(d.key.Address())
-	l.holds.SetEscrowed(func(job, account string, cost uint64) bool {
+	l.holds.SetEscrowed(func(job, account string, cost, charge uint64) bool {
 		e, ok := d.escrowOf(job)
-		if !ok || e.Payer != account || !slices.Contains(e.Payees, me) {
-			return false
-		}
-		return cost == 0 || e.Settled == 0 && e.Amount >= cost
+		return ok && lender.EscrowBacks(e, me, account, cost, charge)
 	})
 	l.desk = lender.NewDesk(d.admission, l.holds)
 	return l, nil

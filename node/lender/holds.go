@@ -40,7 +40,7 @@ type Holds struct {
 	changed func()
 	// escrowed says whether account has an escrow open for job that pays
 	// this machine at least cost (SetEscrowed); nil: nobody has.
-	escrowed func(job, account string, cost uint64) bool
+	escrowed func(job, account string, cost, charge uint64) bool
 	// streaks are, by account, its last streak of unlaunched holds here
 	// that has ended, kept for streakGap: a hold taken again within it
 	// continues the streak (graceFrom).
@@ -75,16 +75,20 @@ type HoldLimits struct {
 }
 
 // Grace periods after which another account's request may take a
-// hold's place (Holds.preemptLocked): an honest scheduler's hold is
-// committed within its quote window (10 s) and the bidder's escrow is
-// open a block or two after the commit.
+// hold's place (Holds.preemptLocked). They bound what an insider's holds
+// delay an honest job by (the goal: 10 s): an honest scheduler's hold is
+// committed once its bidder has gathered its quotes (2 s as a rule, 10 s
+// at most), and the bidder's escrow is open a block or two after the
+// commit. A hold that outlives them is taken only by a request that
+// cannot fit otherwise: an honest bidder slower than that loses its
+// holds only to a market that wants the capacity, and quotes again.
 const (
 	// TentativeGrace is how long an uncommitted hold keeps its capacity
 	// against other accounts.
-	TentativeGrace = 15 * time.Second
+	TentativeGrace = 6 * time.Second
 	// EscrowWithin is how long a committed hold keeps its capacity
 	// against other accounts without an escrow that pays this machine.
-	EscrowWithin = 20 * time.Second
+	EscrowWithin = 8 * time.Second
 )
 
 func (l HoldLimits) withDefaults() HoldLimits {
@@ -169,7 +173,7 @@ func (h *Holds) dropLocked(id string, end time.Time, charge bool) {
 	if x.launched || x.account == "" {
 		return
 	}
-	if charge && x.receipt != nil && h.charges != nil && h.escrowed != nil && h.escrowed(x.job, x.account, 0) {
+	if charge && x.receipt != nil && h.charges != nil && h.escrowed != nil && h.escrowed(x.job, x.account, 0, 0) {
 		// Kept (or retried) by the claim service, which logs what it cannot store.
 		_ = h.charges.Keep(*x.receipt)
 	}
@@ -247,12 +251,13 @@ func (h *Holds) commitReceiptLocked(x *hold, from peer.ID, r *p2p.Receipt) (*led
 }
 
 // SetEscrowed tells the book how to see a committed hold's money:
-// escrowed reports whether account has an escrow open for job that pays
-// this machine, unsettled and holding at least cost; with cost 0, whether
-// it has one open at all, settled or not, that a receipt may still be
-// lodged against (read from this machine's ledger replica, under the
-// book's lock).
-func (h *Holds) SetEscrowed(escrowed func(job, account string, cost uint64) bool) {
+// escrowed reports whether account has an escrow open for job that backs
+// this machine's hold (EscrowBacks: it pays this machine, unsettled,
+// holding at least cost, and charge for each machine it pays); with cost
+// and charge 0, whether it has one open at all, settled or not, that a
+// receipt may still be lodged against (read from this machine's ledger
+// replica, under the book's lock).
+func (h *Holds) SetEscrowed(escrowed func(job, account string, cost, charge uint64) bool) {
 	h.mu.Lock()
 	h.escrowed = escrowed
 	h.mu.Unlock()
@@ -375,7 +380,26 @@ func (h *Holds) stale(x *hold, now time.Time) bool {
 	case !x.committed:
 		return true
 	}
-	return h.escrowed == nil || !h.escrowed(x.job, x.account, x.cost)
+	return h.escrowed == nil || !h.escrowed(x.job, x.account, x.cost, p2p.HoldCharge(x.rate, p2p.HoldChargeWindow))
+}
+
+// EscrowBacks says whether escrow e, as this machine's ledger replica
+// has it, backs account's committed hold on machine me: e is account's,
+// pays me, is unsettled and holds at least cost (the hold's reserve for
+// the job's duration), and at least charge (the hold's launch-window
+// charge, p2p.HoldCharge) for every machine it pays. So one escrow backs
+// holds on as many machines as it could pay for their launch windows,
+// and holding a core unlaunched costs its reserve price for the time,
+// wherever the holds are. With cost and charge 0: whether e is account's
+// and pays me at all, settled or not.
+func EscrowBacks(e ledger.Escrow, me, account string, cost, charge uint64) bool {
+	switch {
+	case e.Payer != account || !slices.Contains(e.Payees, me):
+		return false
+	case cost == 0 && charge == 0:
+		return true
+	}
+	return e.Settled == 0 && e.Amount >= cost && e.Amount/uint64(len(e.Payees)) >= charge
 }
 
 // Announced is what the machine's offer says its holds take now: every

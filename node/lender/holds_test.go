@@ -14,6 +14,7 @@ import (
 	"github.com/deepmarket/deepmarket/identity"
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/units"
 )
 
 const testJob = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -346,36 +347,37 @@ func TestStaleHoldsGiveWayToOtherAccounts(t *testing.T) {
 	t0 := time.Now()
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	insider, honest := peer.ID("scheduler-insider"), peer.ID("scheduler-honest")
+	grace, stale := TentativeGrace, TentativeGrace+time.Second
 
 	t.Run("uncommitted", func(t *testing.T) {
 		h := NewHolds(func() p2p.Resources { return lent }, HoldLimits{}, nil)
 		if r := h.Apply(insider, reqAs("1111111111111111", 2, "dm1insider", insiderJob), t0); !r.OK {
 			t.Fatalf("the insider's hold: %+v", r)
 		}
-		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(5*time.Second)); r.OK {
+		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(grace/3)); r.OK {
 			t.Fatalf("a fresh hold gave way: %+v", r)
 		}
 		// Released and taken again: the streak goes on from t0.
-		h.Apply(insider, opReq(p2p.OpRelease, "1111111111111111"), at(10*time.Second))
-		if r := h.Apply(insider, reqAs("3333333333333333", 2, "dm1insider", insiderJob), at(12*time.Second)); !r.OK {
+		h.Apply(insider, opReq(p2p.OpRelease, "1111111111111111"), at(grace/2))
+		if r := h.Apply(insider, reqAs("3333333333333333", 2, "dm1insider", insiderJob), at(grace*2/3)); !r.OK {
 			t.Fatalf("the insider's hold again: %+v", r)
 		}
 		// The offer leaves the stale hold out, so other schedulers ask.
-		if a, all := h.Announced(at(16*time.Second)), h.Allocated(at(16*time.Second)); a.Cores != 0 || all.Cores != 2 {
+		if a, all := h.Announced(at(stale)), h.Allocated(at(stale)); a.Cores != 0 || all.Cores != 2 {
 			t.Fatalf("announced %+v of %+v held: want the stale hold left out", a, all)
 		}
 		// Its own request takes nothing of its own.
-		if r := h.Apply(insider, reqAs("4444444444444444", 1, "dm1insider", insiderJob), at(16*time.Second)); r.OK {
+		if r := h.Apply(insider, reqAs("4444444444444444", 1, "dm1insider", insiderJob), at(stale)); r.OK {
 			t.Fatalf("the insider's own stale hold gave way to it: %+v", r)
 		}
 		// Three cores cannot fit however many holds go: none goes.
-		if r := h.Apply(honest, reserveReq("5555555555555555", 3, 60), at(16*time.Second)); r.OK || len(h.List(at(16*time.Second))) != 1 {
-			t.Fatalf("a request that cannot fit took a hold's place: %+v, %d holds", r, len(h.List(at(16*time.Second))))
+		if r := h.Apply(honest, reserveReq("5555555555555555", 3, 60), at(stale)); r.OK || len(h.List(at(stale))) != 1 {
+			t.Fatalf("a request that cannot fit took a hold's place: %+v, %d holds", r, len(h.List(at(stale))))
 		}
-		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(16*time.Second)); !r.OK {
-			t.Fatalf("a hold %s into its account's streak did not give way: %+v", 16*time.Second, r)
+		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(stale)); !r.OK {
+			t.Fatalf("a hold %s into its account's streak did not give way: %+v", stale, r)
 		}
-		if l := h.List(at(16 * time.Second)); len(l) != 1 || l[0].Account != "dm1test" {
+		if l := h.List(at(stale)); len(l) != 1 || l[0].Account != "dm1test" {
 			t.Fatalf("holds after: %+v", l)
 		}
 	})
@@ -383,7 +385,7 @@ func TestStaleHoldsGiveWayToOtherAccounts(t *testing.T) {
 	t.Run("committed", func(t *testing.T) {
 		escrowed := false
 		h := NewHolds(func() p2p.Resources { return lent }, HoldLimits{}, nil)
-		h.SetEscrowed(func(job, account string, cost uint64) bool {
+		h.SetEscrowed(func(job, account string, cost, charge uint64) bool {
 			return escrowed && job == insiderJob && account == "dm1insider"
 		})
 		if r := h.Apply(insider, reqAs("1111111111111111", 2, "dm1insider", insiderJob), t0); !r.OK {
@@ -393,16 +395,16 @@ func TestStaleHoldsGiveWayToOtherAccounts(t *testing.T) {
 		if r := h.Apply(testBidder, opReq(p2p.OpCommit, "1111111111111111"), at(time.Second)); !r.OK {
 			t.Fatalf("commit: %+v", r)
 		}
-		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(16*time.Second)); r.OK {
+		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(EscrowWithin)); r.OK {
 			t.Fatalf("a committed hold gave way before its escrow was due: %+v", r)
 		}
 		escrowed = true
-		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(22*time.Second)); r.OK {
+		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(EscrowWithin+2*time.Second)); r.OK {
 			t.Fatalf("an escrowed hold gave way: %+v", r)
 		}
 		escrowed = false
-		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(22*time.Second)); !r.OK {
-			t.Fatalf("a committed hold with no escrow %s after its commit did not give way: %+v", 21*time.Second, r)
+		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(EscrowWithin+2*time.Second)); !r.OK {
+			t.Fatalf("a committed hold with no escrow %s after its commit did not give way: %+v", EscrowWithin+time.Second, r)
 		}
 	})
 
@@ -437,7 +439,7 @@ func TestUnlaunchedCommitsAreCharged(t *testing.T) {
 	escrowed := false
 	var kept []ledger.Receipt
 	h := NewHolds(func() p2p.Resources { return lent }, HoldLimits{}, nil)
-	h.SetEscrowed(func(string, string, uint64) bool { return escrowed })
+	h.SetEscrowed(func(string, string, uint64, uint64) bool { return escrowed })
 	h.SetCharges(HoldCharges{ChainID: chain, Payee: payee,
 		Keep: func(r ledger.Receipt) error { kept = append(kept, r); return nil },
 		Charged: func(run string) bool {
@@ -520,5 +522,44 @@ func TestUnlaunchedCommitsAreCharged(t *testing.T) {
 	}
 	if len(kept) != 1 {
 		t.Fatalf("charged a launched hold or one the owner released: %+v", kept)
+	}
+}
+
+// TestEscrowBacks: an escrow backs a committed hold when it is the
+// account's, pays this machine, is unsettled and covers the hold's cost
+// and its launch-window charge for every machine it pays: one escrow of a
+// credit cannot back unlaunched holds on a hundred machines. With cost
+// and charge 0 any escrow of the account's that pays this machine does,
+// settled or not (a receipt may still be lodged against it).
+func TestEscrowBacks(t *testing.T) {
+	payees := func(n int) []string {
+		out := []string{"dm1me"}
+		for i := 1; i < n; i++ {
+			out = append(out, fmt.Sprintf("dm1other%d", i))
+		}
+		return out
+	}
+	credit := uint64(units.MicroPerCredit)
+	charge := p2p.HoldCharge(credit, p2p.HoldChargeWindow) // a credit an hour, for the window
+	e := ledger.Escrow{Payer: "dm1payer", Amount: credit, Payees: payees(2)}
+	for _, tt := range []struct {
+		name         string
+		e            ledger.Escrow
+		account      string
+		cost, charge uint64
+		want         bool
+	}{
+		{"covers both", e, "dm1payer", credit / 2, charge, true},
+		{"another account's", e, "dm1insider", credit / 2, charge, false},
+		{"under the cost", e, "dm1payer", 2 * credit, charge, false},
+		{"a credit for 100 machines' windows", ledger.Escrow{Payer: "dm1payer", Amount: credit, Payees: payees(100)}, "dm1payer", credit / 100, charge, false},
+		{"enough for 100 machines' windows", ledger.Escrow{Payer: "dm1payer", Amount: 100 * charge, Payees: payees(100)}, "dm1payer", 0, charge, true},
+		{"not paying this machine", ledger.Escrow{Payer: "dm1payer", Amount: credit, Payees: []string{"dm1other"}}, "dm1payer", 1, charge, false},
+		{"settled", ledger.Escrow{Payer: "dm1payer", Amount: credit, Payees: payees(2), Settled: 1}, "dm1payer", 1, charge, false},
+		{"settled, any escrow asked", ledger.Escrow{Payer: "dm1payer", Amount: 0, Payees: payees(2), Settled: 1}, "dm1payer", 0, 0, true},
+	} {
+		if got := EscrowBacks(tt.e, "dm1me", tt.account, tt.cost, tt.charge); got != tt.want {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
 	}
 }
