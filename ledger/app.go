@@ -26,8 +26,11 @@ import (
 // not a link nonce), escrows lock a least amount per payee and machine
 // records count only paid work; 4 since a settlement opens a dispute
 // window (payees lodge receipts, dispute failed marks; the escrow closes by
-// itself after it) and payers have records.
-const AppVersion = 4
+// itself after it) and payers have records; 5 since appeals are judged by
+// drawn referees and a settlement withholds what refused rounds would have
+// paid, burned when the escrow closes unless the referees uphold the
+// refusal.
+const AppVersion = 5
 
 // App is the ledger's ABCI application. It keeps the state in memory, for
 // reads, and in an authenticated store (an IAVL tree, store.go) whose root

@@ -34,6 +34,12 @@ import (
 // disputed and does not count; upheld, it counts even if the machine
 // disputed it, and the machine cannot dispute it again.
 //
+// What the settlement withheld for the appellant's refused rounds
+// (Escrow.Withheld) follows the verdict too: overturned, the claim is
+// paid from it first; upheld, it goes back to the payer with the refund.
+// Otherwise it is burned when the escrow closes: refusing a round never
+// pays the payer, unless referees say the refusal had its cause.
+//
 // A case no majority decides by its deadline (Params.VerdictWindow) lapses
 // when the escrow closes: the bond comes back and nothing else moves. The
 // escrow does not close while a case is open: an appeal made late in the
@@ -306,6 +312,7 @@ func (s *State) overturn(e *Escrow, k *Case, majority []string) (paid, fee uint6
 	paid = min(k.Claim, e.Amount)
 	e.Amount -= paid
 	e.setClaimed(k.Appellant, e.claimed(k.Appellant)+paid, e.claimedSeq(k.Appellant))
+	e.withhold(k.Appellant, func(w uint64) uint64 { return w - min(w, paid) }) // paid from what its rounds were withheld
 	s.credit(k.Owner, paid+k.Bond)
 	if s.countsFor(k.Appellant, e.Payer, paid) {
 		rec := s.machine(k.Appellant)
@@ -328,12 +335,26 @@ func (s *State) overturn(e *Escrow, k *Case, majority []string) (paid, fee uint6
 // referees.
 func (s *State) uphold(e *Escrow, k *Case, majority []string) {
 	k.Verdict = VerdictUpheld
+	e.withhold(k.Appellant, func(uint64) uint64 { return 0 }) // the refusal had its cause: the payer's again
 	if i := e.markIndex(k.Appellant); i >= 0 {
 		e.Marks[i].Disputed = false // an upheld dispute: the mark has its cause, and counts
 	}
 	s.split(k.Bond, majority, k.Owner)
 	rec := s.machine(k.Appellant)
 	rec.AppealsLost = satAdd(rec.AppealsLost, 1)
+}
+
+// withhold sets what e withholds for payee p's refused rounds to f of
+// what it withholds now, dropping the entry at 0.
+func (e *Escrow) withhold(p string, f func(uint64) uint64) {
+	for i := range e.Withheld {
+		if e.Withheld[i].Payee == p {
+			if e.Withheld[i].Amount = f(e.Withheld[i].Amount); e.Withheld[i].Amount == 0 {
+				e.Withheld = append(e.Withheld[:i], e.Withheld[i+1:]...)
+			}
+			return
+		}
+	}
 }
 
 // split credits amount to the referees in equal shares, the remainder to

@@ -259,3 +259,78 @@ func TestStrangersCannotAppealOrJudge(t *testing.T) {
 		t.Fatalf("cases after strangers' attempts: %+v", e.Cases)
 	}
 }
+
+// TestRefusingDoesNotPay: what a settlement withholds for a machine's
+// refused rounds stays in the escrow and is burned when it closes, not
+// refunded: refusing a round costs the payer what accepting it would
+// have. Referees who uphold the refusal on the machine's appeal give it
+// back to the payer; overturned, the machine is paid from it. A
+// settlement cannot withhold for rounds it did not refuse, nor more than
+// the escrow holds. The books balance after every block, the supply less
+// what was burned.
+func TestRefusingDoesNotPay(t *testing.T) {
+	n := newAppealNet(t)
+	h := n.h
+	open := func(j string) {
+		h.must(h.tx(n.payer, TypeOpenEscrow, &OpenEscrow{Job: j, Amount: 3 * credit, Expiry: h.now.Unix() + 3600, Payees: []string{n.aa, n.apoor}}))
+	}
+	settle := func(j string, withheld uint64) []byte {
+		return h.tx(n.payer, TypeSettle, &Settle{Job: j, Payments: []Payment{
+			{Machine: n.aa, Amount: credit / 10, Rounds: 10, Refused: 9, Withheld: withheld}, {Machine: n.apoor, Amount: credit / 10}}})
+	}
+	open(job(1))
+	expectCode(t, h.block(h.tx(n.payer, TypeSettle, &Settle{Job: job(1), Payments: []Payment{{Machine: n.aa, Amount: 1, Withheld: credit}}})),
+		CodeMalformed, "no refused round")
+	expectCode(t, h.block(settle(job(1), 3*credit)), CodeInvalidAmount, "withholds")
+
+	// Unappealed: burned at the close.
+	payer, supply := n.balance(n.payer), h.app.Snapshot().Supply
+	h.must(settle(job(1), credit))
+	if e := h.app.Snapshot().Escrows[job(1)]; len(e.Withheld) != 1 || e.Withheld[0] != (Withheld{Payee: n.aa, Amount: credit}) {
+		t.Fatalf("escrow withholds %+v, want a credit for %s", e.Withheld, n.aa)
+	}
+	h.closeWindows()
+	st := h.app.Snapshot()
+	refund := uint64(3*credit - 2*(credit/10) - credit)
+	if got := n.balance(n.payer); got != payer+refund {
+		t.Errorf("payer refunded %d, want %d: the withheld credit is not its", got-payer, refund)
+	}
+	if st.Supply != supply-credit || st.Burned != credit {
+		t.Errorf("supply %d, burned %d; want %d and a credit", st.Supply, st.Burned, supply-credit)
+	}
+
+	// Upheld: the payer's again.
+	open(job(2))
+	h.must(settle(job(2), credit))
+	h.must(h.tx(n.a, TypeAppeal, &Appeal{Job: job(2), Claim: credit, Evidence: "bafyev"}))
+	refs := n.referees(job(2), n.aa)
+	h.must(n.verdict(refs[0], job(2), n.aa, false), n.verdict(refs[1], job(2), n.aa, false))
+	payer = n.balance(n.payer)
+	h.closeWindows()
+	if got, want := n.balance(n.payer), payer+3*credit-2*(credit/10); got != want {
+		t.Errorf("upheld: payer refunded %d, want %d (the withheld credit back)", got-payer, want-payer)
+	}
+	if st := h.app.Snapshot(); st.Burned != credit {
+		t.Errorf("upheld: burned %d in all, want the first job's credit only", st.Burned)
+	}
+
+	// Overturned on a claim of half: paid that from what was withheld; the
+	// rest, and nothing more, burned.
+	open(job(3))
+	h.must(settle(job(3), credit))
+	h.must(h.tx(n.a, TypeAppeal, &Appeal{Job: job(3), Claim: credit / 2, Evidence: "bafyev"}))
+	refs = n.referees(job(3), n.aa)
+	h.must(n.verdict(refs[0], job(3), n.aa, true), n.verdict(refs[1], job(3), n.aa, true))
+	if e := h.app.Snapshot().Escrows[job(3)]; len(e.Withheld) != 1 || e.Withheld[0].Amount != credit/2 {
+		t.Fatalf("overturned: escrow withholds %+v, want half a credit left", e.Withheld)
+	}
+	payer = n.balance(n.payer)
+	h.closeWindows()
+	bond := DefaultParams().AppealBond
+	if got, want := n.balance(n.payer), payer+3*credit-2*(credit/10)-credit/2-bond-credit/2; got != want {
+		t.Errorf("overturned: payer refunded %d, want %d", got-payer, want-payer)
+	}
+	if st := h.app.Snapshot(); st.Burned != credit+credit/2 {
+		t.Errorf("overturned: burned %d in all, want %d", st.Burned, credit+credit/2)
+	}
+}

@@ -74,6 +74,7 @@ type AuditReport struct {
 	Balances uint64        `json:"balances"`
 	Escrowed uint64        `json:"escrowed"`
 	Staked   uint64        `json:"staked"`
+	Burned   uint64        `json:"burned"` // withheld for refused rounds, out of the supply
 	Problems []string      `json:"problems"`
 	Accounts []AccountFlow `json:"accounts"`
 }
@@ -278,7 +279,7 @@ func audit(ctx context.Context, rpc AuditRPC, opts AuditOptions, served string) 
 	rep.Problems = append(rep.Problems, app.Verify()...)
 	totals := app.state.Totals()
 	rep.Height, rep.AppHash = latest, fmt.Sprintf("%X", app.state.AppHash)
-	rep.Supply, rep.Balances, rep.Escrowed, rep.Staked = totals.Supply, totals.Balances, totals.Escrowed, totals.Staked
+	rep.Supply, rep.Balances, rep.Escrowed, rep.Staked, rep.Burned = totals.Supply, totals.Balances, totals.Escrowed, totals.Staked, totals.Burned
 	for _, f := range flows {
 		f.Balance = app.state.balanceOf(f.Address)
 		rep.Accounts = append(rep.Accounts, *f)

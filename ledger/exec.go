@@ -405,7 +405,8 @@ func (s *State) settle(c *call, m *Settle) (effect, error) {
 	}
 	closes := c.now + s.Params.DisputeWindow
 	owed := map[string]uint64{}
-	var total uint64
+	var total, withheld uint64
+	var ok bool
 	seen := map[string]bool{}
 	for _, p := range m.Payments {
 		if !e.hasPayee(p.Machine) {
@@ -417,8 +418,13 @@ func (s *State) settle(c *call, m *Settle) (effect, error) {
 		if p.Refused > p.Rounds || p.Rounds > MaxRounds {
 			return nil, reject(CodeMalformed, "machine %s: %d rounds refused of %d; want at most the rounds, and at most %d rounds", p.Machine, p.Refused, p.Rounds, MaxRounds)
 		}
+		if p.Withheld > 0 && p.Refused == 0 {
+			return nil, reject(CodeMalformed, "machine %s: %d withheld for no refused round", p.Machine, p.Withheld)
+		}
+		if withheld, ok = add(withheld, p.Withheld); !ok {
+			return nil, reject(CodeInvalidAmount, "withheld amounts overflow")
+		}
 		seen[p.Machine] = true
-		var ok bool
 		if total, ok = add(total, p.Amount); !ok || total > e.Total {
 			return nil, reject(CodeInvalidAmount, "payments exceed the %d locked for job %s", e.Total, m.Job)
 		}
@@ -431,8 +437,8 @@ func (s *State) settle(c *call, m *Settle) (effect, error) {
 	for _, v := range owed {
 		pay += v // bounded by total
 	}
-	if pay > e.Amount {
-		return nil, reject(CodeInvalidAmount, "settlement pays %d but the escrow holds %d", pay, e.Amount)
+	if pay > e.Amount || withheld > e.Amount-pay {
+		return nil, reject(CodeInvalidAmount, "settlement pays %d and withholds %d but the escrow holds %d", pay, withheld, e.Amount)
 	}
 	// Owners paid twice (two machines, one owner) are credited in turn:
 	// check the sums each would reach.
@@ -456,6 +462,10 @@ func (s *State) settle(c *call, m *Settle) (effect, error) {
 			if p.Failed {
 				e.Marks = append(e.Marks, Mark{Machine: p.Machine})
 			}
+			if p.Withheld > 0 {
+				e.Withheld = append(e.Withheld, Withheld{Payee: p.Machine, Amount: p.Withheld})
+				ev.attrs = append(ev.attrs, [2]string{"withheld", p.Machine + "=" + u(p.Withheld)})
+			}
 			if s.countsFor(p.Machine, c.signer, owed[p.Machine]) {
 				rec := s.machine(p.Machine)
 				rec.Earned = satAdd(rec.Earned, owed[p.Machine])
@@ -469,6 +479,7 @@ func (s *State) settle(c *call, m *Settle) (effect, error) {
 			ev.attrs = append(ev.attrs, [2]string{"paid", p.Machine + "=" + u(owed[p.Machine])})
 		}
 		sort.Slice(e.Marks, func(i, j int) bool { return e.Marks[i].Machine < e.Marks[j].Machine })
+		sort.Slice(e.Withheld, func(i, j int) bool { return e.Withheld[i].Payee < e.Withheld[j].Payee })
 		e.Amount -= pay
 		e.Settled, e.Closes, e.SettledPaid = c.now, closes, e.Total-e.Amount
 		s.touch(pEscrow, m.Job)

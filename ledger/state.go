@@ -107,6 +107,18 @@ type Escrow struct {
 	// appellant (appeal.go). The escrow stays open until every one is
 	// decided or past its deadline.
 	Cases []Case `cbor:"cases,omitempty" json:"cases,omitempty"`
+	// Withheld is, per payee, what the settlement said its refused
+	// rounds would have paid (Payment.Withheld), by payee: burned when
+	// the escrow closes, less what an overturned appeal paid the payee,
+	// unless an appeal of its upheld the refusal.
+	Withheld []Withheld `cbor:"withheld,omitempty" json:"withheld,omitempty"`
+}
+
+// Withheld is a payee's share of an escrow its refused rounds would have
+// paid.
+type Withheld struct {
+	Payee  string `cbor:"payee" json:"payee"`
+	Amount uint64 `cbor:"amount" json:"amount"`
 }
 
 // Mark is a settlement's statement that a payee failed the job.
@@ -121,6 +133,7 @@ func (e *Escrow) clone() *Escrow {
 	c.Payees = append([]string(nil), e.Payees...)
 	c.Claimed = append([]Claimed(nil), e.Claimed...)
 	c.Marks = append([]Mark(nil), e.Marks...)
+	c.Withheld = append([]Withheld(nil), e.Withheld...)
 	c.Cases = make([]Case, len(e.Cases))
 	for i, k := range e.Cases {
 		c.Cases[i] = k.clone()
@@ -311,7 +324,8 @@ type State struct {
 	Height   int64
 	Time     int64 // the last block's time, unix seconds
 	AppHash  []byte
-	Supply   uint64 // every grant ever issued, genesis balances included
+	Supply   uint64 // every grant ever issued, genesis balances included, less Burned
+	Burned   uint64 // withheld for refused rounds and burned (Escrow.Withheld)
 	Params   Params
 	Accounts map[string]*Account
 	Issuers  map[string]*Issuer
@@ -518,12 +532,23 @@ func (s *State) openEscrow(job string, e *Escrow) {
 	s.touch(pEscrow, job)
 }
 
-// closeEscrow refunds what an escrow still holds to its payer, counts the
+// closeEscrow burns what the escrow still withholds for refused rounds
+// (at most what it holds), refunds the rest to its payer, counts the
 // escrow in its payer's record and its payees' (closeRecords), and
 // removes it.
 func (s *State) closeEscrow(job string) (refund uint64) {
 	e := s.Escrows[job]
 	s.lapse(e)
+	var withheld uint64
+	for _, w := range e.Withheld {
+		withheld = satAdd(withheld, w.Amount)
+	}
+	if burn := min(withheld, e.Amount); burn > 0 {
+		e.Amount -= burn
+		s.Supply -= burn // the escrow held it: within the supply
+		s.Burned = satAdd(s.Burned, burn)
+		s.dirty[keyMeta] = true
+	}
 	refund = e.Amount
 	s.credit(e.Payer, refund) // supply bounds every balance: no overflow
 	s.closeRecords(e)
@@ -689,11 +714,12 @@ type Totals struct {
 	Balances uint64 `json:"balances"`
 	Escrowed uint64 `json:"escrowed"` // escrows and appeal bonds
 	Staked   uint64 `json:"staked"`   // link stakes
+	Burned   uint64 `json:"burned"`   // withheld for refused rounds, out of the supply
 }
 
 // Totals are the state's books as kept from block to block.
 func (s *State) Totals() Totals {
-	t := Totals{Supply: s.Supply}
+	t := Totals{Supply: s.Supply, Burned: s.Burned}
 	if s.books.Balances.IsUint64() {
 		t.Balances = s.books.Balances.Uint64()
 	}
@@ -782,7 +808,7 @@ func (s *State) CheckInvariants() (Totals, []string) {
 	if b.String() != s.books.String() {
 		bad("books kept block by block (%s) differ from the entries (%s)", s.books, b)
 	}
-	t := Totals{Supply: s.Supply}
+	t := Totals{Supply: s.Supply, Burned: s.Burned}
 	if b.Balances.IsUint64() {
 		t.Balances = b.Balances.Uint64()
 	}
@@ -836,7 +862,7 @@ func add(a, b uint64) (uint64, bool) {
 // clone is a deep copy, derived parts included.
 func (s *State) clone() *State {
 	c := NewState()
-	c.ChainID, c.Height, c.Time, c.Supply, c.Params = s.ChainID, s.Height, s.Time, s.Supply, s.Params
+	c.ChainID, c.Height, c.Time, c.Supply, c.Burned, c.Params = s.ChainID, s.Height, s.Time, s.Supply, s.Burned, s.Params
 	c.AppHash = append([]byte(nil), s.AppHash...)
 	for _, col := range collections {
 		col.copyTo(c, s)

@@ -228,7 +228,7 @@ func (s *State) decodeEntry(key string, val []byte) error {
 	} else if key == keyMeta {
 		var m chainMeta
 		if err = wire.Unmarshal(val, &m); err == nil {
-			s.ChainID, s.Supply, s.Params = m.ChainID, m.Supply, m.Params
+			s.ChainID, s.Supply, s.Burned, s.Params = m.ChainID, m.Supply, m.Burned, m.Params
 		}
 	} else {
 		return fmt.Errorf("unknown key %q", key)
@@ -244,13 +244,14 @@ type chainMeta struct {
 	ChainID string `cbor:"chain_id"`
 	Supply  uint64 `cbor:"supply"`
 	Params  Params `cbor:"params"`
+	Burned  uint64 `cbor:"burned,omitempty"`
 }
 
 // encode is the leaf a key should hold now; false if none (an account
 // that holds nothing and never signed is no entry).
 func (s *State) encode(key string) ([]byte, bool) {
 	if key == keyMeta {
-		return mustEncode(&chainMeta{ChainID: s.ChainID, Supply: s.Supply, Params: s.Params}), true
+		return mustEncode(&chainMeta{ChainID: s.ChainID, Supply: s.Supply, Params: s.Params, Burned: s.Burned}), true
 	}
 	c, name, ok := collectionOf(key)
 	if !ok {

@@ -69,6 +69,7 @@ func main() {
 	var rows []Row
 	honest := honestPay()
 	floor := uint64(float64(honest) * p2p.DefaultFloor)
+	honestCost := heldCost(func(int) jobs.HolderAccount { return accepted(rounds) })
 
 	for _, s := range []struct {
 		name     string
@@ -98,9 +99,15 @@ func main() {
 		}
 		jobs.ApplyAccounts(run, acc)
 		pays, _ := jobs.PayPlan(run, nil, end())
-		paid, marked, disputed := settleOnLedger(pays, nil)
+		paid, marked, disputed, spent := settleSpent(pays, nil)
 		rows = append(rows, Row{Side: "greedy submitter", Strategy: s.name, Paid: paid[1], Honest: honest, Ratio: ratio(paid[1], honest),
 			Goal: ">= floor (0.5)", Met: paid[1] >= floor, Marked: marked[1], Disputed: disputed[1]})
+		if s.name == "honest" {
+			continue
+		}
+		rows = append(rows, Row{Side: "greedy submitter", Strategy: s.name + ": what the job cost it", Paid: spent, Honest: honestCost,
+			Ratio: ratio(spent, honestCost), Goal: ">= 0.99 of an honest run's cost: refusing saves nothing", Met: ratio(spent, honestCost) >= 0.99,
+			Note: "paid to the machines, and withheld for refused rounds (burned when the escrow closes)"})
 		if paid[1] < honest {
 			after, refs, blocks := appealOnLedger(pays, honest)
 			cases := 0
@@ -382,6 +389,20 @@ func (c *chain) block(txs ...[]byte) {
 	}
 }
 
+// heldCost is what a held run whose holder books accounts costs its
+// payer on the ledger: paid to the machines, and burned.
+func heldCost(accounts func(rank int) jobs.HolderAccount) uint64 {
+	run := heldRun()
+	acc := map[string]jobs.HolderAccount{}
+	for i := range workers {
+		acc[strconv.Itoa(i)] = accounts(i)
+	}
+	jobs.ApplyAccounts(run, acc)
+	pays, _ := jobs.PayPlan(run, nil, end())
+	_, _, _, spent := settleSpent(pays, nil)
+	return spent
+}
+
 // settledChain is a new chain on which the payer (key 2) opened an escrow
 // for the 3 workers and settled it with pays.
 func settledChain(pays []ledger.Payment) (*chain, *identity.Key, string) {
@@ -404,6 +425,13 @@ func settledChain(pays []ledger.Payment) (*chain, *identity.Key, string) {
 // returns what each machine was paid and whether it was marked and
 // disputed.
 func settleOnLedger(pays []ledger.Payment, receipts map[string]uint64) (paid []uint64, marked, disputed []bool) {
+	paid, marked, disputed, _ = settleSpent(pays, receipts)
+	return paid, marked, disputed
+}
+
+// settleSpent is settleOnLedger, and what the payer spent: paid to the
+// machines, and burned (withheld for refused rounds).
+func settleSpent(pays []ledger.Payment, receipts map[string]uint64) (paid []uint64, marked, disputed []bool, spent uint64) {
 	c, payer, job := settledChain(pays)
 	var lodge [][]byte
 	for i := range workers {
@@ -436,8 +464,9 @@ func settleOnLedger(pays []ledger.Payment, receipts map[string]uint64) (paid []u
 			bal = a.Balance
 		}
 		paid = append(paid, bal)
+		spent += bal
 	}
-	return paid, marked, disputed
+	return paid, marked, disputed, spent + st.Burned
 }
 
 // closeTiming settles an escrow and runs blocks a second apart until it

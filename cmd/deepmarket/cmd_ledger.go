@@ -439,6 +439,9 @@ node's ledger RPC ([ledger] rpc_listen).`,
 				}
 				fmt.Fprintf(c.out, "supply %s = balances %s + escrowed %s + staked %s credits\n", units.FormatCredits(rep.Supply),
 					units.FormatCredits(rep.Balances), units.FormatCredits(rep.Escrowed), units.FormatCredits(rep.Staked))
+				if rep.Burned > 0 {
+					fmt.Fprintf(c.out, "burned %s credits: withheld for refused rounds\n", units.FormatCredits(rep.Burned))
+				}
 				var rows [][]string
 				for _, a := range rep.Accounts {
 					rows = append(rows, []string{a.Address, units.FormatCredits(a.Balance), units.FormatCredits(a.In), units.FormatCredits(a.Out)})

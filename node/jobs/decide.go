@@ -430,7 +430,7 @@ func RanUntil(w *Worker, now time.Time) time.Time {
 // ledger holds, the sum is at most the escrow, and no payment shrinks
 // when the escrow grows.
 func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment, total uint64) {
-	owed := map[string]uint64{}
+	owed, withheld := map[string]uint64{}, map[string]uint64{}
 	failed := map[string]bool{}
 	rounds, refused := map[string]uint32{}, map[string]uint32{}
 	var order []string
@@ -455,6 +455,7 @@ func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment,
 		pay := Used(run, w, now)
 		if run.Held() && !w.Forfeited {
 			pay = max(pay, perHour(w.PerHour, time.Duration((w.AcceptedSeconds+w.HeldSeconds)*float64(time.Second))))
+			withheld[w.Payee] = satAdd(withheld[w.Payee], refusedShare(w, now, pay))
 		}
 		owed[w.Payee] = satAdd(owed[w.Payee], pay)
 	}
@@ -473,7 +474,32 @@ func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment,
 		total += owed[p] // at most the escrow, summed
 		pays = append(pays, ledger.Payment{Machine: p, Amount: owed[p], Failed: failed[p], Rounds: rounds[p], Refused: refused[p]})
 	}
+	left := run.Escrow - min(total, run.Escrow)
+	for i := range pays {
+		if p := &pays[i]; p.Refused > 0 && !p.Failed {
+			p.Withheld = min(withheld[p.Machine], left)
+			left -= p.Withheld
+		}
+	}
 	return pays, total
+}
+
+// refusedShare is what worker w's refused rounds would have paid it in a
+// held run beyond pay, what it is paid: each of its rounds, accepted or
+// refused, counted as an equal share of the time it ran, at its price;
+// at most what the rest of that time would pay. A settlement withholds
+// it (ledger.Payment.Withheld): the ledger burns it rather than refund
+// it, unless referees uphold the refusal, so refusing a round never pays
+// the payer.
+func refusedShare(w *Worker, now time.Time, pay uint64) uint64 {
+	taken := w.Accepted + w.Refused
+	if w.Refused <= 0 || taken <= 0 || w.Started.IsZero() {
+		return 0
+	}
+	ran := RanUntil(w, now).Sub(w.Started) - w.Suspended
+	full := perHour(w.PerHour, ran)
+	share := perHour(w.PerHour, time.Duration(float64(ran)*float64(w.Refused)/float64(taken)))
+	return min(share, full-min(full, pay))
 }
 
 // AnswerTo is what held run's holder has answered payee's workers so far

@@ -483,7 +483,10 @@ func TestDecideProgress(t *testing.T) {
 // holder that refuses every round pays the floor all the same, and only a
 // failed spot check forfeits it (and marks the machine failed). What was
 // held back for spot checks and never checked is paid at settlement.
-// Refused rounds are counted, not marked.
+// Refused rounds are counted, not marked, and what they would have paid
+// beyond the floor is withheld: the ledger burns it rather than refund it
+// (unless referees uphold the refusal), so the refusal saves the payer
+// nothing.
 func TestFloorRefusingDoesNotPay(t *testing.T) {
 	run := &Run{Holder: &Worker{}, Escrow: 1 << 40, Floor: 0.5, Workers: []Worker{
 		{Payee: "refused", PerHour: 3600, Started: t0.Add(-time.Hour), LastSeen: t0, Refused: 12, Dropped: true},
@@ -495,7 +498,7 @@ func TestFloorRefusingDoesNotPay(t *testing.T) {
 	}
 	pays, _ := PayPlan(run, nil, t0)
 	// The refused rounds go to the ledger as a statistic of their own.
-	want := []ledger.Payment{{Machine: "refused", Amount: 1800, Rounds: 12, Refused: 12}, {Machine: "accepted", Amount: 3600, Rounds: 12},
+	want := []ledger.Payment{{Machine: "refused", Amount: 1800, Rounds: 12, Refused: 12, Withheld: 1800}, {Machine: "accepted", Amount: 3600, Rounds: 12},
 		{Machine: "forfeited", Failed: true, Rounds: 12}}
 	if !slices.Equal(pays, want) {
 		t.Errorf("pay plan %+v, want %+v", pays, want)

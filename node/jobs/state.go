@@ -132,14 +132,18 @@ type Worker struct {
 // Run is one placement of a job: its own bid, holds and escrow. A job is
 // re-placed at most once.
 type Run struct {
-	ID        string    `json:"id"` // escrow and wire ID
-	Workers   []Worker  `json:"workers"`
-	PerHour   uint64    `json:"per_hour"`
-	Quoted    uint64    `json:"quoted_total"`
-	Escrow    uint64    `json:"escrow"`
-	Started   time.Time `json:"started,omitzero"`
-	Ended     time.Time `json:"ended,omitzero"`
-	Paid      uint64    `json:"paid"`
+	ID      string    `json:"id"` // escrow and wire ID
+	Workers []Worker  `json:"workers"`
+	PerHour uint64    `json:"per_hour"`
+	Quoted  uint64    `json:"quoted_total"`
+	Escrow  uint64    `json:"escrow"`
+	Started time.Time `json:"started,omitzero"`
+	Ended   time.Time `json:"ended,omitzero"`
+	Paid    uint64    `json:"paid"`
+	// Withheld is what the settlement withheld for refused rounds
+	// (ledger.Payment.Withheld): spent, burned when the escrow closes,
+	// unless referees uphold a refusal.
+	Withheld  uint64    `json:"withheld,omitempty"`
 	Settled   bool      `json:"settled"`
 	SettleTx  string    `json:"settle_tx,omitempty"`
 	Scheduler string    `json:"scheduler,omitempty"`

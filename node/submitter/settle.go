@@ -97,13 +97,22 @@ func (m *Manager) settle(ctx context.Context, j *job, k int, lost map[int]bool) 
 			w.Ended = jobs.RanUntil(w, now).UTC()
 		}
 	}
+	var withheld uint64
+	for _, p := range pays {
+		withheld += p.Withheld // with total, at most the escrow
+	}
 	run.Settled, run.SettleTx, run.Paid, run.Ended = tx != "", tx, total, now.UTC()
 	if tx != "" {
-		j.Cost += total
+		run.Withheld = withheld
+		j.Cost += total + withheld
 	}
 	m.save(j)
 	if tx != "" {
+		if withheld > 0 {
+			m.logf(j.ID, "settled: %s credits withheld for refused rounds: burned when the dispute window closes, not refunded, unless referees uphold a refusal",
+				units.FormatCredits(withheld))
+		}
 		m.logf(j.ID, "settled: paid %s credits to %s; %s come back when the escrow's dispute window closes, less any receipt a machine lodges (tx %s)",
-			units.FormatCredits(total), units.Count(len(pays), "machine", "machines"), units.FormatCredits(run.Escrow-total), tx)
+			units.FormatCredits(total), units.Count(len(pays), "machine", "machines"), units.FormatCredits(run.Escrow-total-withheld), tx)
 	}
 }
