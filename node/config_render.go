@@ -65,7 +65,8 @@ probe_interval = {{lit .P2P.ProbeInterval}}
 # cross a relay; datasets and training traffic wait for a direct path.
 nat_traversal = {{lit .P2P.NATTraversal}}
 # Relay for the network's members (machines the ledger backs), within
-# limits: "auto" once AutoNAT finds this node public, "on", or "off".
+# limits: "auto" once AutoNAT finds this node public or a peer outside
+# dials it on a public address of its own, "on", or "off".
 relay_service = {{lit .P2P.RelayService}}
 # Relays a private node reserves a slot on (multiaddrs with /p2p/ID);
 # empty uses the bootstrap peers, the network's public nodes.

@@ -177,9 +177,9 @@ func NewHost(p HostParams) (host.Host, error) {
 			libp2p.EnableAutoRelayWithStaticRelays(p.NAT.Relays, autorelay.WithNumRelays(min(2, max(1, len(p.NAT.Relays)))),
 				autorelay.WithBootDelay(0), autorelay.WithBackoff(30*time.Second)),
 		)
-		if p.NAT.RelayService == RelayAuto {
-			opts = append(opts, libp2p.EnableRelayService(nh.relayOpts...))
-		}
+		// Under RelayAuto the host itself starts the relay service
+		// (Host.decideRelay): libp2p's relay manager waits for AutoNAT,
+		// which in a network of few public nodes may never answer.
 	}
 	if p.Registerer != nil {
 		opts = append(opts, libp2p.PrometheusRegisterer(p.Registerer))

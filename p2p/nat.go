@@ -35,6 +35,10 @@ type Host struct {
 	mu      sync.Mutex
 	relay   *relayv2.Relay // while this node relays for others
 	relayOn bool           // RelayOn: serve whatever AutoNAT says
+	auto    bool           // RelayAuto: serve once found public (decideRelay)
+	dialled string         // RelayAuto: an inbound connection on a public address, as evidence
+	why     string         // why this node relays or not, for status
+	decide  sync.Mutex     // one decideRelay at a time
 	sub     event.Subscription
 	done    chan struct{} // closed when sub's reader returns
 
@@ -78,12 +82,18 @@ func (h *Host) start(p NATParams) error {
 		return err
 	}
 	h.sub = sub
-	if p.RelayService == RelayOn {
-		h.relayOn = true
+	switch p.RelayService {
+	case RelayOn:
+		h.relayOn, h.why = true, "relay_service = \"on\""
 		if err := h.startRelay(); err != nil {
 			sub.Close()
 			return err
 		}
+	case RelayAuto:
+		h.auto, h.why = true, "not yet: relay_service = \"auto\" relays once AutoNAT finds this node public or a peer outside dials it on a public address"
+		h.Network().Notify(&network.NotifyBundle{ConnectedF: func(_ network.Network, c network.Conn) { h.inbound(c) }})
+	default:
+		h.why = "relay_service = \"off\""
 	}
 	em, err := h.EventBus().Emitter(new(event.EvtLocalReachabilityChanged), eventbus.Stateful)
 	if err == nil {
@@ -96,12 +106,85 @@ func (h *Host) start(p NATParams) error {
 			switch e := e.(type) {
 			case event.EvtLocalReachabilityChanged:
 				h.reach.Store(int32(e.Reachability))
+				h.decideRelay()
 			case event.EvtPeerIdentificationCompleted:
 				h.observe(e)
 			}
 		}
 	}()
 	return nil
+}
+
+// inbound takes a connection a peer dialled to this host as evidence
+// that it is public (RelayAuto): not relayed, on a public address of
+// this host's own, from a public address (a peer outside, not one of its
+// own network).
+func (h *Host) inbound(c network.Conn) {
+	if c.Stat().Direction != network.DirInbound || Relayed(c) || !manet.IsPublicAddr(c.LocalMultiaddr()) ||
+		!manet.IsPublicAddr(c.RemoteMultiaddr()) || manet.IsIPLoopback(c.RemoteMultiaddr()) {
+		return
+	}
+	h.mu.Lock()
+	first := h.dialled == ""
+	if first {
+		h.dialled = fmt.Sprintf("dialled on its public address %s by %s from %s", c.LocalMultiaddr(), c.RemotePeer(), c.RemoteMultiaddr())
+	}
+	h.mu.Unlock()
+	if first {
+		go h.decideRelay() // not on libp2p's notifier
+	}
+}
+
+// decideRelay starts or stops the relay service under RelayAuto: on
+// while AutoNAT finds this node public, or once a peer outside has
+// dialled it on a public address of its own; off when AutoNAT finds it
+// private and no peer has. libp2p's own relay manager waits for AutoNAT
+// alone, whose verdict needs several servers: a network whose only
+// public node is this one may never give it, and then nobody relays.
+func (h *Host) decideRelay() {
+	if !h.auto {
+		return
+	}
+	h.decide.Lock()
+	defer h.decide.Unlock()
+	reach := network.Reachability(h.reach.Load())
+	h.mu.Lock()
+	dialled := h.dialled
+	h.mu.Unlock()
+	switch {
+	case dialled != "":
+		h.setWhy("auto: " + dialled)
+	case reach == network.ReachabilityPublic:
+		h.setWhy("auto: AutoNAT found this node public")
+	case reach == network.ReachabilityPrivate:
+		h.stopRelay("auto: AutoNAT found this node private, and no peer outside has dialled it on a public address")
+		return
+	default:
+		h.stopRelay("not yet: relay_service = \"auto\" relays once AutoNAT finds this node public (it has not answered) " +
+			"or a peer outside dials it on a public address")
+		return
+	}
+	if err := h.startRelay(); err != nil {
+		h.log.Warn("cannot start the relay service", "module", "p2p", "err", err)
+		h.setWhy("not relaying: " + err.Error())
+	}
+}
+
+func (h *Host) setWhy(why string) {
+	h.mu.Lock()
+	h.why = why
+	h.mu.Unlock()
+}
+
+// stopRelay stops the relay service, if it runs, saying why.
+func (h *Host) stopRelay(why string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.why = why
+	if h.relay != nil {
+		h.relay.Close()
+		h.relay = nil
+	}
 }
 
 func (h *Host) startRelay() error {
@@ -162,8 +245,10 @@ type NATStatus struct {
 	// RelayAddrs are the relayed addresses this node advertises while it is
 	// private: /p2p/RELAY/p2p-circuit.
 	RelayAddrs []string `json:"relay_addrs"`
-	// Relaying says whether this node runs the relay service for members.
-	Relaying bool `json:"relaying"`
+	// Relaying says whether this node runs the relay service for members,
+	// and RelayWhy why it does or does not.
+	Relaying bool   `json:"relaying"`
+	RelayWhy string `json:"relay_why,omitempty"`
 	// HolePunches counts the hole punches tried since start, and how many
 	// turned a relayed connection direct.
 	HolePunches    int64 `json:"hole_punches"`
@@ -179,7 +264,7 @@ func NATOf(h host.Host) NATStatus {
 	if ok {
 		st.Reachability = reachabilityName(network.Reachability(nh.reach.Load()))
 		nh.mu.Lock()
-		st.Relaying = nh.relay != nil || nh.relayRunning()
+		st.Relaying, st.RelayWhy = nh.relay != nil, nh.why
 		nh.mu.Unlock()
 		st.HolePunches, st.HolePunchesWon = nh.punches.tried.Load(), nh.punches.won.Load()
 		nh.omu.Lock()
@@ -204,13 +289,6 @@ func NATOf(h host.Host) NATStatus {
 	}
 	slices.Sort(st.PublicAddrs)
 	return st
-}
-
-// relayRunning says whether libp2p's own relay manager (RelayAuto) serves:
-// it does while AutoNAT finds this node public.
-func (h *Host) relayRunning() bool {
-	return !h.relayOn && len(h.relayOpts) > 0 && network.Reachability(h.reach.Load()) == network.ReachabilityPublic &&
-		slices.Contains(h.Mux().Protocols(), "/libp2p/circuit/relay/0.2.0/hop")
 }
 
 func reachabilityName(r network.Reachability) string {

@@ -225,3 +225,34 @@ func fashionSpec(t *testing.T, workers int) jobs.File {
 		Dataset: "/usr/share/datasets/fashion-mnist", Workers: workers, Cores: 1, Memory: "2GiB",
 		MaxPrice: "5", MaxDuration: "15m"}
 }
+
+// TestAPublicValidatorRelaysUnderAuto: a university's validator on a
+// public address with relay_service left at "auto", as a new university
+// would leave it, and a lab behind a NAT whose only public peer it is.
+// AutoNAT cannot confirm the validator public with one peer, but the lab
+// dials it on its public address from outside, which is evidence enough:
+// it relays, says why, and the lab reserves a slot on it.
+func TestAPublicValidatorRelaysUnderAuto(t *testing.T) {
+	testutil.NeedRoot(t, netlab.AvailableNAT)
+	t.Parallel()
+	n := startNet(t, Params{Validators: 1, Nodes: 1}, RunOptions{Profile: "nat", RelayAuto: true, StartTimeout: 2 * time.Minute})
+	const val, lab = 0, 1
+	vc, _ := n.Client(val)
+	lc, _ := n.Client(lab)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		vst, err1 := vc.Status(t.Context())
+		lst, err2 := lc.Status(t.Context())
+		if err1 == nil && err2 == nil && vst.NAT.Relaying && len(lst.NAT.RelayAddrs) > 0 {
+			if !strings.Contains(vst.NAT.RelayWhy, "dialled on its public address") {
+				t.Errorf("the validator relays, saying %q: want the inbound connection that showed it public", vst.NAT.RelayWhy)
+			}
+			t.Logf("validator: %+v; lab: %+v", vst.NAT, lst.NAT)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("60 s after start under relay_service = auto: validator %+v (%v), lab %+v (%v)", vst.NAT, err1, lst.NAT, err2)
+		}
+		time.Sleep(time.Second)
+	}
+}

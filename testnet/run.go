@@ -31,6 +31,9 @@ type RunOptions struct {
 	// machines behind a NAT of its own (NATProfiles), its validators
 	// outside, on the emulated internet.
 	Profile string
+	// RelayAuto, under a NAT profile, leaves the validators' relay_service
+	// at "auto", as a new university's would be, rather than "on".
+	RelayAuto bool
 	// Tag names the namespaces (default from the chain ID); at most 6
 	// characters.
 	Tag string
@@ -221,7 +224,7 @@ func (n *Network) natConfig(i int, cfg *node.Config) {
 	for _, c := range n.Lab.PublicCIDRs() {
 		cfg.P2P.TestnetPublic = append(cfg.P2P.TestnetPublic, c.String())
 	}
-	if n.Manifest.Nodes[i].Validator {
+	if n.Manifest.Nodes[i].Validator && !n.opts.RelayAuto {
 		cfg.P2P.RelayService = p2p.RelayOn
 	}
 }

@@ -54,8 +54,11 @@ func reachability(n p2p.NATStatus) string {
 	default:
 		s = "not known yet (AutoNAT has not answered)"
 	}
-	if n.Relaying {
-		s += "; relays for members"
+	switch {
+	case n.Relaying:
+		s += "; relays for members (" + n.RelayWhy + ")"
+	case n.RelayWhy != "":
+		s += "; relays for nobody: " + n.RelayWhy
 	}
 	if n.HolePunches > 0 {
 		s += fmt.Sprintf("; hole punches %d of %d succeeded", n.HolePunchesWon, n.HolePunches)
