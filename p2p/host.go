@@ -144,6 +144,7 @@ func NewHost(p HostParams) (host.Host, error) {
 	if nh.log == nil {
 		nh.log = slog.Default()
 	}
+	nh.punches.log = nh.log
 	opts := []libp2p.Option{
 		libp2p.Identity(p.Key.PrivKey()),
 		libp2p.ListenAddrStrings(p.Listen...),

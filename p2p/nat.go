@@ -253,6 +253,8 @@ type NATStatus struct {
 	// turned a relayed connection direct.
 	HolePunches    int64 `json:"hole_punches"`
 	HolePunchesWon int64 `json:"hole_punches_won"`
+	// LastHolePunch is the last hole punch's outcome, with any peer.
+	LastHolePunch *Punch `json:"last_hole_punch,omitempty"`
 }
 
 // NATOf reports h's NAT status; a host NewHost did not build reports
@@ -267,6 +269,12 @@ func NATOf(h host.Host) NATStatus {
 		st.Relaying, st.RelayWhy = nh.relay != nil, nh.why
 		nh.mu.Unlock()
 		st.HolePunches, st.HolePunchesWon = nh.punches.tried.Load(), nh.punches.won.Load()
+		nh.punches.mu.Lock()
+		if l := nh.punches.latest; l != nil {
+			c := *l
+			st.LastHolePunch = &c
+		}
+		nh.punches.mu.Unlock()
 		nh.omu.Lock()
 		for _, o := range nh.observed {
 			observed = append(observed, o.addr)
@@ -380,17 +388,106 @@ func subtract(r, c *net.IPNet) []*net.IPNet {
 }
 
 // punchCounter counts hole punches from libp2p's hole punching events.
-type punchCounter struct{ tried, won atomic.Int64 }
+type punchCounter struct {
+	tried, won atomic.Int64
+	log        *slog.Logger
+
+	mu       sync.Mutex
+	attempts map[peer.ID]int
+	last     map[peer.ID]Punch // bounded by maxPunchPeers
+	latest   *Punch
+}
+
+// Punch is what the last hole punch with one peer came to: whether it
+// turned the relayed connection direct, after how many attempts, and the
+// error it ended with.
+type Punch struct {
+	Peer     string    `json:"peer"`
+	At       time.Time `json:"at"`
+	Success  bool      `json:"success"`
+	Attempts int       `json:"attempts"`
+	Error    string    `json:"error,omitempty"`
+}
+
+// String says it in words.
+func (p Punch) String() string {
+	if p.Success {
+		return fmt.Sprintf("hole punched after %d %s", p.Attempts, plural(p.Attempts, "attempt", "attempts"))
+	}
+	return fmt.Sprintf("hole punch failed after %d %s: %s", p.Attempts, plural(p.Attempts, "attempt", "attempts"), p.Error)
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// maxPunchPeers bounds the peers whose last hole punch is kept.
+const maxPunchPeers = 256
 
 var _ holepunch.EventTracer = (*punchCounter)(nil)
 
+// Trace counts the hole punches and keeps each peer's last outcome; a
+// failure is logged with its attempts and error.
 func (c *punchCounter) Trace(e *holepunch.Event) {
-	if end, ok := e.Evt.(*holepunch.EndHolePunchEvt); ok {
+	var end *Punch
+	c.mu.Lock()
+	if c.attempts == nil {
+		c.attempts, c.last = map[peer.ID]int{}, map[peer.ID]Punch{}
+	}
+	switch ev := e.Evt.(type) {
+	case *holepunch.HolePunchAttemptEvt:
+		c.attempts[e.Remote] = ev.Attempt
+	case *holepunch.EndHolePunchEvt:
 		c.tried.Add(1)
-		if end.Success {
+		if ev.Success {
 			c.won.Add(1)
 		}
+		end = &Punch{Peer: e.Remote.String(), At: time.Now().UTC(), Success: ev.Success, Attempts: c.attempts[e.Remote], Error: ev.Error}
+	case *holepunch.ProtocolErrorEvt:
+		end = &Punch{Peer: e.Remote.String(), At: time.Now().UTC(), Attempts: c.attempts[e.Remote], Error: "protocol: " + ev.Error}
 	}
+	if end != nil {
+		delete(c.attempts, e.Remote)
+		if _, ok := c.last[e.Remote]; !ok && len(c.last) >= maxPunchPeers {
+			for p := range c.last { // any: a bound, not an order
+				delete(c.last, p)
+				break
+			}
+		}
+		c.last[e.Remote], c.latest = *end, end
+	}
+	c.mu.Unlock()
+	if end != nil && !end.Success && c.log != nil {
+		c.log.Info("hole punch failed: the connection stays relayed", "module", "p2p", "peer", end.Peer, "attempts", end.Attempts, "err", end.Error)
+	}
+}
+
+// lastWith is peer p's last hole punch, if any.
+func (c *punchCounter) lastWith(p peer.ID) (Punch, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pu, ok := c.last[p]
+	return pu, ok
+}
+
+// PunchWith says why h's connection to p is relayed, not direct: its last
+// hole punch with p, or that there has been none (and whether h has a
+// public address to punch with); "" for a host NewHost did not build.
+func PunchWith(h host.Host, p peer.ID) string {
+	nh, ok := h.(*Host)
+	if !ok {
+		return ""
+	}
+	if pu, ok := nh.punches.lastWith(p); ok {
+		return pu.String()
+	}
+	if st := NATOf(h); len(st.PublicAddrs) == 0 {
+		return "no hole punch yet: no peer has observed this node's public address, and a punch needs one"
+	}
+	return "no hole punch yet"
 }
 
 // How a machine is reached, as its offer says (Offer.Reach).

@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/peerstore"
 	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/client"
+	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
 	ma "github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
 )
@@ -200,5 +202,33 @@ func TestRelayServesACampusBehindOneAddress(t *testing.T) {
 		if _, err := client.Reserve(ctx, lab, ri); err != nil {
 			t.Fatalf("lab machine %d of one address could not reserve a slot: %v", i+1, err)
 		}
+	}
+}
+
+// TestPunchOutcomesAreKept: a hole punch's outcome is kept per peer, with
+// its attempts and error, and said in words; the peers kept are bounded.
+func TestPunchOutcomesAreKept(t *testing.T) {
+	c := &punchCounter{}
+	a, b := peer.ID("lab-a"), peer.ID("lab-b")
+	c.Trace(&holepunch.Event{Remote: a, Evt: &holepunch.HolePunchAttemptEvt{Attempt: 1}})
+	c.Trace(&holepunch.Event{Remote: a, Evt: &holepunch.HolePunchAttemptEvt{Attempt: 2}})
+	c.Trace(&holepunch.Event{Remote: a, Evt: &holepunch.EndHolePunchEvt{Error: "all retries for hole punch with peer failed"}})
+	pu, ok := c.lastWith(a)
+	if !ok || pu.Success || pu.Attempts != 2 || pu.String() != "hole punch failed after 2 attempts: all retries for hole punch with peer failed" {
+		t.Fatalf("a failed punch: %+v %v (%q)", pu, ok, pu.String())
+	}
+	c.Trace(&holepunch.Event{Remote: b, Evt: &holepunch.HolePunchAttemptEvt{Attempt: 1}})
+	c.Trace(&holepunch.Event{Remote: b, Evt: &holepunch.EndHolePunchEvt{Success: true}})
+	if pu, _ := c.lastWith(b); !pu.Success || pu.String() != "hole punched after 1 attempt" || c.tried.Load() != 2 || c.won.Load() != 1 {
+		t.Errorf("a won punch: %+v, %d tried, %d won", pu, c.tried.Load(), c.won.Load())
+	}
+	if c.latest == nil || c.latest.Peer != b.String() {
+		t.Errorf("latest %+v, want b's", c.latest)
+	}
+	for i := range maxPunchPeers + 10 {
+		c.Trace(&holepunch.Event{Remote: peer.ID(fmt.Sprint("p", i)), Evt: &holepunch.ProtocolErrorEvt{Error: "stream reset"}})
+	}
+	if len(c.last) > maxPunchPeers {
+		t.Errorf("%d peers' punches kept, want at most %d", len(c.last), maxPunchPeers)
 	}
 }

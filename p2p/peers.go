@@ -23,6 +23,7 @@ type PeerInfo struct {
 	Score     float64       // gossipsub score
 	Direction string        // inbound or outbound
 	Relayed   bool          // the only connections go through a relay
+	Punch     string        // while Relayed: why not direct (PunchWith)
 }
 
 // PeerWatcher measures connected peers' latency and keeps their gossip
@@ -102,6 +103,9 @@ func (w *PeerWatcher) Peers() []PeerInfo {
 			info.Addrs = append(info.Addrs, c.RemoteMultiaddr().String())
 			info.Direction = c.Stat().Direction.String()
 			info.Relayed = info.Relayed && Relayed(c)
+		}
+		if info.Relayed {
+			info.Punch = PunchWith(w.h, p)
 		}
 		out = append(out, info)
 	}

@@ -63,6 +63,9 @@ func reachability(n p2p.NATStatus) string {
 	if n.HolePunches > 0 {
 		s += fmt.Sprintf("; hole punches %d of %d succeeded", n.HolePunchesWon, n.HolePunches)
 	}
+	if l := n.LastHolePunch; l != nil && !l.Success {
+		s += fmt.Sprintf("; the last, with %s, failed after %d attempts: %s", l.Peer, l.Attempts, l.Error)
+	}
 	return s
 }
 
@@ -431,7 +434,11 @@ func newPeersCmd(c *cli) *cobra.Command {
 			if p.LatencyMS > 0 {
 				lat = strconv.FormatFloat(p.LatencyMS, 'f', 1, 64) + " ms"
 			}
-			rows = append(rows, []string{p.PeerID, p.Moniker, p.Site, lat, strconv.FormatFloat(p.Score, 'f', 1, 64), p.Direction, p.Connection})
+			conn := p.Connection
+			if p.Punch != "" {
+				conn += " (" + p.Punch + ")"
+			}
+			rows = append(rows, []string{p.PeerID, p.Moniker, p.Site, lat, strconv.FormatFloat(p.Score, 'f', 1, 64), p.Direction, conn})
 		}
 		c.table("PEER\tNAME\tSITE\tLATENCY\tSCORE\tDIRECTION\tCONNECTION", rows)
 		return nil

@@ -156,8 +156,12 @@ type Peer struct {
 	Direction  string  `json:"direction"`
 	// Connection is "direct", or "relayed" while the only connection goes
 	// through a relay (control messages only).
-	Connection string   `json:"connection"`
-	Addrs      []string `json:"addrs"`
+	Connection string `json:"connection"`
+	// Punch, while the connection is relayed, says why it is not direct:
+	// the last hole punch with the peer (its attempts and error), or none
+	// yet and why.
+	Punch string   `json:"punch,omitempty"`
+	Addrs []string `json:"addrs"`
 }
 
 // SeenBid is one entry of `bids --json` (the submitter's type).

@@ -113,7 +113,7 @@ func (m *Market) Peers() []api.Peer {
 		out = append(out, api.Peer{
 			PeerID: p.ID.String(), Moniker: p.Moniker, Site: p.Site, Version: p.Version, DeepMarket: p.DeepMkt,
 			LatencyMS: float64(p.Latency.Microseconds()) / 1000, Score: p.Score, Direction: p.Direction, Addrs: p.Addrs,
-			Connection: map[bool]string{false: "direct", true: "relayed"}[p.Relayed],
+			Connection: map[bool]string{false: "direct", true: "relayed"}[p.Relayed], Punch: p.Punch,
 		})
 	}
 	return out
