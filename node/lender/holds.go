@@ -89,6 +89,12 @@ const (
 	// EscrowWithin is how long a committed hold keeps its capacity
 	// against other accounts without an escrow that pays this machine.
 	EscrowWithin = 8 * time.Second
+	// MinHoldAge is how long any hold keeps its capacity, whatever its
+	// account's streak: the time an honest bidder takes from its quotes
+	// to its commit. A busy honest account, bidding job after job, holds
+	// machines in one long streak too; this keeps its next quote's holds
+	// until it commits them.
+	MinHoldAge = 3 * time.Second
 )
 
 func (l HoldLimits) withDefaults() HoldLimits {
@@ -362,9 +368,16 @@ func (h *Holds) staleAt(x *hold) time.Time {
 	case x.launched:
 		return time.Time{}
 	case !x.committed:
-		return x.graceFrom.Add(TentativeGrace)
+		return later(x.graceFrom.Add(TentativeGrace), x.created.Add(MinHoldAge))
 	}
 	return x.committedAt.Add(EscrowWithin)
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // stale says whether hold x has nothing behind it at now, so that another
@@ -622,6 +635,13 @@ func (h *Holds) Launch(id, job string, launcher peer.ID, now time.Time) (p2p.Res
 		return p2p.Resources{}, false
 	}
 	x.launched, x.expires = true, time.Time{}
+	// The account uses what it held: its streak here starts again.
+	delete(h.streaks, x.account)
+	for _, o := range h.holds {
+		if o.account == x.account && !o.launched {
+			o.graceFrom = now
+		}
+	}
 	return x.res, true
 }
 

@@ -408,6 +408,40 @@ func TestStaleHoldsGiveWayToOtherAccounts(t *testing.T) {
 		}
 	})
 
+	// A busy honest account bids job after job: its streak here is long,
+	// but its next quote's hold stays MinHoldAge, until its commit; and a
+	// launch, using what it held, starts its streak again.
+	t.Run("busy", func(t *testing.T) {
+		h := NewHolds(func() p2p.Resources { return lent }, HoldLimits{}, nil)
+		h.Apply(insider, reqAs("1111111111111111", 1, "dm1busy", insiderJob), t0)
+		h.Apply(insider, opReq(p2p.OpRelease, "1111111111111111"), at(grace))
+		late := at(grace + time.Second) // its streak is stale from here on
+		if r := h.Apply(insider, reqAs("3333333333333333", 2, "dm1busy", insiderJob), late); !r.OK {
+			t.Fatalf("the busy account's next hold: %+v", r)
+		}
+		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), late.Add(MinHoldAge-time.Second)); r.OK {
+			t.Fatalf("a hold %s old gave way: %+v", MinHoldAge-time.Second, r)
+		}
+		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), late.Add(MinHoldAge)); !r.OK {
+			t.Fatalf("a hold of a stale streak %s old did not give way: %+v", MinHoldAge, r)
+		}
+	})
+	t.Run("launch resets the streak", func(t *testing.T) {
+		h := NewHolds(func() p2p.Resources { return lent }, HoldLimits{}, nil)
+		h.Apply(insider, reqAs("1111111111111111", 1, "dm1busy", insiderJob), t0)
+		h.Apply(insider, reqAs("3333333333333333", 1, "dm1busy", insiderJob), t0)
+		h.Apply(testBidder, opReq(p2p.OpCommit, "1111111111111111"), at(time.Second))
+		if _, ok := h.Launch("1111111111111111", insiderJob, testBidder, at(grace)); !ok {
+			t.Fatal("launch")
+		}
+		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(grace+MinHoldAge)); r.OK {
+			t.Fatalf("a hold of an account that just launched here gave way: %+v", r)
+		}
+		if r := h.Apply(honest, reserveReq("2222222222222222", 1, 60), at(2*grace+time.Second)); !r.OK {
+			t.Fatalf("the hold %s after the launch did not give way: %+v", grace+time.Second, r)
+		}
+	})
+
 	t.Run("launched", func(t *testing.T) {
 		h := NewHolds(func() p2p.Resources { return lent }, HoldLimits{}, nil)
 		h.Apply(insider, reqAs("1111111111111111", 2, "dm1insider", insiderJob), t0)
