@@ -428,26 +428,17 @@ func IsCID(s string) bool {
 // for key: the path made absolute, or the CID as is. The file must be a
 // regular one of at most MaxValidationBytes.
 func resolveFile(key, v, baseDir string) (string, error) {
-	if IsCID(v) {
-		return v, nil
-	}
-	p := v
-	if !filepath.IsAbs(p) {
-		p = filepath.Join(baseDir, p)
-	}
-	st, err := os.Stat(p)
+	p, st, err := locate(key, v, baseDir, "file")
 	switch {
-	case errors.Is(err, os.ErrNotExist):
-		return "", bad(key, "%s: no such file (and not a CID)", p)
-	case err != nil:
-		return "", bad(key, "%v", err)
+	case err != nil || st == nil:
+		return p, err
 	case !st.Mode().IsRegular():
 		return "", bad(key, "%s is not a regular file", p)
 	case st.Size() > MaxValidationBytes:
 		return "", bad(key, "%s is %s (want at most %s: a batch every update is checked on)", p,
 			units.FormatSize(uint64(st.Size())), units.FormatSize(MaxValidationBytes))
 	}
-	return filepath.Clean(p), nil
+	return p, nil
 }
 
 // MaxValidationBytes bounds a held job's validation batch: the holder
@@ -461,22 +452,30 @@ func resolveInput(key, v, baseDir string, required bool) (string, error) {
 		}
 		return "", nil
 	}
+	p, st, err := locate(key, v, baseDir, "directory")
+	if err == nil && st != nil && !st.IsDir() {
+		return "", bad(key, "%s is not a directory", p)
+	}
+	return p, err
+}
+
+// locate is input v for key: a CID as is (and no file info), else the
+// path, relative to baseDir, made absolute and clean, with what it is;
+// what names the kind wanted in the error for a path that is not there.
+func locate(key, v, baseDir, what string) (string, os.FileInfo, error) {
 	if IsCID(v) {
-		return v, nil
+		return v, nil, nil
 	}
 	p := v
 	if !filepath.IsAbs(p) {
 		p = filepath.Join(baseDir, p)
 	}
 	st, err := os.Stat(p)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return "", bad(key, "%s: no such directory (and not a CID)", p)
-		}
-		return "", bad(key, "%v", err)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return "", nil, bad(key, "%s: no such %s (and not a CID)", p, what)
+	case err != nil:
+		return "", nil, bad(key, "%v", err)
 	}
-	if !st.IsDir() {
-		return "", bad(key, "%s is not a directory", p)
-	}
-	return filepath.Clean(p), nil
+	return filepath.Clean(p), st, nil
 }
