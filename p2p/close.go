@@ -73,6 +73,7 @@ func (h *Host) closeBounded() error {
 // network, then libp2p's host: see Close.
 func (h *Host) shutdown() error {
 	h.mu.Lock()
+	h.closing = true // no relay starts from here on (decideRelay)
 	if h.relay != nil {
 		h.relay.Close()
 		h.relay = nil

@@ -39,6 +39,7 @@ type Host struct {
 	dialled string         // RelayAuto: an inbound connection on a public address, as evidence
 	why     string         // why this node relays or not, for status
 	decide  sync.Mutex     // one decideRelay at a time
+	closing bool           // shutdown has begun: no relay starts
 	sub     event.Subscription
 	done    chan struct{} // closed when sub's reader returns
 
@@ -190,7 +191,7 @@ func (h *Host) stopRelay(why string) {
 func (h *Host) startRelay() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.relay != nil {
+	if h.relay != nil || h.closing {
 		return nil
 	}
 	r, err := relayv2.New(h.Host, h.relayOpts...)
