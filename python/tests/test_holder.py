@@ -300,6 +300,36 @@ class HolderTest(unittest.TestCase):
         self.assertEqual((acc["1"]["accepted"], acc["2"]["accepted"]), (8, 8), acc)
         self.assertGreater(acc["2"]["seconds"], 0, acc)
 
+    def test_a_refusal_names_the_evidence_its_worker_keeps(self):
+        # What the holder's accounts name of a refusal (the payer's node
+        # signs it into its answer) is what the refused worker keeps for an
+        # appeal, digest for digest: the round's theta, theta before the
+        # last update (the echo check's) and the update as decoded.
+        from deepmarket.train import evidence
+        with tempfile.TemporaryDirectory() as d:
+            orig = Member.__init__
+
+            def init(m, rank, *a, **kw):
+                orig(m, rank, *a, **kw)
+                m.av.evidence_dir = os.path.join(d, str(rank))
+            Member.__init__ = init
+            try:
+                holder, members, _ = run(["honest", "random"], rounds=6)
+            finally:
+                Member.__init__ = orig
+            ref = holder.accounts()["1"]["refusal"]
+            self.assertEqual(ref["round"], 5, ref)
+            self.assertFalse(os.path.exists(os.path.join(d, "0")))  # never refused: nothing kept
+            kept = sorted(os.listdir(os.path.join(d, "1")))
+            self.assertEqual(kept, ["round-3", "round-4", "round-5"])  # the newest KEEP rounds
+            meta, theta, prev, update, model = evidence.load(os.path.join(d, "1", "round-5"))
+            self.assertEqual((meta["theta"], meta["prev"], meta["update"]), (ref["theta"], ref["prev"], ref["update"]))
+            self.assertEqual(evidence.digest(theta), ref["theta"])
+            self.assertEqual(evidence.digest(prev), ref["prev"])
+            self.assertEqual(evidence.digest(update), ref["update"])
+            self.assertIsNone(model)
+            self.assertTrue(ref["prev"])
+
     def test_a_duplicate_vetted_before_its_twin_is_stored_refuses_both(self):
         # Rank 0's push is vetted and accepted, and not yet in the round
         # (Averager._on_push stores it just after) when rank 1's copy of it

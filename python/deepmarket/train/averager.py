@@ -76,7 +76,9 @@ import numpy as np
 
 from .. import progress
 from . import codec as codecs
+from . import evidence
 from . import wire
+from .evidence import digest  # a short hash of the weights' exact bytes
 
 CHECKPOINT = "diloco-state.npz"
 KEEPALIVE = 2.0        # seconds between "wait" frames while a member waits for a round
@@ -115,11 +117,6 @@ class _State:
     def seal(self):
         self.digest = digest(self.theta)
         return self
-
-
-def digest(theta):
-    """Returns a short hash of the weights' exact bytes."""
-    return hashlib.blake2b(np.ascontiguousarray(theta, dtype="<f4").tobytes(), digest_size=12).hexdigest()
 
 
 def outer_step(theta, mom, delta, lr, momentum, nesterov=True, mask=None):
@@ -198,6 +195,13 @@ class Averager:
                       "refused": 0, "refused_run": 0,
                       "bytes_sent": 0, "bytes_received": 0, "seconds": 0.0}
         self._t0 = None
+        # Held mode: where refused rounds' evidence goes (evidence.py), the
+        # model's description for it, the last push (round, theta, decoded
+        # delta, steps) and the weights before the last update that moved them.
+        self.evidence_dir = os.environ.get("DM_EVIDENCE_DIR") or None
+        self.model_description = None
+        self._sent = None
+        self._before_last = None
         self._expect_until = 0.0         # a founder's first round waits for all until then
         self._proofs = {}                # round -> (state bytes, digest, data cursor): spot checks
 
@@ -637,10 +641,25 @@ class Averager:
             self.stats["refused_run"] += 1
             self._log("round %d: the holder refused our update" % h.get("from_round"))
             self._answered()
+            self._keep_evidence(h.get("from_round"))
+        if self.held and new.digest != h.get("prev"):
+            self._before_last = st.theta
         if late:
             self.stats["late"] += 1
         steps = max(0, self.H - int(h.get("progress", 0)))
         return Sync(new.theta.copy(), new.round, steps, new.stop, "late" if late else "update")
+
+    def _keep_evidence(self, r):
+        """Saves the refused round r's evidence (evidence.py) where the node
+        asked, for an appeal; a failure to is logged, not fatal."""
+        sent = self._sent
+        if not self.evidence_dir or sent is None or sent[0] != r:
+            return
+        try:
+            evidence.save(self.evidence_dir, r, sent[1], self._before_last, sent[2], sent[3],
+                          self.model_description)
+        except (OSError, ValueError) as e:
+            self._log("cannot keep the evidence of refused round %d: %s" % (r, e))
 
     def _answered(self):
         """Tells this worker's node the round answers so far (its progress
@@ -699,6 +718,9 @@ class Averager:
             proof = self._proofs.get(self._state.round) if self.held else None
             if proof is not None:
                 h["commit"] = {"state": proof[1], "cursor": proof[2]}
+            if self.held and self.evidence_dir:
+                st = self._state
+                self._sent = (st.round, st.theta, codecs.decode(meta, payload), steps)
         return self._request(c, h, payload, reuse=True)
 
     def _request(self, j, h, payload=b"", reuse=False):

@@ -88,6 +88,7 @@ from collections import deque
 import numpy as np
 
 from .averager import Averager, Sync
+from .evidence import digest
 
 
 # The thresholds' defaults: the node's (p2p.DefaultChecks).
@@ -175,6 +176,8 @@ class Holder(Averager):
         self._base = (None, None)             # (digest, loss of theta) for the open round
         self._norms = deque(maxlen=3 * max(1, peers.world - 1))
         self._last_avg = None                 # the last global update (decoded average)
+        self._before_last = ""                # the digest of theta before that update
+        self.model_digest = ""                # the model description's (evidence.py), when the program gives it
         self._round_start = time.monotonic()
         self._verdicts = {}                   # rank -> (round, accepted, why, seconds, norm) for the open round
         self._deltas = {}                     # rank -> (delta, norm) pushed in the open round (duplicate check)
@@ -238,6 +241,7 @@ class Holder(Averager):
     def write_accounts(self, path):
         """Writes accounts() (and the holder's round and check time) to path, atomically."""
         doc = {"round": self.round, "check_seconds": round(self.check_seconds, 3), "workers": self.accounts(),
+               "model": self.model_digest,
                "checks": {"tolerance": self.tolerance, "norm_factor": self.norm_factor, "echo": self.echo,
                           "residual": self.residual, "duplicate": self.duplicate}}
         if self.validation:
@@ -289,6 +293,7 @@ class Holder(Averager):
             self._verdicts[j] = (r, ok, why, seconds, float(np.linalg.norm(delta)) if ok else 0.0)
             if not ok:
                 a["last_refusal"] = "round %d: %s" % (r, why)
+                a["refusal"] = self._bound(r, st, delta)
                 self._log("round %d: refused rank %d's update: %s" % (r, j, why))
             elif self.verify_rate > 0 and j not in self._open and self._rng.random() < self.verify_rate:
                 commit = h["commit"]
@@ -329,6 +334,7 @@ class Holder(Averager):
         why = _duplicate_of([j])
         self._verdicts[k] = (r, False, why, v[3], 0.0)
         self._account(k)["last_refusal"] = "round %d: %s" % (r, why)
+        self._account(k)["refusal"] = self._bound(r, self._state, self._deltas[k][0])
         self._log("round %d: refused rank %d's update: %s" % (r, k, why))
         o = self._open.get(k)
         if o is not None and o["round"] == r:
@@ -476,6 +482,14 @@ class Holder(Averager):
             self.check_seconds += time.monotonic() - t
             return self._base[1], loss
 
+    def _bound(self, r, st, delta):
+        """What a refusal of round r names, for the payer's signed answer
+        and the referees: the digests of the round's theta, of theta before
+        the last update (the echo check's), of the update refused, and of
+        the model's description (evidence.py)."""
+        return {"round": int(r), "theta": st.digest, "prev": self._before_last if self._last_avg is not None else "",
+                "update": digest(delta), "model": self.model_digest}
+
     def _account(self, j):
         a = self._accounts.get(j)
         if a is None:
@@ -518,7 +532,8 @@ class Holder(Averager):
         # The last global update, as every worker received it (for the echo check).
         moved = before - self._state.theta
         with self._cv:
-            self._last_avg = moved if np.any(moved) else self._last_avg
+            if np.any(moved):
+                self._last_avg, self._before_last = moved, digest(before)
         return res
 
     def close(self, finished=False):

@@ -159,6 +159,11 @@ class DiLoCo(_keras.callbacks.Callback):
         mask = np.concatenate([np.full(int(np.prod(v.shape)), id(v) in trainable, dtype=bool)
                                for v in self.model.weights]) if weights else np.zeros(0, bool)
         self.averager = Averager(self.peers, log=self._log, **self._opts)
+        if self.averager.held and self.averager.evidence_dir:
+            try:  # kept beside a refused round's arrays, for referees (evidence.py)
+                self.averager.model_description = model_description(self.model)
+            except (TypeError, ValueError, NotImplementedError) as e:
+                self._log("the model cannot be described for referees: %s" % e)
         if self.overlap:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diloco")
         res = self.averager.start(_flatten(weights), mask)

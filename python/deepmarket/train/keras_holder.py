@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import progress
 from . import env as envmod
+from .evidence import model_description, model_digest
 from .holder import Holder, validation_batch
 from .keras_callback import _flatten, _keras, _unflatten, load_optimizer_state
 
@@ -109,6 +110,10 @@ class KerasHolder:
                              drop_after=drop_after, compress=compress, outer_lr=outer_lr,
                              outer_momentum=outer_momentum, timeout=timeout, join_timeout=join_timeout,
                              checkpoint_dir=self.out_dir, job=os.environ.get("DM_JOB_ID", ""), log=self._log)
+        try:  # what a referee rebuilds the model from, by the digest the answers name
+            self.holder.model_digest = model_digest(model_description(model))
+        except (TypeError, ValueError, NotImplementedError) as e:
+            self._log("the model cannot be described for referees (%s): they will not judge its refusals" % e)
         self.history = []        # (seconds since run, round, accuracy)
         self.reached_at = None   # seconds since run when the target was reached
         self.round_seconds = []  # how long each round took on the holder, start to close
