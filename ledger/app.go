@@ -452,6 +452,7 @@ func (app *App) Commit(context.Context, *abci.RequestCommit) (*abci.ResponseComm
 //	/member/ADDR        Membership
 //	/registration/ADDR  Registration (a machine's owner and link height; /link/ADDR too)
 //	/escrow/JOB         Escrow
+//	/cases/ADDR         []Docket: the open appeals that drew ADDR as a referee and wait for its vote
 //	/machine/ADDR       MachineRecord
 //	/pending/HASH       PendingTx: whether this node's mempool holds the transaction
 //	/totals             the books
@@ -544,6 +545,11 @@ func (app *App) query(path string) (any, error) {
 		if v, ok := s.Escrows[arg]; ok {
 			return v, nil
 		}
+	case "cases":
+		if _, err := identity.ParseAddress(arg); err != nil {
+			return nil, reject(CodeInvalidAddress, "%v", err)
+		}
+		return s.docket(arg), nil
 	case "machine":
 		if v, ok := s.Machines[arg]; ok {
 			return v, nil

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -430,4 +431,55 @@ func checkCases(job string, e *Escrow) []string {
 		}
 	}
 	return problems
+}
+
+// Docket is an open case as a referee it drew reads it (/cases/ADDR).
+type Docket struct {
+	Job       string `json:"job"`
+	Payer     string `json:"payer"`
+	PayerKey  []byte `json:"payer_key"`
+	Appellant string `json:"appellant"`
+	Claim     uint64 `json:"claim"`
+	Evidence  string `json:"evidence"`
+	Deadline  int64  `json:"deadline"`
+	// Cap is the most referees should find owed: AppealCap.
+	Cap uint64 `json:"cap"`
+}
+
+// docket lists the open cases that drew referee and wait for its vote,
+// by job.
+func (s *State) docket(referee string) []Docket {
+	out := []Docket{}
+	for job, e := range s.Escrows {
+		for i := range e.Cases {
+			k := &e.Cases[i]
+			if !k.open() || !slices.Contains(k.Referees, referee) ||
+				slices.ContainsFunc(k.Votes, func(v Vote) bool { return v.Referee == referee }) {
+				continue
+			}
+			out = append(out, Docket{Job: job, Payer: e.Payer, PayerKey: e.PayerKey, Appellant: k.Appellant,
+				Claim: k.Claim, Evidence: k.Evidence, Deadline: k.Deadline, Cap: AppealCap(e, k.Appellant)})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Job+out[i].Appellant < out[j].Job+out[j].Appellant })
+	return out
+}
+
+// AppealCap is the most a payee of e can be owed for its refused rounds,
+// as referees judge a claim: what the settlement withheld for it, or,
+// when the settlement withheld nothing, three times what it was paid (a
+// floor of at least MinFloor of the price, p2p's 0.25, paid for the
+// whole time: the rest is at most three times the floor).
+func AppealCap(e *Escrow, payee string) uint64 {
+	for _, w := range e.Withheld {
+		if w.Payee == payee && w.Amount > 0 {
+			return w.Amount
+		}
+	}
+	for _, c := range e.Claimed {
+		if c.Payee == payee {
+			return 3 * c.Amount
+		}
+	}
+	return 0
 }

@@ -655,6 +655,12 @@ func (c *Client) Escrow(ctx context.Context, job string) (*Escrow, error) {
 	return &e, nil
 }
 
+// Cases are the open appeals that drew referee and wait for its vote.
+func (c *Client) Cases(ctx context.Context, referee identity.Address) ([]Docket, error) {
+	var d []Docket
+	return d, c.query(ctx, "/cases/"+string(referee), &d)
+}
+
 // MachineRecord is a machine's track record (jobs completed and failed,
 // credits earned); the zero record for a machine with none.
 func (c *Client) MachineRecord(ctx context.Context, machine string) (MachineRecord, error) {

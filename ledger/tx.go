@@ -233,7 +233,7 @@ const (
 	txDomain      = "deepmarket/tx/1"
 	linkDomain    = "deepmarket/link/3"
 	receiptDomain = "deepmarket/receipt/1"
-	answerDomain  = "deepmarket/answer/1"
+	answerDomain  = "deepmarket/answer/2"
 )
 
 type txSigning struct {

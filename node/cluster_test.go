@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/jobs"
 )
@@ -125,10 +126,16 @@ func startJobClusterLending(t testing.TB, python string, lenders int, lend api.L
 // started with subOpts too.
 func startJobClusterWith(t testing.TB, python string, lenders int, lend api.LendRequest, subOpts []nodeOpt, opts ...nodeOpt) *jobCluster {
 	t.Helper()
+	return startJobClusterOn(t, python, lenders, lend, testLedgerParams(), subOpts, opts...)
+}
+
+// startJobClusterOn is startJobClusterWith on a ledger of params.
+func startJobClusterOn(t testing.TB, python string, lenders int, lend api.LendRequest, params *ledger.Params, subOpts []nodeOpt, opts ...nodeOpt) *jobCluster {
+	t.Helper()
 	chain := testNet(t)
 	dir := t.TempDir()
 	withExec := execOpts(t, python)
-	ah := initHome(t, filepath.Join(dir, "sub"), chain)
+	ah := initHomeWith(t, filepath.Join(dir, "sub"), chain, params)
 	a := startNode(t, ah, append([]nodeOpt{withExec("sub", 0)}, subOpts...)...)
 	st := a.Status()
 	ledgerPort := a.cfg.Ledger.P2PListen[len("tcp://127.0.0.1:"):]

@@ -51,12 +51,18 @@ func withBootstrap(addrs ...string) nodeOpt {
 // ports, with mDNS and the DHT off so tests control the topology.
 func initHome(t testing.TB, dir, chain string) Home {
 	t.Helper()
+	return initHomeWith(t, dir, chain, testLedgerParams())
+}
+
+// initHomeWith is initHome on a ledger of params.
+func initHomeWith(t testing.TB, dir, chain string, params *ledger.Params) Home {
+	t.Helper()
 	h := Home{Dir: dir}
 	if _, err := Init(h, InitOptions{
 		Moniker: filepath.Base(dir), Site: "lab-a", ChainID: chain,
 		Listen: []string{"/ip4/127.0.0.1/tcp/0"}, API: "127.0.0.1:0",
 		LedgerP2P: "tcp://127.0.0.1:" + freePort(t), LedgerRPC: "tcp://127.0.0.1:" + freePort(t),
-		LedgerParams: testLedgerParams(),
+		LedgerParams: params,
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +155,11 @@ func startNode(t testing.TB, h Home, opts ...nodeOpt) *testNode {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	level := slog.LevelWarn
+	if os.Getenv("DM_TEST_LOG") == "info" { // to follow a failing test's nodes step by step
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
 	n, err := New(h, cfg, log.With("node", filepath.Base(h.Dir)))
 	if err != nil {
 		t.Fatal(err)

@@ -473,7 +473,18 @@ type Answer struct {
 	AcceptedMillis uint64 `cbor:"accepted_ms" json:"accepted_ms"`
 	Reason         string `cbor:"reason,omitempty" json:"reason,omitempty"`
 	Forfeited      bool   `cbor:"forfeited,omitempty" json:"forfeited,omitempty"`
-	Sig            []byte `cbor:"sig" json:"sig"`
+	// Refusal names the last refused update by digest (ledger.Refusal).
+	Refusal *Refusal `cbor:"refusal,omitempty" json:"refusal,omitempty"`
+	Sig     []byte   `cbor:"sig" json:"sig"`
+}
+
+// Refusal is a ledger.Refusal on the wire.
+type Refusal struct {
+	Round  uint64 `cbor:"round" json:"round"`
+	Theta  string `cbor:"theta" json:"theta"`
+	Prev   string `cbor:"prev,omitempty" json:"prev,omitempty"`
+	Update string `cbor:"update" json:"update"`
+	Model  string `cbor:"model,omitempty" json:"model,omitempty"`
 }
 
 // StatusReq asks how a worker is doing; it is also the submitter's

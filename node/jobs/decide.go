@@ -299,6 +299,8 @@ type HolderAccount struct {
 	HeldSeconds  float64 `json:"held_seconds"`
 	Forfeited    bool    `json:"forfeited"`
 	CheckFailure string  `json:"check_failure"`
+	// Refusal names the last update refused, by digest (ledger.Refusal).
+	Refusal *ledger.Refusal `json:"refusal"`
 }
 
 // AbsentRounds is how many rounds the model's holder may close without a
@@ -358,6 +360,9 @@ func ApplyAccounts(run *Run, acc map[string]HolderAccount) {
 		w.ChecksPassed = max(w.ChecksPassed, a.ChecksPassed)
 		if a.HeldSeconds >= 0 && a.HeldSeconds < 1e9 {
 			w.HeldSeconds = a.HeldSeconds
+		}
+		if r := a.Refusal; r != nil && r.Valid() && (w.Refusal == nil || r.Round >= w.Refusal.Round) {
+			w.Refusal = r
 		}
 		if a.Forfeited && !w.Forfeited {
 			w.Forfeited, w.CheckFailure = true, p2p.Clip(a.CheckFailure, 200)
@@ -504,9 +509,10 @@ func refusedShare(w *Worker, now time.Time, pay uint64) uint64 {
 
 // AnswerTo is what held run's holder has answered payee's workers so far
 // (summed over them), unsigned: the rounds accepted and refused, the
-// accepted seconds, the last refusal's reason and a forfeit.
-func AnswerTo(run *Run, payee string) ledger.Answer {
-	a := ledger.Answer{Job: run.ID, Payee: payee, Round: uint64(max(run.HolderRounds, 0))}
+// accepted seconds, the last refusal's reason and what it refused, a
+// forfeit, and the terms of t (the bid's training terms) it judged by.
+func AnswerTo(run *Run, payee string, t *p2p.Training) ledger.Answer {
+	a := ledger.Answer{Job: run.ID, Payee: payee, Round: uint64(max(run.HolderRounds, 0)), Terms: AnswerTerms(t)}
 	var ms float64
 	for i := range run.Workers {
 		w := &run.Workers[i]
@@ -519,12 +525,28 @@ func AnswerTo(run *Run, payee string) ledger.Answer {
 		if w.LastRefusal != "" {
 			a.Reason = w.LastRefusal
 		}
+		if r := w.Refusal; r != nil && (a.Refusal == nil || r.Round > a.Refusal.Round) {
+			a.Refusal = r
+		}
 		a.Forfeited = a.Forfeited || w.Forfeited
 	}
 	if ms > 0 && ms < 1<<62 {
 		a.AcceptedMillis = uint64(ms)
 	}
 	return a
+}
+
+// AnswerTerms are the terms of a held job's bid (t) a signed answer
+// binds: both sides fill them from the bid they hold.
+func AnswerTerms(t *p2p.Training) ledger.Terms {
+	if t == nil {
+		return ledger.Terms{}
+	}
+	c := t.Checks
+	if c == nil {
+		c = p2p.DefaultChecks()
+	}
+	return ledger.Terms{Validation: t.Validation, Tolerance: c.Tolerance, Echo: c.Echo, Residual: c.Residual}
 }
 
 // OwedSoFar is what each machine of run has earned by now, capped at the

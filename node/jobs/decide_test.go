@@ -650,16 +650,19 @@ func TestBenched(t *testing.T) {
 // is for the round the holder has reached.
 func TestAnswerTo(t *testing.T) {
 	run := &Run{ID: "run", Holder: &Worker{}, HolderRounds: 7, Workers: []Worker{
-		{Payee: "a", Accepted: 5, Refused: 2, AcceptedSeconds: 50.25, LastRefusal: "round 6: not finite"},
+		{Payee: "a", Accepted: 5, Refused: 2, AcceptedSeconds: 50.25, LastRefusal: "round 6: not finite",
+			Refusal: &ledger.Refusal{Round: 6, Theta: "aa", Update: "bb"}},
 		{Payee: "b", Accepted: 7},
-		{Payee: "a", Accepted: 1, Refused: 6, Forfeited: true},
+		{Payee: "a", Accepted: 1, Refused: 6, Forfeited: true, Refusal: &ledger.Refusal{Round: 4, Theta: "cc", Update: "dd"}},
 	}}
+	tr := &p2p.Training{Mode: "diloco", Holder: "submitter", Validation: "bafyvalidation"}
 	want := ledger.Answer{Job: "run", Payee: "a", Round: 7, Accepted: 6, Refused: 8, AcceptedMillis: 50_250,
-		Reason: "round 6: not finite", Forfeited: true}
-	if got := AnswerTo(run, "a"); !reflect.DeepEqual(got, want) {
+		Reason: "round 6: not finite", Forfeited: true, Refusal: &ledger.Refusal{Round: 6, Theta: "aa", Update: "bb"},
+		Terms: ledger.Terms{Validation: "bafyvalidation", Tolerance: 0.1, Echo: 0.98, Residual: 0.9}}
+	if got := AnswerTo(run, "a", tr); !reflect.DeepEqual(got, want) {
 		t.Errorf("answer to a: %+v, want %+v", got, want)
 	}
-	if got := AnswerTo(run, "b"); got.Accepted != 7 || got.Refused != 0 || got.Reason != "" || got.Forfeited {
+	if got := AnswerTo(run, "b", tr); got.Accepted != 7 || got.Refused != 0 || got.Reason != "" || got.Forfeited || got.Refusal != nil {
 		t.Errorf("answer to b: %+v", got)
 	}
 }

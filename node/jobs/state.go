@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/p2p"
 )
 
@@ -124,6 +125,9 @@ type Worker struct {
 	HeldSeconds  float64 `json:"held_seconds,omitempty"`
 	Forfeited    bool    `json:"forfeited,omitempty"`
 	CheckFailure string  `json:"check_failure,omitempty"`
+	// Refusal names its last update the holder refused, by digest: what
+	// the payer's answers sign, and referees recompute.
+	Refusal *ledger.Refusal `json:"refusal,omitempty"`
 	// Benched says why the submitter stopped it while the held run went
 	// on (Benched): its floor stops with it.
 	Benched string `json:"benched,omitempty"`

@@ -70,6 +70,10 @@ type claims struct {
 	// (its program exited with an error, or it broke a limit): a failed
 	// mark for it has a cause, and is not disputed. Nil: none did.
 	failedHere func(run string) bool
+	// appeal, once the run is settled, appeals the refusal of this
+	// machine's rounds when its recomputation overturns it (referee.go).
+	// Nil: none is.
+	appeal func(ctx context.Context, run string, esc *ledger.Escrow) error
 	// delay, look, retry and retryMax are claimDelay, claimLook,
 	// claimRetry and claimRetryMax; tests shorten them.
 	delay, look, retry, retryMax time.Duration
@@ -386,7 +390,7 @@ func (c *claims) backoff(n int) time.Duration {
 // nor expired, it looks again later; once settled, in the dispute window,
 // it disputes a failed mark this machine did not earn and lodges the
 // receipt if the settlement paid less; once expired unsettled, it claims.
-func (c *claims) advance(ctx context.Context, run string, r *ledger.Receipt) (claimStep, error) {
+func (c *claims) advance(ctx context.Context, run string, r *ledger.Receipt) (st claimStep, err error) {
 	esc, err := c.ledger.Escrow(ctx, run)
 	if gone(err) {
 		return claimStep{done: true, why: "the escrow is closed"}, nil
@@ -402,6 +406,18 @@ func (c *claims) advance(ctx context.Context, run string, r *ledger.Receipt) (cl
 	if settled {
 		if err := c.disputeMark(ctx, run, esc); err != nil {
 			return claimStep{}, err
+		}
+		if c.appeal != nil {
+			if aerr := c.appeal(ctx, run, esc); aerr != nil {
+				// The receipt is lodged meanwhile; the run stays watched
+				// until the appeal is made or its window ends.
+				c.log.Warn("appeal: trying again later", "job", run, "err", aerr)
+				defer func() {
+					if err == nil && st.done {
+						st = claimStep{next: c.now().Add(c.retry)}
+					}
+				}()
+			}
 		}
 	}
 	if r == nil {

@@ -54,6 +54,9 @@ type Executor struct {
 	store       Store
 	blocks      Blocks
 	ledger      Escrows
+	// appeals, when the ledger client serves them: this machine's appeals
+	// and its referee duty (referee.go).
+	appeals Appeals
 	// committed: see ExecutorParams.Committed.
 	committed func() <-chan struct{}
 	holds     HoldBook
@@ -225,6 +228,10 @@ func NewExecutor(p ExecutorParams) (*Executor, error) {
 		tag: id[len(id)-8:], workers: map[string]*worker{}, nets: map[string]*runNet{}, cpus: map[int]string{}, gpus: map[int]string{},
 		claims: newClaims(p.Ledger, p.Store, string(p.Account), p.Logger.With("module", "claims"))}
 	e.claims.failedHere = e.failedHere
+	if a, ok := p.Ledger.(Appeals); ok {
+		e.appeals = a
+		e.claims.appeal = e.appealRefusal
+	}
 	if w := p.DisputeWindow / 4; w > 0 && w < e.claims.look {
 		e.claims.look = max(w, time.Second)
 	}
@@ -346,6 +353,9 @@ func (e *Executor) Run(ctx context.Context) error {
 	e.ctx = ctx
 	e.mu.Unlock()
 	e.spawn(e.claims.run)
+	if e.appeals != nil {
+		e.spawn(e.serveReferee)
+	}
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
 	e.sweep(time.Now())

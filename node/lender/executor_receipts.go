@@ -7,6 +7,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/deepmarket/deepmarket/ledger"
+	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/units"
 )
@@ -55,7 +56,8 @@ func (e *Executor) HasClaim(run string) bool { return e.claims.Has(run) }
 // for another payee, is dropped with a warning.
 func (e *Executor) keepAnswer(w *worker, from peer.ID, payee string, pa p2p.Answer) {
 	a := ledger.Answer{Job: w.l.JobID, Payee: payee, Round: pa.Round, Accepted: pa.Accepted, Refused: pa.Refused,
-		AcceptedMillis: pa.AcceptedMillis, Reason: pa.Reason, Forfeited: pa.Forfeited, Sig: pa.Sig}
+		AcceptedMillis: pa.AcceptedMillis, Reason: pa.Reason, Forfeited: pa.Forfeited, Refusal: (*ledger.Refusal)(pa.Refusal),
+		Terms: jobs.AnswerTerms(w.l.Training), Sig: pa.Sig}
 	if payee != string(e.account) || !ledger.VerifyAnswer(payerKey(from), e.chainID, a) {
 		e.log.Warn("dropped a round answer that is not the submitter's for this machine", "module", "executor",
 			"job", w.l.JobID[:12], "payee", payee, "round", pa.Round)

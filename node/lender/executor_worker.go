@@ -64,6 +64,9 @@ func (e *Executor) run(ctx context.Context, w *worker) {
 	exit, err := awaitWorker(proc, lease)
 	stopped, wantCkpt, state := w.recordEnd(exit, err)
 	log.Info("worker ended", "exit", exit.Code, "signal", exit.Signal, "state", state, "cpu", exit.CPU)
+	if !w.holder && w.l.Training.Held() && err == nil {
+		e.keepEvidence(ctx, w) // its refused rounds, for an appeal
+	}
 	if w.keepsOutput() && err == nil && (!stopped && exit.Code == 0 || wantCkpt) {
 		// The chief's output dir is the job's result (or its checkpoint),
 		// read only once nothing of the job is left to change it.
@@ -220,7 +223,8 @@ func (e *Executor) buildEnv(w *worker) []string {
 		}
 	} else {
 		if l.Training.Held() {
-			env = append(env, "DM_AVG_HOLDER=127.0.0.1:"+strconv.Itoa(holderPort(l.Index)))
+			env = append(env, "DM_AVG_HOLDER=127.0.0.1:"+strconv.Itoa(holderPort(l.Index)),
+				"DM_EVIDENCE_DIR="+filepath.Join(w.dir, evidenceDir))
 		}
 		env = append(env, frameworkEnv(l.Framework, l.Index, addrs)...)
 	}

@@ -20,6 +20,7 @@ func (m *Manager) supervise(ctx context.Context, j *job, k int) (jobs.RunEnd, bo
 	run := &j.Runs[k]
 	m.heardNow(j, run)
 	lastReceipt := time.Time{}
+	answered := 0 // the refused rounds the last receipts' answers counted (a held run)
 	lost := map[int]bool{}
 	var failedSince time.Time // the first poll that found a failure
 	var said progressSaid
@@ -31,8 +32,10 @@ func (m *Manager) supervise(ctx context.Context, j *job, k int) (jobs.RunEnd, bo
 		}
 		now := time.Now()
 		receipts := map[string]*p2p.Receipt{}
-		if now.Sub(lastReceipt) >= m.t.receiptEvery {
-			receipts, lastReceipt = m.receipts(j, k, now), now
+		// A held run's refusals reach their machines at once: the signed
+		// answer is what an appeal starts from.
+		if refused := refusedRounds(run); now.Sub(lastReceipt) >= m.t.receiptEvery || refused != answered {
+			receipts, lastReceipt, answered = m.receipts(j, k, now), now, refused
 		}
 		sts := m.poll(ctx, j, k, receipts)
 		if j.State == jobs.Launching && anyRunning(sts) {
@@ -50,6 +53,9 @@ func (m *Manager) supervise(ctx context.Context, j *job, k int) (jobs.RunEnd, bo
 				m.save(j)
 			}
 			if ended {
+				// Each machine gets the last word: its receipt and the
+				// holder's final answer.
+				m.poll(ctx, j, k, m.receipts(j, k, now))
 				m.logf(j.ID, "run ends: %s", map[bool]string{true: end.Why, false: "the model's holder finished"}[end.Why != ""])
 				return end, true
 			}
@@ -72,6 +78,15 @@ func (m *Manager) supervise(ctx context.Context, j *job, k int) (jobs.RunEnd, bo
 			return end, true
 		}
 	}
+}
+
+// refusedRounds are the rounds of run's workers its holder refused.
+func refusedRounds(run *jobs.Run) int {
+	n := 0
+	for i := range run.Workers {
+		n += run.Workers[i].Refused
+	}
+	return n
 }
 
 // progressSaid is the progress last written to a job's log.
@@ -323,9 +338,9 @@ func (m *Manager) receipts(j *job, k int, now time.Time) map[string]*p2p.Receipt
 		r := m.p.Ledger.SignReceipt(ledger.Receipt{Job: run.ID, Payee: payee, Amount: amount, Seq: seq})
 		out[payee] = &p2p.Receipt{Payee: payee, Amount: r.Amount, Seq: r.Seq, Sig: r.Sig}
 		if run.Held() {
-			a := m.p.Ledger.SignAnswer(jobs.AnswerTo(run, payee))
+			a := m.p.Ledger.SignAnswer(jobs.AnswerTo(run, payee, j.Spec.Training))
 			out[payee].Answer = &p2p.Answer{Round: a.Round, Accepted: a.Accepted, Refused: a.Refused, AcceptedMillis: a.AcceptedMillis,
-				Reason: a.Reason, Forfeited: a.Forfeited, Sig: a.Sig}
+				Reason: a.Reason, Forfeited: a.Forfeited, Refusal: (*p2p.Refusal)(a.Refusal), Sig: a.Sig}
 		}
 	}
 	m.save(j)

@@ -15,6 +15,7 @@ except ImportError:  # pragma: no cover - Keras 3 only environments
 
 from . import env as envmod
 from .averager import Averager
+from .evidence import model_description
 
 
 _FROM_ENV = object()  # a default taken from the environment the node gives
