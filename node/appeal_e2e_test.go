@@ -101,6 +101,7 @@ func TestRefereesPayARefusedHonestWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	j = waitJob(t, a, j.ID, 8*time.Minute)
+	ended := time.Now()
 	log := jobLog(t, a, j.ID)
 	if j.State != jobs.Succeeded || len(j.Runs) != 1 {
 		t.Fatalf("the job: %s (%s), %d run(s)\n%s", j.State, j.Reason, len(j.Runs), log)
@@ -118,22 +119,30 @@ func TestRefereesPayARefusedHonestWorker(t *testing.T) {
 	// The appeal, and its verdict.
 	var k ledger.Case
 	var withheld uint64
-	eventually(t, 6*time.Minute, "the appellant's case to be decided", func() bool {
+	var appealed, decided time.Time
+	for deadline := time.Now().Add(6 * time.Minute); k.Verdict == ""; time.Sleep(250 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no verdict on the appellant's case within 6 minutes: %+v", k)
+		}
 		e, err := a.ledger.Escrow(t.Context(), run.ID)
 		if err != nil {
-			return false
+			continue
 		}
 		for _, w := range e.Withheld {
 			if w.Payee == ws[1].Payee {
 				withheld = max(withheld, w.Amount)
 			}
 		}
-		i := slices.IndexFunc(e.Cases, func(k ledger.Case) bool { return k.Appellant == ws[1].Payee })
-		if i >= 0 {
+		if i := slices.IndexFunc(e.Cases, func(k ledger.Case) bool { return k.Appellant == ws[1].Payee }); i >= 0 {
 			k = e.Cases[i]
+			if appealed.IsZero() {
+				appealed = time.Now()
+			}
 		}
-		return i >= 0 && k.Verdict != ""
-	})
+	}
+	decided = time.Now()
+	t.Logf("job ended to appeal committed: %s (the settlement, then the appellant's own recomputation); appeal to verdict: %s (the referee's)",
+		appealed.Sub(ended).Round(100*time.Millisecond), decided.Sub(appealed).Round(100*time.Millisecond))
 	if k.Verdict != ledger.VerdictOverturned || !slices.Equal(k.Referees, []string{string(referee.key.Address())}) ||
 		k.Claim != withheld || withheld == 0 {
 		t.Fatalf("the case: %+v (withheld %d)", k, withheld)

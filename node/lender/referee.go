@@ -72,9 +72,10 @@ const (
 
 // verdict is what a recomputation found.
 type verdict struct {
-	Overturn bool   `json:"overturn"`
-	Abstain  bool   `json:"abstain"`
-	Why      string `json:"why"`
+	Overturn bool    `json:"overturn"`
+	Abstain  bool    `json:"abstain"`
+	Why      string  `json:"why"`
+	Seconds  float64 `json:"seconds"` // the program's evaluations of the batch
 }
 
 // keepEvidence adds the evidence a held worker kept (its refused rounds)
@@ -383,6 +384,7 @@ func (e *Executor) serveReferee(ctx context.Context) {
 				continue
 			}
 			log := e.log.With("module", "referee", "job", d.Job[:12], "appellant", d.Appellant)
+			started := time.Now()
 			v, err := e.recompute(ctx, d)
 			if err != nil {
 				log.Warn("cannot judge the appeal yet", "err", err)
@@ -398,7 +400,8 @@ func (e *Executor) serveReferee(ctx context.Context) {
 				judged[key] = ledger.CodeOf(err) != 0
 				continue
 			}
-			log.Info("drawn as a referee, recomputed the refusal and voted", "overturn", v.Overturn, "why", v.Why)
+			log.Info("drawn as a referee, recomputed the refusal and voted", "overturn", v.Overturn, "why", v.Why,
+				"evaluation_s", v.Seconds, "recompute_s", time.Since(started).Seconds())
 		}
 	}
 }

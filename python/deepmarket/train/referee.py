@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -128,9 +129,10 @@ def judge(case, ev_dir, validation):
         import tensorflow as tf
         return float(tf.reduce_mean(loss_fn(tf.constant(y), model(tf.constant(x), training=False))))
 
+    t0 = time.monotonic()
     base, after = loss(theta), loss(theta - update)
     tol = float(case["tolerance"])
-    out = {"loss_theta": base, "loss_update": after, "cosine_last": cos}
+    out = {"loss_theta": base, "loss_update": after, "cosine_last": cos, "round": meta.get("round")}
     if not np.isfinite(after) or after > base + tol * abs(base):
         return dict(out, overturn=False, why="validation loss %.4g from %.4g (tolerance %g%%)" % (after, base, 100 * tol))
     if cos is not None and cos > float(case["residual"]):
@@ -141,6 +143,7 @@ def judge(case, ev_dir, validation):
         if not rl < base:
             return dict(out, overturn=False, why="it leans on the last global update (cosine %.3f) and the rest "
                                                  "of it does not lower the validation loss" % cos)
+    out["seconds"] = round(time.monotonic() - t0, 3)  # the evaluations: what recomputing cost
     return dict(out, overturn=True, why="the update passes the checks a referee can recompute: validation loss "
                                         "%.4g from %.4g (tolerance %g%%)" % (after, base, 100 * tol))
 
