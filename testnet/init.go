@@ -39,10 +39,14 @@ const (
 type Params struct {
 	Validators int // nodes that validate, spread over the sites
 	Nodes      int // further full nodes (lab machines)
-	Sites      int // universities; default: one per validator
-	Out        string
-	BasePort   int    // ports BasePort … BasePort+4×(nodes)-1 on 127.0.0.1
-	ChainID    string // default deepmarket-testnet-<random>
+	// Sites are the universities; default: one per validator. Sites
+	// beyond the validators run none: their machines are labs whose
+	// network's public nodes are the other universities' validators (under
+	// a NAT profile, the smallest real network: one public validator).
+	Sites    int
+	Out      string
+	BasePort int    // ports BasePort … BasePort+4×(nodes)-1 on 127.0.0.1
+	ChainID  string // default deepmarket-testnet-<random>
 	// IssuerQuota and Starter override the defaults.
 	IssuerQuota, Starter uint64
 	// Python is the interpreter lenders run jobs with (config
@@ -65,8 +69,8 @@ func (p *Params) check() error {
 	if p.Sites == 0 {
 		p.Sites = p.Validators
 	}
-	if p.Sites < 1 || p.Sites > p.Validators {
-		return fmt.Errorf("--sites %d: want 1 to %d (every site runs at least one validator)", p.Sites, p.Validators)
+	if p.Sites < 1 || p.Sites > p.Validators+p.Nodes {
+		return fmt.Errorf("--sites %d: want 1 to %d (every site runs at least one machine)", p.Sites, p.Validators+p.Nodes)
 	}
 	if p.Sites > 26 {
 		return errors.New("--sites: at most 26")

@@ -1,6 +1,8 @@
 package testnet
 
 import (
+	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -252,6 +254,115 @@ func TestAPublicValidatorRelaysUnderAuto(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("60 s after start under relay_service = auto: validator %+v (%v), lab %+v (%v)", vst.NAT, err1, lst.NAT, err2)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// TestOnePublicValidatorIsEnough: the smallest real network, one
+// university's validator on a public address and two labs, each behind
+// a NAT of its own whose only public peer is that validator. Each lab
+// learns its mapping from that one observer; the labs' relayed
+// connection is hole punched (go-libp2p's DCUtR punches to addresses one
+// observer has seen), and a job from one lab runs on the other, its
+// bundle fetched over the direct connection.
+func TestOnePublicValidatorIsEnough(t *testing.T) {
+	testutil.NeedRoot(t, netlab.AvailableNAT)
+	n := startNet(t, Params{Validators: 1, Nodes: 2, Sites: 2, Python: jobPython(),
+		Configure: func(_ *Node, c *node.Config) {
+			c.P2P.DiscoverInterval = node.Duration{Duration: 5 * time.Second}
+			c.P2P.AnnounceInterval = node.Duration{Duration: 5 * time.Second}
+			c.P2P.OfferTTL = node.Duration{Duration: 30 * time.Second}
+		}},
+		RunOptions{Profile: "nat", StartTimeout: 2 * time.Minute})
+	const lender, submitter = 1, 2 // node0 in univ-b's lab, node1 in univ-a's
+	if n.pos[lender].site == n.pos[submitter].site || n.pos[lender].site == 0 || n.pos[submitter].site == 0 {
+		t.Fatalf("the labs' places %v: want two NATed lab sites", n.pos)
+	}
+	for _, i := range []int{lender, submitter} {
+		c, _ := n.Client(i)
+		deadline := time.Now().Add(90 * time.Second)
+		for {
+			st, err := c.Status(t.Context())
+			if err == nil && st.NAT.Reachability == "private" && len(st.NAT.RelayAddrs) > 0 && len(st.NAT.PublicAddrs) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				b, _ := os.ReadFile(filepath.Join(n.Dir, n.Manifest.Nodes[i].Home, "node.log"))
+				t.Fatalf("%s: not found private with a relay slot and a public mapping: %+v (%v)\n%s", n.Manifest.Nodes[i].Name, st.NAT, err, grepLines(string(b), "observ"))
+			}
+			time.Sleep(time.Second)
+		}
+	}
+	lend(t, n, lender, 1)
+	waitReach(t, n, submitter, []int{lender}, "nat", 90*time.Second)
+	waitDirect(t, n, submitter, lender, 90*time.Second)
+	sc, _ := n.Client(submitter)
+	j, err := sc.Submit(t.Context(), api.SubmitRequest{Spec: workSpec(workBundle(t), 3, "0.5", "5m"), Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j = waitJob(t, sc, j.ID, 3*time.Minute); j.State != jobs.Succeeded {
+		var sts []string
+		for _, i := range []int{lender, submitter} {
+			c, _ := n.Client(i)
+			st, _ := c.Status(t.Context())
+			b, _ := os.ReadFile(filepath.Join(n.Dir, n.Manifest.Nodes[i].Home, "node.log"))
+			sts = append(sts, fmt.Sprintf("%s: NAT %+v\n%s", n.Manifest.Nodes[i].Name, st.NAT, grepLines(string(b), "punch")))
+		}
+		t.Fatalf("a job from one lab on the other, one public validator: %s (%s)\n%s\n%s", j.State, j.Reason, jobLog(t, sc, j.ID), strings.Join(sts, "\n"))
+	}
+	for _, pair := range [][2]int{{submitter, lender}, {lender, submitter}} {
+		c, _ := n.Client(pair[0])
+		peers, err := c.Peers(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := ""
+		for _, p := range peers {
+			if p.PeerID == n.Manifest.Nodes[pair[1]].PeerID {
+				found = p.Connection
+			}
+		}
+		st, _ := c.Status(t.Context())
+		t.Logf("%s: connection to %s %q; NAT %+v", n.Manifest.Nodes[pair[0]].Name, n.Manifest.Nodes[pair[1]].Name, found, st.NAT)
+		if found != "direct" {
+			t.Errorf("%s's connection to %s is %q, want direct (hole punched); its NAT status %+v", n.Manifest.Nodes[pair[0]].Name,
+				n.Manifest.Nodes[pair[1]].Name, found, st.NAT)
+		}
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// waitDirect waits until node a's connection to node b is direct.
+func waitDirect(t *testing.T, n *Network, a, b int, within time.Duration) {
+	t.Helper()
+	c, _ := n.Client(a)
+	deadline := time.Now().Add(within)
+	for {
+		peers, err := c.Peers(t.Context())
+		found := ""
+		for _, p := range peers {
+			if p.PeerID == n.Manifest.Nodes[b].PeerID {
+				found = p.Connection
+			}
+		}
+		if found == "direct" {
+			return
+		}
+		if time.Now().After(deadline) {
+			st, _ := c.Status(t.Context())
+			t.Fatalf("%s's connection to %s is %q after %s, want direct (hole punched): %+v (%v)", n.Manifest.Nodes[a].Name,
+				n.Manifest.Nodes[b].Name, found, within, st.NAT, err)
 		}
 		time.Sleep(time.Second)
 	}

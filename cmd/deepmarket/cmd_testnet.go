@@ -81,7 +81,7 @@ sites in turn, and site i's first validator is its issuer.`,
 	f := cmd.Flags()
 	f.IntVar(&p.Validators, "validators", 0, "validators (required), spread over the sites")
 	f.IntVar(&p.Nodes, "nodes", 0, "further full nodes: the lab machines")
-	f.IntVar(&p.Sites, "sites", 0, "universities (default: one per validator)")
+	f.IntVar(&p.Sites, "sites", 0, "universities (default: one per validator; those beyond the validators run none: labs behind the others' public nodes)")
 	f.StringVar(&p.Out, "out", "", "directory to make (required; must be empty or absent)")
 	f.IntVar(&p.BasePort, "base-port", testnet.DefaultBasePort, "first of the ports on 127.0.0.1 (four per node)")
 	f.StringVar(&p.ChainID, "chain-id", "", "network ID (default deepmarket-testnet-<random>)")
