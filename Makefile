@@ -136,8 +136,9 @@ bench-insider: deps ## Root: an honest 2-worker job beside an insider (1-micro-c
 
 .PHONY: bench-insider
 
-bench-fair: ## Fair to both sides: an honest worker's pay under each greedy-submitter strategy (goal >= the floor; its receipt after an early settlement), a lazy or caught machine's pay, a lender's exposure to a payer that stops signing, the pay after an appeal the referees overturn (goal >= 0.95), when a settled escrow closes; node pay code on a real in-memory ledger, training simulated (seconds); report in bench/results/fair.json
+bench-fair: deps ## Fair to both sides: an honest worker's pay under each greedy-submitter strategy (goal >= the floor; its receipt after an early settlement), a lazy or caught machine's pay, a lender's exposure to a payer that stops signing, the pay after an appeal the referees overturn (goal >= 0.95), when a settled escrow closes (node pay code on a real in-memory ledger, training simulated); then what the referees' program costs beside one worker round (goal <= 1, real TensorFlow); reports in bench/results/fair.json and referee.json
 	$(GO) run ./bench/fair -out bench/results/fair.json
+	$(VENV)/bin/python3 -m deepmarket.bench_referee --out bench/results/referee.json
 
 .PHONY: bench-fair
 

@@ -205,7 +205,7 @@ func main() {
 	}
 	fmt.Printf("escrow closes %s after its settlement (dispute window %ds, blocks every 1 s): goal <= window + one block: %v\n",
 		closeDelay, window, closeDelay <= time.Duration(window+1)*time.Second)
-	fmt.Println("not measured: the referees' own recomputation of a contested check (voted here as honest referees would; no node does it by itself yet)")
+	fmt.Println("voted here as honest referees would: the referees' own recomputation (real TensorFlow) is measured next, and end to end by TestRefereesPayARefusedHonestWorker")
 	doc := map[string]any{"rows": rows, "close_after_settle_s": closeDelay.Seconds(), "dispute_window_s": window,
 		"setup":   "node pay code and a real ledger (in memory, 1 block/s); 3 workers, 1 h at 1 credit/h, 12 rounds of 300 s, floor 0.5; training simulated",
 		"command": "go run ./bench/fair"}
