@@ -260,8 +260,9 @@ func TestAPublicValidatorRelaysUnderAuto(t *testing.T) {
 }
 
 // TestOnePublicValidatorIsEnough: the smallest real network, one
-// university's validator on a public address and two labs, each behind
-// a NAT of its own whose only public peer is that validator. Each lab
+// university's validator on a public address, its relay_service left at
+// "auto" as a new university leaves it, and two labs, each behind a NAT
+// of its own whose only public peer is that validator. Each lab
 // learns its mapping from that one observer; the labs' relayed
 // connection is hole punched (go-libp2p's DCUtR punches to addresses one
 // observer has seen), and a job from one lab runs on the other, its
@@ -274,7 +275,7 @@ func TestOnePublicValidatorIsEnough(t *testing.T) {
 			c.P2P.AnnounceInterval = node.Duration{Duration: 5 * time.Second}
 			c.P2P.OfferTTL = node.Duration{Duration: 30 * time.Second}
 		}},
-		RunOptions{Profile: "nat", StartTimeout: 2 * time.Minute})
+		RunOptions{Profile: "nat", RelayAuto: true, StartTimeout: 2 * time.Minute})
 	const lender, submitter = 1, 2 // node0 in univ-b's lab, node1 in univ-a's
 	if n.pos[lender].site == n.pos[submitter].site || n.pos[lender].site == 0 || n.pos[submitter].site == 0 {
 		t.Fatalf("the labs' places %v: want two NATed lab sites", n.pos)

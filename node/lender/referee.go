@@ -365,7 +365,7 @@ func (e *Executor) runReferee(ctx context.Context, dir, evidence, validation str
 // votes on each case it has not judged: a case is judged once; one it
 // could not fetch or run is tried again until its deadline.
 func (e *Executor) serveReferee(ctx context.Context) {
-	judged := map[string]bool{}
+	judged := map[string]int64{} // case -> its deadline, once voted on or left
 	t := time.NewTicker(refereeEvery)
 	defer t.Stop()
 	for {
@@ -374,13 +374,18 @@ func (e *Executor) serveReferee(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		for k, deadline := range judged {
+			if time.Now().Unix() > deadline {
+				delete(judged, k)
+			}
+		}
 		cases, err := e.appeals.Cases(ctx, e.account)
 		if err != nil {
 			continue
 		}
 		for _, d := range cases {
 			key := d.Job + "/" + d.Appellant
-			if judged[key] || time.Now().Unix() > d.Deadline {
+			if _, done := judged[key]; done || time.Now().Unix() > d.Deadline {
 				continue
 			}
 			log := e.log.With("module", "referee", "job", d.Job[:12], "appellant", d.Appellant)
@@ -390,14 +395,16 @@ func (e *Executor) serveReferee(ctx context.Context) {
 				log.Warn("cannot judge the appeal yet", "err", err)
 				continue
 			}
-			judged[key] = true
+			judged[key] = d.Deadline
 			if v.Abstain {
 				log.Warn("drawn as a referee, this node cannot judge the appeal: no vote", "why", v.Why)
 				continue
 			}
 			if _, err := e.appeals.Verdict(ctx, d.Job, d.Appellant, v.Overturn); err != nil {
 				log.Warn("the verdict was not recorded", "err", err)
-				judged[key] = ledger.CodeOf(err) != 0
+				if le := (*ledger.Error)(nil); !errors.As(err, &le) { // no answer from the ledger: judged again next time
+					delete(judged, key)
+				}
 				continue
 			}
 			log.Info("drawn as a referee, recomputed the refusal and voted", "overturn", v.Overturn, "why", v.Why,
