@@ -57,7 +57,6 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 // burn.
 func TestRefereesPayARefusedHonestWorker(t *testing.T) {
 	py := jobPython(t)
-	t.Parallel()
 	params := testLedgerParams()
 	params.DisputeWindow = 240 // the appellant's and the referee's recomputations take TensorFlow's start
 	c := startJobClusterOn(t, py, 2, api.LendRequest{Cores: 1, MemBytes: 2 << 30}, params, nil)

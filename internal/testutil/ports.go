@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -16,14 +19,33 @@ var (
 	portsHanded = map[int]bool{}
 )
 
+// portSpan is the part of the ports below the ephemeral range this test
+// binary hands out: make test runs packages' tests in parallel processes,
+// and a port one process found free and handed to a node could be bound
+// by another's node before the first binds it (CI: a node test's ledger
+// found its port taken). The packages that start nodes each get a span of
+// their own; the rest share one.
+func portSpan() (lo, n int) {
+	switch strings.TrimSuffix(filepath.Base(os.Args[0]), ".exe") {
+	case "node.test":
+		return 21000, 4000
+	case "testnet.test":
+		return 25000, 3000
+	case "deepmarket.test":
+		return 28000, 2000
+	}
+	return 30000, 2000
+}
+
 // FreePort returns a loopback TCP port free now and not handed out
 // before in this process. It is below the kernel's ephemeral range (32768
 // up), where outgoing connections could take it between this check and
 // the caller's bind.
 func FreePort(t testing.TB) string {
 	t.Helper()
+	lo, span := portSpan()
 	for range 1000 {
-		p := 21000 + rand.IntN(11000)
+		p := lo + rand.IntN(span)
 		portsMu.Lock()
 		taken := portsHanded[p]
 		portsHanded[p] = true
@@ -47,8 +69,9 @@ func FreePort(t testing.TB) string {
 // ephemeral range.
 func FreePortRange(t testing.TB, n int) int {
 	t.Helper()
+	lo, span := portSpan()
 	for range 1000 {
-		base := 21000 + rand.IntN(11000-n)
+		base := lo + rand.IntN(span-n)
 		portsMu.Lock()
 		taken := false
 		for p := base; p < base+n; p++ {
