@@ -72,7 +72,10 @@ ledger's appeal bond. Validators drawn from the block's hash, none of them a
 party to the case, recompute the contested check from the evidence (CID, the
 content address of the model, the update and the validation batch) and vote:
 overturned, the claim is paid and the bond comes back; upheld, the referees take
-the bond. Exit status: 0 appealed, 1 refused, 2 usage, 3 outcome unknown.`,
+the bond. The node does this by itself after a settlement, when its own
+recomputation of the holder's last refusal overturns it (the evidence is then
+the payer's signed answer beside what the worker kept); this command is the
+same by hand. Exit status: 0 appealed, 1 refused, 2 usage, 3 outcome unknown.`,
 		Example: `  deepmarket ledger appeal 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 --claim 0.8 --evidence bafybeigdyrzt --reason "rounds 3-6 refused"`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
@@ -126,7 +129,10 @@ func newVerdictCmd(c *cli) *cobra.Command {
 the settlement of JOB: --overturn if the refusal was wrong (the appellant is to
 be paid), --uphold if it stands. Only the referees the appeal drew vote, once
 each, before its deadline; the first side a majority takes decides it, and the
-majority is paid the bond. 'deepmarket ledger appeal' prints the referees.`,
+majority is paid the bond. 'deepmarket ledger appeal' prints the referees. A
+validator's node votes by itself on the cases that drew it, once it has
+recomputed the refusal from the appeal's evidence; this command is the same by
+hand (a vote given twice is refused).`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 2 {
 				return usageError{fmt.Errorf("%s takes a job ID and the appellant's address", cmd.CommandPath())}
