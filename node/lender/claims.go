@@ -411,7 +411,9 @@ func (c *claims) advance(ctx context.Context, run string, r *ledger.Receipt) (st
 			if aerr := c.appeal(ctx, run, esc); aerr != nil {
 				// The receipt is lodged meanwhile; the run stays watched
 				// until the appeal is made or its window ends.
-				c.log.Warn("appeal: trying again later", "job", run, "err", aerr)
+				if !errors.Is(aerr, errAppealPending) {
+					c.log.Warn("appeal: trying again later", "job", run, "err", aerr)
+				}
 				defer func() {
 					if err == nil && st.done {
 						st = claimStep{next: c.now().Add(c.retry)}

@@ -57,6 +57,8 @@ type Executor struct {
 	// appeals, when the ledger client serves them: this machine's appeals
 	// and its referee duty (referee.go).
 	appeals Appeals
+	// appealing are the runs whose appeal is being recomputed (referee.go), under mu.
+	appealing map[string]bool
 	// committed: see ExecutorParams.Committed.
 	committed func() <-chan struct{}
 	holds     HoldBook

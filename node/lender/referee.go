@@ -107,9 +107,15 @@ func (e *Executor) keepEvidence(ctx context.Context, w *worker) {
 	log.Info("kept the evidence of the worker's refused rounds, for an appeal", "cid", pin.CID.String())
 }
 
+// errAppealPending says an appeal's recomputation is under way: the
+// claim service keeps the run watched until it ends.
+var errAppealPending = errors.New("the appeal's recomputation is under way")
+
 // appealRefusal is the claim service's step for a settled escrow of run:
 // it appeals the refusals of this machine's rounds once, when the
 // payer's answer names one and this node's recomputation overturns it.
+// The recomputation runs beside the claim service (it fetches and starts
+// a program: minutes at worst), which meanwhile serves the other runs.
 func (e *Executor) appealRefusal(ctx context.Context, run string, esc *ledger.Escrow) error {
 	if e.appeals == nil || esc.Settled == 0 || ledger.AppealCap(esc, string(e.account)) == 0 {
 		return nil
@@ -127,6 +133,38 @@ func (e *Executor) appealRefusal(ctx context.Context, run string, esc *ledger.Es
 	if !ok || a.Refused == 0 || a.Refusal == nil {
 		return nil
 	}
+	e.mu.Lock()
+	if e.appealing == nil {
+		e.appealing = map[string]bool{}
+	}
+	busy := e.appealing[run]
+	e.appealing[run] = true
+	e.mu.Unlock()
+	if busy {
+		return errAppealPending
+	}
+	settled := *esc
+	started := e.spawn(func(ctx context.Context) {
+		err := e.appealNow(ctx, run, &settled, a)
+		e.mu.Lock()
+		delete(e.appealing, run)
+		e.mu.Unlock()
+		if err != nil {
+			e.log.Warn("appeal: trying again at the claim's next step", "module", "claims", "job", run[:12], "err", err)
+		}
+	})
+	if !started {
+		e.mu.Lock()
+		delete(e.appealing, run)
+		e.mu.Unlock()
+		return nil
+	}
+	return errAppealPending
+}
+
+// appealNow packs the evidence of run's refusal, recomputes it and
+// appeals when it does not stand; the outcome is stored, so it is done once.
+func (e *Executor) appealNow(ctx context.Context, run string, esc *ledger.Escrow, a ledger.Answer) error {
 	log := e.log.With("module", "claims", "job", run[:12])
 	pkg, err := e.packEvidence(ctx, run, a)
 	if err != nil {
