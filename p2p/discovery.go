@@ -95,14 +95,27 @@ func (d *Discovery) Run(ctx context.Context) error {
 	}
 	d.dialBootstrap(ctx)
 
-	if d.p.MDNS {
-		svc := mdns.NewMdnsService(h, rendezvous(d.p.ChainID), &mdnsNotifee{ctx: ctx, h: h, log: log})
+	lan := &mdnsNotifee{ctx: ctx, h: h, log: log}
+	var svc mdns.Service
+	startMDNS := func() {
+		if svc != nil {
+			svc.Close()
+		}
+		svc = mdns.NewMdnsService(h, rendezvous(d.p.ChainID), lan)
 		if err := svc.Start(); err != nil {
 			log.Warn("mDNS discovery unavailable", "err", err)
-		} else {
-			defer svc.Close()
+			svc = nil
 		}
 	}
+	if d.p.MDNS {
+		startMDNS()
+		defer func() {
+			if svc != nil {
+				svc.Close()
+			}
+		}()
+	}
+	lastMDNS := time.Now()
 
 	var rd *drouting.RoutingDiscovery
 	if mode, on := d.dhtMode(); on {
@@ -131,6 +144,14 @@ func (d *Discovery) Run(ctx context.Context) error {
 		}
 		if len(h.Network().Peers()) == 0 {
 			d.dialBootstrap(ctx)
+		}
+		// Until mDNS finds a LAN peer, it starts afresh every mdnsRestart:
+		// its sockets are bound to the interfaces up when it started, and
+		// a query lost while interfaces come and go (a network up late,
+		// sandboxes' veth pairs) leaves the next to a back-off of minutes.
+		if d.p.MDNS && !lan.found.Load() && time.Since(lastMDNS) >= mdnsRestart {
+			startMDNS()
+			lastMDNS = time.Now()
 		}
 		if rd != nil && len(h.Network().Peers()) < 16 {
 			d.findPeers(ctx, rd)
@@ -175,15 +196,23 @@ func (d *Discovery) findPeers(ctx context.Context, rd *drouting.RoutingDiscovery
 	}
 }
 
+// mdnsRestart is how often mDNS starts afresh until it finds a peer.
+const mdnsRestart = 20 * time.Second
+
 type mdnsNotifee struct {
-	ctx context.Context
-	h   host.Host
-	log *slog.Logger
+	ctx   context.Context
+	h     host.Host
+	log   *slog.Logger
+	found atomic.Bool // a LAN peer was found and connected to
 }
 
 // HandlePeerFound connects to a LAN peer of the same network.
 func (n *mdnsNotifee) HandlePeerFound(ai peer.AddrInfo) {
-	if ai.ID == n.h.ID() || n.h.Network().Connectedness(ai.ID) == network.Connected {
+	if ai.ID == n.h.ID() {
+		return
+	}
+	if n.h.Network().Connectedness(ai.ID) == network.Connected {
+		n.found.Store(true)
 		return
 	}
 	ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
@@ -192,6 +221,7 @@ func (n *mdnsNotifee) HandlePeerFound(ai peer.AddrInfo) {
 		n.log.Debug("cannot reach mDNS peer", "peer", ai.ID, "err", err)
 		return
 	}
+	n.found.Store(true)
 	n.log.Info("connected to LAN peer", "peer", ai.ID)
 }
 
