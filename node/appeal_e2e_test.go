@@ -2,7 +2,6 @@ package node
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -86,11 +85,7 @@ func TestRefereesPayARefusedHonestWorker(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(bundle, "train.py"), train, 0o644)
 	os.WriteFile(filepath.Join(bundle, "greedy.py"), []byte(greedyHolder), 0o644)
-	batch := filepath.Join(t.TempDir(), "validation.npz")
-	if out, err := exec.Command(py, filepath.Join(bundle, "train.py"), "--data", "/usr/share/datasets/fashion-mnist",
-		"--check-examples", "256", "--write-validation", batch).CombinedOutput(); err != nil {
-		t.Fatalf("the validation batch: %v\n%s", err, out)
-	}
+	batch := validationBatch(t, py, bundle)
 	spec := jobs.File{Name: "greedy", Framework: "tensorflow", Bundle: bundle,
 		Command: []string{"python3", "greedy.py", "1", "train.py", "--epochs", "2", "--steps-per-epoch", "60",
 			"--join-timeout", "30", "--round-timeout", "20", "--no-overlap"},

@@ -73,11 +73,7 @@ func TestHeldDiLoCoPaysOnlyForAcceptedRounds(t *testing.T) {
 		t.Fatal(err)
 	}
 	bundle := heldBundle(t)
-	batch := filepath.Join(t.TempDir(), "validation.npz")
-	if out, err := exec.Command(py, filepath.Join(bundle, "train.py"), "--data", "/usr/share/datasets/fashion-mnist",
-		"--check-examples", "256", "--write-validation", batch).CombinedOutput(); err != nil {
-		t.Fatalf("the validation batch: %v\n%s", err, out)
-	}
+	batch := validationBatch(t, py, bundle)
 	spec := jobs.File{Name: "held", Framework: "tensorflow", Bundle: bundle,
 		Command: []string{"python3", "run.py", "1=lazy,2=scaled", "train.py", "--epochs", "3", "--steps-per-epoch", "60",
 			"--join-timeout", "30", "--round-timeout", "20", "--no-overlap"},
@@ -172,6 +168,19 @@ func TestHeldDiLoCoPaysOnlyForAcceptedRounds(t *testing.T) {
 	if sum := paid[0] + paid[1] + paid[2] + run.Withheld; before.Balance-after.Balance != sum || j.Cost != sum || run.Withheld == 0 {
 		t.Errorf("the submitter spent %d, the job cost %d, the machines earned %v, %d withheld", before.Balance-after.Balance, j.Cost, paid, run.Withheld)
 	}
+}
+
+// validationBatch writes the holder's validation batch as the example
+// makes it (train.py --write-validation: 256 training examples) and
+// returns its path, for a held job's [training] validation.
+func validationBatch(t *testing.T, py, bundle string) string {
+	t.Helper()
+	batch := filepath.Join(t.TempDir(), "validation.npz")
+	if out, err := exec.Command(py, filepath.Join(bundle, "train.py"), "--data", "/usr/share/datasets/fashion-mnist",
+		"--check-examples", "256", "--write-validation", batch).CombinedOutput(); err != nil {
+		t.Fatalf("the validation batch: %v\n%s", err, out)
+	}
+	return batch
 }
 
 // TestHeldJobNeedsAHolderHere: a held job is refused at submit, saying

@@ -142,18 +142,7 @@ func TestJobsAcrossCampusNATs(t *testing.T) {
 		t.Fatalf("the relays carried %.0f bytes during the TensorFlow job: the bulk went through them", relayed)
 	}
 	for _, pair := range [][2]int{{lenderA, lenderB}, {submitter, lenderA}, {submitter, lenderB}} {
-		c, _ := n.Client(pair[0])
-		peers, err := c.Peers(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		found := ""
-		for _, p := range peers {
-			if p.PeerID == n.Manifest.Nodes[pair[1]].PeerID {
-				found = p.Connection
-			}
-		}
-		if found != "direct" {
+		if found := connection(t, n, pair[0], pair[1]); found != "direct" {
 			t.Errorf("%s's connection to %s is %q, want direct (hole punched)", n.Manifest.Nodes[pair[0]].Name, n.Manifest.Nodes[pair[1]].Name, found)
 		}
 	}
@@ -317,16 +306,7 @@ func TestOnePublicValidatorIsEnough(t *testing.T) {
 	waitDirect(t, n, submitter, lender, 30*time.Second)
 	for _, pair := range [][2]int{{submitter, lender}, {lender, submitter}} {
 		c, _ := n.Client(pair[0])
-		peers, err := c.Peers(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		found := ""
-		for _, p := range peers {
-			if p.PeerID == n.Manifest.Nodes[pair[1]].PeerID {
-				found = p.Connection
-			}
-		}
+		found := connection(t, n, pair[0], pair[1])
 		st, _ := c.Status(t.Context())
 		t.Logf("%s: connection to %s %q; NAT %+v", n.Manifest.Nodes[pair[0]].Name, n.Manifest.Nodes[pair[1]].Name, found, st.NAT)
 		if found != "direct" {
@@ -346,26 +326,37 @@ func grepLines(s, sub string) string {
 	return strings.Join(out, "\n")
 }
 
+// connection is how node a is connected to node b, as its peers list
+// says: "direct", "relayed", or "" when it is not.
+func connection(t *testing.T, n *Network, a, b int) string {
+	t.Helper()
+	c, _ := n.Client(a)
+	peers, err := c.Peers(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range peers {
+		if p.PeerID == n.Manifest.Nodes[b].PeerID {
+			return p.Connection
+		}
+	}
+	return ""
+}
+
 // waitDirect waits until node a's connection to node b is direct.
 func waitDirect(t *testing.T, n *Network, a, b int, within time.Duration) {
 	t.Helper()
-	c, _ := n.Client(a)
 	deadline := time.Now().Add(within)
 	for {
-		peers, err := c.Peers(t.Context())
-		found := ""
-		for _, p := range peers {
-			if p.PeerID == n.Manifest.Nodes[b].PeerID {
-				found = p.Connection
-			}
-		}
+		found := connection(t, n, a, b)
 		if found == "direct" {
 			return
 		}
 		if time.Now().After(deadline) {
+			c, _ := n.Client(a)
 			st, _ := c.Status(t.Context())
-			t.Fatalf("%s's connection to %s is %q after %s, want direct (hole punched): %+v (%v)", n.Manifest.Nodes[a].Name,
-				n.Manifest.Nodes[b].Name, found, within, st.NAT, err)
+			t.Fatalf("%s's connection to %s is %q after %s, want direct (hole punched): %+v", n.Manifest.Nodes[a].Name,
+				n.Manifest.Nodes[b].Name, found, within, st.NAT)
 		}
 		time.Sleep(time.Second)
 	}
