@@ -175,9 +175,9 @@ func startNode(t testing.TB, h Home, opts ...nodeOpt) *testNode {
 		case err := <-done:
 			cancel()
 			t.Fatalf("node did not start: %v", err)
-		case <-time.After(30 * time.Second):
+		case <-time.After(90 * time.Second): // a loaded CI machine
 			cancel()
-			t.Fatal("node did not start in 30s")
+			t.Fatal("node did not start in 90s")
 		}
 		n.exec.Capable() // its one sandbox probe, now
 	}()

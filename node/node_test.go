@@ -242,7 +242,7 @@ func TestLendersMeasureTheirLinks(t *testing.T) {
 		}
 		return p2p.LinkSample{}, false
 	}
-	eventually(t, 60*time.Second, "each machine's offer carries its link to the other", func() bool {
+	eventually(t, 3*time.Minute, "each machine's offer carries its link to the other", func() bool {
 		_, ab := linkOf(a, b)
 		_, ba := linkOf(b, a)
 		return ab && ba

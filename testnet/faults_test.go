@@ -324,7 +324,7 @@ func TestFaultLenderKilledMidJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	var victim int
-	deadline := time.Now().Add(2 * time.Minute)
+	deadline := time.Now().Add(4 * time.Minute)
 	for !strings.Contains(jobLog(t, sub, j.ID), "step 5 of") {
 		if time.Now().After(deadline) {
 			t.Fatalf("the job did not start:\n%s", jobLog(t, sub, j.ID))

@@ -271,7 +271,7 @@ func TestOnePublicValidatorIsEnough(t *testing.T) {
 	}
 	for _, i := range []int{lender, submitter} {
 		c, _ := n.Client(i)
-		deadline := time.Now().Add(90 * time.Second)
+		deadline := time.Now().Add(3 * time.Minute)
 		for {
 			st, err := c.Status(t.Context())
 			if err == nil && st.NAT.Reachability == "private" && len(st.NAT.RelayAddrs) > 0 && len(st.NAT.PublicAddrs) > 0 {
@@ -285,7 +285,7 @@ func TestOnePublicValidatorIsEnough(t *testing.T) {
 		}
 	}
 	lend(t, n, lender, 1)
-	waitReach(t, n, submitter, []int{lender}, "nat", 90*time.Second)
+	waitReach(t, n, submitter, []int{lender}, "nat", 3*time.Minute)
 	// The labs meet when the job needs it: first through the validator's
 	// relay, then hole punched.
 	sc, _ := n.Client(submitter)
@@ -303,7 +303,7 @@ func TestOnePublicValidatorIsEnough(t *testing.T) {
 		}
 		t.Fatalf("a job from one lab on the other, one public validator: %s (%s)\n%s\n%s", j.State, j.Reason, jobLog(t, sc, j.ID), strings.Join(sts, "\n"))
 	}
-	waitDirect(t, n, submitter, lender, 30*time.Second)
+	waitDirect(t, n, submitter, lender, 90*time.Second)
 	for _, pair := range [][2]int{{submitter, lender}, {lender, submitter}} {
 		c, _ := n.Client(pair[0])
 		found := connection(t, n, pair[0], pair[1])

@@ -176,16 +176,16 @@ class KerasDiLoCoTest(unittest.TestCase):
         ps = [self.start(r, addrs, **flags) for r in range(2)]
         for p in ps:
             p.finish(self)
+        out = "\n".join("--- rank %d\n%s" % (p.rank, "\n".join(p.all)) for p in ps)
         (r0, d0, acc0), (r1, d1, acc1) = ps[0].final(), ps[1].final()
-        self.assertEqual((r0, r1), (8, 8))
-        self.assertEqual(d0, d1)  # the same weights, bit for bit
-        self.assertGreater(acc0, 0.85)  # 4 classes: chance is 0.25
+        self.assertEqual((r0, r1), (8, 8), out)
+        self.assertEqual(d0, d1, out)  # the same weights, bit for bit
+        self.assertGreater(acc0, 0.85, out)  # 4 classes: chance is 0.25
         w0 = np.load(os.path.join(self.tmp.name, "w0", "final.npz"))
         w1 = np.load(os.path.join(self.tmp.name, "w1", "final.npz"))
         for k in w0.files:
             np.testing.assert_array_equal(w0[k], w1[k])
         s1 = self.stats(1)
-        out = "\n".join("--- rank %d\n%s" % (p.rank, "\n".join(p.all)) for p in ps)
         self.assertGreater(s1["bytes_sent"], 0, out)
         # Rank 1 is in every round from the one it joined at: round 0 unless
         # TensorFlow took it longer to import than rank 0 waits for the first
