@@ -101,7 +101,7 @@ bench-tunnel: ## Tunnel: a job's TF traffic over libp2p streams vs direct loopba
 	$(GO) test -run '^$$' -bench CPUBound -benchtime 5x ./node/sandbox
 
 .PHONY: bench-nat
-bench-nat: ## Root: hole punching through cone and symmetric NATs in netlab (50 attempts each: success, p50/p90 time to direct, bytes relayed), tunnel throughput over the hole punch vs no NAT (~6 min); report in bench/results/nat
+bench-nat: ## Root: hole punching through cone and symmetric NATs in netlab with 1, 2 and 4 public nodes, TCP and QUIC (success, p50/p90 time to direct, bytes relayed; a settled node, libp2p stock vs ours), tunnel throughput over the hole punch vs no NAT (~10 min); report in bench/results/nat
 	$(GO) run ./bench/nat -out bench/results/nat
 
 .PHONY: sim

@@ -83,6 +83,9 @@ func (h *Host) shutdown() error {
 		h.sub.Close() // drains the subscription until it is closed
 	}
 	<-h.done
+	if h.punch != nil {
+		h.punch.close()
+	}
 	h.Network().Close()
 	return h.Host.Close()
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -43,6 +44,9 @@ type Host struct {
 	sub     event.Subscription
 	done    chan struct{} // closed when sub's reader returns
 
+	mapped *mappingFilter // keeps unconfirmed NAT mappings out of what it advertises
+	punch  *puncher       // the hole punch service and its retries; nil when NAT traversal is off
+
 	log        *slog.Logger
 	closeOnce  sync.Once
 	closeErr   error
@@ -77,7 +81,8 @@ func (h *Host) start(p NATParams) error {
 	}
 	// Its reader never blocks, and Close closes it (which drains it) before
 	// libp2p's close; the buffer rides out a burst of identifications.
-	sub, err := h.EventBus().Subscribe([]any{new(event.EvtLocalReachabilityChanged), new(event.EvtPeerIdentificationCompleted)},
+	sub, err := h.EventBus().Subscribe([]any{new(event.EvtLocalReachabilityChanged), new(event.EvtPeerIdentificationCompleted),
+		new(event.EvtLocalAddressesUpdated)},
 		eventbus.Name("deepmarket nat"), eventbus.BufSize(64))
 	if err != nil {
 		return err
@@ -106,10 +111,21 @@ func (h *Host) start(p NATParams) error {
 		for e := range sub.Out() {
 			switch e := e.(type) {
 			case event.EvtLocalReachabilityChanged:
-				h.reach.Store(int32(e.Reachability))
+				if old := network.Reachability(h.reach.Swap(int32(e.Reachability))); old != e.Reachability {
+					h.punchInputs("reachability now " + reachabilityName(e.Reachability))
+				}
 				h.decideRelay()
 			case event.EvtPeerIdentificationCompleted:
-				h.observe(e)
+				if h.observe(e) {
+					h.punchInputs("a new public mapping observed: " + e.ObservedAddr.String())
+				}
+			case event.EvtLocalAddressesUpdated:
+				for _, a := range e.Current {
+					if a.Action == event.Added && isRelayAddr(a.Address) {
+						h.punchInputs("a new relay address: " + a.Address.String())
+						break
+					}
+				}
 			}
 		}
 	}()
@@ -202,23 +218,34 @@ func (h *Host) startRelay() error {
 	return nil
 }
 
+// punchInputs tells the hole punch retries that what a punch has to work
+// with changed.
+func (h *Host) punchInputs(why string) {
+	if h.punch != nil {
+		h.punch.inputsChanged(why)
+	}
+}
+
 // observe keeps what a peer saw of a direct connection from this host's
-// listening port: a public address there is the host's NAT mapping.
-func (h *Host) observe(e event.EvtPeerIdentificationCompleted) {
+// listening port: a public address there is the host's NAT mapping. It
+// says whether no other peer had seen that address.
+func (h *Host) observe(e event.EvtPeerIdentificationCompleted) (isNew bool) {
 	o := e.ObservedAddr
 	if o == nil || e.Conn == nil || Relayed(e.Conn) || !manet.IsPublicAddr(o) || isRelayAddr(o) {
-		return
+		return false
 	}
 	if !slices.ContainsFunc(h.Network().ListenAddresses(), func(l ma.Multiaddr) bool { return samePort(l, e.Conn.LocalMultiaddr()) }) {
-		return // an ephemeral port: its mapping says nothing of the listener's
+		return false // an ephemeral port: its mapping says nothing of the listener's
 	}
 	h.omu.Lock()
 	defer h.omu.Unlock()
+	isNew = !slices.ContainsFunc(h.observed, func(x observation) bool { return x.addr == o.String() })
 	h.observed = slices.DeleteFunc(h.observed, func(x observation) bool { return x.peer == e.Peer })
 	h.observed = append(h.observed, observation{addr: o.String(), peer: e.Peer})
 	if len(h.observed) > maxObservations {
 		h.observed = h.observed[1:]
 	}
+	return isNew
 }
 
 // samePort says whether a and b are the same transport and port.
@@ -392,6 +419,7 @@ func subtract(r, c *net.IPNet) []*net.IPNet {
 type punchCounter struct {
 	tried, won atomic.Int64
 	log        *slog.Logger
+	onFail     func(peer.ID) // set before the first punch (startPuncher)
 
 	mu       sync.Mutex
 	attempts map[peer.ID]int
@@ -461,8 +489,13 @@ func (c *punchCounter) Trace(e *holepunch.Event) {
 		c.last[e.Remote], c.latest = *end, end
 	}
 	c.mu.Unlock()
-	if end != nil && !end.Success && c.log != nil {
-		c.log.Info("hole punch failed: the connection stays relayed", "module", "p2p", "peer", end.Peer, "attempts", end.Attempts, "err", end.Error)
+	if end != nil && !end.Success {
+		if c.log != nil {
+			c.log.Info("hole punch failed: the connection stays relayed", "module", "p2p", "peer", end.Peer, "attempts", end.Attempts, "err", end.Error)
+		}
+		if c.onFail != nil {
+			c.onFail(e.Remote)
+		}
 	}
 }
 
@@ -574,4 +607,85 @@ func AddRelayAddrs(h host.Host, p peer.ID) {
 		}
 		h.Peerstore().AddAddrs(r.ID, r.Addrs, peerstore.TempAddrTTL)
 	}
+}
+
+// mappingFilter keeps a NAT's mapping out of the addresses a host
+// advertises until AutoNAT v2 has confirmed that peers can dial it. libp2p
+// advertises an observed address once enough peers (4) have seen it, but a
+// campus NAT drops dials that its machine did not ask for: a peer that
+// finds the mapping in its peerstore dials it first, and a hole punch
+// waits that dial out (make bench-nat: 5 s with libp2p's timeout, before
+// punchDialTimeout). Hole punching does not need the mapping advertised:
+// DCUtR sends the addresses even one peer observed. An address on one of
+// the machine's own interfaces is advertised as before (a public
+// machine's), and so is a mapping AutoNAT v2 found reachable (a port
+// forward, a cloud machine's 1:1 NAT).
+type mappingFilter struct {
+	host atomic.Pointer[confirmer] // set once libp2p has made the host
+
+	mu    sync.Mutex
+	local map[netip.Addr]bool // the interfaces' addresses, as of at
+	at    time.Time
+}
+
+// confirmer is libp2p's basic host: the addresses AutoNAT v2 has tried.
+type confirmer interface {
+	ConfirmedAddrs() (reachable, unreachable, unknown []ma.Multiaddr)
+}
+
+// localTTL is how long the interfaces' addresses are cached.
+const localTTL = 10 * time.Second
+
+func (f *mappingFilter) apply(addrs []ma.Multiaddr) []ma.Multiaddr {
+	var reachable map[string]bool
+	out := addrs[:0:0]
+	for _, a := range addrs {
+		if isRelayAddr(a) || !manet.IsPublicAddr(a) || f.isLocal(a) {
+			out = append(out, a)
+			continue
+		}
+		if reachable == nil {
+			reachable = map[string]bool{}
+			if c := f.host.Load(); c != nil {
+				r, _, _ := (*c).ConfirmedAddrs()
+				for _, x := range r {
+					reachable[string(x.Bytes())] = true
+				}
+			}
+		}
+		if reachable[string(a.Bytes())] {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// isLocal says whether a's IP is on one of this machine's interfaces
+// (true when they cannot be listed: nothing is then hidden).
+func (f *mappingFilter) isLocal(a ma.Multiaddr) bool {
+	ip, err := manet.ToIP(a)
+	if err != nil {
+		return true
+	}
+	addr, ok := netip.AddrFromSlice(ip)
+	if !ok {
+		return true
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.local == nil || time.Since(f.at) > localTTL {
+		ifs, err := net.InterfaceAddrs()
+		if err != nil {
+			return true
+		}
+		f.local, f.at = map[netip.Addr]bool{}, time.Now()
+		for _, x := range ifs {
+			if n, ok := x.(*net.IPNet); ok {
+				if ia, ok := netip.AddrFromSlice(n.IP); ok {
+					f.local[ia.Unmap()] = true
+				}
+			}
+		}
+	}
+	return f.local[addr.Unmap()]
 }

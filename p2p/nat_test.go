@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -230,5 +232,42 @@ func TestPunchOutcomesAreKept(t *testing.T) {
 	}
 	if len(c.last) > maxPunchPeers {
 		t.Errorf("%d peers' punches kept, want at most %d", len(c.last), maxPunchPeers)
+	}
+}
+
+// confirmed is a confirmer whose AutoNAT v2 found reachable what it lists.
+type confirmed []ma.Multiaddr
+
+func (c confirmed) ConfirmedAddrs() (reachable, unreachable, unknown []ma.Multiaddr) {
+	return c, nil, nil
+}
+
+// TestUnconfirmedMappingsAreNotAdvertised: a host advertises its NAT's
+// mapping only once AutoNAT v2 found it reachable (a peer that dials an
+// unconfirmed one waits out the dial before the hole punch begins: 5 s in
+// make bench-nat); its own interfaces' addresses, private and relay
+// addresses are advertised as before. The host's own hole punch still
+// gets the mapping (libp2p adds observed addresses to it after this
+// filter), as TestOnePublicValidatorIsEnough shows end to end.
+func TestUnconfirmedMappingsAreNotAdvertised(t *testing.T) {
+	m := func(s string) ma.Multiaddr { return ma.StringCast(s) }
+	mapping, forwarded := m("/ip4/1.2.3.4/udp/4001/quic-v1"), m("/ip4/1.2.3.4/tcp/4001")
+	own, private := m("/ip4/5.6.7.8/tcp/4001"), m("/ip4/10.1.2.3/tcp/4001")
+	relay := m("/ip4/9.9.9.9/tcp/4001/p2p/12D3KooWEBBqpfB6ce3GrcRMCUyDKjcYwe9YnYaPvipnFhvgazmp/p2p-circuit")
+	in := []ma.Multiaddr{mapping, forwarded, own, private, relay}
+
+	f := &mappingFilter{local: map[netip.Addr]bool{netip.MustParseAddr("5.6.7.8"): true}, at: time.Now()}
+	want := func(got []ma.Multiaddr, w ...ma.Multiaddr) {
+		t.Helper()
+		if fmt.Sprint(got) != fmt.Sprint(w) {
+			t.Errorf("advertised %v, want %v", got, w)
+		}
+	}
+	want(f.apply(slices.Clone(in)), own, private, relay) // libp2p's host not set yet: nothing confirmed
+	var c confirmer = confirmed{forwarded}
+	f.host.Store(&c)
+	want(f.apply(slices.Clone(in)), forwarded, own, private, relay)
+	if len(in) != 5 || !in[0].Equal(mapping) {
+		t.Errorf("apply changed its argument: %v", in)
 	}
 }

@@ -269,21 +269,7 @@ func TestOnePublicValidatorIsEnough(t *testing.T) {
 	if n.pos[lender].site == n.pos[submitter].site || n.pos[lender].site == 0 || n.pos[submitter].site == 0 {
 		t.Fatalf("the labs' places %v: want two NATed lab sites", n.pos)
 	}
-	for _, i := range []int{lender, submitter} {
-		c, _ := n.Client(i)
-		deadline := time.Now().Add(3 * time.Minute)
-		for {
-			st, err := c.Status(t.Context())
-			if err == nil && st.NAT.Reachability == "private" && len(st.NAT.RelayAddrs) > 0 && len(st.NAT.PublicAddrs) > 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				b, _ := os.ReadFile(filepath.Join(n.Dir, n.Manifest.Nodes[i].Home, "node.log"))
-				t.Fatalf("%s: not found private with a relay slot and a public mapping: %+v (%v)\n%s", n.Manifest.Nodes[i].Name, st.NAT, err, grepLines(string(b), "observ"))
-			}
-			time.Sleep(time.Second)
-		}
-	}
+	waitLabs(t, n, lender, submitter)
 	lend(t, n, lender, 1)
 	waitReach(t, n, submitter, []int{lender}, "nat", 3*time.Minute)
 	// The labs meet when the job needs it: first through the validator's
@@ -313,6 +299,97 @@ func TestOnePublicValidatorIsEnough(t *testing.T) {
 			t.Errorf("%s's connection to %s is %q, want direct (hole punched); its NAT status %+v", n.Manifest.Nodes[pair[0]].Name,
 				n.Manifest.Nodes[pair[1]].Name, found, st.NAT)
 		}
+	}
+}
+
+// waitLabs waits until each of the nodes is found private, with a relay
+// slot and a public mapping.
+func waitLabs(t *testing.T, n *Network, nodes ...int) {
+	t.Helper()
+	for _, i := range nodes {
+		c, _ := n.Client(i)
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			st, err := c.Status(t.Context())
+			if err == nil && st.NAT.Reachability == "private" && len(st.NAT.RelayAddrs) > 0 && len(st.NAT.PublicAddrs) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				b, _ := os.ReadFile(filepath.Join(n.Dir, n.Manifest.Nodes[i].Home, "node.log"))
+				t.Fatalf("%s: not found private with a relay slot and a public mapping: %+v (%v)\n%s", n.Manifest.Nodes[i].Name, st.NAT, err, grepLines(string(b), "observ"))
+			}
+			time.Sleep(time.Second)
+		}
+	}
+}
+
+// TestAFailedHolePunchIsTriedAgain: two labs behind NATs of their own and
+// one public validator, as in TestOnePublicValidatorIsEnough, but a
+// firewall between the two campuses drops what they send each other
+// until their first hole punch has failed. The node tries the punch again
+// (p2p/punch.go: after a failure, with a growing delay), so once the
+// firewall lets them through their connection turns direct, and the job
+// that made them meet fetches its bundle over it and succeeds. libp2p
+// alone punches once per relayed connection: the connection would stay
+// relayed, and the job fail ("no peer delivered a block").
+func TestAFailedHolePunchIsTriedAgain(t *testing.T) {
+	testutil.NeedRoot(t, netlab.AvailableNAT)
+	n := startNet(t, Params{Validators: 1, Nodes: 2, Sites: 2, Python: jobPython(),
+		Configure: func(_ *Node, c *node.Config) {
+			c.P2P.DiscoverInterval = node.Duration{Duration: 5 * time.Second}
+			c.P2P.AnnounceInterval = node.Duration{Duration: 5 * time.Second}
+			c.P2P.OfferTTL = node.Duration{Duration: 30 * time.Second}
+		}},
+		RunOptions{Profile: "nat", StartTimeout: 2 * time.Minute})
+	const lender, submitter = 1, 2
+	a, b := n.pos[lender].site, n.pos[submitter].site
+	if a == b || a == 0 || b == 0 {
+		t.Fatalf("the labs' places %v: want two NATed lab sites", n.pos)
+	}
+	if err := n.Lab.Block(a, b); err != nil {
+		t.Fatal(err)
+	}
+	waitLabs(t, n, lender, submitter)
+	lend(t, n, lender, 1)
+	waitReach(t, n, submitter, []int{lender}, "nat", 3*time.Minute)
+	sc, _ := n.Client(submitter)
+	j, err := sc.Submit(t.Context(), api.SubmitRequest{Spec: workSpec(workBundle(t), 3, "0.5", "5m"), Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The labs meet through the relay, and their punch fails.
+	deadline := time.Now().Add(2 * time.Minute)
+	for failed := ""; failed == ""; time.Sleep(200 * time.Millisecond) {
+		for _, i := range []int{lender, submitter} {
+			c, _ := n.Client(i)
+			if st, err := c.Status(t.Context()); err == nil && st.NAT.LastHolePunch != nil && !st.NAT.LastHolePunch.Success {
+				failed = fmt.Sprintf("%s: %s", n.Manifest.Nodes[i].Name, st.NAT.LastHolePunch)
+			}
+		}
+		if failed != "" {
+			t.Logf("behind the firewall: %s", failed)
+		} else if time.Now().After(deadline) {
+			var sts []string
+			for _, i := range []int{lender, submitter} {
+				c, _ := n.Client(i)
+				st, _ := c.Status(t.Context())
+				sts = append(sts, fmt.Sprintf("%s: %q to the other, NAT %+v", n.Manifest.Nodes[i].Name, connection(t, n, i, lender+submitter-i), st.NAT))
+			}
+			t.Fatalf("no hole punch failed behind the firewall within 2 min:\n%s\nthe job's log:\n%s", strings.Join(sts, "\n"), jobLog(t, sc, j.ID))
+		}
+	}
+	// libp2p tries 3 times in about 6 s, then never again on this
+	// connection; the firewall outlasts that.
+	time.Sleep(12 * time.Second)
+	if c := connection(t, n, submitter, lender); c != "relayed" {
+		t.Fatalf("the labs' connection is %q behind the firewall, want relayed", c)
+	}
+	if err := n.Lab.Unblock(a, b); err != nil {
+		t.Fatal(err)
+	}
+	waitDirect(t, n, submitter, lender, 60*time.Second)
+	if j = waitJob(t, sc, j.ID, 3*time.Minute); j.State != jobs.Succeeded {
+		t.Fatalf("the job that made the labs meet: %s (%s)\n%s", j.State, j.Reason, jobLog(t, sc, j.ID))
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
 	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/deepmarket/deepmarket/identity"
@@ -46,6 +47,7 @@ type request struct {
 	Peer     string   `json:"peer,omitempty"`     // the target host (A)
 	Addrs    []string `json:"addrs,omitempty"`    // its full multiaddrs, to dial it directly
 	Relay    string   `json:"relay,omitempty"`    // the relay's full multiaddrs, comma-separated
+	Peers    string   `json:"peers,omitempty"`    // the other public nodes' (peerList)
 	N        int      `json:"n,omitempty"`        // attempts
 	Parallel int      `json:"parallel,omitempty"` // attempts at once
 	WaitMs   int      `json:"wait_ms,omitempty"`  // bound on one attempt
@@ -53,6 +55,8 @@ type request struct {
 	Name     string   `json:"name,omitempty"`     // a throughput path
 	TCPOnly  bool     `json:"tcp_only,omitempty"` // fresh hosts listen on TCP only
 	Streams  bool     `json:"streams,omitempty"`  // the tunnel without its direct path
+	Settled  bool     `json:"settled,omitempty"`  // B settles among the public nodes before it dials (settleFor)
+	Stock    bool     `json:"stock,omitempty"`    // fresh hosts get libp2p's stock hole punch (NATParams.Stock)
 }
 
 // reply is a child's answer; Err is set when the command failed.
@@ -68,7 +72,8 @@ type reply struct {
 	Tries    int              `json:"tries,omitempty"`
 	Seconds  float64          `json:"seconds,omitempty"`
 	Stats    *tunnel.JobStats `json:"stats,omitempty"`
-	Conns    []string         `json:"conns,omitempty"` // the host's connections to the peer
+	Conns    []string         `json:"conns,omitempty"`  // the host's connections to the peer
+	Public   []string         `json:"public,omitempty"` // the public addresses the host advertises
 }
 
 // attemptResult is one hole punch attempt, as B saw it; the times run
@@ -86,12 +91,15 @@ type attemptResult struct {
 	RelayedMs float64 `json:"relayed_ms,omitempty"`
 	Conn      string  `json:"conn,omitempty"` // the direct connection's remote address
 	Err       string  `json:"err,omitempty"`
+	// Advertised: B advertised its NAT's mapping when it dialled (settled
+	// attempts only).
+	Advertised bool `json:"advertised,omitempty"`
 }
 
 // childFlags are the hidden flags of a child.
 type childFlags struct {
-	role, ip, cidrs, relay string
-	tcpOnly                bool
+	role, ip, cidrs, relay, peers string
+	tcpOnly, stock                bool
 }
 
 func childMain(f childFlags) error {
@@ -217,12 +225,21 @@ func runServe(c *childIO, f childFlags) error {
 	if err != nil {
 		return err
 	}
+	peers, err := peerList(f.peers)
+	if err != nil {
+		return fmt.Errorf("-peers: %w", err)
+	}
 	h, err := p2p.NewHost(p2p.HostParams{Key: k, Listen: listenOn(f.ip, 0, f.tcpOnly), Version: "bench", Moniker: "A",
-		NAT: p2p.NATParams{Relays: []peer.AddrInfo{*relay}, RelayService: p2p.RelayOff}})
+		NAT: p2p.NATParams{Relays: []peer.AddrInfo{*relay}, RelayService: p2p.RelayOff, Stock: f.stock}})
 	if err != nil {
 		return err
 	}
 	defer h.Close()
+	// The network's other public nodes, as a lab machine's bootstrap
+	// list gives them.
+	if err := connectAll(context.Background(), h, peers); err != nil {
+		return err
+	}
 	sink, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -239,7 +256,7 @@ func runServe(c *childIO, f childFlags) error {
 		switch req.Cmd {
 		case "status":
 			st := p2p.NATOf(h)
-			return reply{NAT: &st}
+			return reply{NAT: &st, Public: publicAddrs(h)}
 		case "allow":
 			p, err := peer.Decode(req.Peer)
 			if err != nil {
@@ -339,6 +356,55 @@ func parseRelay(s string) (*peer.AddrInfo, error) {
 	return &ais[0], nil
 }
 
+// peerList reads public nodes' full multiaddrs: ";" between nodes, ","
+// between one node's addresses.
+func peerList(s string) ([]peer.AddrInfo, error) {
+	var out []peer.AddrInfo
+	for _, node := range strings.Split(s, ";") {
+		if node == "" {
+			continue
+		}
+		ais, err := p2p.AddrInfos(strings.Split(node, ","))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ais...)
+	}
+	return out, nil
+}
+
+// connectAll connects h to every peer at once.
+func connectAll(ctx context.Context, h host.Host, peers []peer.AddrInfo) error {
+	errs := make(chan error, len(peers))
+	for _, p := range peers {
+		go func() { errs <- h.Connect(ctx, p) }()
+	}
+	var first error
+	for range peers {
+		if err := <-errs; err != nil && first == nil {
+			first = fmt.Errorf("connect to a public node: %w", err)
+		}
+	}
+	return first
+}
+
+// publicAddrs is what h advertises of its public addresses (relay
+// addresses left out).
+func publicAddrs(h host.Host) []string {
+	var out []string
+	for _, a := range h.Addrs() {
+		if manet.IsPublicAddr(a) && !isCircuit(a) {
+			out = append(out, a.String())
+		}
+	}
+	return out
+}
+
+func isCircuit(a ma.Multiaddr) bool {
+	_, err := a.ValueForProtocol(ma.P_CIRCUIT)
+	return err == nil
+}
+
 // circuitInfo is target's AddrInfo through the relay: every relay
 // address with /p2p/RELAY/p2p-circuit.
 func circuitInfo(relay *peer.AddrInfo, target peer.ID) (peer.AddrInfo, error) {
@@ -363,6 +429,10 @@ func (d *dialer) attempts(req request) reply {
 	if err != nil {
 		return reply{Err: err.Error()}
 	}
+	peers, err := peerList(req.Peers)
+	if err != nil {
+		return reply{Err: err.Error()}
+	}
 	n, par := max(req.N, 1), max(req.Parallel, 1)
 	out := make([]attemptResult, n)
 	sem := make(chan struct{}, par)
@@ -372,7 +442,7 @@ func (d *dialer) attempts(req request) reply {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out[i] = d.attempt(relay, target, time.Duration(req.WaitMs)*time.Millisecond, req.TCPOnly)
+			out[i] = d.attempt(relay, peers, target, time.Duration(req.WaitMs)*time.Millisecond, req)
 			<-sem
 		}()
 	}
@@ -382,20 +452,24 @@ func (d *dialer) attempts(req request) reply {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
 
-// attempt is one hole punch: a fresh host connects to the relay, dials A
-// through it and waits, up to wait from its start, for a direct
-// connection to A.
-func (d *dialer) attempt(relay *peer.AddrInfo, target peer.ID, wait time.Duration, tcpOnly bool) (r attemptResult) {
+// attempt is one hole punch: a fresh host connects to the relay and the
+// other public nodes (peers), dials A through the relay and waits, up to
+// wait from its start, for a direct connection to A.
+func (d *dialer) attempt(relay *peer.AddrInfo, peers []peer.AddrInfo, target peer.ID, wait time.Duration, req request) (r attemptResult) {
+	settled := req.Settled
 	start := time.Now()
+	if settled {
+		wait += settleFor
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), start.Add(wait))
 	defer cancel()
-	h, err := freshHost(d.ip, tcpOnly)
+	h, err := freshHost(d.ip, req.TCPOnly, req.Stock)
 	if err != nil {
 		r.Err = "host: " + err.Error()
 		return r
 	}
 	defer h.Close()
-	if err := punchTo(ctx, h, relay, target, start, &r); err != nil {
+	if err := punchTo(ctx, h, relay, peers, target, start, settled, &r); err != nil {
 		r.Err = err.Error()
 		return r
 	}
@@ -403,21 +477,28 @@ func (d *dialer) attempt(relay *peer.AddrInfo, target peer.ID, wait time.Duratio
 	return r
 }
 
-func freshHost(ip string, tcpOnly bool) (host.Host, error) {
+func freshHost(ip string, tcpOnly, stock bool) (host.Host, error) {
 	k, err := identity.GenerateKey()
 	if err != nil {
 		return nil, err
 	}
 	return p2p.NewHost(p2p.HostParams{Key: k, Listen: listenOn(ip, 0, tcpOnly), Version: "bench", Moniker: "B",
-		NAT: p2p.NATParams{RelayService: p2p.RelayOff}})
+		NAT: p2p.NATParams{RelayService: p2p.RelayOff, Stock: stock}})
 }
 
-// punchTo connects h to the relay, waits for h's hole punch service,
-// dials target through the relay and waits for a direct connection to
-// it, filling r's times (from start) on the way.
-func punchTo(ctx context.Context, h host.Host, relay *peer.AddrInfo, target peer.ID, start time.Time, r *attemptResult) error {
-	if err := h.Connect(ctx, *relay); err != nil {
-		return fmt.Errorf("connect to the relay: %w", err)
+// settleFor is how long a settled B stays among the public nodes before
+// it dials: longer than libp2p took to activate its observed address with
+// four observers (about 5 s).
+const settleFor = 6 * time.Second
+
+// punchTo connects h to the relay and the other public nodes (peers),
+// waits for h's hole punch service (and, settled, until h advertises its
+// public address, as a node that has run a while among enough observers
+// does), dials target through the relay and waits for a direct
+// connection to it, filling r's times (from start) on the way.
+func punchTo(ctx context.Context, h host.Host, relay *peer.AddrInfo, peers []peer.AddrInfo, target peer.ID, start time.Time, settled bool, r *attemptResult) error {
+	if err := connectAll(ctx, h, append([]peer.AddrInfo{*relay}, peers...)); err != nil {
+		return err
 	}
 	r.RelayMs = ms(time.Since(start))
 	// libp2p's hole punch service answers DCUtR only once the host has a
@@ -427,6 +508,12 @@ func punchTo(ctx context.Context, h host.Host, relay *peer.AddrInfo, target peer
 		if err := sleep(ctx, 5*time.Millisecond); err != nil {
 			return errors.New("no hole punch service: the relay observed no public address")
 		}
+	}
+	if settled {
+		if err := sleep(ctx, settleFor); err != nil {
+			return err
+		}
+		r.Advertised = len(publicAddrs(h)) > 0
 	}
 	r.ReadyMs = ms(time.Since(start))
 	ai, err := circuitInfo(relay, target)
@@ -486,7 +573,7 @@ func (d *dialer) openThroughput(req request) reply {
 	for tries = 1; tries <= 3; tries++ {
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(req.WaitMs)*time.Millisecond)
-		h, err = freshHost(d.ip, req.TCPOnly)
+		h, err = freshHost(d.ip, req.TCPOnly, false)
 		if err != nil {
 			cancel()
 			return reply{Err: err.Error()}
@@ -495,7 +582,7 @@ func (d *dialer) openThroughput(req request) reply {
 			var relay *peer.AddrInfo
 			if relay, err = parseRelay(req.Relay); err == nil {
 				var r attemptResult
-				err = punchTo(ctx, h, relay, target, start, &r)
+				err = punchTo(ctx, h, relay, nil, target, start, false, &r)
 			}
 		} else {
 			var ais []peer.AddrInfo

@@ -66,6 +66,14 @@
 //     run says how busy the machine was, and how much of that was not
 //     this benchmark.
 //
+// Public nodes (-public, default 1,2,4): the relay and more public hosts
+// beside it in site 0, which A and each B connect to, as a lab's bootstrap
+// list has them; every cone set runs with each count. With four, libp2p
+// activates an observed address, and "B settled" attempts (B stays
+// settleFor among them before it dials) compare libp2p's stock hole punch
+// (p2p.NATParams.Stock: the unconfirmed mapping advertised, and dialled
+// first) with the node's.
+//
 // Every figure is from network namespaces on one machine, with netlab's
 // shaper (the userspace one on a kernel without sch_netem, which runs in
 // this process) and the lan profile; the report says which.
@@ -107,7 +115,11 @@ type settings struct {
 	parallelNAT, parallelSym int
 	epoch                    int
 	profiles                 []string
+	publics                  []int // public nodes in the network, one run of the cone sets each
 }
+
+// maxPublic bounds -public: site 0's nodes.
+const maxPublic = 6
 
 // The goals.
 const (
@@ -122,7 +134,9 @@ func main() {
 	flag.StringVar(&cf.ip, "ip", "", "internal: the child's lab address")
 	flag.StringVar(&cf.cidrs, "cidrs", "", "internal: the lab's public ranges")
 	flag.StringVar(&cf.relay, "relay", "", "internal: the relay's multiaddrs")
+	flag.StringVar(&cf.peers, "peers", "", "internal: the other public nodes' multiaddrs")
 	flag.BoolVar(&cf.tcpOnly, "tcp-only", false, "internal: listen on TCP only")
+	flag.BoolVar(&cf.stock, "stock", false, "internal: libp2p's stock hole punch (p2p.NATParams.Stock)")
 	out := flag.String("out", "bench/results/nat", "directory for report.md and nat.json")
 	tag := flag.String("tag", "bnat", "the lab's tag (namespace prefix)")
 	attempts := flag.Int("attempts", 50, "hole punch attempts per profile, hosts on TCP and QUIC (a node's default)")
@@ -134,6 +148,7 @@ func main() {
 	parSym := flag.Int("parallel-symmetric", 6, "attempts at once under symmetric NATs (each runs to -wait; at most 7)")
 	epoch := flag.Int("per-relay", 0, "attempts per relay and A, started fresh for each such batch; 0: one relay and one A for all of a set's attempts")
 	profiles := flag.String("profiles", "nat,nat-symmetric", "NAT profiles to run: nat, nat-symmetric")
+	publics := flag.String("public", "1,2,4", "public nodes in the network (the relay and more public peers, each lab's bootstrap), comma-separated: the cone NAT's sets run once for each; the symmetric NAT's with the first")
 	flag.Parse()
 	if cf.role != "" {
 		if err := childMain(cf); err != nil {
@@ -142,7 +157,15 @@ func main() {
 		}
 		return
 	}
-	set := settings{out: *out, tag: *tag, attempts: max(*attempts, 1), tcpAttempts: max(*tcpAttempts, 0), reps: max(*reps, 1),
+	var pubs []int
+	for _, f := range strings.Split(*publics, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > maxPublic {
+			log.Fatalf("-public: %q: want numbers of public nodes from 1 to %d", f, maxPublic)
+		}
+		pubs = append(pubs, n)
+	}
+	set := settings{publics: pubs, out: *out, tag: *tag, attempts: max(*attempts, 1), tcpAttempts: max(*tcpAttempts, 0), reps: max(*reps, 1),
 		size: *size, wait: *wait, parallelNAT: min(max(*parNAT, 1), 7), parallelSym: min(max(*parSym, 1), 7),
 		epoch: max(*epoch, 0), profiles: strings.Split(*profiles, ",")}
 	code := 0
@@ -261,8 +284,12 @@ type profileResult struct {
 
 // attemptSet is a set of hole punch attempts, hosts listening alike.
 type attemptSet struct {
-	Listen   string  `json:"listen"` // what A and B listen on
-	Target   string  `json:"target"`
+	Listen string `json:"listen"` // what A and B listen on
+	Target string `json:"target"`
+	// Public is how many public nodes the network has: the relay, and
+	// more public peers that A and every B are connected to (each an
+	// observer of their NATs' mappings).
+	Public   int     `json:"public_nodes"`
 	Parallel int     `json:"parallel"`
 	PerRelay int     `json:"attempts_per_relay"` // attempts per relay and A
 	Attempts int     `json:"attempts"`
@@ -299,6 +326,13 @@ type attemptSet struct {
 	AAfter      *p2p.NATStatus `json:"a_after,omitempty"`
 	APunches    int64          `json:"a_hole_punches"`
 	APunchesWon int64          `json:"a_hole_punches_won"`
+	// AAdvertised is the public addresses A's host advertised after the
+	// attempts (libp2p activates an observed address once enough
+	// distinct peers observed it).
+	AAdvertised []string `json:"a_advertised_public,omitempty"`
+	// BAdvertised counts the settled attempts whose B advertised its NAT's
+	// mapping when it dialled A.
+	BAdvertised int `json:"b_advertised_mapping,omitempty"`
 
 	Goal    string          `json:"goal"`
 	Pass    *bool           `json:"pass,omitempty"`
@@ -495,7 +529,7 @@ func runProfile(exe, logDir, name string, nat netlab.NAT, set settings) (pr prof
 		return fail(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	lab, err := netlab.Create(ctx, netlab.Config{Tag: set.tag, Sites: []int{1, 2, 1, 1, 1}, Profile: lan,
+	lab, err := netlab.Create(ctx, netlab.Config{Tag: set.tag, Sites: []int{slices.Max(set.publics), 2, 1, 1, 1}, Profile: lan,
 		NAT: []netlab.NAT{netlab.NATNone, nat, nat, netlab.NATNone, netlab.NATNone}})
 	cancel()
 	if err != nil {
@@ -531,13 +565,31 @@ func runProfile(exe, logDir, name string, nat netlab.NAT, set settings) (pr prof
 	if nat == netlab.NATSymmetric {
 		par, goal = set.parallelSym, "none: ~0% expected"
 	}
-	sets := []struct {
+	type setSpec struct {
 		listen, target string
 		n              int
 		tcpOnly        bool
-	}{
-		{"TCP and QUIC (a node's default)", "A", set.attempts, false},
-		{"TCP only", "A-tcp", set.tcpAttempts, true},
+		public         int
+		settled        bool // B settles among the public nodes before it dials
+		stock          bool // A and B with libp2p's stock hole punch
+	}
+	publics := set.publics
+	if nat != netlab.NATCone {
+		publics = publics[:1] // more public nodes cannot help a symmetric NAT: a mapping per flow
+	}
+	var sets []setSpec
+	for _, np := range publics {
+		sets = append(sets, setSpec{"TCP and QUIC (a node's default)", "A", set.attempts, false, np, false, false},
+			setSpec{"TCP only", "A-tcp", set.tcpAttempts, true, np, false, false})
+		if np >= 4 && nat == netlab.NATCone {
+			// Four observers activate B's public address in libp2p: a node
+			// that has run a while advertises it, and A's hole puncher then
+			// dials it directly before it punches. Side by side: libp2p's
+			// stock hole punch, and the node's (p2p.NATParams.Stock).
+			sets = append(sets,
+				setSpec{"TCP and QUIC, B settled, libp2p's stock hole punch", "A", set.tcpAttempts, false, np, true, true},
+				setSpec{"TCP and QUIC, B settled", "A", set.tcpAttempts, false, np, true, false})
+		}
 	}
 	for i, s := range sets {
 		if s.n == 0 {
@@ -547,14 +599,16 @@ func runProfile(exe, logDir, name string, nat netlab.NAT, set settings) (pr prof
 		if epoch == 0 {
 			epoch = s.n
 		}
-		as := attemptSet{Listen: s.listen, Target: s.target, Parallel: par, PerRelay: epoch}
-		if i == 0 {
+		as := attemptSet{Listen: s.listen, Target: s.target, Parallel: par, PerRelay: epoch, Public: s.public}
+		if !s.tcpOnly && s.public == 1 {
 			as.Goal = goal
 		}
-		log.Printf("profile %s: %d attempts, hosts on %s, %d at once, %d per relay and %s", name, s.n, s.listen, par, epoch, s.target)
+		_ = i
+		log.Printf("profile %s: %d public %s, %d attempts, hosts on %s, %d at once, %d per relay and %s", name, s.public,
+			plural(s.public, "node", "nodes"), s.n, s.listen, par, epoch, s.target)
 		var slots []float64
 		for done := 0; done < s.n; done += epoch {
-			ep, err := l.startPair(s.target, s.tcpOnly)
+			ep, err := l.startPair(s.target, s.tcpOnly, s.public, s.stock)
 			if err != nil {
 				return fail(err)
 			}
@@ -562,14 +616,15 @@ func runProfile(exe, logDir, name string, nat netlab.NAT, set settings) (pr prof
 			if as.ABefore == nil {
 				as.ABefore = &ep.slotStatus
 			}
-			req := request{Peer: ep.aID, Relay: ep.relayAddrs(s.tcpOnly), TCPOnly: s.tcpOnly}
+			req := request{Peer: ep.aID, Relay: ep.relayAddrs(s.tcpOnly), Peers: ep.peerAddrs(s.tcpOnly), TCPOnly: s.tcpOnly, Settled: s.settled, Stock: s.stock}
 			err = attempts(ep.relay, b, req, min(epoch, s.n-done), set.wait, &as)
 			if st, serr := ep.a.call(request{Cmd: "status"}, 10*time.Second); serr == nil {
 				as.AAfter = st.NAT
 				as.APunches += st.NAT.HolePunches
 				as.APunchesWon += st.NAT.HolePunchesWon
+				as.AAdvertised = st.Public
 			}
-			l.stop(ep.a, ep.relay)
+			l.stop(append([]*child{ep.a, ep.relay}, ep.others...)...)
 			if err != nil {
 				return fail(err)
 			}
@@ -647,10 +702,13 @@ func (l *labRun) pids() []int {
 	return pids
 }
 
-// pair is a fresh relay and a fresh A holding a slot on it.
+// pair is a fresh relay and a fresh A holding a slot on it, with the
+// network's other public nodes (others), which A is connected to.
 type pair struct {
 	relay, a   *child
+	others     []*child
 	relayAll   []string
+	peersAll   [][]string // the others' full multiaddrs
 	aID        string
 	aAddrs     []string
 	aStart     time.Time
@@ -665,30 +723,56 @@ func (p *pair) relayAddrs(tcpOnly bool) string {
 	return strings.Join(p.relayAll, ",")
 }
 
-// startPair starts a relay in site 0 and A (target "A", node 0 of site
-// 1) or A-tcp (node 1, TCP only, reaching the relay over TCP), and waits
-// until A holds a slot on the relay.
-func (l *labRun) startPair(target string, tcpOnly bool) (*pair, error) {
+// peerAddrs is the other public nodes' full multiaddrs, ";" between
+// nodes.
+func (p *pair) peerAddrs(tcpOnly bool) string {
+	var nodes []string
+	for _, as := range p.peersAll {
+		if tcpOnly {
+			nodes = append(nodes, tcpAddrs(as))
+		} else {
+			nodes = append(nodes, strings.Join(as, ","))
+		}
+	}
+	return strings.Join(nodes, ";")
+}
+
+// startPair starts a relay in site 0 (its node 0) and public-1 more
+// public nodes beside it, then A (target "A", node 0 of site 1) or A-tcp
+// (node 1, TCP only, reaching the relay over TCP), connected to every
+// public node, and waits until A holds a slot on the relay.
+func (l *labRun) startPair(target string, tcpOnly bool, public int, stock bool) (*pair, error) {
 	relay, rr, err := l.start("relay", 0, 0, "relay")
 	if err != nil {
 		return nil, err
 	}
 	p := &pair{relay: relay, relayAll: rr.Addrs}
-	idx, args := 0, []string{"-relay=" + p.relayAddrs(tcpOnly)}
+	for i := 1; i < public; i++ {
+		o, or, err := l.start(fmt.Sprintf("public%d", i), 0, i, "relay")
+		if err != nil {
+			l.stop(append([]*child{relay}, p.others...)...)
+			return nil, err
+		}
+		p.others, p.peersAll = append(p.others, o), append(p.peersAll, or.Addrs)
+	}
+	idx, args := 0, []string{"-relay=" + p.relayAddrs(tcpOnly), "-peers=" + p.peerAddrs(tcpOnly)}
+	if stock {
+		args = append(args, "-stock")
+	}
 	if tcpOnly {
 		idx, args = 1, append(args, "-tcp-only")
 	}
 	began := time.Now()
 	a, ar, err := l.start(target, 1, idx, "serve", args...)
 	if err != nil {
-		l.stop(relay)
+		l.stop(append([]*child{relay}, p.others...)...)
 		return nil, err
 	}
 	p.a, p.aID, p.aAddrs, p.aStart = a, ar.ID, ar.Addrs, began
 	// A must hold a relay slot before anyone can reach it.
 	st, err := waitStatus(a, 60*time.Second, func(s p2p.NATStatus) bool { return len(s.RelayAddrs) > 0 })
 	if err != nil {
-		l.stop(a, relay)
+		l.stop(append([]*child{a, relay}, p.others...)...)
 		return nil, fmt.Errorf("%s has no relay address: %w", target, err)
 	}
 	p.slotS, p.slotStatus = time.Since(began).Seconds(), st
@@ -784,6 +868,9 @@ func summarize(as *attemptSet) {
 		}
 		if r.RelayedMs > 0 {
 			relayedT = append(relayedT, r.RelayedMs)
+		}
+		if r.Advertised {
+			as.BAdvertised++
 		}
 		if !r.OK {
 			as.Failures[failureKind(r.Err)]++
@@ -920,7 +1007,7 @@ func (l *labRun) throughput(b *child, set settings) *throughput {
 		t.Error = err.Error()
 		return t
 	}
-	ep, err := l.startPair("A", false)
+	ep, err := l.startPair("A", false, 1, false)
 	if err != nil {
 		return fail(err)
 	}
@@ -1091,12 +1178,12 @@ func setRow(p profileResult, s attemptSet, ms func(float64) string) []string {
 	if s.RelayedMedian > 0 {
 		rel += fmt.Sprintf(" (median %.0f, max %.0f)", s.RelayedMedian, s.RelayedMax)
 	}
-	return []string{p.Profile, p.NAT, s.Listen, strconv.Itoa(s.Parallel), strconv.Itoa(s.PerRelay), strconv.Itoa(s.Attempts), strconv.Itoa(s.Direct),
+	return []string{p.Profile, p.NAT, strconv.Itoa(s.Public), s.Listen, strconv.Itoa(s.Parallel), strconv.Itoa(s.PerRelay), strconv.Itoa(s.Attempts), strconv.Itoa(s.Direct),
 		fmt.Sprintf("%.0f%%", s.Rate*100), ms(s.P50Ms), ms(s.P90Ms), ms(s.MaxMs), ms(s.RelayMs), ms(s.ReadyMs), ms(s.RelayedMs), ms(s.PunchMs), rel,
 		counts(s.Transports), orDash(s.Goal), passText(s.Pass)}
 }
 
-var setHeader = []string{"profile", "NAT", "hosts listen on", "at once", "per relay", "attempts", "direct", "success", "p50 to direct",
+var setHeader = []string{"profile", "NAT", "public nodes", "hosts listen on", "at once", "per relay", "attempts", "direct", "success", "p50 to direct",
 	"p90", "max", "relay", "ready", "relayed", "punch", "relayed bytes/attempt", "direct over", "goal", "pass"}
 
 // printTables prints the results for a reader; the JSON has more.
@@ -1119,6 +1206,10 @@ func printTables(res results) {
 	fmt.Println("  punch: median from the relayed connection to the direct one")
 	for _, p := range res.Profiles {
 		for _, s := range p.Sets {
+			if strings.Contains(s.Listen, "settled") {
+				fmt.Printf("  %s, %d public nodes, %s: B advertised its mapping in %d of %d attempts; A advertised %v\n", p.Profile, s.Public,
+					s.Listen, s.BAdvertised, s.Attempts, s.AAdvertised)
+			}
 			if len(s.Failures) > 0 {
 				fmt.Printf("  %s, %s: failures: %s\n", p.Profile, s.Listen, counts(s.Failures))
 				if s.FirstError != failureKind(s.FirstError) {
@@ -1195,6 +1286,13 @@ func passText(p *bool) string {
 	return fmt.Sprint(*p)
 }
 
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
 func counts(m map[string]int) string {
 	if len(m) == 0 {
 		return "-"
@@ -1252,6 +1350,15 @@ func report(res results) string {
 	p("The main set (%d attempts) has B listen on ", res.Attempts)
 	p("TCP and QUIC like A; a second set (%d attempts) has B and A-tcp, a second node beside A, listen on TCP only and ", res.TCPAttempts)
 	p("reach the relay over TCP.\n")
+	p("- *Public nodes*: how many public nodes the network has, as a lab's bootstrap list gives them: the relay, and ")
+	p("more public hosts beside it in site 0 (relay service on too). A connects to all of them at its start, and each B ")
+	p("at its start, before it dials A through the relay; each observes the NATs' mappings. Under the cone NAT every set ")
+	p("runs with each count of public nodes; under the symmetric one with the first (more observers cannot help a NAT ")
+	p("that maps every flow anew). With four, libp2p activates an observed address (4 observers) and a host would ")
+	p("advertise its NAT's mapping, which the NAT does not let peers dial: *B settled* attempts have B stay %.0f s among ", settleFor.Seconds())
+	p("the public nodes before it dials, as a node that has run a while, once with libp2p's stock hole punch on A and B ")
+	p("(p2p.NATParams.Stock: the mapping advertised, 10 s for each hole punch dial) and once as a node runs (an ")
+	p("unconfirmed mapping not advertised, 2 s for each dial). *Ready* there includes the %.0f s.\n", settleFor.Seconds())
 	p("- *Per relay*: one relay and one A serve a whole set of attempts, so the relay takes every fresh B from B's one NAT ")
 	p("address, as a campus's public node takes its lab machines. (With libp2p's default per-address limits, 8 connections ")
 	p("at once and 16 new ones in a burst, then one per 5 s, the relay refused the 16th attempt; p2p.NewHost now sizes them ")
@@ -1307,6 +1414,13 @@ func report(res results) string {
 				}
 			}
 			p("); %s counted %d hole punches, %d won.", s.Target, s.APunches, s.APunchesWon)
+			if s.Public > 1 || strings.Contains(s.Listen, "settled") {
+				p(" With %d public nodes, A advertised %s", s.Public, orDash(strings.Join(s.AAdvertised, ", ")))
+				if strings.Contains(s.Listen, "settled") {
+					p(", and B its mapping in %d of %d attempts", s.BAdvertised, s.Attempts)
+				}
+				p(".")
+			}
 			if len(s.Failures) > 0 {
 				p(" Failures: %s", counts(s.Failures))
 				if s.FirstError != failureKind(s.FirstError) {

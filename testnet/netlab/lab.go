@@ -122,6 +122,7 @@ type Lab struct {
 	mu          sync.Mutex
 	profile     Profile
 	partitioned map[int]bool
+	blocked     map[[2]int]bool // Block's pairs, smaller site first
 	closed      bool
 }
 
@@ -187,6 +188,7 @@ func Create(ctx context.Context, cfg Config) (*Lab, error) {
 		shaper:      cfg.Shaper,
 		profile:     cfg.Profile,
 		partitioned: map[int]bool{},
+		blocked:     map[[2]int]bool{},
 	}
 	if err := l.build(ctx); err != nil {
 		return nil, errors.Join(fmt.Errorf("netlab: create lab %s: %w", cfg.Tag, err), l.teardown())
@@ -452,6 +454,83 @@ func (l *Lab) Heal(site int) error {
 	delete(l.partitioned, site)
 	return nil
 }
+
+// Block drops the traffic between sites a and b, both ways, as a firewall
+// between two campuses would (a hole punch between them fails), while each
+// still reaches every other site. Unblock undoes it. Blocking a blocked
+// pair does nothing.
+func (l *Lab) Block(a, b int) error { return l.block(a, b, true) }
+
+// Unblock undoes Block. Unblocking a pair that isn't blocked does nothing.
+func (l *Lab) Unblock(a, b int) error { return l.block(a, b, false) }
+
+func (l *Lab) block(a, b int, on bool) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if a > b {
+		a, b = b, a
+	}
+	if err := l.usable(a); err != nil {
+		return err
+	}
+	if err := l.usable(b); err != nil {
+		return err
+	}
+	if a == b || b >= maxBlockSites {
+		return fmt.Errorf("netlab: block sites %d and %d: want two sites under %d", a, b, maxBlockSites)
+	}
+	pair := [2]int{a, b}
+	if l.blocked[pair] == on {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	na, nb := l.siteNet(a), l.siteNet(b)
+	prio := blockPrio + 2*(a*maxBlockSites+b)
+	rules := [][]string{
+		{"prio", strconv.Itoa(prio), "from", na, "to", nb, "blackhole"},
+		{"prio", strconv.Itoa(prio + 1), "from", nb, "to", na, "blackhole"},
+	}
+	var errs []error
+	for _, r := range rules {
+		if on {
+			if err := run(ctx, l.tools.ip, append([]string{"-n", l.coreNS(), "rule", "add"}, r...)...); err != nil {
+				errs = append(errs, err)
+			}
+		} else if err := run(ctx, l.tools.ip, "-n", l.coreNS(), "rule", "del", "prio", r[1]); err != nil && !notFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		if on { // leave no half block behind
+			for _, r := range rules {
+				_ = run(ctx, l.tools.ip, "-n", l.coreNS(), "rule", "del", "prio", r[1])
+			}
+		}
+		return fmt.Errorf("netlab: block sites %d and %d (%v): %w", a, b, on, errors.Join(errs...))
+	}
+	if on {
+		l.blocked[pair] = true
+	} else {
+		delete(l.blocked, pair)
+	}
+	return nil
+}
+
+// siteNet is what the core sees of site k's traffic: its /24, or its
+// router's /30 behind a NAT.
+func (l *Lab) siteNet(site int) string {
+	if l.NATOf(site) != NATNone {
+		return l.wanNet(site)
+	}
+	return "10." + strconv.Itoa(l.octet) + "." + strconv.Itoa(site) + ".0/24"
+}
+
+// Block's rule priorities: after Partition's, before main's (32766).
+const (
+	blockPrio     = 12000
+	maxBlockSites = 64
+)
 
 // commandTimeout bounds the commands of the methods that take no context.
 const commandTimeout = 30 * time.Second

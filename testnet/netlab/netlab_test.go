@@ -310,6 +310,24 @@ func testLab(t *testing.T, s Shaper, shaped bool) {
 		t.Error("sites 0 and 1 don't reach each other after Heal")
 	}
 
+	// A firewall between sites 0 and 1: they no longer reach each other,
+	// while the host (another network) still reaches site 1.
+	if err := l.Block(1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if reachable(s0to1) || reachable(s1to0) {
+		t.Error("sites 0 and 1 reach each other through Block")
+	}
+	if !reachable(host) {
+		t.Error("the host doesn't reach site 1 while it is blocked from site 0")
+	}
+	if err := l.Unblock(0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if !reachable(s0to1) || !reachable(s1to0) {
+		t.Error("sites 0 and 1 don't reach each other after Unblock")
+	}
+
 	lan, _ := ProfileByName("lan")
 	if err := l.SetProfile(lan); err != nil {
 		t.Fatal(err)

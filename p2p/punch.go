@@ -1,0 +1,192 @@
+package p2p
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
+	"github.com/libp2p/go-libp2p/p2p/protocol/identify"
+	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
+)
+
+// The node runs libp2p's hole punch service (DCUtR) itself rather than
+// through libp2p.EnableHolePunching, whose service the host keeps to
+// itself, so that a failed punch can be tried again:
+//
+//   - after a failure, up to punchRetries times, after a growing delay with
+//     jitter: two labs that dial each other through the relay at once each
+//     start a punch, and the two punches can spoil each other (seen in
+//     TestOnePublicValidatorIsEnough: "noise: message is too short" on both
+//     sides, and the connection stayed relayed);
+//   - when its inputs change: a new public mapping observed, a new relay
+//     address, a new reachability verdict. The retries' count starts anew.
+//
+// Only the side that received the relayed connection can start DCUtR (the
+// other answers it). Where each side received one (the race above), the
+// one with the smaller peer ID tries again, so that the two do not race
+// anew.
+
+// punchRetries bounds the retries after failures; punchBackoff is the
+// delay before the first, doubled before each next (plus up to a second
+// of jitter).
+const (
+	punchRetries = 3
+	punchBackoff = 2 * time.Second
+)
+
+// puncher is the host's hole punch service and its retries.
+type puncher struct {
+	h   *Host
+	svc *holepunch.Service
+
+	mu      sync.Mutex
+	retries map[peer.ID]int // retries since the last input change, bounded by maxPunchPeers
+	pending map[peer.ID]bool
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// startPuncher starts the hole punch service on h, with opts; nil when h
+// has no identify service (not libp2p's basic host).
+func startPuncher(h *Host, opts []holepunch.Option) (*puncher, error) {
+	ids, ok := h.Host.(interface{ IDService() identify.IDService })
+	if !ok {
+		return nil, nil
+	}
+	p := &puncher{h: h, retries: map[peer.ID]int{}, pending: map[peer.ID]bool{}}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	h.punches.onFail = p.failed // before the service's first punch
+	svc, err := holepunch.NewService(h.Host, ids.IDService(), h.punchAddrs, opts...)
+	if err != nil {
+		p.cancel()
+		return nil, err
+	}
+	p.svc = svc
+	return p, nil
+}
+
+// punchAddrs is what this host offers a hole punch: its public addresses
+// (advertised or on its interfaces) and the NAT mappings its peers
+// observed, one observer being enough (libp2p's own service, which this
+// replaces, counts the same).
+func (h *Host) punchAddrs() []ma.Multiaddr {
+	var out []ma.Multiaddr
+	add := func(a ma.Multiaddr) {
+		if manet.IsPublicAddr(a) && !isRelayAddr(a) && !slices.ContainsFunc(out, a.Equal) {
+			out = append(out, a)
+		}
+	}
+	for _, a := range h.Addrs() {
+		add(a)
+	}
+	h.omu.Lock()
+	obs := slices.Clone(h.observed)
+	h.omu.Unlock()
+	for _, o := range obs {
+		if a, err := ma.NewMultiaddr(o.addr); err == nil {
+			add(a)
+		}
+	}
+	return out
+}
+
+// failed is told of every failed punch with p (punchCounter.Trace).
+func (p *puncher) failed(rp peer.ID) {
+	p.mu.Lock()
+	n := p.retries[rp]
+	if n >= punchRetries || p.pending[rp] {
+		p.mu.Unlock()
+		return
+	}
+	if _, ok := p.retries[rp]; !ok && len(p.retries) >= maxPunchPeers {
+		p.mu.Unlock()
+		return
+	}
+	p.retries[rp] = n + 1
+	p.mu.Unlock()
+	delay := punchBackoff<<n + rand.N(time.Second)
+	p.retry(rp, delay, "after a failed punch")
+}
+
+// inputsChanged tries again, soon, every peer this host reaches only
+// through a relay whose last punch failed: what it had to punch with
+// changed (why).
+func (p *puncher) inputsChanged(why string) {
+	p.mu.Lock()
+	clear(p.retries)
+	p.mu.Unlock()
+	for _, rp := range p.h.Network().Peers() {
+		if last, ok := p.h.punches.lastWith(rp); ok && !last.Success {
+			p.retry(rp, rand.N(time.Second), why)
+		}
+	}
+}
+
+// retry punches with rp again after delay, if this host still reaches it
+// only through a relay and is the side that starts DCUtR.
+func (p *puncher) retry(rp peer.ID, delay time.Duration, why string) {
+	p.mu.Lock()
+	if p.pending[rp] || p.ctx.Err() != nil {
+		p.mu.Unlock()
+		return
+	}
+	p.pending[rp] = true
+	p.wg.Add(1)
+	p.mu.Unlock()
+	go func() {
+		defer p.wg.Done()
+		defer func() {
+			p.mu.Lock()
+			delete(p.pending, rp)
+			p.mu.Unlock()
+		}()
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !p.starts(rp) || !slices.Contains(p.h.Mux().Protocols(), holepunch.Protocol) {
+			return // direct already, gone, the other side's to start, or nothing to punch with yet
+		}
+		p.h.log.Info("trying the hole punch again", "module", "p2p", "peer", rp, "why", why)
+		if err := p.svc.DirectConnect(rp); err != nil {
+			p.h.log.Debug("hole punch retry", "module", "p2p", "peer", rp, "err", err)
+		}
+	}()
+}
+
+// starts says whether this host is the one to start a punch with rp: it
+// reaches rp only through a relay, on a connection rp dialled, and rp did
+// not also receive one from this host, or this host's ID is the smaller.
+func (p *puncher) starts(rp peer.ID) bool {
+	var in, out bool
+	for _, c := range p.h.Network().ConnsToPeer(rp) {
+		if !Relayed(c) {
+			return false
+		}
+		if c.Stat().Direction == network.DirInbound {
+			in = true
+		} else {
+			out = true
+		}
+	}
+	return in && (!out || p.h.ID() < rp)
+}
+
+// close stops the retries and the service.
+func (p *puncher) close() {
+	p.mu.Lock()
+	p.cancel() // under mu: retry adds to wg only before it
+	p.mu.Unlock()
+	p.wg.Wait()
+	p.svc.Close()
+}
