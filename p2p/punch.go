@@ -40,6 +40,12 @@ const (
 	punchBackoff = 2 * time.Second
 )
 
+// inputsEvery bounds how often a change of inputs tries again: an observed
+// address is what a peer says it saw, and a stranger who connects with a
+// new one each time must not make this host punch with every relayed peer
+// each time.
+const inputsEvery = 10 * time.Second
+
 // puncher is the host's hole punch service and its retries.
 type puncher struct {
 	h   *Host
@@ -48,6 +54,7 @@ type puncher struct {
 	mu      sync.Mutex
 	retries map[peer.ID]int // retries since the last input change, bounded by maxPunchPeers
 	pending map[peer.ID]bool
+	inputs  time.Time // the last change of inputs acted on
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -120,6 +127,11 @@ func (p *puncher) failed(rp peer.ID) {
 // changed (why).
 func (p *puncher) inputsChanged(why string) {
 	p.mu.Lock()
+	if time.Since(p.inputs) < inputsEvery {
+		p.mu.Unlock()
+		return
+	}
+	p.inputs = time.Now()
 	clear(p.retries)
 	p.mu.Unlock()
 	for _, rp := range p.h.Network().Peers() {
