@@ -257,18 +257,7 @@ func TestAPublicValidatorRelaysUnderAuto(t *testing.T) {
 // observer has seen), and a job from one lab runs on the other, its
 // bundle fetched over the direct connection.
 func TestOnePublicValidatorIsEnough(t *testing.T) {
-	testutil.NeedRoot(t, netlab.AvailableNAT)
-	n := startNet(t, Params{Validators: 1, Nodes: 2, Sites: 2, Python: jobPython(),
-		Configure: func(_ *Node, c *node.Config) {
-			c.P2P.DiscoverInterval = node.Duration{Duration: 5 * time.Second}
-			c.P2P.AnnounceInterval = node.Duration{Duration: 5 * time.Second}
-			c.P2P.OfferTTL = node.Duration{Duration: 30 * time.Second}
-		}},
-		RunOptions{Profile: "nat", RelayAuto: true, StartTimeout: 2 * time.Minute})
-	const lender, submitter = 1, 2 // node0 in univ-b's lab, node1 in univ-a's
-	if n.pos[lender].site == n.pos[submitter].site || n.pos[lender].site == 0 || n.pos[submitter].site == 0 {
-		t.Fatalf("the labs' places %v: want two NATed lab sites", n.pos)
-	}
+	n := startLabs(t, true)
 	waitLabs(t, n, lender, submitter)
 	lend(t, n, lender, 1)
 	waitReach(t, n, submitter, []int{lender}, "nat", 3*time.Minute)
@@ -302,6 +291,29 @@ func TestOnePublicValidatorIsEnough(t *testing.T) {
 	}
 }
 
+// The labs of startLabs' network: node0 in univ-b's lab, node1 in
+// univ-a's.
+const lender, submitter = 1, 2
+
+// startLabs starts the smallest real network: one validator, the only
+// public node (its relay_service "auto" with relayAuto, else "on"), and
+// two labs behind NATs of their own.
+func startLabs(t *testing.T, relayAuto bool) *Network {
+	t.Helper()
+	testutil.NeedRoot(t, netlab.AvailableNAT)
+	n := startNet(t, Params{Validators: 1, Nodes: 2, Sites: 2, Python: jobPython(),
+		Configure: func(_ *Node, c *node.Config) {
+			c.P2P.DiscoverInterval = node.Duration{Duration: 5 * time.Second}
+			c.P2P.AnnounceInterval = node.Duration{Duration: 5 * time.Second}
+			c.P2P.OfferTTL = node.Duration{Duration: 30 * time.Second}
+		}},
+		RunOptions{Profile: "nat", RelayAuto: relayAuto, StartTimeout: 2 * time.Minute})
+	if a, b := n.pos[lender].site, n.pos[submitter].site; a == b || a == 0 || b == 0 {
+		t.Fatalf("the labs' places %v: want two NATed lab sites", n.pos)
+	}
+	return n
+}
+
 // waitLabs waits until each of the nodes is found private, with a relay
 // slot and a public mapping.
 func waitLabs(t *testing.T, n *Network, nodes ...int) {
@@ -333,19 +345,8 @@ func waitLabs(t *testing.T, n *Network, nodes ...int) {
 // alone punches once per relayed connection: the connection would stay
 // relayed, and the job fail ("no peer delivered a block").
 func TestAFailedHolePunchIsTriedAgain(t *testing.T) {
-	testutil.NeedRoot(t, netlab.AvailableNAT)
-	n := startNet(t, Params{Validators: 1, Nodes: 2, Sites: 2, Python: jobPython(),
-		Configure: func(_ *Node, c *node.Config) {
-			c.P2P.DiscoverInterval = node.Duration{Duration: 5 * time.Second}
-			c.P2P.AnnounceInterval = node.Duration{Duration: 5 * time.Second}
-			c.P2P.OfferTTL = node.Duration{Duration: 30 * time.Second}
-		}},
-		RunOptions{Profile: "nat", StartTimeout: 2 * time.Minute})
-	const lender, submitter = 1, 2
+	n := startLabs(t, false)
 	a, b := n.pos[lender].site, n.pos[submitter].site
-	if a == b || a == 0 || b == 0 {
-		t.Fatalf("the labs' places %v: want two NATed lab sites", n.pos)
-	}
 	if err := n.Lab.Block(a, b); err != nil {
 		t.Fatal(err)
 	}
