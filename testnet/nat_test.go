@@ -258,16 +258,9 @@ func TestAPublicValidatorRelaysUnderAuto(t *testing.T) {
 // bundle fetched over the direct connection.
 func TestOnePublicValidatorIsEnough(t *testing.T) {
 	n := startLabs(t, true)
-	waitLabs(t, n, lender, submitter)
-	lend(t, n, lender, 1)
-	waitReach(t, n, submitter, []int{lender}, "nat", 3*time.Minute)
 	// The labs meet when the job needs it: first through the validator's
 	// relay, then hole punched.
-	sc, _ := n.Client(submitter)
-	j, err := sc.Submit(t.Context(), api.SubmitRequest{Spec: workSpec(workBundle(t), 3, "0.5", "5m"), Yes: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc, j := submitAcrossLabs(t, n)
 	if j = waitJob(t, sc, j.ID, 3*time.Minute); j.State != jobs.Succeeded {
 		var sts []string
 		for _, i := range []int{lender, submitter} {
@@ -314,6 +307,21 @@ func startLabs(t *testing.T, relayAuto bool) *Network {
 	return n
 }
 
+// submitAcrossLabs waits for startLabs' labs, lends the lender and
+// submits a one-worker job from the other lab, which makes them meet.
+func submitAcrossLabs(t *testing.T, n *Network) (*api.Client, *jobs.Job) {
+	t.Helper()
+	waitLabs(t, n, lender, submitter)
+	lend(t, n, lender, 1)
+	waitReach(t, n, submitter, []int{lender}, "nat", 3*time.Minute)
+	sc, _ := n.Client(submitter)
+	j, err := sc.Submit(t.Context(), api.SubmitRequest{Spec: workSpec(workBundle(t), 3, "0.5", "5m"), Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc, j
+}
+
 // waitLabs waits until each of the nodes is found private, with a relay
 // slot and a public mapping.
 func waitLabs(t *testing.T, n *Network, nodes ...int) {
@@ -350,14 +358,7 @@ func TestAFailedHolePunchIsTriedAgain(t *testing.T) {
 	if err := n.Lab.Block(a, b); err != nil {
 		t.Fatal(err)
 	}
-	waitLabs(t, n, lender, submitter)
-	lend(t, n, lender, 1)
-	waitReach(t, n, submitter, []int{lender}, "nat", 3*time.Minute)
-	sc, _ := n.Client(submitter)
-	j, err := sc.Submit(t.Context(), api.SubmitRequest{Spec: workSpec(workBundle(t), 3, "0.5", "5m"), Yes: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc, j := submitAcrossLabs(t, n)
 	// The labs meet through the relay, and their punch fails.
 	deadline := time.Now().Add(2 * time.Minute)
 	for failed := ""; failed == ""; time.Sleep(200 * time.Millisecond) {
