@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -106,20 +107,7 @@ func (h *Host) punchAddrs() []ma.Multiaddr {
 
 // failed is told of every failed punch with p (punchCounter.Trace).
 func (p *puncher) failed(rp peer.ID) {
-	p.mu.Lock()
-	n := p.retries[rp]
-	if n >= punchRetries || p.pending[rp] {
-		p.mu.Unlock()
-		return
-	}
-	if _, ok := p.retries[rp]; !ok && len(p.retries) >= maxPunchPeers {
-		p.mu.Unlock()
-		return
-	}
-	p.retries[rp] = n + 1
-	p.mu.Unlock()
-	delay := punchBackoff<<n + rand.N(time.Second)
-	p.retry(rp, delay, "after a failed punch")
+	p.retry(rp, punchBackoff+rand.N(time.Second), "after a failed punch")
 }
 
 // inputsChanged tries again, soon, every peer this host reaches only
@@ -141,11 +129,18 @@ func (p *puncher) inputsChanged(why string) {
 	}
 }
 
-// retry punches with rp again after delay, if this host still reaches it
-// only through a relay and is the side that starts DCUtR.
+// retry punches with rp again after delay, and after each failure again
+// after twice the last delay, up to punchRetries times since the last
+// change of inputs, while this host reaches rp only through a relay and
+// is the side that starts DCUtR. One such loop runs per peer: the
+// failures it causes itself do not start another.
 func (p *puncher) retry(rp peer.ID, delay time.Duration, why string) {
 	p.mu.Lock()
 	if p.pending[rp] || p.ctx.Err() != nil {
+		p.mu.Unlock()
+		return
+	}
+	if _, ok := p.retries[rp]; !ok && len(p.retries) >= maxPunchPeers {
 		p.mu.Unlock()
 		return
 	}
@@ -159,19 +154,37 @@ func (p *puncher) retry(rp peer.ID, delay time.Duration, why string) {
 			delete(p.pending, rp)
 			p.mu.Unlock()
 		}()
-		t := time.NewTimer(delay)
-		defer t.Stop()
-		select {
-		case <-p.ctx.Done():
-			return
-		case <-t.C:
-		}
-		if !p.starts(rp) || !slices.Contains(p.h.Mux().Protocols(), holepunch.Protocol) {
-			return // direct already, gone, the other side's to start, or nothing to punch with yet
-		}
-		p.h.log.Info("trying the hole punch again", "module", "p2p", "peer", rp, "why", why)
-		if err := p.svc.DirectConnect(rp); err != nil {
+		for {
+			select {
+			case <-p.ctx.Done():
+				return
+			case <-time.After(delay):
+			}
+			if !p.starts(rp) || !slices.Contains(p.h.Mux().Protocols(), holepunch.Protocol) {
+				return // direct already, gone, the other side's to start, or nothing to punch with yet
+			}
+			p.mu.Lock()
+			n := p.retries[rp]
+			if n >= punchRetries {
+				p.mu.Unlock()
+				return
+			}
+			p.retries[rp] = n + 1
+			p.mu.Unlock()
+			p.h.log.Info("trying the hole punch again", "module", "p2p", "peer", rp, "why", why, "retry", n+1)
+			err := p.svc.DirectConnect(rp)
+			if err == nil && Direct(p.h, rp) {
+				return
+			}
+			if errors.Is(err, holepunch.ErrHolePunchActive) { // libp2p's own tries go on: not a retry
+				p.mu.Lock()
+				p.retries[rp] = n
+				p.mu.Unlock()
+				delay = time.Second
+				continue
+			}
 			p.h.log.Debug("hole punch retry", "module", "p2p", "peer", rp, "err", err)
+			delay, why = punchBackoff<<(n+1)+rand.N(time.Second), "after a failed punch"
 		}
 	}()
 }

@@ -343,58 +343,6 @@ func waitLabs(t *testing.T, n *Network, nodes ...int) {
 	}
 }
 
-// TestAFailedHolePunchIsTriedAgain: two labs behind NATs of their own and
-// one public validator, as in TestOnePublicValidatorIsEnough, but a
-// firewall between the two campuses drops what they send each other
-// until their first hole punch has failed. The node tries the punch again
-// (p2p/punch.go: after a failure, with a growing delay), so once the
-// firewall lets them through their connection turns direct, and the job
-// that made them meet fetches its bundle over it and succeeds. libp2p
-// alone punches once per relayed connection: the connection would stay
-// relayed, and the job fail ("no peer delivered a block").
-func TestAFailedHolePunchIsTriedAgain(t *testing.T) {
-	n := startLabs(t, false)
-	a, b := n.pos[lender].site, n.pos[submitter].site
-	if err := n.Lab.Block(a, b); err != nil {
-		t.Fatal(err)
-	}
-	sc, j := submitAcrossLabs(t, n)
-	// The labs meet through the relay, and their punch fails.
-	deadline := time.Now().Add(2 * time.Minute)
-	for failed := ""; failed == ""; time.Sleep(200 * time.Millisecond) {
-		for _, i := range []int{lender, submitter} {
-			c, _ := n.Client(i)
-			if st, err := c.Status(t.Context()); err == nil && st.NAT.LastHolePunch != nil && !st.NAT.LastHolePunch.Success {
-				failed = fmt.Sprintf("%s: %s", n.Manifest.Nodes[i].Name, st.NAT.LastHolePunch)
-			}
-		}
-		if failed != "" {
-			t.Logf("behind the firewall: %s", failed)
-		} else if time.Now().After(deadline) {
-			var sts []string
-			for _, i := range []int{lender, submitter} {
-				c, _ := n.Client(i)
-				st, _ := c.Status(t.Context())
-				sts = append(sts, fmt.Sprintf("%s: %q to the other, NAT %+v", n.Manifest.Nodes[i].Name, connection(t, n, i, lender+submitter-i), st.NAT))
-			}
-			t.Fatalf("no hole punch failed behind the firewall within 2 min:\n%s\nthe job's log:\n%s", strings.Join(sts, "\n"), jobLog(t, sc, j.ID))
-		}
-	}
-	// libp2p tries 3 times in about 6 s, then never again on this
-	// connection; the firewall outlasts that.
-	time.Sleep(12 * time.Second)
-	if c := connection(t, n, submitter, lender); c != "relayed" {
-		t.Fatalf("the labs' connection is %q behind the firewall, want relayed", c)
-	}
-	if err := n.Lab.Unblock(a, b); err != nil {
-		t.Fatal(err)
-	}
-	waitDirect(t, n, submitter, lender, 60*time.Second)
-	if j = waitJob(t, sc, j.ID, 3*time.Minute); j.State != jobs.Succeeded {
-		t.Fatalf("the job that made the labs meet: %s (%s)\n%s", j.State, j.Reason, jobLog(t, sc, j.ID))
-	}
-}
-
 func grepLines(s, sub string) string {
 	var out []string
 	for _, l := range strings.Split(s, "\n") {

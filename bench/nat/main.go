@@ -51,14 +51,16 @@
 //     attempt); -per-relay N starts a fresh relay and A every N attempts
 //     instead.
 //   - Throughput (profile nat only): B forwards a loopback port to A's
-//     sink through the tunnel over the hole-punched connection and sends
-//     -size bytes; A is private, so the tunnel carries it over streams of
-//     that libp2p connection. The reference is B' to A' without NAT,
-//     where the tunnel takes its own direct TCP path (goal: NAT >= 0.9x
-//     that). Two more paths say where a gap comes from: B to A-tcp (the
-//     hole punch over TCP, streams over TCP with Noise and yamux), and B'
-//     to A' over streams of their direct libp2p connection (the NAT path
-//     without the NAT). The clock runs from the dial to the sink's answer
+//     sink through the tunnel and sends -size bytes. A is private, so each
+//     tunnelled connection is punched through both NATs (the tunnel's
+//     PunchProtocol: a TCP simultaneous open from fresh ports, over the
+//     public addresses of the hole-punched libp2p connection), and the
+//     tunnel carries it on its own direct TCP path; where the punch fails,
+//     over streams of the libp2p connection. The reference is B' to A'
+//     without NAT, where the tunnel takes its own direct TCP path (goal:
+//     NAT >= 0.9x that). Two more paths: B to A-tcp (a TCP-only pair), and
+//     B' to A' over streams of their direct libp2p connection (what the
+//     NAT path cost before the punch). The clock runs from the dial to the sink's answer
 //     of the count. The paths take turns -reps times, after an untimed
 //     warm-up of each; each reports the median and the range, and ratios
 //     are the medians of same-turn ratios. The relay's counter is read
@@ -1143,6 +1145,8 @@ func (l *labRun) throughput(b *child, set settings) *throughput {
 			p.Path = "tunnel streams over the hole-punched " + transport(directOf(p.Conn)) + " connection"
 		case r.Stats.Direct == 0:
 			p.Path = "tunnel streams over the direct " + transport(directOf(p.Conn)) + " connection"
+		case r.Stats.Direct == r.Stats.Conns && strings.HasPrefix(p.Name, "nat"):
+			p.Path = "the tunnel's own direct TCP path, punched through both NATs"
 		case r.Stats.Direct == r.Stats.Conns:
 			p.Path = "the tunnel's own direct TCP path"
 		default:
@@ -1242,7 +1246,7 @@ func printTables(res results) {
 		}
 		tw.Flush()
 		if t.NATShare > 0 {
-			fmt.Printf("  A-B over A'-B' with streams only (the same kind of path without the NATs): %.2f (%s)\n", t.NATShare, span(t.NATShareRange, 2))
+			fmt.Printf("  A-B over A'-B' with streams only (what the NAT path gains over the streams it used before the punch): %.2f (%s)\n", t.NATShare, span(t.NATShareRange, 2))
 		}
 		fmt.Printf("  the relay carried %.0f bytes during the runs; A was found private %.0f s after its start;\n", t.RelayedDuring, t.APrivateS)
 		fmt.Printf("  CPU: medians over the runs, shares of all %d cores\n", res.CPUs)
@@ -1371,10 +1375,11 @@ func report(res results) string {
 	p("- Throughput (profile `nat`): a sender forwards a loopback port to its receiver's sink through the tunnel and sends ")
 	p("%d MiB; the clock runs from the dial to the sink's answer. The goal compares B to A (behind the NATs, over the ", res.SizeBytes>>20)
 	p("hole-punched connection) with B' to A' (no NAT). A NATed receiver answers the tunnel's direct-path query with no ")
-	p("port (its NAT forwards nothing to it), so B's tunnel uses streams of the hole-punched libp2p connection, while B' ")
-	p("gets the tunnel's own direct TCP path. Two more paths show where the gap comes from: B to A-tcp (hole punched over ")
-	p("TCP: streams over TCP with Noise and yamux) and B' to A' with the tunnel's direct path off (the same kind of path ")
-	p("as B to A, without any NAT). The paths take turns %d times after an untimed warm-up each; medians, ranges, and the ", res.Reps)
+	p("port (its NAT forwards nothing to it), so B punches each tunnelled connection through both NATs (the tunnel's ")
+	p("PunchProtocol: both machines connect from fresh ports to each other's public address at once, a TCP simultaneous ")
+	p("open) and carries it on the tunnel's own direct TCP path, as B' does without NAT; a failed punch falls back to ")
+	p("streams of the hole-punched libp2p connection. Two more paths: B to A-tcp (a TCP-only pair) and B' to A' with ")
+	p("the tunnel's direct path off (streams of a direct libp2p connection: what the NAT path cost before the punch). The paths take turns %d times after an untimed warm-up each; medians, ranges, and the ", res.Reps)
 	p("median of same-turn ratios to B' to A'. *CPU ours* is this benchmark's processes (the link shaper in the parent, ")
 	p("the hosts in the children) and *CPU others* the rest of the machine, both as shares of all its cores, medians ")
 	p("over the runs (/proc).\n\n")
@@ -1454,8 +1459,8 @@ func report(res results) string {
 				num(pa.Ratio, 2), span(pa.RatioRange, 2), pa.CPUOurs*100, pa.CPUOthers*100, goal, pass)
 		}
 		if t.NATShare > 0 {
-			p("\nB to A over B' to A' with streams only, the same kind of path (tunnel streams over a direct libp2p connection) ")
-			p("without the NATs: %.2f (same-turn ratios %s).\n", t.NATShare, span(t.NATShareRange, 2))
+			p("\nB to A over B' to A' with streams only (tunnel streams over a direct libp2p connection, what the NAT path used before the punch) ")
+			p("without NATs: %.2f (same-turn ratios %s).\n", t.NATShare, span(t.NATShareRange, 2))
 		}
 		bound := len(t.Paths) > 0
 		for _, pa := range t.Paths {

@@ -116,6 +116,7 @@ func (s *Service) startDirect() {
 	s.directLn = ln.(*net.TCPListener)
 	s.followReachability()
 	s.h.SetStreamHandler(s.dproto, s.handlePortQuery)
+	s.h.SetStreamHandler(s.pproto, s.handlePunch)
 	s.bg.Add(1)
 	go s.acceptDirect()
 	s.log.Debug("direct listener", "addr", ln.Addr())
@@ -195,8 +196,14 @@ func (s *Service) followReachability() {
 // forwards nothing to the listener's port. Such a peer's connections go
 // over streams of the nodes' (hole-punched) libp2p connection instead.
 func (s *Service) reachableFrom(remote ma.Multiaddr) bool {
+	if s.natTest.Load() {
+		return false
+	}
 	return !s.private.Load() || !manet.IsPublicAddr(remote)
 }
+
+// behindNAT says whether AutoNAT found this host behind a NAT.
+func (s *Service) behindNAT() bool { return s.private.Load() || s.natTest.Load() }
 
 // enterHandler counts a handler in, unless the Service is closed.
 func (s *Service) enterHandler() bool {
@@ -398,6 +405,9 @@ func (f *forwarder) directTarget(ctx context.Context) (string, error) {
 	conns := f.s.h.Network().ConnsToPeer(f.peer)
 	ip := directIP(conns)
 	switch {
+	case ip != nil && f.punch:
+		f.dmu.Unlock()
+		return punchTarget, nil
 	case ip != nil && f.directPort != 0:
 		addr := net.JoinHostPort(ip.String(), strconv.Itoa(f.directPort))
 		f.dmu.Unlock()
@@ -473,7 +483,14 @@ func (f *forwarder) lookUpDirect(ctx context.Context) (string, error) {
 	f.dmu.Unlock()
 	if port == 0 {
 		var err error
-		if port, err = s.queryPort(ctx, f.peer); err != nil {
+		if port, err = s.queryPort(ctx, f.peer); errors.Is(err, errNoPort) && s.directLn != nil {
+			// Behind a NAT: each connection punches (punch.go).
+			f.dmu.Lock()
+			f.punch = true
+			f.dmu.Unlock()
+			return punchTarget, nil
+		}
+		if err != nil {
 			if f.ctx.Err() != nil || len(s.h.Network().ConnsToPeer(f.peer)) == 0 {
 				// f closed, or libp2p went down in the middle: not an
 				// answer from the peer.
@@ -532,7 +549,7 @@ func (f *forwarder) noDirect(err error) error {
 // forgets the peer's direct listener: a direct connection to it failed.
 func (f *forwarder) directFailed(err error) {
 	f.dmu.Lock()
-	f.directPort = 0
+	f.directPort, f.punch = 0, false
 	f.lastDirect = ""
 	f.noDirectUntil = time.Now().Add(directRetry)
 	f.dmu.Unlock()
@@ -564,7 +581,7 @@ func (s *Service) queryPort(ctx context.Context, p peer.ID) (int, error) {
 	}
 	port := int(binary.BigEndian.Uint16(b[:]))
 	if port == 0 {
-		return 0, errors.New("no direct port")
+		return 0, errNoPort
 	}
 	return port, nil
 }
@@ -599,11 +616,23 @@ func (f *forwarder) openDirect(ctx context.Context) (*directEnd, error) {
 		f.directFailed(err)
 		return nil, fmt.Errorf("%w: %v", errNoDirect, err)
 	}
-	dctx, cancel := context.WithTimeout(ctx, directDialTimeout)
-	c, err := s.dialDirect(dctx, addr)
-	cancel()
-	if err != nil {
-		return fail(nil, err)
+	var c net.Conn
+	if addr == punchTarget {
+		ip := directIP(s.h.Network().ConnsToPeer(f.peer))
+		if ip == nil {
+			return fail(nil, errors.New("punch: no direct libp2p connection to the peer"))
+		}
+		c, err = s.punchDial(ctx, f.peer, ip)
+		if err != nil {
+			return fail(nil, err)
+		}
+	} else {
+		dctx, cancel := context.WithTimeout(ctx, directDialTimeout)
+		c, err = s.dialDirect(dctx, addr)
+		cancel()
+		if err != nil {
+			return fail(nil, err)
+		}
 	}
 	tcp, ok := c.(*net.TCPConn)
 	if !ok {
@@ -629,7 +658,9 @@ func (f *forwarder) openDirect(ctx context.Context) (*directEnd, error) {
 	if _, err := tc.Write(f.header); err != nil {
 		return fail(c, fmt.Errorf("send header: %w", err))
 	}
-	f.directWorked(addr)
+	if addr != punchTarget { // the next connection punches anew
+		f.directWorked(addr)
+	}
 	return far, nil
 }
 

@@ -668,3 +668,38 @@ func TestDirectListenerRefusesStrangers(t *testing.T) {
 		t.Fatalf("the worker saw %d connections", srv.accepted.Load())
 	}
 }
+
+// TestDirectPunchedThroughANAT: a worker's machine behind a NAT answers
+// the direct port query with no port, so each connection to it is
+// punched (PunchProtocol): both machines connect from fresh ports to each
+// other at once, and the connection is the direct path's, authenticated
+// and encrypted as any. (On loopback there is no NAT to cross: the NAT
+// profile of make bench-nat crosses two; this checks the protocol, the
+// roles and the accounting.)
+func TestDirectPunchedThroughANAT(t *testing.T) {
+	a, b := newNodeWith(t, 1), newNodeWith(t, 2)
+	tunnel.BehindNAT(b.tn)
+	connect(t, a, b)
+	srv := serve(t, echo)
+	b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
+	addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+	data := make([]byte, 1<<20)
+	rand.Read(data)
+	for range 3 { // each connection punches anew: a 4-tuple serves one connection
+		if err := roundTrip(t, dial(t, addr), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "the links to close", func() bool { return a.tn.Stats().Live == 0 && b.tn.Stats().Live == 0 })
+	as, bs := a.tn.Stats().Jobs[job], b.tn.Stats().Jobs[job]
+	if as.Direct != 3 || bs.Direct != 3 || as.Conns != 3 {
+		t.Fatalf("stats: A %+v, B %+v; want 3 direct (punched) connections", as, bs)
+	}
+	a.tn.Close()
+	b.tn.Close()
+	noTunnelGoroutines(t)
+}

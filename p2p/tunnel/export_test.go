@@ -28,3 +28,7 @@ func OpenFar(ctx context.Context, forward io.Closer) (direct bool, err error) {
 	far.finish(false)
 	return direct, nil
 }
+
+// BehindNAT makes s answer as a machine behind a NAT does, to every peer:
+// no direct port, and a punched connection when asked (punch.go).
+func BehindNAT(s *Service) { s.natTest.Store(true) }

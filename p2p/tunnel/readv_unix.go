@@ -34,3 +34,17 @@ func readv(_ *net.TCPConn, rc syscall.RawConn, iov [][]byte) (int, error) {
 	}
 	return n, nil
 }
+
+// reuseAddr sets SO_REUSEADDR and SO_REUSEPORT on a punch's sockets, so
+// that its listener and each of its connects may bind the same port.
+func reuseAddr(_, _ string, rc syscall.RawConn) error {
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); serr == nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		}
+	}); err != nil {
+		return err
+	}
+	return serr
+}

@@ -79,6 +79,7 @@ type Service struct {
 	direct     bool
 	directAddr string
 	dproto     protocol.ID
+	pproto     protocol.ID // PunchProtocol (punch.go)
 	tlsID      *libp2ptls.Identity
 	directLn   *net.TCPListener // nil: no direct listener
 	handshakes chan struct{}    // direct connections being authenticated
@@ -86,6 +87,7 @@ type Service struct {
 	dialDirect dialer
 	bg         sync.WaitGroup // the direct listener's accept loop, the reachability follower
 	private    atomic.Bool    // AutoNAT found this host behind a NAT
+	natTest    atomic.Bool    // tests: behind a NAT, whatever AutoNAT says and whoever asks
 
 	// ctx ends with Close: it cuts short stream opens, direct handshakes,
 	// local dials and header reads.
@@ -115,7 +117,7 @@ func New(h host.Host, chainID string, log *slog.Logger, opts ...Option) *Service
 	s := &Service{
 		h: h, proto: Protocol(chainID), log: log.With("module", "tunnel"), bufSize: DefaultBufferSize,
 		ctx: ctx, cancel: cancel,
-		direct: true, dproto: DirectProtocol(chainID), handshakes: make(chan struct{}, maxHandshakes), dialDirect: dialTCP,
+		direct: true, dproto: DirectProtocol(chainID), pproto: PunchProtocol(chainID), handshakes: make(chan struct{}, maxHandshakes), dialDirect: dialTCP,
 		exposed: map[workerKey]*exposure{}, exposes: map[*exposure]struct{}{},
 		forwards: map[*forwarder]struct{}{}, jobs: map[string]*jobCounters{},
 	}
@@ -157,6 +159,7 @@ func (s *Service) Close() {
 	s.h.RemoveStreamHandler(s.proto)
 	if s.directLn != nil {
 		s.h.RemoveStreamHandler(s.dproto)
+		s.h.RemoveStreamHandler(s.pproto)
 		s.directLn.Close()
 	}
 	s.cancel()
@@ -416,6 +419,7 @@ type forwarder struct {
 	// network round trip.
 	dmu           sync.Mutex
 	directPort    int         // the peer's direct listener; 0: not known
+	punch         bool        // the peer is behind a NAT: each connection punches (punch.go)
 	lastDirect    string      // the address of the last direct connection made; "": none since the last failure
 	noDirectUntil time.Time   // streams only until then
 	finding       *directFind // the lookup of the direct listener under way, or nil
