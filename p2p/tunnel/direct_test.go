@@ -703,3 +703,46 @@ func TestDirectPunchedThroughANAT(t *testing.T) {
 	b.tn.Close()
 	noTunnelGoroutines(t)
 }
+
+// TestPunchRefusesStrangers: a stranger with a fresh key (a real libp2p
+// host, directly connected) asks a machine behind a NAT for punched
+// connections, many times: it is answered port 0 each time, so it holds
+// none of the direct path's handshake slots or ports, and the job's own
+// machine is still punched to at once.
+func TestPunchRefusesStrangers(t *testing.T) {
+	a, b, x := newNodeWith(t, 1), newNodeWith(t, 2), newNodeWith(t, 3)
+	tunnel.BehindNAT(b.tn)
+	connect(t, a, b)
+	connect(t, x, b)
+	srv := serve(t, echo)
+	b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
+	for i := range 100 {
+		st, err := x.h.NewStream(t.Context(), b.h.ID(), tunnel.PunchProtocol(chain))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var port [2]byte
+		binary.BigEndian.PutUint16(port[:], uint16(40000+i))
+		if _, err := st.Write(port[:]); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(st, port[:]); err != nil {
+			t.Fatalf("punch request %d: %v", i, err)
+		}
+		if got := binary.BigEndian.Uint16(port[:]); got != 0 {
+			t.Fatalf("a stranger was given port %d to punch to", got)
+		}
+		st.Close()
+	}
+	addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+	if err := roundTrip(t, dial(t, addr), []byte("punched")); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.tn.Stats().Jobs[job]; got.Direct != 1 {
+		t.Fatalf("A: %+v, want its one connection punched and direct", got)
+	}
+}

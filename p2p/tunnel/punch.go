@@ -63,7 +63,9 @@ var errNoPort = errors.New("no direct port")
 // fresh port, answers it and connects from it to the asker's port until
 // the connection is made or punchWindow passes, then serves it as an
 // incoming direct connection. A machine not behind a NAT, a relayed
-// asker, or one more punch than maxHandshakes at once gets port 0.
+// asker, a peer no exposed worker allows (a stranger must not hold the
+// direct path's handshake slots and ports for 3 s each), or one more
+// punch than maxHandshakes at once gets port 0.
 func (s *Service) handlePunch(st network.Stream) {
 	if !s.enterHandler() {
 		st.Reset()
@@ -80,7 +82,7 @@ func (s *Service) handlePunch(st network.Stream) {
 	ip := directIP([]network.Conn{st.Conn()})
 	var ln *net.TCPListener
 	ours := 0
-	if theirs != 0 && ip != nil && s.behindNAT() {
+	if theirs != 0 && ip != nil && s.behindNAT() && s.allowsAny(st.Conn().RemotePeer()) {
 		select {
 		case s.handshakes <- struct{}{}: // released by handleDirect, or below
 			var err error
@@ -98,7 +100,11 @@ func (s *Service) handlePunch(st network.Stream) {
 			ln.Close()
 			<-s.handshakes
 		}
-		st.Reset()
+		if err != nil {
+			st.Reset()
+		} else {
+			st.Close() // the answer, no: delivered
+		}
 		return
 	}
 	st.Close()

@@ -323,6 +323,18 @@ func (s *Service) lookup(h header, p peer.ID) *exposure {
 	return e
 }
 
+// allowsAny says whether some worker this machine exposes lets p reach it.
+func (s *Service) allowsAny(p peer.ID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.exposed {
+		if _, ok := e.allowed[p]; ok {
+			return true
+		}
+	}
+	return false
+}
+
 // handle serves one incoming stream: header, checks, dial, then the pipe.
 func (s *Service) handle(st network.Stream) {
 	s.mu.Lock()
