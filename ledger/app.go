@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	abci "github.com/cometbft/cometbft/abci/types"
 	idb "github.com/cosmos/iavl/db"
@@ -218,8 +219,14 @@ func (app *App) checkTx(b []byte, recheck bool) error {
 	if err := app.pendingFull(signer); err != nil {
 		return err
 	}
-	// Every check a block would make, against the committed state...
-	if err := s.check(d, s.Time, next); err != nil {
+	// Every check a block would make, against the committed state (before
+	// the first block, whose time is not known yet, against the clock:
+	// the block re-checks by its own time)...
+	now := s.Time
+	if now == 0 {
+		now = time.Now().Unix()
+	}
+	if err := s.check(d, now, next); err != nil {
 		return err
 	}
 	// ...and spends must also fit beside those still pending.

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	abci "github.com/cometbft/cometbft/abci/types"
 
@@ -132,6 +133,32 @@ func TestRejectionsChangeNothing(t *testing.T) {
 				t.Fatalf("state changed")
 			}
 		})
+	}
+}
+
+// TestCheckTxBeforeTheFirstBlock: a chain that has made no block yet has
+// no block time. An escrow opened then, as a node does at once when a
+// job comes in, passes CheckTx by the clock, rather than failing "expiry
+// must be after block time 0 and within 30 days"; the block re-checks it
+// by its own time. An expiry already past is refused still.
+func TestCheckTxBeforeTheFirstBlock(t *testing.T) {
+	issuer, payer, m1 := key(t, 1), key(t, 2), key(t, 3)
+	h := newHarness(t, nil, genesis(issuer, map[*identity.Key]uint64{payer: 100 * credit}, m1))
+	now := time.Now().Unix()
+	for _, c := range []struct {
+		expiry int64
+		code   uint32
+	}{{now - 60, CodeExpired}, {now + 3600, CodeOK}} {
+		b, err := NewTx(payer, testChain, TypeOpenEscrow, 0,
+			&OpenEscrow{Job: job(1), Amount: credit, Expiry: c.expiry, Payees: []string{string(m1.Address())}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := h.app.CheckTx(context.Background(), &abci.RequestCheckTx{Tx: b, Type: abci.CheckTxType_New})
+		if err != nil || resp.Code != c.code {
+			t.Errorf("CheckTx of an escrow expiring at %d (now %d) before the first block: %v code %d (%s), want %d",
+				c.expiry, now, err, resp.GetCode(), resp.GetLog(), c.code)
+		}
 	}
 }
 

@@ -551,6 +551,12 @@ type JobStatus struct {
 	// the job is out of time, not short of a worker (a submitter does
 	// not take a machine's word for it before the time is up).
 	OutOfTime bool `cbor:"oot,omitempty" json:"out_of_time,omitempty"`
+	// Unpaid says its machine stopped it because the job stopped paying
+	// it: the holder refused its last updates, or the receipts fell
+	// behind the floor (the lender's stop-loss). A submitter takes it as
+	// a stop with a cause, not a lost machine, only where its own records
+	// bear it out (its holder refused the worker's rounds).
+	Unpaid bool `cbor:"unpaid,omitempty" json:"unpaid,omitempty"`
 	// Progress is what the worker last reported of its work (the
 	// deepmarket package's progress file); nil until it reports. Its
 	// machine could claim work not done: the submitter only notes when

@@ -89,8 +89,11 @@ func Survey(sts []*p2p.JobStatus, ws []Worker, lost map[int]bool, now time.Time)
 				f.Lost[i] = true
 			}
 			f.Over, f.Silent = false, true
-		case st.State == p2p.WorkerStopped && w.Benched != "":
-			// Its submitter stopped it (Benched): neither lost nor failed.
+		case st.State == p2p.WorkerStopped && (w.Benched != "" || st.Unpaid && w.Refused > 0):
+			// Its submitter stopped it (Benched), or its machine did
+			// because the holder refused its rounds (the lender's
+			// stop-loss, borne out by the refusals): neither lost nor
+			// failed.
 		case st.State == p2p.WorkerStopped && st.OutOfTime && !f.Lost[i]:
 			if f.OutOfTime == nil {
 				f.OutOfTime = map[int]bool{}
@@ -454,7 +457,9 @@ func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment,
 			owed[w.Payee] = max(owed[w.Payee], w.Receipt)
 			continue
 		}
-		if w.State == p2p.WorkerFailed || (run.Held() && w.Forfeited) {
+		// A worker its holder dropped fails (its next push is refused):
+		// the payer's word, not a cause, unless it failed a spot check.
+		if w.State == p2p.WorkerFailed && !(run.Held() && w.Dropped) || (run.Held() && w.Forfeited) {
 			failed[w.Payee] = true
 		}
 		pay := Used(run, w, now)
@@ -481,7 +486,7 @@ func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment,
 	}
 	left := run.Escrow - min(total, run.Escrow)
 	for i := range pays {
-		if p := &pays[i]; p.Refused > 0 && !p.Failed {
+		if p := &pays[i]; p.Refused > 0 {
 			p.Withheld = min(withheld[p.Machine], left)
 			left -= p.Withheld
 		}

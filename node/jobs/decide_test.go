@@ -505,6 +505,29 @@ func TestFloorRefusingDoesNotPay(t *testing.T) {
 	}
 }
 
+// TestDroppedIsNotACause: a worker its holder dropped for refused
+// rounds ends failed on its machine (its next push is refused), whichever
+// of the drop and its machine's stop-loss came first. The drop is the
+// payer's word: the machine is not marked failed, and what its refused
+// rounds would have paid is withheld, not refunded. A failed spot check
+// is a cause.
+func TestDroppedIsNotACause(t *testing.T) {
+	run := &Run{Holder: &Worker{}, Escrow: 1 << 40, Floor: 0.5, Workers: []Worker{
+		{Payee: "dropped", PerHour: 3600, Started: t0.Add(-time.Hour), Ended: t0, State: p2p.WorkerFailed, Refused: 3, Dropped: true},
+		{Payee: "crashed", PerHour: 3600, Started: t0.Add(-time.Hour), Ended: t0, State: p2p.WorkerFailed, Accepted: 3, Refused: 1,
+			AcceptedSeconds: 2700},
+		{Payee: "forfeited", PerHour: 3600, Started: t0.Add(-time.Hour), Ended: t0, State: p2p.WorkerFailed, Refused: 3,
+			Dropped: true, Forfeited: true},
+	}}
+	pays, _ := PayPlan(run, nil, t0)
+	want := []ledger.Payment{{Machine: "dropped", Amount: 1800, Rounds: 3, Refused: 3, Withheld: 1800},
+		{Machine: "crashed", Amount: 2700, Failed: true, Rounds: 4, Refused: 1, Withheld: 900},
+		{Machine: "forfeited", Failed: true, Rounds: 3, Refused: 3}}
+	if !slices.Equal(pays, want) {
+		t.Errorf("pay plan %+v, want %+v", pays, want)
+	}
+}
+
 // TestDecideHeld: a held run pays each worker its price for the seconds of
 // its accepted rounds, whatever it ran; its end is its holder's.
 func TestDecideHeld(t *testing.T) {
@@ -639,6 +662,14 @@ func TestBenched(t *testing.T) {
 	f := Survey([]*p2p.JobStatus{{State: p2p.WorkerStopped}, {State: p2p.WorkerStopped}}, []Worker{{Benched: "absent"}, {}}, nil, t0)
 	if f.Lost[0] || !f.Lost[1] {
 		t.Fatalf("lost %v: want the worker its machine stopped, not the one its submitter benched", f.Lost)
+	}
+	// Its machine's stop-loss stopped it ("stopped: unpaid"): a stop with
+	// a cause where the holder refused its rounds, a lost machine where
+	// nothing bears the claim out.
+	f = Survey([]*p2p.JobStatus{{State: p2p.WorkerStopped, Unpaid: true}, {State: p2p.WorkerStopped, Unpaid: true}},
+		[]Worker{{Refused: 3}, {Accepted: 4}}, nil, t0)
+	if f.Lost[0] || !f.Lost[1] {
+		t.Fatalf("lost %v: want only the worker whose unpaid stop no refusal bears out", f.Lost)
 	}
 	if got := Benched(&Run{Workers: run.Workers}); len(got) != 0 {
 		t.Fatalf("a run no one holds benched %v", got)

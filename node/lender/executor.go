@@ -142,6 +142,7 @@ type worker struct {
 	frozenWhy string
 	vacated   bool // stopped for the owner (Vacate)
 	outOfTime bool // stopped at the job's max duration
+	unpaid    bool // stopped by the stop-loss ("stopped: unpaid")
 	// holder: the model's holder of this machine's own held job (Hold),
 	// not a lent worker: the owner's use neither suspends nor reclaims it.
 	holder bool
@@ -423,8 +424,10 @@ func (e *Executor) watch(now time.Time) {
 		case live && silent:
 			e.stop(w, "the submitter stopped answering", false)
 		case live && short && !w.holder:
+			w.set(func() { w.unpaid = w.unpaid || !w.stopping })
 			e.stop(w, why, false)
 		case refused:
+			w.set(func() { w.unpaid = w.unpaid || !w.stopping })
 			e.stop(w, fmt.Sprintf("stopped: unpaid: the job's holder refused this worker's last %d updates; only the floor would pay it", e.refusedStop), false)
 		case live && over:
 			w.set(func() { w.outOfTime = true })
@@ -575,6 +578,7 @@ func (w *worker) status(now time.Time) p2p.JobStatus {
 	}
 	st.Vacated = w.vacated && st.State == p2p.WorkerStopped
 	st.OutOfTime = w.outOfTime && st.State == p2p.WorkerStopped
+	st.Unpaid = w.unpaid && st.State == p2p.WorkerStopped
 	return st
 }
 

@@ -183,7 +183,7 @@ func TestUnpaidWorkerIsStopped(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.State != want || (want == p2p.WorkerStopped && !strings.HasPrefix(st.Reason, "stopped: unpaid")) {
+		if st.State != want || (want == p2p.WorkerStopped && (!strings.HasPrefix(st.Reason, "stopped: unpaid") || !st.Unpaid)) {
 			t.Errorf("worker of %.8s: %s (%s), want %s", job, st.State, st.Reason, want)
 		}
 	}
@@ -224,9 +224,9 @@ func TestRefusedWorkerIsStopped(t *testing.T) {
 		e.watch(now)
 		for w, state := range want {
 			w.mu.Lock()
-			got, why := w.state, w.reason
+			got, why, unpaid := w.state, w.reason, w.unpaid
 			w.mu.Unlock()
-			if got != state || (state == p2p.WorkerStopped && !strings.HasPrefix(why, "stopped: unpaid: the job's holder refused")) {
+			if got != state || (state == p2p.WorkerStopped && (!strings.HasPrefix(why, "stopped: unpaid: the job's holder refused") || !unpaid)) {
 				t.Errorf("refused_stop %d, worker %s: %s (%s), want %s", stop, w.name, got, why, state)
 			}
 		}
