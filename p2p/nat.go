@@ -235,7 +235,13 @@ func (h *Host) observe(e event.EvtPeerIdentificationCompleted) (isNew bool) {
 		return false
 	}
 	if !slices.ContainsFunc(h.Network().ListenAddresses(), func(l ma.Multiaddr) bool { return samePort(l, e.Conn.LocalMultiaddr()) }) {
-		return false // an ephemeral port: its mapping says nothing of the listener's
+		// An ephemeral port (a dial that could not reuse the listener's,
+		// say while the last connection to that peer lingers in
+		// TIME_WAIT): its mapping says nothing of the listener's, unless
+		// the NAT kept the port, as it keeps the listener's then.
+		if o = preservedMapping(o, e.Conn.LocalMultiaddr(), h.Network().ListenAddresses()); o == nil {
+			return false
+		}
 	}
 	h.omu.Lock()
 	defer h.omu.Unlock()
@@ -246,6 +252,39 @@ func (h *Host) observe(e event.EvtPeerIdentificationCompleted) (isNew bool) {
 		h.observed = h.observed[1:]
 	}
 	return isNew
+}
+
+// preservedMapping is the listener's mapping a NAT that keeps source
+// ports gives it, inferred from observed, what a peer saw of a TCP
+// connection from the ephemeral local address: when the NAT kept that
+// port, the public address at the port of the TCP listener (listens) of
+// the same IP version. Nil when the NAT changed the port (it may map the
+// listener's anyhow: only an observation of the listener's own port says).
+// One peer is enough to learn the mapping (with one public node, the
+// only connection out may come from an ephemeral port).
+func preservedMapping(observed, local ma.Multiaddr, listens []ma.Multiaddr) ma.Multiaddr {
+	op, errO := observed.ValueForProtocol(ma.P_TCP)
+	lp, errL := local.ValueForProtocol(ma.P_TCP)
+	if errO != nil || errL != nil || op != lp {
+		return nil
+	}
+	ip, rest := ma.SplitFirst(observed)
+	if ip == nil || rest == nil {
+		return nil
+	}
+	for _, l := range listens {
+		lip, lrest := ma.SplitFirst(l)
+		if lip == nil || lrest == nil || lip.Protocol().Code != ip.Protocol().Code {
+			continue
+		}
+		if p, err := lrest.ValueForProtocol(ma.P_TCP); err == nil && p != "0" {
+			if len(lrest) != 1 { // /tcp/PORT only: not a websocket or other stack
+				continue
+			}
+			return append(ma.Multiaddr{*ip}, lrest...)
+		}
+	}
+	return nil
 }
 
 // samePort says whether a and b are the same transport and port.

@@ -271,3 +271,25 @@ func TestUnconfirmedMappingsAreNotAdvertised(t *testing.T) {
 		t.Errorf("apply changed its argument: %v", in)
 	}
 }
+
+// TestPreservedMapping: a host whose only connection out to a public
+// peer left from an ephemeral port (its listener's port was taken for
+// that peer, a connection lingering in TIME_WAIT) still learns its
+// listener's mapping from it when the NAT kept the port: the observed
+// address at the listener's port. A NAT that changed the port says
+// nothing of the listener's mapping.
+func TestPreservedMapping(t *testing.T) {
+	m := ma.StringCast
+	listens := []ma.Multiaddr{m("/ip4/0.0.0.0/udp/4001/quic-v1"), m("/ip6/::/tcp/4002"), m("/ip4/0.0.0.0/tcp/4001")}
+	for _, c := range []struct{ observed, local, want string }{
+		{"/ip4/1.2.3.4/tcp/37856", "/ip4/10.0.0.2/tcp/37856", "/ip4/1.2.3.4/tcp/4001"},
+		{"/ip4/1.2.3.4/tcp/50000", "/ip4/10.0.0.2/tcp/37856", ""}, // the NAT changed the port
+		{"/ip6/2001:db8::1/tcp/37856", "/ip6/fd00::2/tcp/37856", "/ip6/2001:db8::1/tcp/4002"},
+		{"/ip4/1.2.3.4/udp/37856/quic-v1", "/ip4/10.0.0.2/udp/37856/quic-v1", ""}, // QUIC dials from its listener
+	} {
+		got := preservedMapping(m(c.observed), m(c.local), listens)
+		if (got == nil) != (c.want == "") || got != nil && got.String() != c.want {
+			t.Errorf("observed %s from %s: inferred %v, want %q", c.observed, c.local, got, c.want)
+		}
+	}
+}
