@@ -136,6 +136,13 @@ func (a Addrs) LedgerPeer(m *Manifest, i int) string {
 func applyAddrs(m *Manifest, i int, a Addrs, cfg *node.Config) {
 	n := m.Nodes[i]
 	cfg.P2P.Listen = []string{fmt.Sprintf("/ip4/%s/tcp/%d", a[i], n.Ports.P2P)}
+	if a[i] != "127.0.0.1" {
+		// A node of its own (a namespace under a profile) listens on QUIC
+		// too, at the same port number, as a node does by default: NAT
+		// traversal punches both. On loopback the UDP port is not
+		// reserved, and the nodes meet over TCP alone.
+		cfg.P2P.Listen = append(cfg.P2P.Listen, fmt.Sprintf("/ip4/%s/udp/%d/quic-v1", a[i], n.Ports.P2P))
+	}
 	cfg.API.Listen = fmt.Sprintf("127.0.0.1:%d", n.Ports.API)
 	cfg.Ledger.P2PListen = fmt.Sprintf("tcp://%s:%d", a[i], n.Ports.LedgerP2P)
 	cfg.Ledger.RPCListen = fmt.Sprintf("tcp://127.0.0.1:%d", n.Ports.LedgerRPC)
@@ -145,6 +152,9 @@ func applyAddrs(m *Manifest, i int, a Addrs, cfg *node.Config) {
 			continue
 		}
 		cfg.P2P.Bootstrap = append(cfg.P2P.Bootstrap, a.P2P(m, j))
+		if a[j] != "127.0.0.1" {
+			cfg.P2P.Bootstrap = append(cfg.P2P.Bootstrap, fmt.Sprintf("/ip4/%s/udp/%d/quic-v1/p2p/%s", a[j], v.Ports.P2P, v.PeerID))
+		}
 		cfg.Ledger.Peers = append(cfg.Ledger.Peers, a.LedgerPeer(m, j))
 	}
 }

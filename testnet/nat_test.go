@@ -388,3 +388,87 @@ func waitDirect(t *testing.T, n *Network, a, b int, within time.Duration) {
 		time.Sleep(time.Second)
 	}
 }
+
+// TestAFailedHolePunchIsTriedAgain: two labs behind NATs of their own and
+// one public validator, as in TestOnePublicValidatorIsEnough, but a
+// firewall between the two campuses drops what they send each other
+// until their first hole punches have failed (12 s: libp2p's own three
+// tries, and some of the node's). The labs dial each other through the
+// relay as the job starts, so each holds a relayed connection the other
+// dialled. The node tries the punch again (p2p/punch.go: after a
+// failure, with a growing delay), from the smaller peer ID, on the
+// connection the peer dialled (libp2p's pick of the other had the peer
+// reset the DCUtR stream, retry after retry), so once the firewall lets
+// them through their connection turns direct, and the job that made them
+// meet fetches its bundle over it and succeeds. libp2p alone punches once
+// per relayed connection: the connection would stay relayed, and the job
+// fail ("no peer delivered a block").
+func TestAFailedHolePunchIsTriedAgain(t *testing.T) {
+	testutil.NeedRoot(t, netlab.AvailableNAT)
+	n := startNet(t, Params{Validators: 1, Nodes: 2, Sites: 2, Python: jobPython(),
+		Configure: func(_ *Node, c *node.Config) {
+			c.P2P.DiscoverInterval = node.Duration{Duration: 5 * time.Second}
+			c.P2P.AnnounceInterval = node.Duration{Duration: 5 * time.Second}
+			c.P2P.OfferTTL = node.Duration{Duration: 30 * time.Second}
+		}},
+		RunOptions{Profile: "nat", StartTimeout: 2 * time.Minute})
+	a, b := n.pos[lender].site, n.pos[submitter].site
+	if a == b || a == 0 || b == 0 {
+		t.Fatalf("the labs' places %v: want two NATed lab sites", n.pos)
+	}
+	if err := n.Lab.Block(a, b); err != nil {
+		t.Fatal(err)
+	}
+	punchLog := func() string {
+		var out []string
+		for _, i := range []int{lender, submitter} {
+			bs, _ := os.ReadFile(filepath.Join(n.Dir, n.Manifest.Nodes[i].Home, "node.log"))
+			out = append(out, "--- "+n.Manifest.Nodes[i].Name, grepLines(string(bs), "punch"))
+		}
+		return strings.Join(out, "\n")
+	}
+	waitLabs(t, n, lender, submitter)
+	lend(t, n, lender, 1)
+	waitReach(t, n, submitter, []int{lender}, "nat", 3*time.Minute)
+	sc, _ := n.Client(submitter)
+	j, err := sc.Submit(t.Context(), api.SubmitRequest{Spec: workSpec(workBundle(t), 3, "0.5", "5m"), Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The labs meet through the relay, and their punch fails.
+	deadline := time.Now().Add(2 * time.Minute)
+	for failed := ""; failed == ""; time.Sleep(200 * time.Millisecond) {
+		for _, i := range []int{lender, submitter} {
+			c, _ := n.Client(i)
+			if st, err := c.Status(t.Context()); err == nil && st.NAT.LastHolePunch != nil && !st.NAT.LastHolePunch.Success {
+				failed = fmt.Sprintf("%s: %s", n.Manifest.Nodes[i].Name, st.NAT.LastHolePunch)
+			}
+		}
+		if failed != "" {
+			t.Logf("behind the firewall: %s", failed)
+		} else if time.Now().After(deadline) {
+			t.Fatalf("no hole punch failed behind the firewall within 2 min\nthe job's log:\n%s", jobLog(t, sc, j.ID))
+		}
+	}
+	// libp2p tries 3 times in about 6 s, then never again on this
+	// connection; the firewall outlasts that.
+	time.Sleep(12 * time.Second)
+	if c := connection(t, n, submitter, lender); c != "relayed" {
+		t.Fatalf("the labs' connection is %q behind the firewall, want relayed", c)
+	}
+	if err := n.Lab.Unblock(a, b); err != nil {
+		t.Fatal(err)
+	}
+	lifted := time.Now()
+	deadline = time.Now().Add(90 * time.Second)
+	for connection(t, n, submitter, lender) != "direct" {
+		if time.Now().After(deadline) {
+			t.Fatalf("not direct 90 s after the firewall lifted:\n%s", punchLog())
+		}
+		time.Sleep(time.Second)
+	}
+	t.Logf("direct %s after the firewall lifted", time.Since(lifted).Round(time.Second))
+	if j = waitJob(t, sc, j.ID, 3*time.Minute); j.State != jobs.Succeeded {
+		t.Fatalf("the job that made the labs meet: %s (%s)\n%s", j.State, j.Reason, jobLog(t, sc, j.ID))
+	}
+}
