@@ -251,17 +251,32 @@ func TestAPublicValidatorRelaysUnderAuto(t *testing.T) {
 // TestOnePublicValidatorIsEnough: the smallest real network, one
 // university's validator on a public address, its relay_service left at
 // "auto" as a new university leaves it, and two labs, each behind a NAT
-// of its own whose only public peer is that validator. Each lab
-// learns its mapping from that one observer; the labs' relayed
+// of its own whose only public peer is that validator. Both labs lend,
+// and one submits a 2-worker TensorFlow job, which runs a worker on each.
+// Each lab learns its mapping from that one observer; the labs' relayed
 // connection is hole punched (go-libp2p's DCUtR punches to addresses one
-// observer has seen), and a job from one lab runs on the other, its
-// bundle fetched over the direct connection.
+// observer has seen), the bundle and dataset come over the direct
+// connection, and the workers' tunnel between the labs is punched
+// through both NATs (p2p/tunnel's PunchProtocol).
 func TestOnePublicValidatorIsEnough(t *testing.T) {
 	n := startLabs(t, true)
+	waitLabs(t, n, lender, submitter)
+	for _, i := range []int{lender, submitter} {
+		c, _ := n.Client(i)
+		if _, err := c.SetLend(t.Context(), api.LendRequest{Cores: 1, MemBytes: 3 << 30}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitReach(t, n, submitter, []int{lender, submitter}, "nat", 3*time.Minute)
 	// The labs meet when the job needs it: first through the validator's
 	// relay, then hole punched.
-	sc, j := submitAcrossLabs(t, n)
-	if j = waitJob(t, sc, j.ID, 3*time.Minute); j.State != jobs.Succeeded {
+	sc, _ := n.Client(submitter)
+	before := relayedBytes(t, n)
+	j, err := sc.Submit(t.Context(), api.SubmitRequest{Spec: fashionSpec(t, 2), Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j = waitJob(t, sc, j.ID, 8*time.Minute); j.State != jobs.Succeeded {
 		var sts []string
 		for _, i := range []int{lender, submitter} {
 			c, _ := n.Client(i)
@@ -269,7 +284,21 @@ func TestOnePublicValidatorIsEnough(t *testing.T) {
 			b, _ := os.ReadFile(filepath.Join(n.Dir, n.Manifest.Nodes[i].Home, "node.log"))
 			sts = append(sts, fmt.Sprintf("%s: NAT %+v\n%s", n.Manifest.Nodes[i].Name, st.NAT, grepLines(string(b), "punch")))
 		}
-		t.Fatalf("a job from one lab on the other, one public validator: %s (%s)\n%s\n%s", j.State, j.Reason, jobLog(t, sc, j.ID), strings.Join(sts, "\n"))
+		t.Fatalf("a 2-worker job on two labs, one public validator: %s (%s)\n%s\n%s", j.State, j.Reason, jobLog(t, sc, j.ID), strings.Join(sts, "\n"))
+	}
+	machines := map[int]bool{}
+	for _, w := range j.Current().Workers {
+		machines[machineIndex(n, w.Machine)] = true
+	}
+	if !machines[lender] || !machines[submitter] {
+		t.Fatalf("the 2-worker job ran on %v, want both labs", machines)
+	}
+	// The bundle, the dataset and the workers' traffic went direct: the
+	// relay carried the control messages only.
+	if relayed := relayedBytes(t, n) - before; relayed > 1<<20 {
+		t.Errorf("the relay carried %.0f bytes during the TensorFlow job: the bulk went through it", relayed)
+	} else {
+		t.Logf("the relay carried %.0f bytes during the TensorFlow job", relayed)
 	}
 	waitDirect(t, n, submitter, lender, 90*time.Second)
 	for _, pair := range [][2]int{{submitter, lender}, {lender, submitter}} {
