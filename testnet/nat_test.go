@@ -104,12 +104,7 @@ func TestJobsAcrossCampusNATs(t *testing.T) {
 			time.Sleep(time.Second)
 		}
 	}
-	for _, i := range []int{lenderA, lenderB} {
-		c, _ := n.Client(i)
-		if _, err := c.SetLend(t.Context(), api.LendRequest{Cores: 1, MemBytes: 3 << 30}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	lendForTensorFlow(t, n, lenderA, lenderB)
 	waitReach(t, n, submitter, []int{lenderA, lenderB}, "nat", 90*time.Second)
 	sc, _ := n.Client(submitter)
 
@@ -129,13 +124,7 @@ func TestJobsAcrossCampusNATs(t *testing.T) {
 	if j.State != jobs.Succeeded {
 		t.Fatalf("a 2-worker TensorFlow job across two NATs: %s (%s)\n%s", j.State, j.Reason, jobLog(t, sc, two.ID))
 	}
-	machines := map[int]bool{}
-	for _, w := range j.Current().Workers {
-		machines[machineIndex(n, w.Machine)] = true
-	}
-	if !machines[lenderA] || !machines[lenderB] {
-		t.Fatalf("the 2-worker job ran on %v, want both labs", machines)
-	}
+	wantWorkersOn(t, n, j, lenderA, lenderB)
 	relayed := relayedBytes(t, n) - before
 	t.Logf("the relays carried %.0f bytes during the TensorFlow job", relayed)
 	if relayed > 1<<20 {
@@ -205,6 +194,33 @@ func TestSymmetricNATsKeepJobsApart(t *testing.T) {
 	n.check(t, all(n), true)
 }
 
+// lendForTensorFlow lends one core and 3 GiB of each of the nodes: room
+// for one worker of fashionSpec.
+func lendForTensorFlow(t *testing.T, n *Network, nodes ...int) {
+	t.Helper()
+	for _, i := range nodes {
+		c, _ := n.Client(i)
+		if _, err := c.SetLend(t.Context(), api.LendRequest{Cores: 1, MemBytes: 3 << 30}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// wantWorkersOn fails t unless job j's current run had a worker on each
+// of the nodes.
+func wantWorkersOn(t *testing.T, n *Network, j *jobs.Job, nodes ...int) {
+	t.Helper()
+	machines := map[int]bool{}
+	for _, w := range j.Current().Workers {
+		machines[machineIndex(n, w.Machine)] = true
+	}
+	for _, i := range nodes {
+		if !machines[i] {
+			t.Fatalf("the job ran on nodes %v, want a worker on each of %v", machines, nodes)
+		}
+	}
+}
+
 // fashionSpec is a short real training run of examples/fashion-mnist.
 func fashionSpec(t *testing.T, workers int) jobs.File {
 	bundle, err := filepath.Abs("../examples/fashion-mnist")
@@ -261,12 +277,7 @@ func TestAPublicValidatorRelaysUnderAuto(t *testing.T) {
 func TestOnePublicValidatorIsEnough(t *testing.T) {
 	n := startLabs(t, true)
 	waitLabs(t, n, lender, submitter)
-	for _, i := range []int{lender, submitter} {
-		c, _ := n.Client(i)
-		if _, err := c.SetLend(t.Context(), api.LendRequest{Cores: 1, MemBytes: 3 << 30}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	lendForTensorFlow(t, n, lender, submitter)
 	waitReach(t, n, submitter, []int{lender, submitter}, "nat", 3*time.Minute)
 	// The labs meet when the job needs it: first through the validator's
 	// relay, then hole punched.
@@ -286,13 +297,7 @@ func TestOnePublicValidatorIsEnough(t *testing.T) {
 		}
 		t.Fatalf("a 2-worker job on two labs, one public validator: %s (%s)\n%s\n%s", j.State, j.Reason, jobLog(t, sc, j.ID), strings.Join(sts, "\n"))
 	}
-	machines := map[int]bool{}
-	for _, w := range j.Current().Workers {
-		machines[machineIndex(n, w.Machine)] = true
-	}
-	if !machines[lender] || !machines[submitter] {
-		t.Fatalf("the 2-worker job ran on %v, want both labs", machines)
-	}
+	wantWorkersOn(t, n, j, lender, submitter)
 	// The bundle, the dataset and the workers' traffic went direct: the
 	// relay carried the control messages only.
 	if relayed := relayedBytes(t, n) - before; relayed > 1<<20 {
@@ -433,18 +438,8 @@ func waitDirect(t *testing.T, n *Network, a, b int, within time.Duration) {
 // per relayed connection: the connection would stay relayed, and the job
 // fail ("no peer delivered a block").
 func TestAFailedHolePunchIsTriedAgain(t *testing.T) {
-	testutil.NeedRoot(t, netlab.AvailableNAT)
-	n := startNet(t, Params{Validators: 1, Nodes: 2, Sites: 2, Python: jobPython(),
-		Configure: func(_ *Node, c *node.Config) {
-			c.P2P.DiscoverInterval = node.Duration{Duration: 5 * time.Second}
-			c.P2P.AnnounceInterval = node.Duration{Duration: 5 * time.Second}
-			c.P2P.OfferTTL = node.Duration{Duration: 30 * time.Second}
-		}},
-		RunOptions{Profile: "nat", StartTimeout: 2 * time.Minute})
+	n := startLabs(t, false)
 	a, b := n.pos[lender].site, n.pos[submitter].site
-	if a == b || a == 0 || b == 0 {
-		t.Fatalf("the labs' places %v: want two NATed lab sites", n.pos)
-	}
 	if err := n.Lab.Block(a, b); err != nil {
 		t.Fatal(err)
 	}
@@ -456,14 +451,7 @@ func TestAFailedHolePunchIsTriedAgain(t *testing.T) {
 		}
 		return strings.Join(out, "\n")
 	}
-	waitLabs(t, n, lender, submitter)
-	lend(t, n, lender, 1)
-	waitReach(t, n, submitter, []int{lender}, "nat", 3*time.Minute)
-	sc, _ := n.Client(submitter)
-	j, err := sc.Submit(t.Context(), api.SubmitRequest{Spec: workSpec(workBundle(t), 3, "0.5", "5m"), Yes: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc, j := submitAcrossLabs(t, n)
 	// The labs meet through the relay, and their punch fails.
 	deadline := time.Now().Add(2 * time.Minute)
 	for failed := ""; failed == ""; time.Sleep(200 * time.Millisecond) {
