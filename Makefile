@@ -104,6 +104,10 @@ bench-tunnel: ## Tunnel: a job's TF traffic over libp2p streams vs direct loopba
 bench-nat: ## Root: hole punching through cone and symmetric NATs in netlab with 1, 2 and 4 public nodes, TCP and QUIC (success, p50/p90 time to direct, bytes relayed; a settled node, libp2p stock vs ours), tunnel throughput over the hole punch vs no NAT (~10 min); report in bench/results/nat
 	$(GO) run ./bench/nat -out bench/results/nat
 
+.PHONY: bench-nat-machines
+bench-nat-machines: ## Root: bench-nat's tunnel throughput through both NATs vs no NAT with every host in an emulated 0.6-core machine of its own (cgroups), the NAT routers outside them, 7 turns (~4 min); report in bench/results/nat-machines
+	$(GO) run ./bench/nat -profiles nat -public 1 -attempts 2 -tcp-attempts 1 -reps 7 -machine-cores 0.6 -out bench/results/nat-machines
+
 .PHONY: sim
 sim: build ## Simulator: every policy on the shipped scenarios (20 seeds per load); tables and plots in bench/results/sim
 	./$(BIN) sim --seeds 20 --out bench/results/sim

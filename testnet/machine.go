@@ -322,8 +322,13 @@ func (b *ByHand) Command(name string, args ...string) *exec.Cmd {
 	return cmd
 }
 
-// Close removes the machine; whatever ran in it must have exited.
-func (b *ByHand) Close() { b.ms.remove() }
+// Close removes the machine; whatever ran in it must have exited. A nil
+// ByHand closes nothing.
+func (b *ByHand) Close() {
+	if b != nil {
+		b.ms.remove()
+	}
+}
 
 // joinScript writes the shell's pid into each of $DM_MACHINE_PROCS and
 // execs its arguments.

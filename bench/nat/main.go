@@ -104,6 +104,7 @@ import (
 	"time"
 
 	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/testnet"
 	"github.com/deepmarket/deepmarket/testnet/netlab"
 )
 
@@ -118,7 +119,15 @@ type settings struct {
 	epoch                    int
 	profiles                 []string
 	publics                  []int // public nodes in the network, one run of the cone sets each
+	// machineCores, when above 0, runs every host child in a machine of
+	// known size of its own (testnet.ByHand: a cgroup with that CPU
+	// quota), the NAT routers, the core and the link shaper outside them.
+	machineCores float64
 }
+
+// machineSize is the size of each host child's machine (settings'
+// machineCores; zero: none), read by spawn.
+var machineSize testnet.Machine
 
 // maxPublic bounds -public: site 0's nodes.
 const maxPublic = 6
@@ -150,6 +159,7 @@ func main() {
 	parSym := flag.Int("parallel-symmetric", 6, "attempts at once under symmetric NATs (each runs to -wait; at most 7)")
 	epoch := flag.Int("per-relay", 0, "attempts per relay and A, started fresh for each such batch; 0: one relay and one A for all of a set's attempts")
 	profiles := flag.String("profiles", "nat,nat-symmetric", "NAT profiles to run: nat, nat-symmetric")
+	machineCores := flag.Float64("machine-cores", 0, "run each host in a machine of known size of its own (a cgroup with this CPU quota, 2 GiB), the NAT routers outside them, as on a campus whose NAT is a box of its own; 0: no machines (root)")
 	publics := flag.String("public", "1,2,4", "public nodes in the network (the relay and more public peers, each lab's bootstrap), comma-separated: the cone NAT's sets run once for each; the symmetric NAT's with the first")
 	flag.Parse()
 	if cf.role != "" {
@@ -169,7 +179,10 @@ func main() {
 	}
 	set := settings{publics: pubs, out: *out, tag: *tag, attempts: max(*attempts, 1), tcpAttempts: max(*tcpAttempts, 0), reps: max(*reps, 1),
 		size: *size, wait: *wait, parallelNAT: min(max(*parNAT, 1), 7), parallelSym: min(max(*parSym, 1), 7),
-		epoch: max(*epoch, 0), profiles: strings.Split(*profiles, ",")}
+		epoch: max(*epoch, 0), profiles: strings.Split(*profiles, ","), machineCores: *machineCores}
+	if set.machineCores > 0 {
+		machineSize = testnet.Machine{Cores: set.machineCores, MemBytes: 2 << 30}
+	}
 	code := 0
 	if err := run(set); err != nil {
 		log.Print(err)
@@ -228,7 +241,8 @@ func run(set settings) error {
 	}()
 	began := time.Now()
 	res := results{When: began.UTC().Format(time.RFC3339), Go: runtime.Version(), CPUs: runtime.NumCPU(),
-		Attempts: set.attempts, TCPAttempts: set.tcpAttempts, WaitS: set.wait.Seconds(), SizeBytes: set.size, Reps: set.reps, Logs: logDir}
+		Attempts: set.attempts, TCPAttempts: set.tcpAttempts, WaitS: set.wait.Seconds(), SizeBytes: set.size, Reps: set.reps, Logs: logDir,
+		HostCores: set.machineCores}
 	for _, name := range set.profiles {
 		nat, ok := natProfiles[name]
 		if !ok {
@@ -256,18 +270,21 @@ func run(set settings) error {
 
 // results is nat.json.
 type results struct {
-	When        string          `json:"when"`
-	Go          string          `json:"go"`
-	CPUs        int             `json:"cpus"`
-	Machine     string          `json:"machine"`
-	Attempts    int             `json:"attempts_per_profile"`
-	TCPAttempts int             `json:"tcp_only_attempts_per_profile"`
-	WaitS       float64         `json:"attempt_bound_s"`
-	SizeBytes   int64           `json:"throughput_bytes"`
-	Reps        int             `json:"throughput_reps"`
-	DurationS   float64         `json:"run_time_s"`
-	Logs        string          `json:"child_logs"`
-	Profiles    []profileResult `json:"profiles"`
+	When        string  `json:"when"`
+	Go          string  `json:"go"`
+	CPUs        int     `json:"cpus"`
+	Machine     string  `json:"machine"`
+	Attempts    int     `json:"attempts_per_profile"`
+	TCPAttempts int     `json:"tcp_only_attempts_per_profile"`
+	WaitS       float64 `json:"attempt_bound_s"`
+	SizeBytes   int64   `json:"throughput_bytes"`
+	Reps        int     `json:"throughput_reps"`
+	// HostCores is each host's machine of known size (-machine-cores);
+	// 0: the hosts shared the whole machine with the NAT routers.
+	HostCores float64         `json:"host_machine_cores,omitempty"`
+	DurationS float64         `json:"run_time_s"`
+	Logs      string          `json:"child_logs"`
+	Profiles  []profileResult `json:"profiles"`
 }
 
 // profileResult is one NAT profile's figures.
@@ -408,23 +425,34 @@ func spawn(lab *netlab.Lab, exe, logDir, name string, site, idx int, role string
 	}
 	args = append([]string{"-role", role, "-ip", lab.IP(site, idx).String()}, args...)
 	cmd := exec.Command(exe, args...)
+	var machine *testnet.ByHand
+	if machineSize.Cores > 0 {
+		if machine, err = testnet.NewByHand(machineSize, "bench-nat", name); err != nil {
+			logf.Close()
+			return nil, reply{}, fmt.Errorf("%s's machine: %w", name, err)
+		}
+		cmd = machine.Command(exe, args...)
+	}
 	cmd.Stderr = logf
 	// Its own process group, killed with this process.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		logf.Close()
+		machine.Close()
 		return nil, reply{}, err
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		logf.Close()
+		machine.Close()
 		return nil, reply{}, err
 	}
 	// Forked from a thread inside the node's namespace: the child and
 	// every socket it opens live there.
 	if err := lab.Do(site, idx, cmd.Start); err != nil {
 		logf.Close()
+		machine.Close()
 		return nil, reply{}, fmt.Errorf("start %s: %w", name, err)
 	}
 	c := &child{name: name, cmd: cmd, stdin: stdin, lines: make(chan []byte, 4), done: make(chan struct{}), log: logPath}
@@ -439,6 +467,9 @@ func spawn(lab *netlab.Lab, exe, logDir, name string, site, idx int, role string
 	go func() {
 		cmd.Wait()
 		logf.Close()
+		if machine != nil {
+			machine.Close()
+		}
 		close(c.done)
 	}()
 	atExit(c.stop)
@@ -1466,7 +1497,12 @@ func report(res results) string {
 		for _, pa := range t.Paths {
 			bound = bound && pa.CPUOurs+pa.CPUOthers > 0.9
 		}
-		if bound {
+		if res.HostCores > 0 {
+			p("\nEvery host ran in an emulated machine of %g cores of its own (a cgroup CPU quota, testnet.ByHand), ", res.HostCores)
+			p("the NAT routers, the core and the link shaper outside them, as on a campus where the NAT is a box of its own: ")
+			p("the ratios compare the tunnel's paths on machines of that size, without the emulated routers' forwarding ")
+			p("charged to them (the kernel may still charge part of it to the sender's machine).\n")
+		} else if bound {
 			p("\nEvery path ran with the machine's cores busy (CPU ours + others above 90%%): the paths are CPU-bound, ")
 			p("so their ratios compare what each costs per byte here (the link shaper's share included), not link speeds. ")
 			p("*CPU others* includes kernel threads (ksoftirqd) that partly carry this benchmark's own packets.\n")
