@@ -176,13 +176,7 @@ func TestDirectRoundTrip(t *testing.T) {
 	connect(t, a, b)
 	p := newProxy(t)
 	p.route(a)
-	srv := serve(t, echo)
-	b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
-	addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closer.Close()
+	addr, _ := forwardEcho(t, a, b)
 	marker := []byte("TENSOR-BYTES-IN-THE-CLEAR")
 	data := make([]byte, 4<<20)
 	rand.Read(data)
@@ -354,13 +348,7 @@ func TestDirectFallsBackToStreams(t *testing.T) {
 	t.Run("no direct listener", func(t *testing.T) {
 		a, b := newNodeWith(t, 1), newNodeWith(t, 2, tunnel.WithDirect(false))
 		connect(t, a, b)
-		srv := serve(t, echo)
-		b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
-		addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer closer.Close()
+		addr, _ := forwardEcho(t, a, b)
 		if err := roundTrip(t, dial(t, addr), []byte("by stream")); err != nil {
 			t.Fatal(err)
 		}
@@ -379,13 +367,7 @@ func TestDirectFallsBackToStreams(t *testing.T) {
 			dials.Add(1)
 			return nil, errors.New("firewalled")
 		})
-		srv := serve(t, echo)
-		b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
-		addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer closer.Close()
+		addr, _ := forwardEcho(t, a, b)
 		for i := range 3 {
 			if err := roundTrip(t, dial(t, addr), []byte{byte(i)}); err != nil {
 				t.Fatal(err)
@@ -534,13 +516,7 @@ func TestDirectSetupDoesNotQueue(t *testing.T) {
 			st.Write(binary.BigEndian.AppendUint16(nil, uint16(pn)))
 			st.Close()
 		})
-		srv := serve(t, echo)
-		b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
-		addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer closer.Close()
+		addr, closer := forwardEcho(t, a, b)
 
 		// A connection with little time left asks for the port, and B is slow
 		// to answer.
@@ -595,13 +571,7 @@ func TestDirectSetupDoesNotQueue(t *testing.T) {
 			var d net.Dialer
 			return d.DialContext(ctx, "tcp", addr)
 		})
-		srv := serve(t, echo)
-		b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
-		addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer closer.Close()
+		addr, closer := forwardEcho(t, a, b)
 		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 		defer cancel()
 		if _, err := tunnel.OpenFar(ctx, closer); err == nil {
@@ -680,13 +650,7 @@ func TestDirectPunchedThroughANAT(t *testing.T) {
 	a, b := newNodeWith(t, 1), newNodeWith(t, 2)
 	tunnel.BehindNAT(b.tn)
 	connect(t, a, b)
-	srv := serve(t, echo)
-	b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
-	addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closer.Close()
+	addr, _ := forwardEcho(t, a, b)
 	data := make([]byte, 1<<20)
 	rand.Read(data)
 	for range 3 { // each connection punches anew: a 4-tuple serves one connection
@@ -745,4 +709,19 @@ func TestPunchRefusesStrangers(t *testing.T) {
 	if got := a.tn.Stats().Jobs[job]; got.Direct != 1 {
 		t.Fatalf("A: %+v, want its one connection punched and direct", got)
 	}
+}
+
+// forwardEcho serves an echo worker on b's machine, exposed to a, and
+// forwards to it from a: the address a's forward listens on, and the
+// forward, closed with the test.
+func forwardEcho(t *testing.T, a, b *node) (string, io.Closer) {
+	t.Helper()
+	srv := serve(t, echo)
+	b.tn.Expose(job, 1, srv.port(), []peer.ID{a.h.ID()})
+	addr, closer, err := a.tn.Forward(t.Context(), job, 1, b.h.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closer.Close() })
+	return addr, closer
 }
