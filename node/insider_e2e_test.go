@@ -356,11 +356,8 @@ func TestUnlaunchedCommitIsPaidFor(t *testing.T) {
 	if !l.exec.HasClaim(job) {
 		t.Fatal("the lapsed hold's receipt is not with the claim service")
 	}
-	eventually(t, 2*time.Minute, "the lender paid its receipt for the launch window", func() bool {
-		b, err := m.ledger.Balance(ctx, l.key.Address())
-		return err == nil && b >= before+need
-	})
-	// The run was charged here: it is not held again.
+	// The run is charged here: while its claim is pending it is not
+	// committed here again (its one receipt would cover both).
 	sealed, _ = p2p.Seal(m.insider, m.chain, p2p.TypeBid, &bid, 2, time.Now().Add(time.Minute))
 	if r, err := m.raw.reserve(ctx, l.Host().ID(), p2p.Reserve{Op: p2p.OpReserve, ID: "00000000000000a2", JobID: job, Res: res, TTL: 60,
 		Bidder: m.insider.PeerID().String(), Bid: sealed}); err != nil || !r.OK {
@@ -370,5 +367,9 @@ func TestUnlaunchedCommitIsPaidFor(t *testing.T) {
 		Receipt: &p2p.Receipt{Payee: payee, Amount: signed.Amount, Sig: signed.Sig}}); err != nil || r.OK {
 		t.Fatalf("a second commit of the charged run: %+v %v", r, err)
 	}
+	eventually(t, 2*time.Minute, "the lender paid its receipt for the launch window", func() bool {
+		b, err := m.ledger.Balance(ctx, l.key.Address())
+		return err == nil && b >= before+need
+	})
 	t.Logf("the lender was paid %s credits for a core held %s unlaunched", units.FormatCredits(need), within)
 }

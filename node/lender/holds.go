@@ -212,8 +212,9 @@ func (h *Holds) pruneStreaksLocked(now time.Time) {
 // the hold lapses, or the bidder releases it, unlaunched while the run's
 // escrow is open, the receipt goes to the claim service, which lodges it
 // against that escrow (after its settlement, or once it expires). A run
-// charged here once is not held here again: an honest bidder re-places a
-// run whose escrow is open as a new run.
+// charged here is not committed here again while its claim is pending
+// (the one receipt kept per run would cover both): an honest bidder
+// re-places a run whose escrow is open as a new run.
 type HoldCharges struct {
 	ChainID string
 	Payee   string // this machine's ledger address
