@@ -30,8 +30,8 @@ import (
 // itself after it) and payers have records; 5 since appeals are judged by
 // drawn referees and a settlement withholds what refused rounds would have
 // paid, burned when the escrow closes unless the referees uphold the
-// refusal.
-const AppVersion = 5
+// refusal; 6 since it withholds a forfeited machine's pay the same way.
+const AppVersion = 6
 
 // App is the ledger's ABCI application. It keeps the state in memory, for
 // reads, and in an authenticated store (an IAVL tree, store.go) whose root

@@ -333,4 +333,17 @@ func TestRefusingDoesNotPay(t *testing.T) {
 	if st := h.app.Snapshot(); st.Burned != credit+credit/2 {
 		t.Errorf("overturned: burned %d in all, want %d", st.Burned, credit+credit/2)
 	}
+
+	// A forfeit (a failed mark, no refused round) withholds too: burned.
+	open(job(4))
+	h.must(h.tx(n.payer, TypeSettle, &Settle{Job: job(4), Payments: []Payment{
+		{Machine: n.aa, Failed: true, Rounds: 10, Withheld: credit}, {Machine: n.apoor, Amount: credit / 10}}}))
+	payer = n.balance(n.payer)
+	h.closeWindows()
+	if got, want := n.balance(n.payer), payer+3*credit-credit/10-credit; got != want {
+		t.Errorf("forfeit: payer refunded %d, want %d (not the withheld credit)", got-payer, want-payer)
+	}
+	if st := h.app.Snapshot(); st.Burned != 2*credit+credit/2 {
+		t.Errorf("forfeit: burned %d in all, want %d", st.Burned, 2*credit+credit/2)
+	}
 }

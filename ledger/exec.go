@@ -418,8 +418,8 @@ func (s *State) settle(c *call, m *Settle) (effect, error) {
 		if p.Refused > p.Rounds || p.Rounds > MaxRounds {
 			return nil, reject(CodeMalformed, "machine %s: %d rounds refused of %d; want at most the rounds, and at most %d rounds", p.Machine, p.Refused, p.Rounds, MaxRounds)
 		}
-		if p.Withheld > 0 && p.Refused == 0 {
-			return nil, reject(CodeMalformed, "machine %s: %d withheld for no refused round", p.Machine, p.Withheld)
+		if p.Withheld > 0 && p.Refused == 0 && !p.Failed {
+			return nil, reject(CodeMalformed, "machine %s: %d withheld for no refused round and no forfeit", p.Machine, p.Withheld)
 		}
 		if withheld, ok = add(withheld, p.Withheld); !ok {
 			return nil, reject(CodeInvalidAmount, "withheld amounts overflow")

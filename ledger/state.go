@@ -108,7 +108,7 @@ type Escrow struct {
 	// decided or past its deadline.
 	Cases []Case `cbor:"cases,omitempty" json:"cases,omitempty"`
 	// Withheld is, per payee, what the settlement said its refused
-	// rounds would have paid (Payment.Withheld), by payee: burned when
+	// rounds or its forfeit would have paid (Payment.Withheld): burned when
 	// the escrow closes, less what an overturned appeal paid the payee,
 	// unless an appeal of its upheld the refusal.
 	Withheld []Withheld `cbor:"withheld,omitempty" json:"withheld,omitempty"`

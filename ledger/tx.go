@@ -159,11 +159,12 @@ type (
 		// machine's and the payer's records, apart from failures.
 		Rounds  uint32 `cbor:"rounds,omitempty"`
 		Refused uint32 `cbor:"refused,omitempty"`
-		// Withheld is what the machine's refused rounds would have paid
+		// Withheld is what the machine's refused rounds, or its pay
+		// forfeited to a failed spot check (Failed), would have paid
 		// beyond Amount: it stays in the escrow, and when the escrow
 		// closes it is burned, not refunded, unless referees upheld the
 		// refusal on the machine's appeal (overturned, the machine is paid
-		// from it). Refusing a round never pays its payer.
+		// from it). Refusing a round, or a forfeit, never pays its payer.
 		Withheld uint64 `cbor:"withheld,omitempty"`
 	}
 	// Settle pays each machine for time used and refunds the rest.

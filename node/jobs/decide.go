@@ -371,7 +371,10 @@ func ApplyAccounts(run *Run, acc map[string]HolderAccount) {
 			w.Forfeited, w.CheckFailure = true, p2p.Clip(a.CheckFailure, 200)
 		}
 		if w.Forfeited {
-			w.AcceptedSeconds, w.Dropped = 0, true
+			if w.AcceptedSeconds > 0 || w.HeldSeconds > 0 {
+				w.ForfeitedSeconds = max(w.ForfeitedSeconds, w.AcceptedSeconds+w.HeldSeconds)
+			}
+			w.AcceptedSeconds, w.HeldSeconds, w.Dropped = 0, 0, true
 		}
 	}
 }
@@ -462,10 +465,15 @@ func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment,
 		if w.State == p2p.WorkerFailed && !(run.Held() && w.Dropped) || (run.Held() && w.Forfeited) {
 			failed[w.Payee] = true
 		}
-		pay := Used(run, w, now)
-		if run.Held() && !w.Forfeited {
+		// Never less than its latest receipt: the machine would lodge it
+		// (a forfeit after it takes back only what is unreceipted).
+		pay := max(Used(run, w, now), w.Receipt)
+		switch {
+		case run.Held() && !w.Forfeited:
 			pay = max(pay, perHour(w.PerHour, time.Duration((w.AcceptedSeconds+w.HeldSeconds)*float64(time.Second))))
 			withheld[w.Payee] = satAdd(withheld[w.Payee], refusedShare(w, now, pay))
+		case run.Held():
+			withheld[w.Payee] = satAdd(withheld[w.Payee], forfeitedShare(run, w, now, pay))
 		}
 		owed[w.Payee] = satAdd(owed[w.Payee], pay)
 	}
@@ -486,7 +494,7 @@ func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment,
 	}
 	left := run.Escrow - min(total, run.Escrow)
 	for i := range pays {
-		if p := &pays[i]; p.Refused > 0 {
+		if p := &pays[i]; p.Refused > 0 || p.Failed {
 			p.Withheld = min(withheld[p.Machine], left)
 			left -= p.Withheld
 		}
@@ -510,6 +518,19 @@ func refusedShare(w *Worker, now time.Time, pay uint64) uint64 {
 	full := perHour(w.PerHour, ran)
 	share := perHour(w.PerHour, time.Duration(float64(ran)*float64(w.Refused)/float64(taken)))
 	return min(share, full-min(full, pay))
+}
+
+// forfeitedShare is what worker w, forfeited by its holder's spot check,
+// would have been paid beyond pay without the forfeit: the floor and its
+// accepted and held rounds (ForfeitedSeconds). A settlement withholds it:
+// the ledger burns it, so a forfeit the payer's holder declares saves the
+// payer nothing (referees cannot replay a spot check: nobody can uphold
+// one), and the worker is paid what its receipts covered.
+func forfeitedShare(run *Run, w *Worker, now time.Time, pay uint64) uint64 {
+	cleared := *w
+	cleared.Forfeited = false
+	full := max(FloorOf(run, &cleared, now), perHour(w.PerHour, time.Duration(w.ForfeitedSeconds*float64(time.Second))))
+	return full - min(full, pay)
 }
 
 // AnswerTo is what held run's holder has answered payee's workers so far

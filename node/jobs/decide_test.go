@@ -384,7 +384,7 @@ func TestPayPlanProperties(t *testing.T) {
 		}
 		// Each payment is its machine's exact share, in big integers:
 		// what it is owed (a lost machine its largest receipt, else the
-		// time its workers ran, at most 2^64-1), scaled to the escrow
+		// time its workers ran or its receipt if more, at most 2^64-1), scaled to the escrow
 		// when they add up to more, rounded down.
 		owed := map[string]*big.Int{}
 		for i := range run.Workers {
@@ -400,7 +400,7 @@ func TestPayPlanProperties(t *testing.T) {
 				}
 				continue
 			}
-			if o.Add(o, new(big.Int).SetUint64(Used(run, w, t0))); !o.IsUint64() {
+			if o.Add(o, new(big.Int).SetUint64(max(Used(run, w, t0), w.Receipt))); !o.IsUint64() {
 				o.SetUint64(math.MaxUint64)
 			}
 		}
@@ -486,7 +486,7 @@ func TestDecideProgress(t *testing.T) {
 // Refused rounds are counted, not marked, and what they would have paid
 // beyond the floor is withheld: the ledger burns it rather than refund it
 // (unless referees uphold the refusal), so the refusal saves the payer
-// nothing.
+// nothing; so is a forfeited worker's floor.
 func TestFloorRefusingDoesNotPay(t *testing.T) {
 	run := &Run{Holder: &Worker{}, Escrow: 1 << 40, Floor: 0.5, Workers: []Worker{
 		{Payee: "refused", PerHour: 3600, Started: t0.Add(-time.Hour), LastSeen: t0, Refused: 12, Dropped: true},
@@ -499,7 +499,7 @@ func TestFloorRefusingDoesNotPay(t *testing.T) {
 	pays, _ := PayPlan(run, nil, t0)
 	// The refused rounds go to the ledger as a statistic of their own.
 	want := []ledger.Payment{{Machine: "refused", Amount: 1800, Rounds: 12, Refused: 12, Withheld: 1800}, {Machine: "accepted", Amount: 3600, Rounds: 12},
-		{Machine: "forfeited", Failed: true, Rounds: 12}}
+		{Machine: "forfeited", Failed: true, Rounds: 12, Withheld: 1800}}
 	if !slices.Equal(pays, want) {
 		t.Errorf("pay plan %+v, want %+v", pays, want)
 	}
@@ -522,7 +522,7 @@ func TestDroppedIsNotACause(t *testing.T) {
 	pays, _ := PayPlan(run, nil, t0)
 	want := []ledger.Payment{{Machine: "dropped", Amount: 1800, Rounds: 3, Refused: 3, Withheld: 1800},
 		{Machine: "crashed", Amount: 2700, Failed: true, Rounds: 4, Refused: 1, Withheld: 900},
-		{Machine: "forfeited", Failed: true, Rounds: 3, Refused: 3}}
+		{Machine: "forfeited", Failed: true, Rounds: 3, Refused: 3, Withheld: 1800}}
 	if !slices.Equal(pays, want) {
 		t.Errorf("pay plan %+v, want %+v", pays, want)
 	}
@@ -559,11 +559,14 @@ func TestDecideHeld(t *testing.T) {
 	ApplyAccounts(run, map[string]HolderAccount{"0": {Accepted: 11, Seconds: 660, Forfeited: true, Dropped: true,
 		CheckFailure: "round 3 does not replay"}})
 	ApplyAccounts(run, map[string]HolderAccount{"0": {Accepted: 11, Seconds: 700}})
-	if w := run.Workers[0]; !w.Forfeited || w.AcceptedSeconds != 0 || !w.Dropped || w.CheckFailure != "round 3 does not replay" {
+	if w := run.Workers[0]; !w.Forfeited || w.AcceptedSeconds != 0 || w.ForfeitedSeconds != 700 || !w.Dropped ||
+		w.CheckFailure != "round 3 does not replay" {
 		t.Errorf("after a failed spot check: %+v", w)
 	}
-	if pays, total := PayPlan(run, nil, t0); total != 0 || !pays[0].Failed {
-		t.Errorf("pay plan after a failed spot check %+v (total %d): want nothing, A failed", pays, total)
+	// What it forfeited is withheld, not refunded: the payer's holder
+	// gains nothing by declaring a forfeit.
+	if pays, total := PayPlan(run, nil, t0); total != 0 || !pays[0].Failed || pays[0].Withheld != 700 {
+		t.Errorf("pay plan after a failed spot check %+v (total %d): want nothing paid, A failed, its 700 s withheld", pays, total)
 	}
 	run.Workers[0] = Worker{Payee: "A", PerHour: 3600, Started: t0.Add(-time.Hour), LastSeen: t0}
 	ApplyAccounts(run, map[string]HolderAccount{"0": {Accepted: 10, Seconds: 480, HeldSeconds: 120}})

@@ -120,11 +120,14 @@ type Worker struct {
 	Dropped bool `json:"dropped,omitempty"`
 	// With spot checks: the checks it passed; HeldSeconds, the accepted
 	// time whose pay is held back until it passes one; Forfeited, that it
-	// failed one (CheckFailure says how) and is paid nothing.
-	ChecksPassed int     `json:"checks_passed,omitempty"`
-	HeldSeconds  float64 `json:"held_seconds,omitempty"`
-	Forfeited    bool    `json:"forfeited,omitempty"`
-	CheckFailure string  `json:"check_failure,omitempty"`
+	// failed one (CheckFailure says how) and is paid nothing more;
+	// ForfeitedSeconds, the accepted and held seconds it had when it
+	// forfeited them (what the settlement withholds rather than refunds).
+	ChecksPassed     int     `json:"checks_passed,omitempty"`
+	HeldSeconds      float64 `json:"held_seconds,omitempty"`
+	Forfeited        bool    `json:"forfeited,omitempty"`
+	CheckFailure     string  `json:"check_failure,omitempty"`
+	ForfeitedSeconds float64 `json:"forfeited_seconds,omitempty"`
 	// Refusal names its last update the holder refused, by digest: what
 	// the payer's answers sign, and referees recompute.
 	Refusal *ledger.Refusal `json:"refusal,omitempty"`
@@ -144,9 +147,9 @@ type Run struct {
 	Started time.Time `json:"started,omitzero"`
 	Ended   time.Time `json:"ended,omitzero"`
 	Paid    uint64    `json:"paid"`
-	// Withheld is what the settlement withheld for refused rounds
-	// (ledger.Payment.Withheld): spent, burned when the escrow closes,
-	// unless referees uphold a refusal.
+	// Withheld is what the settlement withheld for refused rounds and
+	// forfeits (ledger.Payment.Withheld): spent, burned when the escrow
+	// closes, unless referees uphold a refusal.
 	Withheld  uint64    `json:"withheld,omitempty"`
 	Settled   bool      `json:"settled"`
 	SettleTx  string    `json:"settle_tx,omitempty"`

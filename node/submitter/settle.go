@@ -109,7 +109,7 @@ func (m *Manager) settle(ctx context.Context, j *job, k int, lost map[int]bool) 
 	m.save(j)
 	if tx != "" {
 		if withheld > 0 {
-			m.logf(j.ID, "settled: %s credits withheld for refused rounds: burned when the dispute window closes, not refunded, unless referees uphold a refusal",
+			m.logf(j.ID, "settled: %s credits withheld for refused rounds and forfeits: burned when the dispute window closes, not refunded, unless referees uphold a refusal",
 				units.FormatCredits(withheld))
 		}
 		m.logf(j.ID, "settled: paid %s credits to %s; %s come back when the escrow's dispute window closes, less any receipt a machine lodges (tx %s)",
