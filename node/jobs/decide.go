@@ -441,7 +441,7 @@ func RanUntil(w *Worker, now time.Time) time.Time {
 // ledger holds, the sum is at most the escrow, and no payment shrinks
 // when the escrow grows.
 func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment, total uint64) {
-	owed, withheld := map[string]uint64{}, map[string]uint64{}
+	owed, withheld, receipt := map[string]uint64{}, map[string]uint64{}, map[string]uint64{}
 	failed := map[string]bool{}
 	rounds, refused := map[string]uint32{}, map[string]uint32{}
 	var order []string
@@ -465,9 +465,8 @@ func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment,
 		if w.State == p2p.WorkerFailed && !(run.Held() && w.Dropped) || (run.Held() && w.Forfeited) {
 			failed[w.Payee] = true
 		}
-		// Never less than its latest receipt: the machine would lodge it
-		// (a forfeit after it takes back only what is unreceipted).
-		pay := max(Used(run, w, now), w.Receipt)
+		receipt[w.Payee] = max(receipt[w.Payee], w.Receipt)
+		pay := Used(run, w, now)
 		switch {
 		case run.Held() && !w.Forfeited:
 			pay = max(pay, perHour(w.PerHour, time.Duration((w.AcceptedSeconds+w.HeldSeconds)*float64(time.Second))))
@@ -476,6 +475,15 @@ func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment,
 			withheld[w.Payee] = satAdd(withheld[w.Payee], forfeitedShare(run, w, now, pay))
 		}
 		owed[w.Payee] = satAdd(owed[w.Payee], pay)
+	}
+	// Never less than a machine's latest receipt (its workers' together):
+	// it would lodge it. What that adds comes out of what is withheld, so
+	// a forfeit after a receipt takes back only what is unreceipted.
+	for p, r := range receipt {
+		if r > owed[p] {
+			withheld[p] -= min(withheld[p], r-owed[p])
+			owed[p] = r
+		}
 	}
 	var sum uint128
 	for _, p := range order {

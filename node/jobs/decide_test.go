@@ -384,7 +384,8 @@ func TestPayPlanProperties(t *testing.T) {
 		}
 		// Each payment is its machine's exact share, in big integers:
 		// what it is owed (a lost machine its largest receipt, else the
-		// time its workers ran or its receipt if more, at most 2^64-1), scaled to the escrow
+		// time its workers ran, at most 2^64-1, or its latest receipt if
+		// more), scaled to the escrow
 		// when they add up to more, rounded down.
 		owed := map[string]*big.Int{}
 		for i := range run.Workers {
@@ -400,8 +401,14 @@ func TestPayPlanProperties(t *testing.T) {
 				}
 				continue
 			}
-			if o.Add(o, new(big.Int).SetUint64(max(Used(run, w, t0), w.Receipt))); !o.IsUint64() {
+			if o.Add(o, new(big.Int).SetUint64(Used(run, w, t0))); !o.IsUint64() {
 				o.SetUint64(math.MaxUint64)
+			}
+		}
+		for i := range run.Workers {
+			w := &run.Workers[i]
+			if r := new(big.Int).SetUint64(w.Receipt); r.Cmp(owed[w.Payee]) > 0 {
+				owed[w.Payee].Set(r)
 			}
 		}
 		sum := new(big.Int)
@@ -502,6 +509,17 @@ func TestFloorRefusingDoesNotPay(t *testing.T) {
 		{Machine: "forfeited", Failed: true, Rounds: 12, Withheld: 1800}}
 	if !slices.Equal(pays, want) {
 		t.Errorf("pay plan %+v, want %+v", pays, want)
+	}
+	// Forfeited after a receipt for 1000 (two workers on one machine):
+	// paid that receipt once, and the rest of its 3000 s withheld.
+	run.Workers = []Worker{
+		{Payee: "late", PerHour: 3600, Started: t0.Add(-time.Hour), LastSeen: t0, Accepted: 5, Forfeited: true, ForfeitedSeconds: 3000, Receipt: 1000},
+		{Payee: "late", PerHour: 3600, Started: t0.Add(-time.Hour), LastSeen: t0, Accepted: 5, Forfeited: true, Receipt: 1000},
+	}
+	pays, _ = PayPlan(run, nil, t0)
+	want = []ledger.Payment{{Machine: "late", Amount: 1000, Failed: true, Rounds: 10, Withheld: 2000 + 1800}}
+	if !slices.Equal(pays, want) {
+		t.Errorf("pay plan after a receipt %+v, want %+v", pays, want)
 	}
 }
 
