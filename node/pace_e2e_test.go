@@ -252,7 +252,9 @@ func TestNewNodeCopiesTheOfferBook(t *testing.T) {
 }
 
 // memberKeys are n machine keys whose accounts genesis makes members, so
-// the ledger backs their machines.
+// the ledger backs their machines. Each runs a bare libp2p host, so that
+// the machine answers a node's check before its offer enters the book
+// (market.Vet); sealedOffer gives its address.
 func memberKeys(t *testing.T, n int) ([]*identity.Key, []identity.Address) {
 	t.Helper()
 	keys := make([]*identity.Key, n)
@@ -263,16 +265,28 @@ func memberKeys(t *testing.T, n int) ([]*identity.Key, []identity.Address) {
 			t.Fatal(err)
 		}
 		keys[i], members[i] = k, k.Address()
+		h, err := p2p.NewHost(p2p.HostParams{Key: k, Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Version: "machine"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
+		machineAddrs.Store(k.PeerID(), p2p.FullAddrs(h))
 	}
 	return keys, members
 }
 
+// machineAddrs are the addresses of memberKeys' machines, by peer ID.
+var machineAddrs sync.Map
+
 // sealedOffer is machine k's offer signed for chainID.
 func sealedOffer(t *testing.T, k *identity.Key, chainID, moniker string, seq uint64, exp time.Time) []byte {
 	t.Helper()
+	addrs := []string{"/ip4/127.0.0.1/tcp/9/p2p/" + k.PeerID().String()}
+	if a, ok := machineAddrs.Load(k.PeerID()); ok {
+		addrs = a.([]string)
+	}
 	o := &p2p.Offer{Machine: k.PeerID().String(), Owner: string(k.Address()), Moniker: moniker, Site: "lab-a",
-		Lent: p2p.Resources{Cores: 4, MemBytes: 8 << 30}, Addrs: []string{"/ip4/127.0.0.1/tcp/9/p2p/" + k.PeerID().String()},
-		Software: p2p.Software{OS: "linux"}}
+		Lent: p2p.Resources{Cores: 4, MemBytes: 8 << 30}, Addrs: addrs, Software: p2p.Software{OS: "linux"}}
 	data, err := p2p.Seal(k, chainID, p2p.TypeOffer, o, seq, exp)
 	if err != nil {
 		t.Fatal(err)

@@ -58,6 +58,9 @@ func registerBookMetrics(reg prometheus.Registerer, book *market.OfferBook) {
 		Namespace: "deepmarket", Name: "offers_held", Help: "Live offers this node holds from the market.",
 	}, func() float64 { return float64(len(book.List(time.Now()))) }))
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "deepmarket", Name: "offers_unanswered_total", Help: "Offers of new machines dropped because the machine did not answer this node's check.",
+	}, func() float64 { return float64(book.Unanswered()) }))
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: "deepmarket", Name: "offers_refused_total", Help: "Offers of new machines refused because the offer book was full (max_offers, max_offers_per_owner).",
 	}, func() float64 { return float64(book.Refused()) }))
 }
@@ -77,4 +80,23 @@ func serveBook(rpc *p2p.RPC, book *market.OfferBook, admission *lender.Admission
 func newBookSync(c Config, book *market.OfferBook, rpc *p2p.RPC, checker market.OfferChecker, log *slog.Logger) *market.BookSync {
 	return market.NewBookSync(market.BookSyncParams{Book: book, Books: p2p.BookClient{RPC: rpc},
 		Checker: checker, MaxOffers: c.Market.MaxOffers, Logger: log.With("module", "market")})
+}
+
+// vetMachines is the offer book's check of a new machine (market.Vet):
+// this host connects to it, at the addresses its offer gives (at most 8)
+// and any it knows already; the connection's handshake proves the
+// machine's key. This node's own machine passes.
+func vetMachines(h host.Host) market.Vet {
+	return func(ctx context.Context, machine peer.ID, addrs []string) error {
+		if machine == h.ID() {
+			return nil
+		}
+		info := peer.AddrInfo{ID: machine}
+		for _, a := range addrs[:min(len(addrs), 8)] {
+			if ai, err := peer.AddrInfoFromString(a); err == nil && ai.ID == machine {
+				info.Addrs = append(info.Addrs, ai.Addrs...)
+			}
+		}
+		return h.Connect(ctx, info)
+	}
 }

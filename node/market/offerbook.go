@@ -25,7 +25,8 @@ type HeldOffer struct {
 // admits only machines the ledger backs; the bounds keep a member with
 // many machines from crowding out the rest). A new machine past a bound
 // is refused until an offer lapses; machines already held keep their
-// place.
+// place. With a check set (SetVet), a new machine's offer enters only
+// once the machine has answered it (vet.go).
 type OfferBook struct {
 	mu       sync.Mutex
 	max      int
@@ -36,6 +37,7 @@ type OfferBook struct {
 	// offer arriving late cannot resurrect a withdrawn machine.
 	withdrawn map[peer.ID]uint64
 	refused   uint64
+	vetting
 }
 
 // NewOfferBook returns an empty book of at most max offers, perOwner of
@@ -50,6 +52,16 @@ func NewOfferBook(max, perOwner int) *OfferBook {
 func (b *OfferBook) Apply(rec *p2p.Received, now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if rec.Offer != nil && b.vet != nil {
+		if _, held := b.offers[rec.Signer]; !held {
+			return b.awaitLocked(rec, now)
+		}
+	}
+	return b.applyLocked(rec, now)
+}
+
+// applyLocked is Apply once the machine is checked; b.mu must be held.
+func (b *OfferBook) applyLocked(rec *p2p.Received, now time.Time) bool {
 	switch {
 	case rec.Offer != nil:
 		o := rec.Offer
