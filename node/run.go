@@ -152,6 +152,7 @@ func newHost(c Config, key *identity.Key, reg prometheus.Registerer, nat p2p.NAT
 	h, err := p2p.NewHost(p2p.HostParams{
 		Key: key, Listen: c.P2P.Listen, Version: Version, Site: c.Node.Site, Moniker: c.Node.Moniker,
 		ConnLow: c.P2P.ConnLow, ConnHigh: c.P2P.ConnHigh, Registerer: reg, NAT: nat, Logger: log.With("module", "p2p"),
+		Member: nat.Member, // strangers' inbound connections are limited per address
 	})
 	if err != nil && strings.Contains(err.Error(), "address already in use") {
 		return nil, fmt.Errorf("p2p listen %v: address already in use (set [p2p] listen in %s or pass --listen)", c.P2P.Listen, configPath)

@@ -49,6 +49,10 @@ type HostParams struct {
 	// Logger receives what Host.Close says when libp2p's close is stuck;
 	// nil means slog.Default().
 	Logger *slog.Logger
+	// Member says whether a peer is a machine the ledger backs: the
+	// inbound connections of everyone else are limited per IP address
+	// (strangerGate). Nil limits nobody.
+	Member func(peer.ID) bool
 }
 
 // NATParams configures libp2p's own NAT traversal (see NewHost).
@@ -170,6 +174,7 @@ func NewHost(p HostParams) (host.Host, error) {
 		libp2p.Security(libp2ptls.ID, libp2ptls.New),
 		libp2p.ResourceManager(rm),
 		libp2p.ConnectionManager(cm),
+		libp2p.ConnectionGater(nh.gater(p.Member)),
 		libp2p.Peerstore(ps),
 		libp2p.UserAgent(UserAgent(p.Version, p.Site, p.Moniker)),
 		libp2p.AddrsFactory(func(addrs []ma.Multiaddr) []ma.Multiaddr {

@@ -46,6 +46,7 @@ type Host struct {
 
 	mapped *mappingFilter // keeps unconfirmed NAT mappings out of what it advertises
 	punch  *puncher       // the hole punch service and its retries; nil when NAT traversal is off
+	gate   *strangerGate  // strangers' inbound connections per address; nil without HostParams.Member
 
 	log        *slog.Logger
 	closeOnce  sync.Once
