@@ -64,8 +64,8 @@ func newStrangerGate(member func(peer.ID) bool) *strangerGate {
 	return &strangerGate{member: member, addrs: map[netip.Addr]*gateAddr{}}
 }
 
-// remoteIP is the IP address a connection comes from; false for a relayed
-// one, or one without an IP.
+// remoteIP is the IP address a connection comes from (its /64 for IPv6);
+// false for a relayed one, or one without an IP.
 func remoteIP(c network.ConnMultiaddrs) (netip.Addr, bool) {
 	remote := c.RemoteMultiaddr()
 	if _, err := remote.ValueForProtocol(ma.P_CIRCUIT); err == nil {
@@ -76,7 +76,12 @@ func remoteIP(c network.ConnMultiaddrs) (netip.Addr, bool) {
 		return netip.Addr{}, false
 	}
 	a, ok := netip.AddrFromSlice(ip)
-	return a.Unmap(), ok
+	if a = a.Unmap(); ok && a.Is6() {
+		// A host holds a whole /64: its addresses count as one.
+		p, _ := a.Prefix(64)
+		a = p.Addr()
+	}
+	return a, ok
 }
 
 // addrLocked is ip's entry, made if new; g.mu must be held.
