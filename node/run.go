@@ -157,6 +157,9 @@ func newHost(c Config, key *identity.Key, reg prometheus.Registerer, nat p2p.NAT
 	if err != nil && strings.Contains(err.Error(), "address already in use") {
 		return nil, fmt.Errorf("p2p listen %v: address already in use (set [p2p] listen in %s or pass --listen)", c.P2P.Listen, configPath)
 	}
+	if ph, ok := h.(*p2p.Host); ok && err == nil {
+		registerStrangerMetrics(reg, ph)
+	}
 	return h, err
 }
 

@@ -100,3 +100,24 @@ func vetMachines(h host.Host) market.Vet {
 		return h.Connect(ctx, info)
 	}
 }
+
+// registerStrangerMetrics exports the strangers' connections the host
+// refused (p2p/gate.go): at accept, before a handshake, and after the
+// handshake that took their address over its budget.
+func registerStrangerMetrics(reg prometheus.Registerer, h *p2p.Host) {
+	if reg == nil {
+		return
+	}
+	for _, at := range []string{"accept", "handshake"} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "deepmarket", Name: "strangers_refused_total", ConstLabels: prometheus.Labels{"at": at},
+			Help: "Inbound connections of peers the ledger does not back refused because their address went over its budget.",
+		}, func() float64 {
+			accept, handshake := h.StrangersRefused()
+			if at == "accept" {
+				return float64(accept)
+			}
+			return float64(handshake)
+		}))
+	}
+}
