@@ -1,0 +1,175 @@
+package image
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+)
+
+// Cache keeps unpacked images on a lender, keyed by manifest digest, so
+// that an image is unpacked once for every job that runs in it. What it
+// holds stays within its bound (file bytes): the least recently used
+// images that no worker is using are evicted to make room, and an image
+// bigger than the whole bound is refused. Each image is a directory
+// "<hex>.rootfs" beside a "<hex>.json" of its size and last use, so a
+// restarted node finds what it unpacked.
+type Cache struct {
+	dir string
+	max int64
+	lim Limits
+
+	mu     sync.Mutex
+	images map[string]*cached // by manifest digest's hex
+}
+
+type cached struct {
+	Bytes int64     `json:"bytes"`
+	Used  time.Time `json:"used"`
+	inUse int
+}
+
+// OpenCache opens (making it if need be) the cache in dir, bounded at max
+// bytes; each image is unpacked within lim (and within max).
+func OpenCache(dir string, max int64, lim Limits) (*Cache, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	c := &Cache{dir: dir, max: max, lim: lim, images: map[string]*cached{}}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		n := e.Name()
+		switch {
+		case strings.HasSuffix(n, ".json"):
+			hex := strings.TrimSuffix(n, ".json")
+			var m cached
+			b, err := os.ReadFile(filepath.Join(dir, n))
+			if err == nil {
+				err = json.Unmarshal(b, &m)
+			}
+			if _, serr := os.Stat(filepath.Join(dir, hex+".rootfs")); err != nil || serr != nil {
+				c.remove(hex) // half of an image: a crash between its two halves
+				continue
+			}
+			c.images[hex] = &m
+		case strings.HasPrefix(n, "."): // an unpack a crash interrupted
+			os.RemoveAll(filepath.Join(dir, n))
+		}
+	}
+	for _, e := range entries {
+		if hex, ok := strings.CutSuffix(e.Name(), ".rootfs"); ok && c.images[hex] == nil {
+			os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
+	}
+	return c, nil
+}
+
+// Root returns the root filesystem of img, unpacking it first when the
+// cache does not hold it, and a release to call once the worker using it
+// is done: until then it is not evicted.
+func (c *Cache) Root(img v1.Image) (string, func(), error) {
+	d, err := img.Digest()
+	if err != nil {
+		return "", nil, fmt.Errorf("the image's manifest: %w", err)
+	}
+	hex := d.Hex
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.images[hex]
+	if m == nil {
+		lim := c.lim
+		lim.Bytes = min(lim.Bytes, c.max)
+		st, err := Unpack(img, filepath.Join(c.dir, hex+".rootfs"), lim)
+		if err != nil {
+			return "", nil, err
+		}
+		m = &cached{Bytes: st.Bytes}
+		c.images[hex] = m
+	}
+	m.Used = time.Now()
+	m.inUse++
+	if err := c.save(hex, m); err != nil {
+		m.inUse--
+		return "", nil, err
+	}
+	c.evictLocked()
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			c.mu.Lock()
+			m.inUse--
+			c.evictLocked()
+			c.mu.Unlock()
+		})
+	}
+	return filepath.Join(c.dir, hex+".rootfs"), release, nil
+}
+
+// Size is the file bytes the cache holds.
+func (c *Cache) Size() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sizeLocked()
+}
+
+func (c *Cache) sizeLocked() int64 {
+	var n int64
+	for _, m := range c.images {
+		n += m.Bytes
+	}
+	return n
+}
+
+// evictLocked removes the least recently used images not in use until
+// the cache is within its bound; c.mu must be held.
+func (c *Cache) evictLocked() {
+	if c.sizeLocked() <= c.max {
+		return
+	}
+	var idle []string
+	for hex, m := range c.images {
+		if m.inUse == 0 {
+			idle = append(idle, hex)
+		}
+	}
+	slices.SortFunc(idle, func(a, b string) int { return c.images[a].Used.Compare(c.images[b].Used) })
+	for _, hex := range idle {
+		if c.sizeLocked() <= c.max {
+			return
+		}
+		delete(c.images, hex)
+		c.remove(hex)
+	}
+}
+
+// save writes hex's record.
+func (c *Cache) save(hex string, m *cached) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(c.dir, "."+hex+".json")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(c.dir, hex+".json"))
+}
+
+// remove deletes hex's record first, then its files: a crash in between
+// leaves files without a record, which OpenCache removes.
+func (c *Cache) remove(hex string) {
+	err := os.Remove(filepath.Join(c.dir, hex+".json"))
+	if err == nil || errors.Is(err, os.ErrNotExist) {
+		os.RemoveAll(filepath.Join(c.dir, hex+".rootfs"))
+	}
+}
