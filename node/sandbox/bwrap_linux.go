@@ -51,6 +51,7 @@ func defaultHidden() []string {
 type bwrapView struct {
 	Dir      string
 	Cwd      string // where the job starts; Dir when empty
+	Root     string // an image's root filesystem, in place of the host's system dirs
 	ReadOnly []string
 	Hide     []string
 	GPUs     []int // the GPUs whose device nodes the job gets
@@ -75,6 +76,9 @@ func depth(p string) int { return strings.Count(filepath.Clean(p), "/") }
 func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 	args := append([]string{bwrap}, namespaceArgs(v.OwnNet)...)
 	sysArgs, visible := systemDirArgs()
+	if v.Root != "" {
+		sysArgs, visible = imageDirArgs(v.Root)
+	}
 	args = append(args, sysArgs...)
 	args = append(args, cgroupArgs(cgroupRoot, v.Cgroups)...)
 	args = append(args, deviceArgs(v.GPUs)...)
@@ -136,6 +140,80 @@ func systemDirArgs() (args, visible []string) {
 		}
 	}
 	return args, visible
+}
+
+// imageSkipped are an image's top-level entries the sandbox makes itself
+// (or leaves out): its /proc, /dev, /sys (the host's, read-only, for the
+// job's cgroup), /tmp and /var/tmp, and /run.
+var imageSkipped = []string{"proc", "dev", "sys", "tmp", "run"}
+
+// imageDirArgs bind the top-level entries of an image's root filesystem
+// read-only at /, symbolic links kept as such (a merged-/usr image's /bin
+// -> usr/bin), and the host's /sys. visible are the paths they bound.
+func imageDirArgs(root string) (args, visible []string) {
+	entries, _ := os.ReadDir(root)
+	for _, e := range entries {
+		name := e.Name()
+		if slices.Contains(imageSkipped, name) {
+			continue
+		}
+		src, dst := filepath.Join(root, name), "/"+name
+		fi, err := os.Lstat(src)
+		switch {
+		case err != nil:
+		case fi.Mode()&os.ModeSymlink != 0:
+			if target, err := os.Readlink(src); err == nil {
+				args = append(args, "--symlink", target, dst)
+			}
+		case fi.IsDir():
+			args = append(args, "--ro-bind", src, dst)
+			visible = append(visible, dst)
+		case fi.Mode().IsRegular():
+			args = append(args, "--ro-bind", src, dst)
+		}
+	}
+	if _, err := os.Stat("/sys"); err == nil {
+		args = append(args, "--ro-bind", "/sys", "/sys")
+	}
+	// Nothing of the host's is under the image's dirs: the host paths
+	// to hide there are not there to hide.
+	return args, []string{"/sys"}
+}
+
+// imageMountpoints makes, inside an image's root, the empty directories
+// (or files) the job's own mounts need where they fall under the image's
+// read-only dirs (its dir at its host path, /var/tmp, its read-only
+// paths): bwrap cannot make a mount point in a read-only bind. It works
+// through an os.Root, so an image's link cannot lead it out.
+func imageMountpoints(root string, targets []string) error {
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	for _, t := range targets {
+		rel := strings.TrimPrefix(filepath.Clean(t), "/")
+		top, _, _ := strings.Cut(rel, "/")
+		if rel == "" || slices.Contains(imageSkipped, top) {
+			continue
+		}
+		if _, err := r.Lstat(top); err != nil {
+			continue // not in the image: bwrap makes it in its own root
+		}
+		// A path not there yet (the job's dir, which Start makes) is a dir.
+		if fi, err := os.Stat(t); err != nil || fi.IsDir() {
+			err = r.MkdirAll(rel, 0o755)
+		} else if err = r.MkdirAll(filepath.Dir(rel), 0o755); err == nil {
+			var f *os.File
+			if f, err = r.OpenFile(rel, os.O_CREATE|os.O_RDONLY, 0o644); err == nil {
+				f.Close()
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("a mount point for %s in the image: %w", t, err)
+		}
+	}
+	return nil
 }
 
 // cgroupArgs replace, in the job's /sys, the host's cgroup tree at root

@@ -101,6 +101,14 @@ func checkSpec(s *Spec) (cwd string, err error) {
 			return "", fmt.Errorf("sandbox: read-only path: %w", err)
 		}
 	}
+	if s.Root != "" {
+		if fi, err := os.Stat(s.Root); err != nil || !fi.IsDir() || !filepath.IsAbs(s.Root) {
+			return "", fmt.Errorf("sandbox: image root %q is not an absolute directory (%v)", s.Root, err)
+		}
+		if err := imageMountpoints(s.Root, append([]string{s.Dir, "/var/tmp"}, s.ReadOnly...)); err != nil {
+			return "", fmt.Errorf("sandbox: %w", err)
+		}
+	}
 	return cwd, nil
 }
 
@@ -156,7 +164,11 @@ func (p *Process) newTrampolineConfig(bw, cwd string, filters int, cgroups map[s
 	for i := range filters {
 		scFDs = append(scFDs, firstSeccompFD+i)
 	}
-	view := bwrapView{Dir: s.Dir, Cwd: cwd, ReadOnly: s.ReadOnly, Hide: append(defaultHidden(), s.Hide...),
+	hide := append(defaultHidden(), s.Hide...)
+	if s.Root != "" {
+		hide = s.Hide // the host's homes and secrets are not in an image
+	}
+	view := bwrapView{Dir: s.Dir, Cwd: cwd, Root: s.Root, ReadOnly: s.ReadOnly, Hide: hide,
 		GPUs: s.Limits.GPUs, Cgroups: cgroups, OwnNet: s.NetNS == nil, SeccompFDs: scFDs}
 	return trampolineConfig{
 		UID: p.uid, GID: p.uid, FSize: s.Limits.DiskBytes, Dir: cwd,

@@ -86,6 +86,11 @@ type Spec struct {
 	// ReadOnly are extra paths the job may read (a Python environment).
 	// Each must pass CheckReadOnly.
 	ReadOnly []string
+	// Root, when set, is an image's unpacked root filesystem (node/image):
+	// the job sees its top-level directories, read-only, where it would
+	// see the host's system dirs (/usr, /bin, /lib, /etc, ...), and of the
+	// host only /sys (its own cgroup), its dir, its /tmp and ReadOnly.
+	Root string
 	// Hide are paths the job must not see, on top of every home under /home,
 	// /root and the secrets under /etc; pass the node's own home dir here.
 	// The more specific path wins when Hide and ReadOnly (or Dir) nest.
