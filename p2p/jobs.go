@@ -51,9 +51,13 @@ type Launch struct {
 	Bundle    string     `cbor:"bundle" json:"bundle_cid"`
 	Dataset   string     `cbor:"dataset,omitempty" json:"dataset_cid,omitempty"`
 	Resume    string     `cbor:"resume,omitempty" json:"resume_cid,omitempty"` // the chief's checkpoint output dir, on re-placement
-	Res       Resources  `cbor:"res" json:"resources"`
-	MaxSecs   int64      `cbor:"max_s" json:"max_duration_s"`
-	PerHour   uint64     `cbor:"per_hour" json:"per_hour"` // what this worker's machine is paid an hour
+	// Image is the CID of the job's environment, an OCI image layout
+	// directory (node/image): the worker runs in its root filesystem
+	// instead of this machine's system dirs and Python.
+	Image   string    `cbor:"image,omitempty" json:"image_cid,omitempty"`
+	Res     Resources `cbor:"res" json:"resources"`
+	MaxSecs int64     `cbor:"max_s" json:"max_duration_s"`
+	PerHour uint64    `cbor:"per_hour" json:"per_hour"` // what this worker's machine is paid an hour
 	// Floor is the share of PerHour the machine is paid for every hour its
 	// worker runs, whatever its rounds or progress (the bid's floor): its
 	// receipts cover at least that, or it stops the worker.
@@ -400,6 +404,8 @@ func (l *Launch) Validate() error {
 		return rangeErr("dataset CID %q", l.Dataset)
 	case l.Resume != "" && !cidRE.MatchString(l.Resume):
 		return rangeErr("resume CID %q", l.Resume)
+	case l.Image != "" && !cidRE.MatchString(l.Image):
+		return rangeErr("image CID %q", l.Image)
 	case l.MaxSecs <= 0 || l.MaxSecs > int64(MaxJobDuration/time.Second):
 		return rangeErr("max duration %ds", l.MaxSecs)
 	case l.Floor != 0 && !(l.Floor >= MinFloor && l.Floor <= 1):

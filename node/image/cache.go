@@ -39,7 +39,11 @@ type cached struct {
 // OpenCache opens (making it if need be) the cache in dir, bounded at max
 // bytes; each image is unpacked within lim (and within max).
 func OpenCache(dir string, max int64, lim Limits) (*Cache, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	// A job's uid passes through it to its image's root, and lists nothing.
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
 		return nil, err
 	}
 	c := &Cache{dir: dir, max: max, lim: lim, images: map[string]*cached{}}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -53,17 +54,22 @@ const (
 
 // File is a job spec as written in TOML.
 type File struct {
-	Name        string   `toml:"name" json:"name"`
-	Framework   string   `toml:"framework" json:"framework"`
-	Command     []string `toml:"command" json:"command"`
-	Bundle      string   `toml:"bundle" json:"bundle"`
-	Dataset     string   `toml:"dataset" json:"dataset,omitempty"`
-	Workers     int      `toml:"workers" json:"workers"`
-	Cores       int      `toml:"cores" json:"cores"`
-	Memory      string   `toml:"memory" json:"memory"`
-	GPUs        int      `toml:"gpus" json:"gpus,omitempty"`
-	MaxPrice    string   `toml:"max_price" json:"max_price"`
-	MaxDuration string   `toml:"max_duration" json:"max_duration"`
+	Name      string   `toml:"name" json:"name"`
+	Framework string   `toml:"framework" json:"framework"`
+	Command   []string `toml:"command" json:"command"`
+	Bundle    string   `toml:"bundle" json:"bundle"`
+	Dataset   string   `toml:"dataset" json:"dataset,omitempty"`
+	// Image, when set, is the job's environment: an OCI image layout
+	// directory or its CID (node/image). The workers run in its root
+	// filesystem instead of the lenders' own Python, and command[0] may
+	// be a program of the image by its absolute path.
+	Image       string `toml:"image" json:"image,omitempty"`
+	Workers     int    `toml:"workers" json:"workers"`
+	Cores       int    `toml:"cores" json:"cores"`
+	Memory      string `toml:"memory" json:"memory"`
+	GPUs        int    `toml:"gpus" json:"gpus,omitempty"`
+	MaxPrice    string `toml:"max_price" json:"max_price"`
+	MaxDuration string `toml:"max_duration" json:"max_duration"`
 	// Deadline (RFC 3339), when set, makes the job worth nothing if it
 	// would complete later.
 	Deadline string `toml:"deadline" json:"deadline,omitempty"`
@@ -107,6 +113,7 @@ type Spec struct {
 	Command     []string      `json:"command"`
 	Bundle      string        `json:"bundle"`
 	Dataset     string        `json:"dataset,omitempty"`
+	Image       string        `json:"image,omitempty"`
 	Workers     int           `json:"workers"`
 	Cores       int           `json:"cores"`
 	MemBytes    uint64        `json:"mem_bytes"`
@@ -207,7 +214,7 @@ func (f *File) validateWork(s *Spec) error {
 	case !Frameworks[f.Framework]:
 		return bad("framework", "%q: want tensorflow or generic", f.Framework)
 	}
-	if err := checkCommand(f.Command); err != nil {
+	if err := checkCommand(f.Command, f.Image != ""); err != nil {
 		return err
 	}
 	s.Command = f.Command
@@ -337,6 +344,14 @@ func (f *File) validateInputs(s *Spec, baseDir string) (err error) {
 	if s.Dataset, err = resolveInput("dataset", f.Dataset, baseDir, false); err != nil {
 		return err
 	}
+	if s.Image, err = resolveInput("image", f.Image, baseDir, false); err != nil {
+		return err
+	}
+	if s.Image != "" && !IsCID(s.Image) {
+		if _, err := os.Stat(filepath.Join(s.Image, "index.json")); err != nil {
+			return bad("image", "%s is not an OCI image layout (no index.json): give the layout directory or its CID", s.Image)
+		}
+	}
 	if t := s.Training; t != nil && t.Validation != "" {
 		v, err := resolveFile("training.validation", t.Validation, baseDir)
 		if err != nil {
@@ -344,6 +359,9 @@ func (f *File) validateInputs(s *Spec, baseDir string) (err error) {
 		}
 		c := *t // the spec's block is the caller's
 		c.Validation, s.Training = v, &c
+	}
+	if s.Image != "" && path.IsAbs(s.Command[0]) {
+		return nil // a program of the image: the lender finds it there
 	}
 	if err := checkProgram(s.Command[0], s.Bundle); err != nil {
 		return err
@@ -364,8 +382,9 @@ func (f *File) validateInputs(s *Spec, baseDir string) (err error) {
 
 // checkCommand refuses paths that reach outside the bundle: the command
 // runs in the bundle's directory on a machine that is not the
-// submitter's.
-func checkCommand(cmd []string) error {
+// submitter's. In an image (inImage), command[0] may name a program of
+// the image by its absolute path.
+func checkCommand(cmd []string, inImage bool) error {
 	if len(cmd) == 0 {
 		return bad("command", "missing: the program and its arguments, such as [\"python3\", \"train.py\"]")
 	}
@@ -375,6 +394,9 @@ func checkCommand(cmd []string) error {
 	for i, a := range cmd {
 		if a == "" || strings.ContainsRune(a, 0) || len(a) > 4096 {
 			return bad("command", "argument %d is empty, too long or holds a NUL byte", i)
+		}
+		if i == 0 && inImage && path.IsAbs(a) && !strings.Contains(a, "/../") {
+			continue
 		}
 		if looksLikePath(a) {
 			clean := filepath.Clean(a)

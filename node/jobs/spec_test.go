@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -243,5 +244,34 @@ func TestExampleJobSpecValidates(t *testing.T) {
 	}
 	if s.Workers != 2 || s.Framework != "tensorflow" || filepath.Base(s.Bundle) != "fashion-mnist" {
 		t.Errorf("example spec: %+v", s)
+	}
+}
+
+// TestSpecImage: image names an OCI image layout directory or a CID; a
+// directory that is not a layout is refused, naming the key. In an image
+// command[0] may be a program of the image by its absolute path; without
+// one, such a path reaches outside the bundle and is refused.
+func TestSpecImage(t *testing.T) {
+	dir := bundleDir(t)
+	layoutDir := filepath.Join(dir, "img")
+	os.MkdirAll(layoutDir, 0o755)
+	abs := strings.Replace(good, `command = ["python3", "train.py", "--epochs", "2"]`, `command = ["/usr/bin/python3", "train.py"]`, 1)
+	if _, err := ParseSpec([]byte(abs), dir); err == nil || !strings.Contains(err.Error(), "command") {
+		t.Errorf("an absolute program without an image: %v", err)
+	}
+	_, err := ParseSpec([]byte(abs+"image = \"img\"\n"), dir)
+	if se := (*SpecError)(nil); err == nil || !errors.As(err, &se) || se.Field() != "image" || !strings.Contains(err.Error(), "index.json") {
+		t.Errorf("an image directory that is not a layout: %v", err)
+	}
+	os.WriteFile(filepath.Join(layoutDir, "index.json"), []byte(`{"schemaVersion":2,"manifests":[]}`), 0o644)
+	if s, err := ParseSpec([]byte(abs+"image = \"img\"\n"), dir); err != nil || s.Image != layoutDir || s.Command[0] != "/usr/bin/python3" {
+		t.Errorf("an image layout and a program of it: %v %+v", err, s)
+	}
+	cid := "bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi"
+	if s, err := ParseSpec([]byte(abs+"image = \""+cid+"\"\n"), dir); err != nil || s.Image != cid {
+		t.Errorf("an image by CID: %v %+v", err, s)
+	}
+	if _, err := ParseSpec([]byte(strings.Replace(abs, `"/usr/bin/python3"`, `"/usr/../etc/x"`, 1)+"image = \"img\"\n"), dir); err == nil {
+		t.Error("a program path climbing with .. in an image was taken")
 	}
 }

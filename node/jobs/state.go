@@ -188,6 +188,7 @@ type Job struct {
 	Spec       Spec      `json:"spec"`
 	BundleCID  string    `json:"bundle_cid"`
 	DatasetCID string    `json:"dataset_cid,omitempty"`
+	ImageCID   string    `json:"image_cid,omitempty"`
 	State      State     `json:"state"`
 	Reason     string    `json:"reason,omitempty"`
 	Submitter  string    `json:"submitter"`

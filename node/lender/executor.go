@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/deepmarket/deepmarket/identity"
+	"github.com/deepmarket/deepmarket/node/image"
 	"github.com/deepmarket/deepmarket/node/sandbox"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/p2p/tunnel"
@@ -73,7 +75,9 @@ type Executor struct {
 	ids       sandbox.IDRange
 	keep      time.Duration // how long logs and dirs of ended workers stay
 	tunnels   *tunnel.Service
-	python    string
+	// images are the jobs' environments, unpacked once each (node/image).
+	images *image.Cache
+	python string
 	// tag ends this node's sandbox names: nodes sharing a machine share
 	// the cgroup parent, and one must never take another's sandbox for its
 	// own leftover.
@@ -126,6 +130,7 @@ type worker struct {
 	log      *workerLog
 	lease    *sandbox.Lease // its uid, held until nothing of the job is left
 	cancel   context.CancelFunc
+	image    string // its image's root filesystem, when its launch names one
 	stopping bool
 	wantCkpt bool
 	closers  []func()
@@ -202,6 +207,13 @@ type ExecutorParams struct {
 	Logger     *slog.Logger
 }
 
+// Jobs' images: unpacked under the work area (which a job's uid may only
+// pass through), within imageCacheBytes of files in all.
+const (
+	imagesDir       = "images"
+	imageCacheBytes = 32 << 30
+)
+
 // NewExecutor prepares the work area; Run serves until ctx ends.
 func NewExecutor(p ExecutorParams) (*Executor, error) {
 	if strings.Contains(p.Python, "/") {
@@ -219,6 +231,10 @@ func NewExecutor(p ExecutorParams) (*Executor, error) {
 	if err != nil {
 		return nil, err
 	}
+	images, err := image.OpenCache(filepath.Join(p.Dir, imagesDir), imageCacheBytes, image.DefaultLimits)
+	if err != nil {
+		return nil, fmt.Errorf("the image cache: %w", err)
+	}
 	id := p.Host.ID().String()
 	minFloor := p.MinFloor
 	if minFloor == 0 {
@@ -227,7 +243,7 @@ func NewExecutor(p ExecutorParams) (*Executor, error) {
 	e := &Executor{log: p.Logger, self: id, account: p.Account, chainID: p.ChainID, minFloor: minFloor, refusedStop: p.RefusedStop, store: p.Store, blocks: p.Blocks, ledger: p.Ledger, committed: p.Committed,
 		holds: p.Holds, lent: p.GPUs, dial: p.Dialer, home: p.Home, cpuPool: p.CPUs, shareCPUs: p.ShareCPUs,
 		dir: p.Dir, root: root, logs: logs, ids: ids, keep: p.KeepLogs,
-		python: p.Python, tunnels: tunnel.New(p.Host, p.ChainID, p.Logger.With("module", "tunnel")),
+		python: p.Python, images: images, tunnels: tunnel.New(p.Host, p.ChainID, p.Logger.With("module", "tunnel")),
 		tag: id[len(id)-8:], workers: map[string]*worker{}, nets: map[string]*runNet{}, cpus: map[int]string{}, gpus: map[int]string{},
 		claims: newClaims(p.Ledger, p.Store, string(p.Account), p.Logger.With("module", "claims"))}
 	e.claims.failedHere = e.failedHere

@@ -42,7 +42,7 @@ func (e *Executor) CanHold(command []string) error {
 	if err := e.Capable(); err != nil {
 		return err
 	}
-	argv, inBundle, err := e.program(command)
+	argv, inBundle, err := e.program(command, false)
 	if err != nil || inBundle {
 		return err
 	}

@@ -178,14 +178,14 @@ func (e *Executor) checkInputs(l p2p.Launch) error {
 	if err := l.Training.ValidateInputs(); err != nil {
 		return err
 	}
-	for _, c := range []string{l.Bundle, l.Dataset, l.Resume} {
+	for _, c := range []string{l.Bundle, l.Dataset, l.Resume, l.Image} {
 		if c != "" {
 			if _, err := cid.Decode(c); err != nil {
 				return fmt.Errorf("CID %q: %w", c, err)
 			}
 		}
 	}
-	_, _, err := e.program(l.Command)
+	_, _, err := e.program(l.Command, l.Image != "")
 	return err
 }
 
@@ -288,12 +288,16 @@ func (e *Executor) pickCPUs(key string, n int) ([]int, error) {
 
 // program is what runs a job's command here: an interpreter name lenders
 // offer (python3) becomes this machine's interpreter; anything else must
-// be a file of the bundle, named relative to it (inBundle).
-func (e *Executor) program(cmd []string) (argv []string, inBundle bool, err error) {
+// be a file of the bundle, named relative to it (inBundle). In an image
+// (inImage), an interpreter's name or an absolute path is the image's.
+func (e *Executor) program(cmd []string, inImage bool) (argv []string, inBundle bool, err error) {
 	if len(cmd) == 0 {
 		return nil, false, errors.New("empty command")
 	}
 	argv = slices.Clone(cmd)
+	if inImage && (jobs.IsInterpreter(cmd[0]) || filepath.IsAbs(cmd[0])) {
+		return argv, false, nil // the image's own, found in its PATH or at its path
+	}
 	if jobs.IsInterpreter(cmd[0]) {
 		argv[0] = e.python
 		return argv, false, nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ipfs/go-cid"
 
+	"github.com/deepmarket/deepmarket/node/image"
 	"github.com/deepmarket/deepmarket/node/sandbox"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/storage"
@@ -185,13 +186,46 @@ func (e *Executor) fetchInputs(ctx context.Context, w *worker) error {
 			return fmt.Errorf("fetch checkpoint: %w", err)
 		}
 	}
+	if l.Image != "" {
+		// The layout comes into the worker's dir, root's still, and goes
+		// once the cache holds its root filesystem.
+		layout := filepath.Join(w.dir, "image")
+		if err := fetch(l.Image, layout); err != nil {
+			return fmt.Errorf("fetch image: %w", err)
+		}
+		err := e.takeImage(w, layout)
+		if rerr := e.root.RemoveAll(filepath.Join(w.name, "image")); err == nil {
+			err = rerr
+		}
+		return err
+	}
+	return nil
+}
+
+// takeImage opens the image layout at dir and takes its root filesystem
+// from the cache, unpacking it there first when it is new (every layer
+// checked against its digest, a hostile one refused): the worker runs in
+// it, and the cache keeps it until the worker is done.
+func (e *Executor) takeImage(w *worker, dir string) error {
+	img, err := image.Open(dir)
+	if err != nil {
+		return fmt.Errorf("image %s: %w", w.l.Image, err)
+	}
+	root, release, err := e.images.Root(img)
+	if err != nil {
+		return fmt.Errorf("image %s: %w", w.l.Image, err)
+	}
+	w.set(func() {
+		w.image = root
+		w.closers = append(w.closers, release)
+	})
 	return nil
 }
 
 // prepareProgram is the worker's argv, its program made executable when
 // it is a file of the bundle.
 func (e *Executor) prepareProgram(w *worker) ([]string, error) {
-	argv, inBundle, err := e.program(w.l.Command)
+	argv, inBundle, err := e.program(w.l.Command, w.l.Image != "")
 	if err == nil && inBundle {
 		err = e.makeRunnable(w.name, argv[0])
 	}
@@ -229,7 +263,7 @@ func (e *Executor) buildEnv(w *worker) []string {
 		env = append(env, frameworkEnv(l.Framework, l.Index, addrs)...)
 	}
 	path := "/usr/local/bin:/usr/bin:/bin"
-	if e.python != "" && strings.Contains(e.python, "/") {
+	if e.python != "" && strings.Contains(e.python, "/") && l.Image == "" {
 		// python3 in the command is the configured environment's.
 		path = filepath.Dir(e.python) + ":" + path
 	}
@@ -276,7 +310,7 @@ func (e *Executor) takeLogAndUID(w *worker) (*workerLog, *sandbox.Lease, error) 
 // environment, and never sees the node's home.
 func (e *Executor) sandboxSpec(w *worker, argv, env []string, jl *workerLog, ns *sandbox.NetNS, uid int) sandbox.Spec {
 	l := w.l
-	return sandbox.Spec{
+	spec := sandbox.Spec{
 		Name: w.box, Dir: w.dir, Cwd: filepath.Join(w.dir, "bundle"),
 		Argv: argv, Env: env, Stdout: jl, Stderr: jl, NetNS: ns, UID: uid,
 		Limits: sandbox.Limits{
@@ -286,6 +320,10 @@ func (e *Executor) sandboxSpec(w *worker, argv, env []string, jl *workerLog, ns 
 		ReadOnly: readOnlyFor(e.python),
 		Hide:     []string{e.home},
 	}
+	if w.image != "" { // its own environment: none of this machine's
+		spec.Root, spec.ReadOnly = w.image, nil
+	}
+	return spec
 }
 
 // workerDiskBytes bounds a worker's dir, and what the node reads of its

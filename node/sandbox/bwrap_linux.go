@@ -194,8 +194,8 @@ func imageMountpoints(root string, targets []string) error {
 	for _, t := range targets {
 		rel := strings.TrimPrefix(filepath.Clean(t), "/")
 		top, _, _ := strings.Cut(rel, "/")
-		if rel == "" || slices.Contains(imageSkipped, top) {
-			continue
+		if rel == "" || slices.Contains(imageSkipped, top) || strings.HasPrefix(rel, "var/tmp/") {
+			continue // the job's own /tmp and /var/tmp are bound first: bwrap makes these there
 		}
 		if _, err := r.Lstat(top); err != nil {
 			continue // not in the image: bwrap makes it in its own root

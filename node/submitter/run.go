@@ -122,7 +122,7 @@ func (m *Manager) conclude(j *job, k int, end jobs.RunEnd) bool {
 	return false
 }
 
-// addInputs adds the bundle and dataset directories to storage.
+// addInputs adds the bundle, dataset and image directories to storage.
 func (m *Manager) addInputs(ctx context.Context, j *job) error {
 	add := func(what, v string) (string, error) {
 		if v == "" || jobs.IsCID(v) {
@@ -143,6 +143,10 @@ func (m *Manager) addInputs(ctx context.Context, j *job) error {
 	if err != nil {
 		return err
 	}
+	img, err := add("image", j.Spec.Image)
+	if err != nil {
+		return err
+	}
 	if t := j.Spec.Training; t != nil && t.Validation != "" {
 		v, err := add("validation batch", t.Validation)
 		if err != nil {
@@ -151,7 +155,7 @@ func (m *Manager) addInputs(ctx context.Context, j *job) error {
 		c := *t // the bid and the launches carry its address
 		c.Validation, j.Spec.Training = v, &c
 	}
-	j.BundleCID, j.DatasetCID = b, d
+	j.BundleCID, j.DatasetCID, j.ImageCID = b, d, img
 	m.save(j)
 	if !m.move(j, jobs.Quoting, "") {
 		return errors.New("internal: cannot quote")
@@ -163,7 +167,7 @@ func (m *Manager) addInputs(ctx context.Context, j *job) error {
 // before its workers, which reach it as soon as they start.
 func (m *Manager) startHolder(j *job, run *jobs.Run, world []string, addrs [][]string) error {
 	l := p2p.Launch{JobID: run.ID, Index: len(world), World: world, Addrs: addrs, Framework: j.Spec.Framework,
-		Command: j.Spec.Command, Bundle: j.BundleCID, Dataset: j.DatasetCID,
+		Command: j.Spec.Command, Bundle: j.BundleCID, Dataset: j.DatasetCID, Image: j.ImageCID,
 		Res:     p2p.Resources{Cores: 1, MemBytes: j.Spec.MemBytes},
 		MaxSecs: int64(j.Spec.MaxDuration / time.Second), Training: j.Spec.Training}
 	if err := m.p.Holders.Hold(l); err != nil {
@@ -202,7 +206,7 @@ func (m *Manager) launch(ctx context.Context, j *job, k int, resume string) erro
 	g, gctx := errgroup.WithContext(ctx)
 	for i, w := range run.Workers {
 		l := p2p.Launch{JobID: run.ID, Index: i, World: world, Addrs: addrs, Hold: w.Hold, Framework: j.Spec.Framework,
-			Command: j.Spec.Command, Bundle: j.BundleCID, Dataset: j.DatasetCID,
+			Command: j.Spec.Command, Bundle: j.BundleCID, Dataset: j.DatasetCID, Image: j.ImageCID,
 			Res:     p2p.Resources{Cores: uint32(j.Spec.Cores), MemBytes: j.Spec.MemBytes, GPUs: uint32(j.Spec.GPUs)},
 			MaxSecs: int64(j.Spec.MaxDuration / time.Second), PerHour: w.PerHour, Floor: j.Spec.Floor, Training: j.Spec.Training}
 		if i == 0 {
