@@ -74,7 +74,7 @@ The home directory is --home, else $DEEPMARKET_HOME, else ~/.deepmarket.`,
 	})
 	root.AddCommand(
 		newInitCmd(c), newNodeCmd(c), newKeysCmd(c), newStatusCmd(c), newLendCmd(c),
-		newOffersCmd(c), newPeersCmd(c), newBidsCmd(c), newLedgerCmd(c), newDataCmd(c), newPricesCmd(c), newQuoteCmd(c), newSimCmd(c), newSubmitCmd(c), newJobsCmd(c), newLogsCmd(c), newCancelCmd(c), newTestnetCmd(c), newUICmd(c), newVersionCmd(c),
+		newOffersCmd(c), newPeersCmd(c), newBidsCmd(c), newLedgerCmd(c), newDataCmd(c), newEnvCmd(c), newPricesCmd(c), newQuoteCmd(c), newSimCmd(c), newSubmitCmd(c), newJobsCmd(c), newLogsCmd(c), newCancelCmd(c), newTestnetCmd(c), newUICmd(c), newVersionCmd(c),
 	)
 	return root
 }
