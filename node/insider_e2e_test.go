@@ -176,7 +176,7 @@ func (m *insiderMarket) offerFakes(t testing.TB, keys []*identity.Key, hole *bla
 		}
 	}
 	full := uint64(min(len(keys), perOwnerBound))
-	eventually(t, 90*time.Second, "every node to check the insider's machines and drop them", func() bool {
+	eventually(t, 3*time.Minute, "every node to check the insider's machines and drop them", func() bool {
 		publish()
 		for _, n := range m.nodes() {
 			if n.book.Unanswered() < full {

@@ -16,6 +16,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/submitter"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -88,8 +89,8 @@ func newBookSync(c Config, book *market.OfferBook, rpc *p2p.RPC, checker market.
 // machine's key. This node's own machine passes.
 func vetMachines(h host.Host) market.Vet {
 	return func(ctx context.Context, machine peer.ID, addrs []string) error {
-		if machine == h.ID() {
-			return nil
+		if machine == h.ID() || h.Network().Connectedness(machine) == network.Connected {
+			return nil // this machine, or one connected already: its key is proven
 		}
 		info := peer.AddrInfo{ID: machine}
 		for _, a := range addrs[:min(len(addrs), 8)] {

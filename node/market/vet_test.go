@@ -15,7 +15,8 @@ import (
 
 // TestNewMachinesAreCheckedFirst: with a check set, a new machine's offer
 // enters the book only once the machine answered it; one that does not
-// answer stays out, and its offers are not checked again for vetBackoff;
+// answer is checked vetTries times, then its offer is dropped, and its
+// offers are not checked again for a while (backoff, shortened here);
 // while checks are under way, one owner's waiting offers count against
 // its per-owner bound; a machine already in the book is not checked
 // again for its next offer.
@@ -31,6 +32,7 @@ func TestNewMachinesAreCheckedFirst(t *testing.T) {
 		}
 		return nil
 	})
+	book.backoff = 50 * time.Millisecond // tries 50 and 100 ms apart, then none for 200 ms
 	offer := func(id peer.ID, owner string, seq uint64) *p2p.Received {
 		return &p2p.Received{Signer: id, Seq: seq, Expiry: now.Add(time.Hour),
 			Offer: &p2p.Offer{Machine: id.String(), Owner: owner, Lent: p2p.Resources{Cores: 1}}}
@@ -52,10 +54,13 @@ func TestNewMachinesAreCheckedFirst(t *testing.T) {
 	if !held(real) || held(fake) || book.Unanswered() != 1 {
 		t.Fatalf("after the checks: real held %v, fake held %v, %d unanswered; want the real machine only", held(real), held(fake), book.Unanswered())
 	}
-	book.Apply(offer(fake, "b", 2), now.Add(time.Second))
-	book.Apply(offer(real, "a", 2), now.Add(time.Second))
-	time.Sleep(50 * time.Millisecond)
-	if n := checks.Load(); n != 2 || held(fake) || book.Unanswered() != 2 {
+	if n := checks.Load(); n != 1+vetTries {
+		t.Errorf("%d checks: want the real machine's and %d of the fake's", n, vetTries)
+	}
+	book.Apply(offer(fake, "b", 2), time.Now())
+	book.Apply(offer(real, "a", 2), time.Now())
+	time.Sleep(10 * time.Millisecond)
+	if n := checks.Load(); n != 1+vetTries || held(fake) || book.Unanswered() != 2 {
 		t.Errorf("%d checks, fake held %v, %d unanswered: want the fake's next offer dropped unchecked, the real one's applied", n, held(fake), book.Unanswered())
 	}
 
