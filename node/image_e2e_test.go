@@ -1,76 +1,16 @@
 package node
 
 import (
-	"archive/tar"
-	"bytes"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
-
 	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/image/imagetest"
 	"github.com/deepmarket/deepmarket/node/jobs"
 )
-
-// shellLayout writes an OCI image layout of a tiny image: the host's
-// /bin/sh and the libraries it loads, a /var, and /etc/image-marker.
-func shellLayout(t *testing.T) string {
-	t.Helper()
-	out, err := exec.Command("ldd", "/bin/sh").Output()
-	if err != nil {
-		t.Fatalf("ldd /bin/sh: %v", err)
-	}
-	files := map[string]string{"bin/sh": "/bin/sh"}
-	for _, p := range regexp.MustCompile(`(/\S+\.so[.0-9]*)`).FindAllString(string(out), -1) {
-		files[strings.TrimPrefix(p, "/")] = p
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	add := func(h tar.Header, body []byte) {
-		h.Size = int64(len(body))
-		if err := tw.WriteHeader(&h); err != nil {
-			t.Fatal(err)
-		}
-		tw.Write(body)
-	}
-	for name, host := range files {
-		b, err := os.ReadFile(host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		add(tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o755}, b)
-	}
-	add(tar.Header{Name: "var/lib/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
-	add(tar.Header{Name: "etc/image-marker", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("from-the-image\n"))
-	tw.Close()
-	data := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(empty.Image, l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(t.TempDir(), "image")
-	p, err := layout.Write(dir, empty.Index)
-	if err == nil {
-		err = p.AppendImage(img)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
 
 // TestJobsRunInTheirImage: a job names its environment, an OCI image
 // layout directory, in its spec. The submitter adds it to storage with
@@ -88,7 +28,7 @@ func TestJobsRunInTheirImage(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(bundle, "README"), []byte("the job's files"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	img := shellLayout(t)
+	img := imagetest.Layout(t, imagetest.Shell(t, []string{"var/lib"}, map[string]string{"etc/image-marker": "from-the-image\n"}))
 	run := func(name string) *jobs.Job {
 		spec := jobs.File{Name: name, Framework: "generic", Image: img, Bundle: bundle,
 			Command: []string{"/bin/sh", "-c", `read m < /etc/image-marker; echo "marker=$m"; read r < README; echo "bundle=$r"

@@ -8,10 +8,10 @@ import (
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/deepmarket/deepmarket/node/image/imagetest"
 )
 
 // TestEnvAddCLI: one image, as a docker-save tarball and as an OCI
@@ -26,14 +26,7 @@ func TestEnvAddCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	digest, _ := img.Digest()
-	dir := filepath.Join(t.TempDir(), "oci")
-	p, err := layout.Write(dir, empty.Index)
-	if err == nil {
-		err = p.AppendImage(img)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := imagetest.Layout(t, img)
 	tarPath := filepath.Join(t.TempDir(), "train.tar")
 	ref, _ := name.ParseReference("lab/train:1")
 	if err := tarball.WriteToFile(tarPath, ref, img); err != nil {

@@ -11,10 +11,9 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/deepmarket/deepmarket/node/image/imagetest"
 )
 
 // entry is one tar entry of a test layer.
@@ -52,31 +51,14 @@ func layerOf(t *testing.T, entries ...entry) v1.Layer {
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	data := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
+	return imagetest.LayerOf(t, buf.Bytes())
 }
 
 // imageOf is an image of layers, written as an OCI layout directory
 // (its path returned) the way `env add` would be given one.
 func imageOf(t *testing.T, layers ...v1.Layer) string {
 	t.Helper()
-	img, err := mutate.AppendLayers(empty.Image, layers...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(t.TempDir(), "oci")
-	p, err := layout.Write(dir, empty.Index)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.AppendImage(img); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return imagetest.Layout(t, imagetest.Image(t, layers...))
 }
 
 func unpack(t *testing.T, src string, lim Limits) (string, Stats, error) {

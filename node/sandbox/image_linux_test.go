@@ -1,67 +1,23 @@
 package sandbox
 
 import (
-	"archive/tar"
 	"bytes"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
-
 	"github.com/deepmarket/deepmarket/node/image"
+	"github.com/deepmarket/deepmarket/node/image/imagetest"
 )
 
 // shellImage unpacks, under base, an image holding the host's /bin/sh and
-// the libraries it loads (as regular files, at their paths), a /var
-// without tmp, base's top directory (empty), and /etc/image-marker; it
-// returns the image's root.
+// the libraries it loads, a /var without tmp, base's top directory
+// (empty), and /etc/image-marker; it returns the image's root.
 func shellImage(t *testing.T, base string) string {
 	t.Helper()
-	out, err := exec.Command("ldd", "/bin/sh").Output()
-	if err != nil {
-		t.Fatalf("ldd /bin/sh: %v", err)
-	}
-	files := map[string]string{"bin/sh": "/bin/sh"}
-	for _, p := range regexp.MustCompile(`(/\S+\.so[.0-9]*)`).FindAllString(string(out), -1) {
-		files[strings.TrimPrefix(p, "/")] = p
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	add := func(h tar.Header, body []byte) {
-		h.Size = int64(len(body))
-		if err := tw.WriteHeader(&h); err != nil {
-			t.Fatal(err)
-		}
-		tw.Write(body)
-	}
-	for name, host := range files {
-		b, err := os.ReadFile(host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		add(tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o755}, b)
-	}
-	add(tar.Header{Name: "var/lib/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
 	top, _, _ := strings.Cut(strings.TrimPrefix(base, "/"), "/")
-	add(tar.Header{Name: top + "/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
-	add(tar.Header{Name: "etc/image-marker", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("from-the-image\n"))
-	tw.Close()
-	data := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(empty.Image, l)
-	if err != nil {
-		t.Fatal(err)
-	}
+	img := imagetest.Shell(t, []string{"var/lib", top}, map[string]string{"etc/image-marker": "from-the-image\n"})
 	root := filepath.Join(base, "rootfs")
 	if _, err := image.Unpack(img, root, image.DefaultLimits); err != nil {
 		t.Fatal(err)
