@@ -126,6 +126,9 @@ type ExecutorConfig struct {
 	// root: a node confined to a cgroup of its own (a container, a
 	// machine of known size on a shared host) names one under it.
 	CgroupParent string `toml:"cgroup_parent"`
+	// ImageCache bounds the jobs' images unpacked under the work dir
+	// (a size: "32GiB"); the least recently used go first.
+	ImageCache string `toml:"image_cache"`
 }
 
 // NodeConfig names the node and its network.
@@ -276,7 +279,7 @@ func DefaultConfig() Config {
 		},
 		Inventory: InventoryConfig{Python: "python3"},
 		Executor: ExecutorConfig{UIDRange: sandbox.DefaultIDRange, KeepLogs: Duration{7 * 24 * time.Hour},
-			CgroupParent: sandbox.DefaultCgroupParent},
+			CgroupParent: sandbox.DefaultCgroupParent, ImageCache: "32GiB"},
 		Prices:    PricesConfig{CoreHour: "0.1", MemGiBHour: "0.02", GPUHour: "1"},
 		Scheduler: SchedulerConfig{Quote: true, Subset: market.SubsetAll, Nearest: 16},
 		Log:       LogConfig{Level: "info", Format: "text", Libp2pLevel: "warn"},

@@ -140,6 +140,9 @@ keep_logs = {{lit .Executor.KeepLogs}}
 # A node that runs in a cgroup of its own (a container, or a slice with a CPU
 # quota) names one under it, so that its workers count against its limits.
 cgroup_parent = {{lit .Executor.CgroupParent}}
+# The most that the jobs' images (OCI, unpacked once each under work_dir) may
+# take; the least recently used image no worker is using goes first.
+image_cache = {{lit .Executor.ImageCache}}
 
 [jobs]
 # How long a submitted job's escrow outlives its max_duration: the time this

@@ -45,4 +45,11 @@ func TestConfigCannotWidenTheSandbox(t *testing.T) {
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "[executor] keep_logs") {
 		t.Errorf("keep_logs = 0: %v", err)
 	}
+	for _, size := range []string{"", "1KiB", "lots"} {
+		c := base
+		c.Executor.ImageCache = size
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "[executor] image_cache") {
+			t.Errorf("image_cache = %q: %v", size, err)
+		}
+	}
 }

@@ -300,6 +300,9 @@ func (c ExecutorConfig) validate() error {
 	if err := sandbox.CheckCgroupParent(c.CgroupParent); err != nil {
 		return fmt.Errorf("[executor] cgroup_parent = %q: %w", c.CgroupParent, err)
 	}
+	if n, err := units.ParseSize(c.ImageCache); err != nil || n < 64<<20 {
+		return fmt.Errorf("[executor] image_cache = %q: want a size of at least 64MiB, such as \"32GiB\" (%v)", c.ImageCache, err)
+	}
 	return nil
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/sandbox"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/storage"
+	"github.com/deepmarket/deepmarket/units"
 )
 
 // The node's wiring of the lender's room (package node/lender): what this
@@ -119,7 +120,8 @@ func newExecutor(c Config, d executorDeps) (*lender.Executor, error) {
 	}
 	return lender.NewExecutor(lender.ExecutorParams{
 		Dir: dir, Python: c.Inventory.Python, Home: d.home.Dir, UIDRange: c.Executor.UIDRange,
-		KeepLogs: c.Executor.KeepLogs.Duration, CPUs: c.Executor.CPUs, ShareCPUs: c.Executor.ShareCPUs, ChainID: c.Node.ChainID,
+		ImageCache: imageCacheBytes(c.Executor.ImageCache),
+		KeepLogs:   c.Executor.KeepLogs.Duration, CPUs: c.Executor.CPUs, ShareCPUs: c.Executor.ShareCPUs, ChainID: c.Node.ChainID,
 		MinFloor: c.Lend.MinFloor, RefusedStop: c.Lend.RefusedStop, DisputeWindow: time.Duration(d.params.DisputeWindow) * time.Second,
 		Host: d.host, Account: d.key.Address(), Store: d.store, Blocks: d.blocks, Ledger: d.ledger, Committed: d.committed,
 		Holds: d.holds, GPUs: d.lender, Dialer: d.dialer, Registerer: d.reg, Logger: d.log,
@@ -161,3 +163,13 @@ var ownerSample func() (lender.CPUSample, error)
 // ownerInput is when the owner last typed at a terminal: nil,
 // lender.LastTTYInput; a test's synthetic owner does not type.
 var ownerInput func() time.Time
+
+// imageCacheBytes is [executor] image_cache in bytes (validated with the
+// config; 0, the executor's default, if it does not parse).
+func imageCacheBytes(size string) int64 {
+	n, err := units.ParseSize(size)
+	if err != nil {
+		return 0
+	}
+	return int64(min(n, 1<<62))
+}

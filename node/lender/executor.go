@@ -177,7 +177,10 @@ type ExecutorParams struct {
 	Home     string        // the node's home dir, which jobs never see
 	UIDRange string        // the uids workers run as ([executor] uid_range)
 	KeepLogs time.Duration // how long ended workers' logs and dirs stay
-	CPUs     []int         // the CPUs workers may be pinned to (all when empty)
+	// ImageCache bounds the jobs' unpacked images ([executor] image_cache);
+	// 0: 32 GiB.
+	ImageCache int64
+	CPUs       []int // the CPUs workers may be pinned to (all when empty)
 	// ShareCPUs pins no worker: the CPU quota alone holds each to its cores.
 	ShareCPUs bool
 	ChainID   string
@@ -208,7 +211,8 @@ type ExecutorParams struct {
 }
 
 // Jobs' images: unpacked under the work area (which a job's uid may only
-// pass through), within imageCacheBytes of files in all.
+// pass through), within imageCacheBytes of files in all unless
+// ExecutorParams.ImageCache says.
 const (
 	imagesDir       = "images"
 	imageCacheBytes = 32 << 30
@@ -231,7 +235,11 @@ func NewExecutor(p ExecutorParams) (*Executor, error) {
 	if err != nil {
 		return nil, err
 	}
-	images, err := image.OpenCache(filepath.Join(p.Dir, imagesDir), imageCacheBytes, image.DefaultLimits)
+	cacheBytes := p.ImageCache
+	if cacheBytes <= 0 {
+		cacheBytes = imageCacheBytes
+	}
+	images, err := image.OpenCache(filepath.Join(p.Dir, imagesDir), cacheBytes, image.DefaultLimits)
 	if err != nil {
 		return nil, fmt.Errorf("the image cache: %w", err)
 	}
