@@ -85,7 +85,7 @@ func TestAnnouncePaceStretchesWithTheMarket(t *testing.T) {
 	peerNode := startNode(t, homes[1], pace, withBootstrap(node.addr()))
 	observer := newRawPeer(t, ctx, chain, node)
 	topic, sub := observer.join(t, p2p.OffersTopic(chain))
-	eventually(t, 10*time.Second, "the observer on the lender's offers topic", func() bool { return len(topic.ListPeers()) > 0 })
+	eventually(t, 30*time.Second, "the observer on the lender's offers topic", func() bool { return len(topic.ListPeers()) > 0 })
 	// The TensorFlow probe's end re-announces at once too (on a busy
 	// machine it ends tens of seconds after start); count from after it.
 	eventually(t, 100*time.Second, "the lender's inventory probe", func() bool { return !node.Inventory().Probing })
@@ -193,7 +193,7 @@ func TestNewNodeCopiesTheOfferBook(t *testing.T) {
 	first := startNode(t, homes[0])
 	pub := newRawPeer(t, ctx, chain, first)
 	topic, _ := pub.join(t, p2p.OffersTopic(chain))
-	eventually(t, 10*time.Second, "the machines' peer on the first node's offers topic", func() bool { return len(topic.ListPeers()) > 0 })
+	eventually(t, 30*time.Second, "the machines' peer on the first node's offers topic", func() bool { return len(topic.ListPeers()) > 0 })
 	for i, k := range keys {
 		announceAs(t, topic, k, sealedOffer(t, k, chain, fmt.Sprint("lab", i), 1, time.Now().Add(time.Hour)))
 	}
@@ -265,7 +265,7 @@ func memberKeys(t *testing.T, n int) ([]*identity.Key, []identity.Address) {
 			t.Fatal(err)
 		}
 		keys[i], members[i] = k, k.Address()
-		h, err := p2p.NewHost(p2p.HostParams{Key: k, Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Version: "machine"})
+		h, err := p2p.NewHost(p2p.HostParams{Key: k, Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Version: "machine", NAT: p2p.NATParams{Off: true}})
 		if err != nil {
 			t.Fatal(err)
 		}
