@@ -47,7 +47,7 @@ func (c *machineCalls) learnAddrs(machine peer.ID, addrs []string) {
 // apply r.
 func (c *machineCalls) reserve(ctx context.Context, machine peer.ID, addrs []string, r p2p.Reserve) (p2p.ReserveReply, error) {
 	if machine == c.host.ID() {
-		return c.desk.Apply(machine, &r, time.Now()), nil
+		return c.desk.Apply(ctx, machine, &r, time.Now()), nil
 	}
 	c.learnAddrs(machine, addrs)
 	var reply p2p.ReserveReply

@@ -43,17 +43,38 @@ func holdLoop(maxPrice uint64, commit bool) func(t testing.TB, m *insiderMarket)
 		var lastReason atomic.Value
 		job := jobIDOf(m.chain + fmt.Sprint("insider", maxPrice))
 		res := p2p.Resources{Cores: 1, MemBytes: 1 << 30}
+		// Its bid, gossiped (machines hold only for bids seen on the
+		// market) and sealed afresh every 20 s.
+		var mu sync.Mutex
+		var sealed []byte
+		var sealedAt time.Time
+		current := func() ([]byte, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if time.Since(sealedAt) < 20*time.Second {
+				return sealed, nil
+			}
+			bid := p2p.Bid{JobID: job, Submitter: string(m.insider.Address()), Workers: 1, PerWorker: res, MaxPrice: maxPrice,
+				Duration: 60, Framework: "generic", Floor: p2p.DefaultFloor}
+			s, err := p2p.Seal(m.insider, m.chain, p2p.TypeBid, &bid, uint64(time.Now().UnixNano()), time.Now().Add(time.Minute))
+			if err == nil {
+				err = m.raw.publishBid(t.Context(), s)
+			}
+			if err != nil {
+				return nil, err
+			}
+			sealed, sealedAt = s, time.Now()
+			return sealed, nil
+		}
 		for _, l := range m.lenders {
 			wg.Go(func() {
-				for seq := uint64(1); ; seq++ {
+				for {
 					select {
 					case <-done:
 						return
 					case <-time.After(200 * time.Millisecond):
 					}
-					bid := p2p.Bid{JobID: job, Submitter: string(m.insider.Address()), Workers: 1, PerWorker: res, MaxPrice: maxPrice,
-						Duration: 60, Framework: "generic", Floor: p2p.DefaultFloor}
-					sealed, err := p2p.Seal(m.insider, m.chain, p2p.TypeBid, &bid, uint64(time.Now().UnixNano()), time.Now().Add(time.Minute))
+					sealed, err := current()
 					if err != nil {
 						t.Error(err)
 						return

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -82,9 +83,21 @@ const (
 
 func startInsiderMarket(t testing.TB, lenderOpts ...nodeOpt) *insiderMarket {
 	t.Helper()
+	return startInsiderMarketOf(t, nil, lenderOpts...)
+}
+
+// noQuotes has a node answer no bids: in a test of what machines grant the
+// insider's own hold requests, the honest schedulers would otherwise place
+// its (gossiped, funded) bids and hold the cores first.
+func noQuotes(c *Config) { c.Scheduler.Quote = false }
+
+// startInsiderMarketOf is startInsiderMarket with every node started with
+// opts too.
+func startInsiderMarketOf(t testing.TB, opts []nodeOpt, lenderOpts ...nodeOpt) *insiderMarket {
+	t.Helper()
 	perOwner := func(c *Config) { c.Market.MaxOffersPerOwner = perOwnerBound }
-	c := startJobClusterWith(t, genericPython(t), 2, api.LendRequest{Cores: 1, MemBytes: 1 << 30}, []nodeOpt{perOwner},
-		append([]nodeOpt{perOwner}, lenderOpts...)...)
+	c := startJobClusterWith(t, genericPython(t), 2, api.LendRequest{Cores: 1, MemBytes: 1 << 30}, append([]nodeOpt{perOwner}, opts...),
+		append(append([]nodeOpt{perOwner}, opts...), lenderOpts...)...)
 	m := &insiderMarket{jobCluster: c, chain: c.sub.cfg.Node.ChainID, bundle: sleepBundle(t)}
 	ctx := t.Context()
 	var err error
@@ -298,7 +311,7 @@ func TestLinkedFakeMachinesCannotFailAnHonestJob(t *testing.T) {
 func TestUnlaunchedCommitIsPaidFor(t *testing.T) {
 	t.Parallel()
 	const within = 10 * time.Second
-	m := startInsiderMarket(t, func(c *Config) { c.Market.LaunchWithin = Duration{within} })
+	m := startInsiderMarketOf(t, []nodeOpt{noQuotes}, func(c *Config) { c.Market.LaunchWithin = Duration{within} })
 	ctx := t.Context()
 	l := m.lenders[0]
 	payee := string(l.key.Address())
@@ -318,6 +331,9 @@ func TestUnlaunchedCommitIsPaidFor(t *testing.T) {
 		Duration: 600, Framework: "generic", Floor: p2p.DefaultFloor}
 	sealed, err := p2p.Seal(m.insider, m.chain, p2p.TypeBid, &bid, 1, time.Now().Add(time.Minute))
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.raw.publishBid(ctx, sealed); err != nil {
 		t.Fatal(err)
 	}
 	holdID := "00000000000000a1"
@@ -361,6 +377,9 @@ func TestUnlaunchedCommitIsPaidFor(t *testing.T) {
 	// The run is charged here: while its claim is pending it is not
 	// committed here again (its one receipt would cover both).
 	sealed, _ = p2p.Seal(m.insider, m.chain, p2p.TypeBid, &bid, 2, time.Now().Add(time.Minute))
+	if err := m.raw.publishBid(ctx, sealed); err != nil {
+		t.Fatal(err)
+	}
 	if r, err := m.raw.reserve(ctx, l.Host().ID(), p2p.Reserve{Op: p2p.OpReserve, ID: "00000000000000a2", JobID: job, Res: res, TTL: 60,
 		Bidder: m.insider.PeerID().String(), Bid: sealed}); err != nil || !r.OK {
 		t.Fatalf("the insider's second hold: %+v %v", r, err)
@@ -374,4 +393,106 @@ func TestUnlaunchedCommitIsPaidFor(t *testing.T) {
 		return err == nil && b >= before+need
 	})
 	t.Logf("the lender was paid %s credits for a core held %s unlaunched", units.FormatCredits(need), within)
+}
+
+// TestOneBalanceBacksHoldsAcrossTheMarket: a member asks two machines to
+// hold capacity, each for a bid of its own that its whole balance covers.
+// Each machine alone would grant it; but every machine counts the bids it
+// has seen on the market against the account's balance, so only the
+// earlier bid holds anywhere: the later one is refused, or, when both
+// requests race their bids' gossip, its hold is dropped once its machine
+// sees the earlier bid. A bid handed to a machine without being gossiped
+// holds nothing.
+func TestOneBalanceBacksHoldsAcrossTheMarket(t *testing.T) {
+	t.Parallel()
+	m := startInsiderMarketOf(t, []nodeOpt{noQuotes})
+	ctx := t.Context()
+	balance, err := m.ledger.Balance(ctx, m.insider.Address())
+	if err != nil || balance == 0 {
+		t.Fatalf("the insider's balance: %d %v", balance, err)
+	}
+	res := p2p.Resources{Cores: 1, MemBytes: 1 << 30}
+	seq := uint64(time.Now().UnixNano())
+	bidFor := func(name string, ttl time.Duration) (string, []byte) {
+		job := jobIDOf(m.chain + name)
+		bid := p2p.Bid{JobID: job, Submitter: string(m.insider.Address()), Workers: 1, PerWorker: res, MaxPrice: balance,
+			Duration: 60, Framework: "generic", Floor: p2p.DefaultFloor}
+		seq++
+		sealed, err := p2p.Seal(m.insider, m.chain, p2p.TypeBid, &bid, seq, time.Now().Add(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return job, sealed
+	}
+	hold := func(l *testNode, id, job string, sealed []byte) p2p.ReserveReply {
+		r, err := m.raw.reserve(ctx, l.Host().ID(), p2p.Reserve{Op: p2p.OpReserve, ID: id, JobID: job, Res: res, TTL: 10,
+			Bidder: m.insider.PeerID().String(), Bid: sealed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	holdsOf := func(l *testNode, job string) int {
+		n := 0
+		for _, h := range l.holds.List(time.Now()) {
+			if h.Job == job {
+				n++
+			}
+		}
+		return n
+	}
+	l0, l1 := m.lenders[0], m.lenders[1]
+
+	// A bid never gossiped.
+	job, sealed := bidFor("unseen", time.Minute)
+	if r := hold(l0, "00000000000000b0", job, sealed); r.OK || !strings.Contains(r.Reason, "not been seen on the market") {
+		t.Fatalf("a hold for a bid never gossiped: %+v", r)
+	}
+
+	// One after the other: the second bid is refused on the other machine.
+	// These two bids live 15 s on the market.
+	live := time.Now().Add(15 * time.Second)
+	first, sealed1 := bidFor("first", 15*time.Second)
+	second, sealed2 := bidFor("second", 15*time.Second)
+	for _, s := range [][]byte{sealed1, sealed2} {
+		if err := m.raw.publishBid(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := hold(l0, "00000000000000b1", first, sealed1); !r.OK {
+		t.Fatalf("the first bid's hold: %+v", r)
+	}
+	if r := hold(l1, "00000000000000b2", second, sealed2); r.OK || !strings.Contains(r.Reason, "more than its balance") {
+		t.Fatalf("the second bid's hold, on another machine: %+v", r)
+	}
+	eventually(t, 30*time.Second, "the first hold to lapse", func() bool { return holdsOf(l0, first) == 0 })
+	time.Sleep(time.Until(live)) // and the two bids to leave the market
+
+
+	// Racing the gossip: both holds asked at once, each machine waiting
+	// for its bid; the later bid is gossiped first, the earlier half a
+	// second after, so the later one's machine has seen only its own.
+	third, sealed3 := bidFor("third", time.Minute)
+	fourth, sealed4 := bidFor("fourth", time.Minute)
+	var wg sync.WaitGroup
+	var r3, r4 p2p.ReserveReply
+	wg.Go(func() { r3 = hold(l0, "00000000000000b3", third, sealed3) })
+	wg.Go(func() { r4 = hold(l1, "00000000000000b4", fourth, sealed4) })
+	time.Sleep(200 * time.Millisecond)
+	if err := m.raw.publishBid(ctx, sealed4); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := m.raw.publishBid(ctx, sealed3); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	t.Logf("racing holds: the earlier bid's %+v, the later bid's %+v", r3, r4)
+	if !r3.OK {
+		t.Fatalf("the earlier bid's hold: %+v", r3)
+	}
+	eventually(t, 5*time.Second, "the later bid's hold to be gone", func() bool { return holdsOf(l1, fourth) == 0 })
+	if holdsOf(l0, third) != 1 {
+		t.Fatal("the earlier bid's hold went too")
+	}
 }

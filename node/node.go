@@ -49,16 +49,19 @@ type Node struct {
 	ledger    *ledger.Client
 	blocks    *storage.Store
 	holds     *lender.Holds
-	admission *lender.Admission
-	desk      *lender.Desk
-	links     *p2p.LinkMeter
-	rpc       *p2p.RPC
-	calls     *machineCalls
-	quotes    *submitter.QuoteBook
-	quoter    *quoter.Quoter
-	exec      *lender.Executor
-	jobs      *submitter.Manager
-	reads     lender.LedgerReads
+	// commitments are the bids seen on the market, counted against
+	// their accounts' balances before this machine holds for one.
+	commitments *lender.Commitments
+	admission   *lender.Admission
+	desk        *lender.Desk
+	links       *p2p.LinkMeter
+	rpc         *p2p.RPC
+	calls       *machineCalls
+	quotes      *submitter.QuoteBook
+	quoter      *quoter.Quoter
+	exec        *lender.Executor
+	jobs        *submitter.Manager
+	reads       lender.LedgerReads
 	// machines is reads for the relay service's goroutines, which ask
 	// before the ledger has started.
 	machines atomic.Pointer[lenderReads]

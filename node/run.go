@@ -249,7 +249,7 @@ func (n *Node) startMarket(psCtx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	n.lender, n.holds, n.desk, n.links = l.lender, l.holds, l.desk, l.links
+	n.lender, n.holds, n.commitments, n.desk, n.links = l.lender, l.holds, l.commitments, l.desk, l.links
 	n.admission.SetPrices(func() (p2p.Prices, bool) {
 		st := n.lender.State(time.Now())
 		if !st.Offering || st.Settings == nil || st.Settings.Price == nil {
@@ -335,6 +335,7 @@ func (g firstWins) Gather() ([]*dto.MetricFamily, error) {
 func (n *Node) runServices(gctx context.Context, g *errgroup.Group, disc *p2p.Discovery, server *api.Server, ln net.Listener) {
 	self := string(n.key.Address())
 	n.book.SetVet(gctx, vetMachines(n.host))
+	onConnect(n.host, n.book, n.market)
 	g.Go(func() error { return disc.Run(gctx) })
 	g.Go(func() error { return n.peers.Run(gctx) })
 	g.Go(func() error {
@@ -347,6 +348,7 @@ func (n *Node) runServices(gctx context.Context, g *errgroup.Group, disc *p2p.Di
 	g.Go(func() error {
 		return n.gossip.Bids().Run(gctx, func(r *p2p.Received) {
 			n.bids.Add(r, time.Now())
+			sawBid(n.commitments, n.holds, n.reads, r, time.Now(), n.log.With("module", "holds"))
 			if n.cfg.Scheduler.Quote { // else this node answers no bids
 				n.quoter.Queue(r)
 			}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,6 +29,9 @@ type rawPeer struct {
 	key *identity.Key
 	rpc *p2p.RPC
 	ps  *pubsub.PubSub
+
+	mu     sync.Mutex
+	topics map[string]*pubsub.Topic
 }
 
 func newRawPeer(t testing.TB, ctx context.Context, chain string, connect ...*testNode) *rawPeer {
@@ -57,12 +61,12 @@ func newRawPeerWith(t testing.TB, ctx context.Context, chain string, k *identity
 			t.Fatal(err)
 		}
 	}
-	return &rawPeer{key: k, rpc: &p2p.RPC{Host: h, Key: k, ChainID: chain}, ps: ps}
+	return &rawPeer{key: k, rpc: &p2p.RPC{Host: h, Key: k, ChainID: chain}, ps: ps, topics: map[string]*pubsub.Topic{}}
 }
 
 func (p *rawPeer) join(t testing.TB, topic string) (*pubsub.Topic, *pubsub.Subscription) {
 	t.Helper()
-	tp, err := p.ps.Join(topic)
+	tp, err := p.topic(topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,6 +75,37 @@ func (p *rawPeer) join(t testing.TB, topic string) (*pubsub.Topic, *pubsub.Subsc
 		t.Fatal(err)
 	}
 	return tp, sub
+}
+
+// topic joins name once.
+func (p *rawPeer) topic(name string) (*pubsub.Topic, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if tp, ok := p.topics[name]; ok {
+		return tp, nil
+	}
+	tp, err := p.ps.Join(name)
+	if err != nil {
+		return nil, err
+	}
+	p.topics[name] = tp
+	return tp, nil
+}
+
+// publishBid gossips sealed, a bid signed by p's key, on the bids topic:
+// a machine holds only for a bid it has seen there. It waits (10 s at
+// most) for the topic to have a peer.
+func (p *rawPeer) publishBid(ctx context.Context, sealed []byte) error {
+	tp, err := p.topic(p2p.BidsTopic(p.rpc.ChainID))
+	if err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(tp.ListPeers()) == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return errors.New("no peer on the bids topic")
+		}
+	}
+	return tp.Publish(ctx, sealed)
 }
 
 func (p *rawPeer) reserve(ctx context.Context, machine peer.ID, r p2p.Reserve) (p2p.ReserveReply, error) {

@@ -29,10 +29,11 @@ import (
 // lends and its offer, the holds on it, the desk that grants them, and the
 // meter of its links to other machines.
 type lending struct {
-	lender *lender.Lender
-	holds  *lender.Holds
-	desk   *lender.Desk
-	links  *p2p.LinkMeter
+	lender      *lender.Lender
+	holds       *lender.Holds
+	commitments *lender.Commitments
+	desk        *lender.Desk
+	links       *p2p.LinkMeter
 }
 
 // lendingDeps are what the lender's room reads of the rest of the node.
@@ -85,8 +86,30 @@ func startLending(c Config, d lendingDeps) (lending, error) {
 		e, ok := d.escrowOf(job)
 		return ok && lender.EscrowBacks(e, me, account, cost, charge)
 	})
+	l.commitments = lender.NewCommitments(func(job, account string) uint64 {
+		if e, ok := d.escrowOf(job); ok && e.Payer == account {
+			return e.Amount
+		}
+		return 0
+	})
+	d.admission.SetCommitments(l.commitments)
 	l.desk = lender.NewDesk(d.admission, l.holds)
 	return l, nil
+}
+
+// sawBid counts a bid seen on the market against its account's balance,
+// and drops the holds here that the balance no longer backs (a bid that
+// reached another machine first, at the same instant: see
+// lender.Commitments).
+func sawBid(c *lender.Commitments, holds *lender.Holds, reads lender.LedgerReads, r *p2p.Received, now time.Time, log *slog.Logger) {
+	if r.Bid == nil || !c.Saw(r.Bid, r.Seq, r.Expiry, now) {
+		return
+	}
+	account := r.Bid.Submitter
+	unbacked := c.Unbacked(account, reads.BalanceOf(identity.Address(account)), now)
+	if n := holds.DropUnbacked(account, unbacked, now); n > 0 {
+		log.Info("dropped holds its balance no longer backs", "account", account, "holds", n, "jobs", len(unbacked))
+	}
 }
 
 // executorDeps are what the executor reads of the rest of the node.

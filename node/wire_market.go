@@ -102,6 +102,19 @@ func vetMachines(h host.Host) market.Vet {
 	}
 }
 
+// onConnect gives a machine that connects to this host another chance at
+// once: a failed check of it no longer keeps its offers out of the book,
+// and its scheduler's quotes stop skipping it as unreachable (a machine
+// this node could not reach while one of them restarted, or before a
+// NAT's hole was punched, is reachable now).
+func onConnect(h host.Host, book *market.OfferBook, m *market.Market) {
+	h.Network().Notify(&network.NotifyBundle{ConnectedF: func(_ network.Network, c network.Conn) {
+		id := c.RemotePeer()
+		book.Connected(id)
+		m.Reachable(id.String())
+	}})
+}
+
 // registerStrangerMetrics exports the strangers' connections the host
 // refused (p2p/gate.go): at accept, before a handshake, and after the
 // handshake that took their address over its budget.

@@ -372,18 +372,19 @@ func (b byteReader) ReadByte() (byte, error) {
 
 // OpenBid opens a bid's signed envelope (a Reserve's Bid) as a machine
 // must before holding capacity for it: signature under chainID, expiry,
-// type, the bid's values, and the submitter being the signer.
-func OpenBid(data []byte, chainID string, now time.Time) (*Bid, peer.ID, error) {
+// type, the bid's values, and the submitter being the signer. The bid
+// comes back as a received one: its signer, sequence and expiry with it.
+func OpenBid(data []byte, chainID string, now time.Time) (*Received, error) {
 	env, err := Open(data, chainID, now)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	if env.Type != TypeBid {
-		return nil, "", fmt.Errorf("%w: %q where a bid belongs", ErrUnknownType, env.Type)
+		return nil, fmt.Errorf("%w: %q where a bid belongs", ErrUnknownType, env.Type)
 	}
-	var rec Received
-	if err := decodeBid(env, &rec); err != nil {
-		return nil, "", err
+	rec := &Received{Signer: env.SignerID(), Type: env.Type, Seq: env.Seq, Expiry: env.ExpiresAt(), Raw: data}
+	if err := decodeBid(env, rec); err != nil {
+		return nil, err
 	}
-	return rec.Bid, env.SignerID(), nil
+	return rec, nil
 }

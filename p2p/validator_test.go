@@ -408,9 +408,9 @@ func TestValidatorAsksTheLedger(t *testing.T) {
 func TestOpenBid(t *testing.T) {
 	k, other := testKey(t, 1), testKey(t, 2)
 	now := time.Now()
-	b, signer, err := OpenBid(seal(t, k, testChain, TypeBid, testBid(k), 1, now.Add(time.Minute)), testChain, now)
-	if err != nil || signer != k.PeerID() || b.Workers != 2 {
-		t.Fatalf("bid %+v signer %s: %v", b, signer, err)
+	rec, err := OpenBid(seal(t, k, testChain, TypeBid, testBid(k), 7, now.Add(time.Minute)), testChain, now)
+	if err != nil || rec.Signer != k.PeerID() || rec.Bid.Workers != 2 || rec.Seq != 7 {
+		t.Fatalf("bid %+v: %v", rec, err)
 	}
 	for name, data := range map[string][]byte{
 		"offer":           seal(t, k, testChain, TypeOffer, testOffer(k), 1, now.Add(time.Minute)),
@@ -418,7 +418,7 @@ func TestOpenBid(t *testing.T) {
 		"other chain":     seal(t, k, "deepmarket-other", TypeBid, testBid(k), 1, now.Add(time.Minute)),
 		"another account": seal(t, other, testChain, TypeBid, testBid(k), 1, now.Add(time.Minute)),
 	} {
-		if _, _, err := OpenBid(data, testChain, now); err == nil {
+		if _, err := OpenBid(data, testChain, now); err == nil {
 			t.Errorf("%s: opened", name)
 		}
 	}

@@ -34,7 +34,15 @@ type Admission struct {
 	// prices, once set, are this machine's reserve prices while it lends
 	// (false: not lending): a hold's bid must cover them for its duration.
 	prices func() (p2p.Prices, bool)
+	// commitments, once set, are the bids seen on the market: a hold's
+	// bid must be one of them, and backed by its account's balance
+	// beside the account's other live bids.
+	commitments *Commitments
 }
+
+// SetCommitments has CheckBid hold only for bids seen on the market and
+// backed by their account's balance beside its other live bids there.
+func (a *Admission) SetCommitments(c *Commitments) { a.commitments = c }
 
 // SetPrices has CheckBid refuse a hold whose bid's max price does not
 // cover this machine's reserve prices (what prices returns while it
@@ -145,15 +153,16 @@ func (a *Admission) Scheduler(p peer.ID) error {
 // its maximum price, and that price covers this machine's reserve prices
 // for what the hold asks, for the job's duration (SetPrices); the hold may
 // ask for at most what the bid's workers need.
-func (a *Admission) CheckBid(r *p2p.Reserve, now time.Time) (HoldRequest, error) {
+func (a *Admission) CheckBid(ctx context.Context, r *p2p.Reserve, now time.Time) (HoldRequest, error) {
 	req := HoldRequest{Reserve: r}
 	if r.Op != p2p.OpReserve {
 		return req, nil
 	}
-	bid, signer, err := p2p.OpenBid(r.Bid, a.chainID, now)
+	rec, err := p2p.OpenBid(r.Bid, a.chainID, now)
 	if err != nil {
 		return req, fmt.Errorf("the hold's bid: %w", err)
 	}
+	bid, signer := rec.Bid, rec.Signer
 	if bid.JobID != r.JobID {
 		return req, fmt.Errorf("the hold is for job %s, its bid for %s", r.JobID, bid.JobID)
 	}
@@ -182,6 +191,10 @@ func (a *Admission) CheckBid(r *p2p.Reserve, now time.Time) (HoldRequest, error)
 	if err := a.terms.AcceptPayer(a.reads.PayerRecordOf(identity.Address(bid.Submitter))); err != nil {
 		return req, err
 	}
+	// Last, as it may wait for the bid to arrive on the market.
+	if err := a.backed(ctx, rec, now); err != nil {
+		return req, err
+	}
 	req.Account = bid.Submitter
 	req.Most = p2p.Resources{
 		Cores:    bid.Workers * bid.PerWorker.Cores,
@@ -189,6 +202,21 @@ func (a *Admission) CheckBid(r *p2p.Reserve, now time.Time) (HoldRequest, error)
 		GPUs:     bid.Workers * bid.PerWorker.GPUs,
 	}
 	return req, nil
+}
+
+// backed checks that rec, a hold's bid, was seen on the market (waiting
+// BidSeenWait for it) and that its account's balance backs it beside
+// its other live bids there (see Commitments).
+func (a *Admission) backed(ctx context.Context, rec *p2p.Received, now time.Time) error {
+	c := a.commitments
+	if c == nil {
+		return nil
+	}
+	bid := rec.Bid
+	if !c.Await(ctx, bid.Submitter, bid.JobID, rec.Seq, BidSeenWait) {
+		return fmt.Errorf("the hold's bid has not been seen on the market: a machine holds only for bids gossiped on the bids topic, which every machine counts against their account's balance")
+	}
+	return c.Backed(bid.Submitter, bid.JobID, a.reads.BalanceOf(identity.Address(bid.Submitter)), now)
 }
 
 // Desk answers schedulers' hold requests on this machine: it checks each
@@ -202,7 +230,7 @@ type Desk struct {
 func NewDesk(adm *Admission, holds *Holds) *Desk { return &Desk{adm: adm, holds: holds} }
 
 // Handle answers the reserve protocol (a p2p.RPC handler).
-func (d *Desk) Handle(_ context.Context, from peer.ID, env *p2p.Envelope) (string, any, error) {
+func (d *Desk) Handle(ctx context.Context, from peer.ID, env *p2p.Envelope) (string, any, error) {
 	if env.Type != p2p.TypeReserve {
 		return "", nil, fmt.Errorf("%w %q", p2p.ErrUnknownType, env.Type)
 	}
@@ -213,19 +241,19 @@ func (d *Desk) Handle(_ context.Context, from peer.ID, env *p2p.Envelope) (strin
 	if err := r.Validate(); err != nil {
 		return "", nil, err
 	}
-	return p2p.TypeReserveReply, d.Apply(from, &r, time.Now()), nil
+	return p2p.TypeReserveReply, d.Apply(ctx, from, &r, time.Now()), nil
 }
 
 // Apply checks a hold request's bid and applies it to this machine's
 // holds; a request whose bid does not hold up is refused with the reason.
 // A scheduler on this machine calls it directly.
-func (d *Desk) Apply(from peer.ID, r *p2p.Reserve, now time.Time) p2p.ReserveReply {
+func (d *Desk) Apply(ctx context.Context, from peer.ID, r *p2p.Reserve, now time.Time) p2p.ReserveReply {
 	if r.Op == p2p.OpReserve {
 		if err := d.adm.Scheduler(from); err != nil {
 			return p2p.ReserveReply{Reason: p2p.Clip(err.Error(), 256)}
 		}
 	}
-	req, err := d.adm.CheckBid(r, now)
+	req, err := d.adm.CheckBid(ctx, r, now)
 	if err != nil {
 		return p2p.ReserveReply{Reason: p2p.Clip(err.Error(), 256)}
 	}

@@ -71,7 +71,7 @@ func TestCheckBid(t *testing.T) {
 		"no floor":             {funded, reserve(sealed(bidder, noFloor), bid.JobID, bidder), false},
 		"held, default terms":  {funded, reserve(sealed(bidder, held), bid.JobID, bidder), true},
 	} {
-		req, err := NewAdmission(c.view, admissionChain, DefaultTerms()).CheckBid(c.r, now)
+		req, err := NewAdmission(c.view, admissionChain, DefaultTerms()).CheckBid(t.Context(), c.r, now)
 		if (err == nil) != c.ok {
 			t.Errorf("%s: err = %v, want ok %v", name, err, c.ok)
 			continue
@@ -86,13 +86,13 @@ func TestCheckBid(t *testing.T) {
 		"max_verify_share = 0.1": {HeldJobs: true, MaxVerifyShare: 0.1, MinFloor: 0.25},
 		"min_floor = 0.75":       {HeldJobs: true, MaxVerifyShare: 0.2, MinFloor: 0.75},
 	} {
-		if _, err := NewAdmission(funded, admissionChain, terms).CheckBid(reserve(sealed(bidder, held), bid.JobID, bidder), now); err == nil ||
+		if _, err := NewAdmission(funded, admissionChain, terms).CheckBid(t.Context(), reserve(sealed(bidder, held), bid.JobID, bidder), now); err == nil ||
 			!strings.Contains(err.Error(), "[lend] "+strings.Fields(name)[0]) {
 			t.Errorf("terms %s: a held bid with a 0.5 floor and 0.2 held back: %v, want refused naming the key", name, err)
 		}
 	}
 	// Commits and releases carry no bid: the hold they name was checked.
-	if _, err := NewAdmission(ledgerView{}, admissionChain, DefaultTerms()).CheckBid(&p2p.Reserve{Op: p2p.OpCommit, ID: "0000000000000001"}, now); err != nil {
+	if _, err := NewAdmission(ledgerView{}, admissionChain, DefaultTerms()).CheckBid(t.Context(), &p2p.Reserve{Op: p2p.OpCommit, ID: "0000000000000001"}, now); err != nil {
 		t.Errorf("commit: %v", err)
 	}
 }
@@ -142,17 +142,17 @@ func TestBidMustCoverTheReserve(t *testing.T) {
 	lending := true
 	// 2 cores at 0.1 and 1 GiB at 0.05 credit an hour: 0.25 credit for the job's hour.
 	a.SetPrices(func() (p2p.Prices, bool) { return p2p.Prices{CoreHour: 100_000, MemGiBHour: 50_000}, lending })
-	if _, err := a.CheckBid(hold(1), now); err == nil || !strings.Contains(err.Error(), "does not cover this machine's reserve price") {
+	if _, err := a.CheckBid(t.Context(), hold(1), now); err == nil || !strings.Contains(err.Error(), "does not cover this machine's reserve price") {
 		t.Errorf("a 1-micro-credit bid: %v, want refused", err)
 	}
-	if _, err := a.CheckBid(hold(249_999), now); err == nil {
+	if _, err := a.CheckBid(t.Context(), hold(249_999), now); err == nil {
 		t.Error("a bid just under the reserve was granted a hold")
 	}
-	if _, err := a.CheckBid(hold(250_000), now); err != nil {
+	if _, err := a.CheckBid(t.Context(), hold(250_000), now); err != nil {
 		t.Errorf("a bid at the reserve: %v", err)
 	}
 	lending = false
-	if _, err := a.CheckBid(hold(1), now); err != nil {
+	if _, err := a.CheckBid(t.Context(), hold(1), now); err != nil {
 		t.Errorf("a machine not lending checked a reserve: %v", err)
 	}
 }

@@ -657,6 +657,30 @@ func (h *Holds) Release(id string) {
 	}
 }
 
+// DropUnbacked drops account's uncommitted holds for jobs, bids its
+// balance no longer backs beside its other live bids on the market
+// (Commitments.Unbacked), and reports how many went. A committed hold
+// stays: its bidder signed a receipt for it, and its escrow must follow
+// within EscrowWithin.
+func (h *Holds) DropUnbacked(account string, jobs []string, now time.Time) int {
+	if len(jobs) == 0 {
+		return 0
+	}
+	h.mu.Lock()
+	n := 0
+	for id, x := range h.holds {
+		if x.account == account && !x.committed && !x.launched && slices.Contains(jobs, x.job) {
+			h.dropLocked(id, now, false)
+			n++
+		}
+	}
+	h.mu.Unlock()
+	if n > 0 && h.changed != nil {
+		h.changed()
+	}
+	return n
+}
+
 // ErrHoldRunning is returned when the owner releases a hold a worker runs
 // on: stopping lending (`lend --stop`) is how the owner takes that back.
 var ErrHoldRunning = errors.New("a worker runs on this hold")

@@ -168,6 +168,16 @@ func (b *OfferBook) check(id peer.ID, addrs []string, try int) {
 	}
 }
 
+// Connected tells the book that machine connected to this node: a
+// connection proves its key, so a failed check of it no longer keeps its
+// offers out (a machine that was only unreachable for a while, behind a
+// restart or a NAT's first punch, is back at its next announcement).
+func (b *OfferBook) Connected(machine peer.ID) {
+	b.mu.Lock()
+	delete(b.failed, machine)
+	b.mu.Unlock()
+}
+
 // Unanswered counts the offers dropped because their machine did not
 // answer its check.
 func (b *OfferBook) Unanswered() uint64 {

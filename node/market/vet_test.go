@@ -63,6 +63,14 @@ func TestNewMachinesAreCheckedFirst(t *testing.T) {
 	if n := checks.Load(); n != 1+vetTries || held(fake) || book.Unanswered() != 2 {
 		t.Errorf("%d checks, fake held %v, %d unanswered: want the fake's next offer dropped unchecked, the real one's applied", n, held(fake), book.Unanswered())
 	}
+	// The machine connects after all (it was only unreachable for a
+	// while): its next offer is checked at once, not after the backoff.
+	book.Connected(fake)
+	book.Apply(offer(fake, "b", 3), time.Now())
+	time.Sleep(10 * time.Millisecond)
+	if n := checks.Load(); n != 2+vetTries {
+		t.Errorf("%d checks: want the offer after the machine connected checked at once", n)
+	}
 
 	// Checks that hang: one owner's waiting offers fill its bound.
 	slow := NewOfferBook(100, 3)

@@ -118,7 +118,7 @@ func newLab(t *testing.T) *lab {
 	// the reserve protocol at the addresses given, learnt for a while.
 	reserve := ReserveFunc(func(ctx context.Context, machine peer.ID, addrs []string, r p2p.Reserve) (p2p.ReserveReply, error) {
 		if machine == sh.ID() {
-			return selfDesk.Apply(machine, &r, time.Now()), nil
+			return selfDesk.Apply(ctx, machine, &r, time.Now()), nil
 		}
 		for _, a := range addrs {
 			if tr, id := peer.SplitAddr(ma.StringCast(a)); tr != nil && id == machine {
