@@ -468,7 +468,6 @@ func TestOneBalanceBacksHoldsAcrossTheMarket(t *testing.T) {
 	eventually(t, 30*time.Second, "the first hold to lapse", func() bool { return holdsOf(l0, first) == 0 })
 	time.Sleep(time.Until(live)) // and the two bids to leave the market
 
-
 	// Racing the gossip: both holds asked at once, each machine waiting
 	// for its bid; the later bid is gossiped first, the earlier half a
 	// second after, so the later one's machine has seen only its own.
