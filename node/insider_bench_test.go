@@ -32,27 +32,38 @@ type insiderStrategy struct {
 }
 
 // holdLoop has the insider ask each lender, every 200 ms, to hold its
-// whole core for a bid of its own with the max price given (and commit
-// each hold it gets, as its bidder, when commit is set); it counts the
-// holds granted.
-func holdLoop(maxPrice uint64, commit bool) func(t testing.TB, m *insiderMarket) func() string {
+// whole core for a bid of its own with the max price given (0: its whole
+// balance), and commit each hold it gets, as its bidder, when commit is
+// set. With split, each lender is asked for a bid (a job) of its own, each
+// for that price: one balance behind a bid on every machine. It counts
+// the holds granted on each lender.
+func holdLoop(maxPrice uint64, commit, split bool) func(t testing.TB, m *insiderMarket) func() string {
 	return func(t testing.TB, m *insiderMarket) func() string {
 		done := make(chan struct{})
 		var wg sync.WaitGroup
-		var granted, asked atomic.Int64
+		granted := make([]atomic.Int64, len(m.lenders))
+		var asked atomic.Int64
 		var lastReason atomic.Value
-		job := jobIDOf(m.chain + fmt.Sprint("insider", maxPrice))
+		if maxPrice == 0 {
+			maxPrice, _ = m.ledger.Balance(t.Context(), m.insider.Address())
+		}
 		res := p2p.Resources{Cores: 1, MemBytes: 1 << 30}
-		// Its bid, gossiped (machines hold only for bids seen on the
+		jobOf := func(i int) string {
+			if !split {
+				i = 0
+			}
+			return jobIDOf(m.chain + fmt.Sprint("insider", maxPrice, commit, i))
+		}
+		// Its bids, gossiped (machines hold only for bids seen on the
 		// market) and sealed afresh every 20 s.
 		var mu sync.Mutex
-		var sealed []byte
-		var sealedAt time.Time
-		current := func() ([]byte, error) {
+		sealed := map[string][]byte{}
+		sealedAt := map[string]time.Time{}
+		current := func(job string) ([]byte, error) {
 			mu.Lock()
 			defer mu.Unlock()
-			if time.Since(sealedAt) < 20*time.Second {
-				return sealed, nil
+			if time.Since(sealedAt[job]) < 20*time.Second {
+				return sealed[job], nil
 			}
 			bid := p2p.Bid{JobID: job, Submitter: string(m.insider.Address()), Workers: 1, PerWorker: res, MaxPrice: maxPrice,
 				Duration: 60, Framework: "generic", Floor: p2p.DefaultFloor}
@@ -63,10 +74,11 @@ func holdLoop(maxPrice uint64, commit bool) func(t testing.TB, m *insiderMarket)
 			if err != nil {
 				return nil, err
 			}
-			sealed, sealedAt = s, time.Now()
-			return sealed, nil
+			sealed[job], sealedAt[job] = s, time.Now()
+			return s, nil
 		}
-		for _, l := range m.lenders {
+		for i, l := range m.lenders {
+			job := jobOf(i)
 			wg.Go(func() {
 				for {
 					select {
@@ -74,7 +86,7 @@ func holdLoop(maxPrice uint64, commit bool) func(t testing.TB, m *insiderMarket)
 						return
 					case <-time.After(200 * time.Millisecond):
 					}
-					sealed, err := current()
+					sealed, err := current(job)
 					if err != nil {
 						t.Error(err)
 						return
@@ -85,7 +97,7 @@ func holdLoop(maxPrice uint64, commit bool) func(t testing.TB, m *insiderMarket)
 						Res: res, TTL: int64(p2p.MaxHoldTTL / time.Second), Bidder: m.insider.PeerID().String(), Bid: sealed})
 					asked.Add(1)
 					if err == nil && r.OK {
-						granted.Add(1)
+						granted[i].Add(1)
 						if commit {
 							// Its receipt for the launch window: a credit, more than the machine asks.
 							payee := string(l.key.Address())
@@ -108,7 +120,11 @@ func holdLoop(maxPrice uint64, commit bool) func(t testing.TB, m *insiderMarket)
 			close(done)
 			wg.Wait()
 			why, _ := lastReason.Load().(string)
-			return fmt.Sprintf("%d of %d holds granted (bid max %s credits); last refusal: %s", granted.Load(), asked.Load(),
+			var each []string
+			for i := range granted {
+				each = append(each, fmt.Sprint(granted[i].Load()))
+			}
+			return fmt.Sprintf("%s of %d holds granted, per lender (bid max %s credits); last refusal: %s", strings.Join(each, "+"), asked.Load(),
 				units.FormatCredits(maxPrice), p2p.Clip(why, 80))
 		}
 	}
@@ -130,9 +146,10 @@ func BenchmarkInsider(b *testing.B) {
 	}
 	strategies := []insiderStrategy{
 		{"none", func(testing.TB, *insiderMarket) func() string { return func() string { return "-" } }},
-		{"1-micro-credit bids holding every core", holdLoop(1, false)},
-		{"funded bids holding every core, again as each lapses", holdLoop(10*units.MicroPerCredit, false)},
-		{"funded bids holding and committing every core, no escrow", holdLoop(10*units.MicroPerCredit, true)},
+		{"1-micro-credit bids holding every core", holdLoop(1, false, false)},
+		{"funded bids holding every core, again as each lapses", holdLoop(10*units.MicroPerCredit, false, false)},
+		{"funded bids holding and committing every core, no escrow", holdLoop(10*units.MicroPerCredit, true, false)},
+		{"its whole balance bid once per machine, holding every core", holdLoop(0, false, true)},
 		{fmt.Sprintf("%d linked fake machines", insiderFakes), func(t testing.TB, m *insiderMarket) func() string {
 			before, _ := m.ledger.Balance(t.Context(), m.insider.Address())
 			keys := m.linkFakes(t, insiderFakes)
