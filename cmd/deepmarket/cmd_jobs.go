@@ -2,10 +2,13 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -58,6 +61,9 @@ would cost. Nothing is paid while it waits; cancel takes it out.`,
 			base, err := filepath.Abs(filepath.Dir(path))
 			if err != nil {
 				return err
+			}
+			if err := resolveImageName(cmd.Context(), c, &f, base); err != nil {
+				return fmt.Errorf("%s: %w", path, err)
 			}
 			// Check here first, for errors that name the file.
 			if _, err := f.Validate(base); err != nil {
@@ -353,8 +359,11 @@ func newJobsCmd(c *cli) *cobra.Command {
 			}
 		}
 		printSummary(c.out, j)
-		fmt.Fprintf(c.out, "\ncommand: %s\nbundle %s, dataset %s\ncost %s credits of at most %s\n", strings.Join(j.Spec.Command, " "),
-			j.BundleCID, orStr(j.DatasetCID, "none"), units.FormatCredits(j.Cost), units.FormatCredits(j.Spec.MaxPrice))
+		fmt.Fprintf(c.out, "\ncommand: %s\nbundle %s, dataset %s", strings.Join(j.Spec.Command, " "), j.BundleCID, orStr(j.DatasetCID, "none"))
+		if img := cmp.Or(j.ImageCID, j.Spec.Image); img != "" {
+			fmt.Fprintf(c.out, ", image %s (the job's own environment)", img)
+		}
+		fmt.Fprintf(c.out, "\ncost %s credits of at most %s\n", units.FormatCredits(j.Cost), units.FormatCredits(j.Spec.MaxPrice))
 		if r := j.Current(); r != nil {
 			rows := make([][]string, 0, len(r.Workers))
 			for i, w := range r.Workers {
@@ -518,4 +527,39 @@ func newCancelCmd(c *cli) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// resolveImageName puts in f the CID of an image its spec names as `env
+// add` recorded it: an image that is neither a CID nor a path (relative
+// to base) there is looked up on the node.
+func resolveImageName(ctx context.Context, c *cli, f *jobs.File, base string) error {
+	ref := f.Image
+	if ref == "" || jobs.IsCID(ref) {
+		return nil
+	}
+	p := ref
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(base, p)
+	}
+	if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+		return nil // a path: Validate checks it
+	}
+	if api.CheckEnvName(ref) != nil {
+		return nil // not a name either: Validate says what is wrong
+	}
+	cl, err := c.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := timeout(ctx)
+	defer cancel()
+	img, err := cl.EnvShow(ctx, ref)
+	if err != nil {
+		if ae := (*api.Error)(nil); errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+			return usageError{fmt.Errorf("image %q: no such directory, CID or image name (see `deepmarket env ls`)", ref)}
+		}
+		return err
+	}
+	f.Image = img.CID
+	return nil
 }

@@ -11,7 +11,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/image/imagetest"
+	"github.com/deepmarket/deepmarket/node/jobs"
 )
 
 // TestEnvAddCLI: one image, as a docker-save tarball and as an OCI
@@ -59,4 +61,89 @@ func TestEnvAddCLI(t *testing.T) {
 	if out := mustRun(t, "data", "ls", "--home", home); strings.Count(out, "bafy") != 1 {
 		t.Errorf("a refused image was added:\n%s", out)
 	}
+
+	// Names: a job names the image as env add recorded it.
+	var named envAdded
+	if err := json.Unmarshal([]byte(mustRun(t, "env", "add", tarPath, "--name", "train", "--json", "--home", home)), &named); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "env", "add", tarPath, "--name", "train-copy", "--home", home)
+	expectFail(t, 2, "image name", "env", "add", tarPath, "--name", "lab/train", "--home", home)
+	var listed []api.EnvImage
+	if err := json.Unmarshal([]byte(mustRun(t, "env", "ls", "--json", "--home", home)), &listed); err != nil {
+		t.Fatal(err)
+	}
+	if named.CID != fromTar.CID || len(listed) != 2 || listed[0].Name != "train-copy" || listed[1].Name != "train" || listed[1].CID != fromTar.CID {
+		t.Errorf("env ls after naming the image twice: %+v (added %+v)", listed, named)
+	}
+	if out := mustRun(t, "env", "show", "train", "--home", home); !strings.Contains(out, fromTar.CID) || !strings.Contains(out, digest.String()) {
+		t.Errorf("env show train:\n%s", out)
+	}
+	expectFail(t, 1, "no image", "env", "show", "nope", "--home", home)
+
+	bundle := t.TempDir()
+	os.WriteFile(filepath.Join(bundle, "job.py"), []byte("print('hi')\n"), 0o644)
+	spec := func(image string) string {
+		p := filepath.Join(bundle, "job.toml")
+		os.WriteFile(p, []byte(`name = "in-image"
+framework = "generic"
+image = "`+image+`"
+command = ["/bin/sh", "-c", "true"]
+bundle = "."
+workers = 1
+cores = 1
+memory = "128MiB"
+max_price = "1"
+max_duration = "1m"
+max_wait = "1s"
+`), 0o644)
+		return p
+	}
+	expectFail(t, 2, "no such directory, CID or image name", "submit", spec("nope"), "--yes", "--home", home)
+	// No machine lends here: the job fails its wait, with the named
+	// image's CID (the node resolves the name too, for API clients).
+	var sub struct {
+		ID string `json:"job_id"`
+	}
+	if err := json.Unmarshal([]byte(run(t, "submit", spec("train"), "--yes", "--json", "--home", home).stdout), &sub); err != nil || sub.ID == "" {
+		t.Fatalf("submit with a named image: %+v %v", sub, err)
+	}
+	if out := mustRun(t, "jobs", "show", sub.ID, "--home", home); !strings.Contains(out, "image "+fromTar.CID) {
+		t.Errorf("jobs show of a job in the named image:\n%s", out)
+	}
+	// An API client's spec names it too: the node resolves the name.
+	cl, err := (&cli{homeDir: home}).client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := jobs.DecodeFile(must(os.ReadFile(spec("train-copy"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j, err := cl.Submit(t.Context(), api.SubmitRequest{Spec: f, BaseDir: bundle, Yes: true}); err != nil {
+		t.Errorf("a job naming its image through the API: %v", err)
+	} else if j.ImageCID != fromTar.CID {
+		t.Errorf("a job naming its image through the API runs in %q, want %s", j.ImageCID, fromTar.CID)
+	}
+
+	// rm: a name goes; the image stays pinned while another name records
+	// it, and is unpinned with the last.
+	mustRun(t, "env", "rm", "train", "--home", home)
+	if out := mustRun(t, "data", "ls", "--home", home); !strings.Contains(out, fromTar.CID) {
+		t.Errorf("the image was unpinned while another name records it:\n%s", out)
+	}
+	mustRun(t, "env", "rm", fromTar.CID, "--home", home)
+	if out := mustRun(t, "data", "ls", "--home", home); strings.Contains(out, fromTar.CID) {
+		t.Errorf("the image is still pinned after its last name went:\n%s", out)
+	}
+	if out := mustRun(t, "env", "ls", "--home", home); !strings.Contains(out, "no images") {
+		t.Errorf("env ls after rm:\n%s", out)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

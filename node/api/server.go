@@ -53,6 +53,11 @@ type (
 		DataList(ctx context.Context) ([]DataPin, error)
 		DataRemove(ctx context.Context, cid string) error
 		DataGC(ctx context.Context) (DataGCResult, error)
+		// Images added here (env add), by name or CID.
+		EnvRecord(ctx context.Context, req EnvRecordRequest) (EnvImage, error)
+		EnvList(ctx context.Context) ([]EnvImage, error)
+		EnvShow(ctx context.Context, ref string) (EnvImage, error)
+		EnvRemove(ctx context.Context, ref string) (EnvImage, error)
 	}
 	// Scheduling answers /prices and /quote.
 	Scheduling interface {
@@ -265,6 +270,19 @@ func (s *Server) routeData() {
 		return map[string]string{"removed": r.PathValue("cid")}, p.Data.DataRemove(r.Context(), r.PathValue("cid"))
 	})
 	s.handle("POST /api/v1/data/gc", func(r *http.Request) (any, error) { return p.Data.DataGC(r.Context()) })
+	s.handle("POST /api/v1/envs", func(r *http.Request) (any, error) {
+		var req EnvRecordRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return p.Data.EnvRecord(r.Context(), req)
+	})
+	s.handle("GET /api/v1/envs", func(r *http.Request) (any, error) {
+		l, err := p.Data.EnvList(r.Context())
+		return nonNil(l), err
+	})
+	s.handle("GET /api/v1/envs/{ref}", func(r *http.Request) (any, error) { return p.Data.EnvShow(r.Context(), r.PathValue("ref")) })
+	s.handle("DELETE /api/v1/envs/{ref}", func(r *http.Request) (any, error) { return p.Data.EnvRemove(r.Context(), r.PathValue("ref")) })
 }
 
 // routeScheduling registers /prices, /quote and /quotes.

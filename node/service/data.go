@@ -20,7 +20,9 @@ import (
 // runs as: the CLI passes absolute paths on this machine.
 type Data struct {
 	Blocks *storage.Store
-	Logger *slog.Logger
+	// Records keeps the images added here (env add), by name or CID.
+	Records Records
+	Logger  *slog.Logger
 }
 
 // DataAdd implements api.Data.
