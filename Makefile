@@ -64,7 +64,7 @@ lint: ## gofmt and go vet
 # bench-training and testnet-report are left out: they need root and take
 # about 60 and 20 minutes; bench-gpu too: it needs root and an NVIDIA GPU.
 .PHONY: bench
-bench: bench-p2p bench-gossip bench-ledger bench-storage bench-scheduler bench-jobs bench-tunnel bench-nat bench-queue ## Run every benchmark
+bench: bench-p2p bench-gossip bench-ledger bench-storage bench-scheduler bench-jobs bench-tunnel bench-nat bench-queue bench-env ## Run every benchmark
 
 .PHONY: bench-p2p
 bench-p2p: build ## Gossip: propagation over 50 nodes, validation rate, idle node cost
@@ -133,6 +133,12 @@ bench-held: deps ## Held DiLoCo: the holder's checks' share of a round (goal <= 
 	$(VENV)/bin/python3 bench/held/bench_held.py $(HELD_FLAGS)
 
 .PHONY: bench-held
+
+bench-env: deps ## Root: a job's own image and its start: submission to its worker running without an image, in an image of 64 MiB the lender does not hold (cold) and holds (warm; goal: within 0.2 s of none), and the image's unpack against tar -x of its layer (goal <= 1.5x); in-process nodes (~2 min); report in bench/results/env.json
+	DM_PYTHON=$(VENV)/bin/python3 DM_REQUIRE_TF=1 DM_REQUIRE_ROOT=1 DM_BENCH_OUT=$(CURDIR)/bench/results/env.json \
+		$(GO) test -run '^$$' -bench '^BenchmarkEnv$$' -benchtime 1x -timeout 30m ./node
+
+.PHONY: bench-env
 
 bench-insider: deps ## Root: an honest 2-worker job beside an insider (1-micro-credit bids, funded bids re-holding every core, 20 linked fake machines) and beside none: succeeded, launch delay (goal <= 10 s more); 10 failed marks' effect on a lender's price; in-process nodes (~5 min); report in bench/results/insider.json
 	DM_PYTHON=$(VENV)/bin/python3 DM_REQUIRE_TF=1 DM_REQUIRE_ROOT=1 DM_BENCH_OUT=$(CURDIR)/bench/results/insider.json \

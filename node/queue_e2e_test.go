@@ -122,9 +122,6 @@ func TestQueueWaitsAndSurvivesRestart(t *testing.T) {
 	if back.State.Terminal() || back.Queue == nil || !back.Queue.Since.Equal(since) {
 		t.Fatalf("after the restart the waiting job is %s (%s), queue %+v; want it waiting since %s", back.State, back.Reason, back.Queue, since)
 	}
-	// A busy job whose worker the restarted submitter could not reach for
-	// 30 s is re-placed; on a loaded machine its lender may then sit out
-	// an unreachable mark or two (30 s, doubling) before it is quoted.
 	for _, id := range []string{busy.ID, waits.ID} {
 		j := waitJob(t, sub2, id, 5*time.Minute)
 		if j.State != jobs.Succeeded || !j.Current().Settled || j.Queue != nil {

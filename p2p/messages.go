@@ -137,7 +137,7 @@ const (
 )
 
 // Frameworks a bid may name.
-var Frameworks = map[string]bool{"tensorflow": true, "generic": true}
+var Frameworks = map[string]bool{"tensorflow": true, "torch": true, "generic": true}
 
 var (
 	labelRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._ -]*$`)
@@ -294,7 +294,7 @@ func (b *Bid) Validate() error {
 		}
 	}
 	if !Frameworks[b.Framework] {
-		return rangeErr("framework %q (want tensorflow or generic)", b.Framework)
+		return rangeErr("framework %q (want tensorflow, torch or generic)", b.Framework)
 	}
 	if b.Training != nil {
 		if err := b.Training.Validate(); err != nil {

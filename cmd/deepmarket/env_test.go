@@ -100,6 +100,9 @@ max_wait = "1s"
 		return p
 	}
 	expectFail(t, 2, "no such directory, CID or image name", "submit", spec("nope"), "--yes", "--home", home)
+	// A layout with a tampered layer, named by path: the submitting node
+	// checks it before it bids, and the job fails naming the layer.
+	expectFail(t, 1, d.String(), "submit", spec(dir), "--yes", "--home", home)
 	// No machine lends here: the job fails its wait, with the named
 	// image's CID (the node resolves the name too, for API clients).
 	var sub struct {

@@ -33,8 +33,16 @@ type Cache struct {
 type cached struct {
 	Bytes int64     `json:"bytes"`
 	Used  time.Time `json:"used"`
+	// CIDs are the content addresses of the layouts the image came in
+	// (the last maxCIDs): a launch naming one takes the root without
+	// fetching the layout again. A CID names the layout's every byte, its
+	// manifest with them, so it names this image alone.
+	CIDs  []string `json:"cids,omitempty"`
 	inUse int
 }
+
+// maxCIDs bounds the layout CIDs remembered per image.
+const maxCIDs = 8
 
 // OpenCache opens (making it if need be) the cache in dir, bounded at max
 // bytes; each image is unpacked within lim (and within max).
@@ -78,10 +86,11 @@ func OpenCache(dir string, max int64, lim Limits) (*Cache, error) {
 	return c, nil
 }
 
-// Root returns the root filesystem of img, unpacking it first when the
-// cache does not hold it, and a release to call once the worker using it
-// is done: until then it is not evicted.
-func (c *Cache) Root(img v1.Image) (string, func(), error) {
+// Root returns the root filesystem of img, which came in the layout of
+// CID from ("" if none), unpacking it first when the cache does not hold
+// it, and a release to call once the worker using it is done: until then
+// it is not evicted.
+func (c *Cache) Root(img v1.Image, from string) (string, func(), error) {
 	d, err := img.Digest()
 	if err != nil {
 		return "", nil, fmt.Errorf("the image's manifest: %w", err)
@@ -100,6 +109,31 @@ func (c *Cache) Root(img v1.Image) (string, func(), error) {
 		m = &cached{Bytes: st.Bytes}
 		c.images[hex] = m
 	}
+	if from != "" && !slices.Contains(m.CIDs, from) {
+		cids := append(m.CIDs, from)
+		m.CIDs = cids[max(0, len(cids)-maxCIDs):]
+	}
+	return c.takeLocked(hex, m)
+}
+
+// RootOf is Root for an image the cache holds, named by the CID of a
+// layout it came in: false when it holds none, and the layout must be
+// fetched.
+func (c *Cache) RootOf(from string) (string, func(), bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for hex, m := range c.images {
+		if slices.Contains(m.CIDs, from) {
+			root, release, err := c.takeLocked(hex, m)
+			return root, release, err == nil, err
+		}
+	}
+	return "", nil, false, nil
+}
+
+// takeLocked marks image hex used and in use, and returns its root and
+// its release; c.mu must be held.
+func (c *Cache) takeLocked(hex string, m *cached) (string, func(), error) {
 	m.Used = time.Now()
 	m.inUse++
 	if err := c.save(hex, m); err != nil {

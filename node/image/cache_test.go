@@ -31,7 +31,7 @@ func TestCacheStaysWithinItsBound(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, release, err := c.Root(img)
+		p, release, err := c.Root(img, fmt.Sprint("layout-", i))
 		if err != nil {
 			t.Fatalf("image %d: %v", i, err)
 		}
@@ -65,6 +65,16 @@ func TestCacheStaysWithinItsBound(t *testing.T) {
 	if fi2, _ := os.Stat(filepath.Join(p5b, "data")); p5b != p5 || !os.SameFile(fi1, fi2) {
 		t.Error("image 5 was unpacked again")
 	}
+	// Found by the CID of the layout it came in, without the layout; a
+	// CID it did not come in finds nothing.
+	if p, release, ok, err := c.RootOf("layout-5"); err != nil || !ok || p != p5 {
+		t.Errorf("image 5 by its layout's CID: %q %v %v", p, ok, err)
+	} else {
+		release()
+	}
+	if _, _, ok, _ := c.RootOf("layout-1"); ok {
+		t.Error("an evicted image was found by its layout's CID")
+	}
 	for _, gone := range []int{1, 2, 3} {
 		img, _ := Open(imgs[gone])
 		d, _ := img.Digest()
@@ -76,7 +86,7 @@ func TestCacheStaysWithinItsBound(t *testing.T) {
 
 	// Bigger than the whole bound: refused, nothing left.
 	big, _ := Open(imageOf(t, layerOf(t, file("data", strings.Repeat("y", 4*size), 0o644))))
-	if _, _, err := c.Root(big); err == nil || !strings.Contains(err.Error(), "more than") {
+	if _, _, err := c.Root(big, ""); err == nil || !strings.Contains(err.Error(), "more than") {
 		t.Errorf("an image bigger than the cache: %v", err)
 	}
 	if leftovers, _ := filepath.Glob(filepath.Join(dir, ".*")); len(leftovers) != 0 {

@@ -19,9 +19,11 @@ import (
 	"github.com/deepmarket/deepmarket/units"
 )
 
-// Frameworks a job may name: tensorflow gets TF_CONFIG; generic gets the
-// same cluster information as DM_* variables only.
-var Frameworks = map[string]bool{"tensorflow": true, "generic": true}
+// Frameworks a job may name: tensorflow gets TF_CONFIG; torch gets
+// torchrun's contract (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
+// LOCAL_RANK, LOCAL_WORLD_SIZE) and runs in the job's own image; generic
+// gets MASTER_ADDR, MASTER_PORT and the DM_* variables only.
+var Frameworks = map[string]bool{"tensorflow": true, "torch": true, "generic": true}
 
 // Interpreters are the programs a command may name without shipping them:
 // every lender offers them, each mapping the name to its own configured
@@ -212,7 +214,9 @@ func (f *File) validateWork(s *Spec) error {
 	case f.Framework == "":
 		s.Framework = "tensorflow"
 	case !Frameworks[f.Framework]:
-		return bad("framework", "%q: want tensorflow or generic", f.Framework)
+		return bad("framework", "%q: want tensorflow, torch or generic", f.Framework)
+	case f.Framework == "torch" && f.Image == "":
+		return bad("image", "framework torch runs in the job's own image (image = a layout directory, a CID or a name from `deepmarket env add`): lenders' Python has no PyTorch")
 	}
 	if err := checkCommand(f.Command, f.Image != ""); err != nil {
 		return err

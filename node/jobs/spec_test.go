@@ -112,6 +112,7 @@ func TestSpecErrorsNameTheKey(t *testing.T) {
 		{`memory = "2GiB"`, `memory = "lots"`, "memory"},
 		{`memory = "2GiB"`, `memory = "4PiB"`, "memory"},
 		{`framework = "tensorflow"`, `framework = "spark"`, "framework"},
+		{`framework = "tensorflow"`, `framework = "torch"`, "image"}, // torch runs in the job's own image
 		{`max_price = "5"`, `max_price = "0"`, "max_price"},
 		{`max_price = "5"`, ``, "max_price"},
 		{`max_duration = "30m"`, `max_duration = "30s"`, "max_duration"},

@@ -187,13 +187,26 @@ func (e *Executor) fetchInputs(ctx context.Context, w *worker) error {
 		}
 	}
 	if l.Image != "" {
-		// The layout comes into the worker's dir, root's still, and goes
-		// once the cache holds its root filesystem.
+		// An image the cache holds, from a layout of this CID, is taken
+		// as it is: a warm machine fetches nothing.
+		root, release, ok, err := e.images.RootOf(l.Image)
+		if err != nil {
+			return fmt.Errorf("image %s: %w", l.Image, err)
+		}
+		if ok {
+			w.set(func() {
+				w.image = root
+				w.closers = append(w.closers, release)
+			})
+			return nil
+		}
+		// Else the layout comes into the worker's dir, root's still, and
+		// goes once the cache holds its root filesystem.
 		layout := filepath.Join(w.dir, "image")
 		if err := fetch(l.Image, layout); err != nil {
 			return fmt.Errorf("fetch image: %w", err)
 		}
-		err := e.takeImage(w, layout)
+		err = e.takeImage(w, layout)
 		if rerr := e.root.RemoveAll(filepath.Join(w.name, "image")); err == nil {
 			err = rerr
 		}
@@ -211,7 +224,7 @@ func (e *Executor) takeImage(w *worker, dir string) error {
 	if err != nil {
 		return fmt.Errorf("image %s: %w", w.l.Image, err)
 	}
-	root, release, err := e.images.Root(img)
+	root, release, err := e.images.Root(img, w.l.Image)
 	if err != nil {
 		return fmt.Errorf("image %s: %w", w.l.Image, err)
 	}
@@ -260,7 +273,7 @@ func (e *Executor) buildEnv(w *worker) []string {
 			env = append(env, "DM_AVG_HOLDER=127.0.0.1:"+strconv.Itoa(holderPort(l.Index)),
 				"DM_EVIDENCE_DIR="+filepath.Join(w.dir, evidenceDir))
 		}
-		env = append(env, frameworkEnv(l.Framework, l.Index, addrs)...)
+		env = append(env, frameworkEnv(l.Framework, l.Index, addrs, l.World)...)
 	}
 	path := "/usr/local/bin:/usr/bin:/bin"
 	if e.python != "" && strings.Contains(e.python, "/") && l.Image == "" {
@@ -271,12 +284,28 @@ func (e *Executor) buildEnv(w *worker) []string {
 }
 
 // frameworkEnv tells a worker's framework its cluster: MASTER_ADDR and
-// MASTER_PORT (the chief's address, as torch.distributed reads it) and,
-// for TensorFlow, TF_CONFIG with the worker's index.
-func frameworkEnv(framework string, index int, addrs []string) []string {
+// MASTER_PORT (the chief's address, as torch.distributed reads it); for
+// torch, the rest of torchrun's contract: RANK and WORLD_SIZE, and
+// LOCAL_RANK and LOCAL_WORLD_SIZE among the job's workers on the same
+// machine (world names each worker's machine); for TensorFlow, TF_CONFIG
+// with the worker's index.
+func frameworkEnv(framework string, index int, addrs, world []string) []string {
 	var env []string
 	if host, port, err := net.SplitHostPort(addrs[0]); err == nil {
 		env = append(env, "MASTER_ADDR="+host, "MASTER_PORT="+port)
+	}
+	if framework == "torch" {
+		local, here := 0, 0
+		for i, m := range world {
+			if m == world[index] {
+				if i < index {
+					local++
+				}
+				here++
+			}
+		}
+		env = append(env, "RANK="+strconv.Itoa(index), "WORLD_SIZE="+strconv.Itoa(len(world)),
+			"LOCAL_RANK="+strconv.Itoa(local), "LOCAL_WORLD_SIZE="+strconv.Itoa(here))
 	}
 	if framework == "tensorflow" {
 		tf, _ := json.Marshal(map[string]any{

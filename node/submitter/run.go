@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/deepmarket/deepmarket/node/image"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/p2p"
 )
@@ -142,6 +143,18 @@ func (m *Manager) addInputs(ctx context.Context, j *job) error {
 	d, err := add("dataset", j.Spec.Dataset)
 	if err != nil {
 		return err
+	}
+	if v := j.Spec.Image; v != "" && !jobs.IsCID(v) {
+		// Checked here, before anything is bid: a lender refuses a layer
+		// that does not match its digest, after the job has paid to start.
+		m.logf(j.ID, "checking the image %s", v)
+		im, err := image.Open(v)
+		if err == nil {
+			_, err = image.Verify(im)
+		}
+		if err != nil {
+			return fmt.Errorf("image %s: %w", v, err)
+		}
 	}
 	img, err := add("image", j.Spec.Image)
 	if err != nil {

@@ -113,6 +113,7 @@ export function render(main, { params, navigate }) {
       ["Limits", `${credits(j.spec.max_price)} credits, ${nsToDuration(j.spec.max_duration_ns)}`],
       ["Bundle", h("span", { class: "mono small" }, j.bundle_cid || j.spec.bundle)],
       j.dataset_cid || j.spec.dataset ? ["Dataset", h("span", { class: "mono small" }, j.dataset_cid || j.spec.dataset)] : null,
+      j.image_cid || j.spec.image ? ["Image", h("span", { class: "mono small" }, j.image_cid || j.spec.image)] : null,
       run.per_hour ? ["Price per hour", `${credits(run.per_hour)} credits`] : null,
       run.escrow && !run.settled ? ["In escrow", `${credits(run.escrow)} credits`] : null,
       run.escrow && run.settled ? ["Refunded", `${credits(run.escrow - (run.paid || 0))} credits of the ${credits(run.escrow)} in escrow`] : null,
