@@ -159,7 +159,9 @@ func TestOverlappingSchedulersNeverOverCommit(t *testing.T) {
 				defer wg.Done()
 				_, err := bidder.client.PublishBid(t.Context(), api.PublishBidRequest{Bid: p2p.Bid{
 					JobID: j, Workers: 1, PerWorker: p2p.Resources{Cores: 1, MemBytes: 128 << 20},
-					MaxPrice: 1_000_000_000, Duration: 600, Framework: "generic"}})
+					// 4 credits: the bidder's 1000 back all 200 bids (machines
+					// count an account's live bids against its balance).
+					MaxPrice: 4_000_000, Duration: 600, Framework: "generic"}})
 				if err != nil {
 					t.Error(err)
 				}

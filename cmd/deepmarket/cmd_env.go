@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/spf13/cobra"
@@ -28,15 +29,18 @@ Lenders fetch it over bitswap like a dataset, check every layer against its
 digest, unpack it once into their image cache and run the job's workers in
 it, in the same sandbox, instead of their own Python.
 
-'env add' takes an OCI image layout directory or a 'docker save' /
-'podman save' tarball, checks every layer, writes the image as an OCI
-layout and adds that to this node: it prints the CID to put in job.toml and
-the image's manifest digest. The same image gives the same CID from either
+'env add' takes an OCI image layout directory, a 'docker save' /
+'podman save' tarball, or a registry reference that names its registry
+(ghcr.io/lab/train:1; pulled with docker's credentials, the linux image for
+this machine's architecture). It checks every layer, writes the image as an
+OCI layout and adds that to this node: it prints the CID to put in job.toml
+and the image's manifest digest. The same image gives the same CID from any
 form. With --name, a job.toml on this node may say image = "NAME" instead
 of the CID. 'env ls' lists the images added here, 'env show' one of them,
 and 'env rm' forgets one and unpins it ('data gc' then frees its space).`,
 		Example: `  docker save lab/train:1 -o train.tar && deepmarket env add train.tar --name train
   deepmarket env add ./train-oci
+  deepmarket env add ghcr.io/lab/train:1 --name train
   deepmarket env ls
   deepmarket env rm train`,
 	}
@@ -127,7 +131,7 @@ func newEnvAddCmd(c *cli) *cobra.Command {
 	var name string
 	cmd := &cobra.Command{
 		Use:   "add IMAGE",
-		Short: "Add an OCI image (layout directory or docker/podman save tarball); print its CID",
+		Short: "Add an OCI image (layout directory, docker/podman save tarball, or registry reference); print its CID",
 		Args:  exactArgs(1, "IMAGE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if name != "" {
@@ -135,30 +139,15 @@ func newEnvAddCmd(c *cli) *cobra.Command {
 					return usageError{fmt.Errorf("env add --name: %w", err)}
 				}
 			}
-			img, err := image.Open(args[0])
-			if err != nil {
-				return usageError{fmt.Errorf("env add: %w", err)}
-			}
-			n, err := image.Verify(img)
-			if err != nil {
-				return fmt.Errorf("env add: %s: %w", args[0], err)
-			}
-			digest, err := img.Digest()
-			if err != nil {
-				return fmt.Errorf("env add: %w", err)
-			}
 			tmp, err := os.MkdirTemp("", "deepmarket-image-")
 			if err != nil {
 				return err
 			}
 			defer os.RemoveAll(tmp)
 			dir := filepath.Join(tmp, "image")
-			p, err := layout.Write(dir, empty.Index)
-			if err == nil {
-				err = p.AppendImage(img)
-			}
+			n, digest, err := envLayout(cmd.Context(), args[0], dir, asJSON)
 			if err != nil {
-				return fmt.Errorf("env add: write the image's layout: %w", err)
+				return err
 			}
 			cl, err := c.client()
 			if err != nil {
@@ -190,4 +179,55 @@ func newEnvAddCmd(c *cli) *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print {cid, digest, layers, size, name} as JSON")
 	cmd.Flags().StringVar(&name, "name", "", "record the image under NAME too: a job.toml may then say image = \"NAME\" (given again, the name moves to this image)")
 	return cmd
+}
+
+// envLayout checks the image src names and writes it as an OCI layout in
+// dir; it returns its layer count and manifest digest. src is a layout
+// directory or a save tarball, or, when no such file exists, a registry
+// reference, which is pulled (quiet: without saying so on stderr).
+func envLayout(ctx context.Context, src, dir string, quiet bool) (int, v1.Hash, error) {
+	write := func(img v1.Image) error {
+		p, err := layout.Write(dir, empty.Index)
+		if err == nil {
+			err = p.AppendImage(img)
+		}
+		if err != nil {
+			return fmt.Errorf("env add: write the image's layout: %w", err)
+		}
+		return nil
+	}
+	var img v1.Image
+	pulled := false
+	if _, err := os.Stat(src); err != nil && image.IsReference(src) {
+		if !quiet {
+			fmt.Fprintf(os.Stderr, "pulling %s...\n", src)
+		}
+		remote, err := image.Pull(ctx, src)
+		if err != nil {
+			return 0, v1.Hash{}, fmt.Errorf("env add: %w", err)
+		}
+		// Written as it is pulled, each layer fetched once, then checked
+		// from there.
+		if err := write(remote); err != nil {
+			return 0, v1.Hash{}, interrupted(ctx, err, "the pull was cancelled; nothing was added")
+		}
+		if img, err = image.Open(dir); err != nil {
+			return 0, v1.Hash{}, fmt.Errorf("env add: %w", err)
+		}
+		pulled = true
+	} else if img, err = image.Open(src); err != nil {
+		return 0, v1.Hash{}, usageError{fmt.Errorf("env add: %w (or a registry reference such as ghcr.io/lab/train:1)", err)}
+	}
+	n, err := image.Verify(img)
+	if err != nil {
+		return 0, v1.Hash{}, fmt.Errorf("env add: %s: %w", src, err)
+	}
+	digest, err := img.Digest()
+	if err != nil {
+		return 0, v1.Hash{}, fmt.Errorf("env add: %w", err)
+	}
+	if pulled {
+		return n, digest, nil
+	}
+	return n, digest, write(img)
 }

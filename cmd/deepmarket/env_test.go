@@ -2,13 +2,18 @@ package main
 
 import (
 	"encoding/json"
+	"io"
+	"log"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/deepmarket/deepmarket/node/api"
@@ -142,6 +147,47 @@ max_wait = "1s"
 	if out := mustRun(t, "env", "ls", "--home", home); !strings.Contains(out, "no images") {
 		t.Errorf("env ls after rm:\n%s", out)
 	}
+}
+
+// TestEnvAddPullsFromARegistry: an image pushed to a real registry (go-
+// containerregistry's, over HTTP on loopback) is pulled by its reference
+// and added, with the CID the same image gets from a tarball; a reference
+// the registry does not have fails, naming it; a bare name that is no
+// file is refused, not looked for on Docker Hub.
+func TestEnvAddPullsFromARegistry(t *testing.T) {
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(srv.Close)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	img, err := random.Image(4096, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := name.ParseReference(host + "/lab/train:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatal(err)
+	}
+	tarPath := filepath.Join(t.TempDir(), "train.tar")
+	if err := tarball.WriteToFile(tarPath, ref, img); err != nil {
+		t.Fatal(err)
+	}
+	home := initHome(t)
+	startNodeProcess(t, home)
+	var pulled, fromTar envAdded
+	if err := json.Unmarshal([]byte(mustRun(t, "env", "add", host+"/lab/train:1", "--name", "train", "--json", "--home", home)), &pulled); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "env", "add", tarPath, "--json", "--home", home)), &fromTar); err != nil {
+		t.Fatal(err)
+	}
+	digest, _ := img.Digest()
+	if pulled.CID == "" || pulled.CID != fromTar.CID || pulled.Digest != digest.String() || pulled.Layers != 2 || pulled.Name != "train" {
+		t.Errorf("pulled %+v; from the tarball %+v; want one CID, digest %s", pulled, fromTar, digest)
+	}
+	expectFail(t, 1, "lab/missing", "env", "add", host+"/lab/missing:1", "--home", home)
+	expectFail(t, 2, "no such file", "env", "add", "lab/train:1", "--home", home)
 }
 
 func must[T any](v T, err error) T {
