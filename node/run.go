@@ -335,7 +335,7 @@ func (g firstWins) Gather() ([]*dto.MetricFamily, error) {
 func (n *Node) runServices(gctx context.Context, g *errgroup.Group, disc *p2p.Discovery, server *api.Server, ln net.Listener) {
 	self := string(n.key.Address())
 	n.book.SetVet(gctx, vetMachines(n.host))
-	onConnect(n.host, n.book, n.market)
+	onConnect(n.host, n.book)
 	g.Go(func() error { return disc.Run(gctx) })
 	g.Go(func() error { return n.peers.Run(gctx) })
 	g.Go(func() error {

@@ -103,15 +103,14 @@ func vetMachines(h host.Host) market.Vet {
 }
 
 // onConnect gives a machine that connects to this host another chance at
-// once: a failed check of it no longer keeps its offers out of the book,
-// and its scheduler's quotes stop skipping it as unreachable (a machine
-// this node could not reach while one of them restarted, or before a
-// NAT's hole was punched, is reachable now).
-func onConnect(h host.Host, book *market.OfferBook, m *market.Market) {
+// its check: a failed check no longer keeps its offers out of the book (a
+// machine this node could not reach while one of them restarted, or
+// before a NAT's hole was punched, is reachable now). Its unreachable
+// mark, if its hold requests failed, stays: a machine that fails them and
+// reconnects must not have every quote try it again.
+func onConnect(h host.Host, book *market.OfferBook) {
 	h.Network().Notify(&network.NotifyBundle{ConnectedF: func(_ network.Network, c network.Conn) {
-		id := c.RemotePeer()
-		book.Connected(id)
-		m.Reachable(id.String())
+		book.Connected(c.RemotePeer())
 	}})
 }
 
