@@ -24,6 +24,11 @@ import (
 var binary string
 
 func TestMain(m *testing.M) {
+	// make test's tmpfs for the nodes' homes (scripts/test.sh says why);
+	// the jobs' work dirs are in /var/tmp either way.
+	if d := os.Getenv("DM_TEST_STATE_DIR"); d != "" {
+		os.Setenv("TMPDIR", d)
+	}
 	flag.Parse()
 	if !flagSet("test.parallel") {
 		// The testnets' tests spend most of their time waiting on the
