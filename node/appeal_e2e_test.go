@@ -65,7 +65,7 @@ func TestRefereesPayARefusedHonestWorker(t *testing.T) {
 	// whose worker the holder refuses appeals, the other judges.
 	const stake = 1_000_000
 	for _, l := range c.lenders {
-		if _, err := a.ledger.VoteValidator(t.Context(), l.key.Public(), 1, l.home.Dir); err != nil {
+		if _, err := a.ledger.VoteValidator(t.Context(), l.key.Public(), 1, filepath.Base(l.home.Dir)); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := a.ledger.Transfer(t.Context(), l.key.Address(), stake, "for an appeal's bond"); err != nil {

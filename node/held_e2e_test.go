@@ -166,7 +166,8 @@ func TestHeldDiLoCoPaysOnlyForAcceptedRounds(t *testing.T) {
 	// What the refused rounds of the poisoning worker would have paid is
 	// withheld and burned: refusing them saved the submitter nothing.
 	if sum := paid[0] + paid[1] + paid[2] + run.Withheld; before.Balance-after.Balance != sum || j.Cost != sum || run.Withheld == 0 {
-		t.Errorf("the submitter spent %d, the job cost %d, the machines earned %v, %d withheld", before.Balance-after.Balance, j.Cost, paid, run.Withheld)
+		t.Errorf("the submitter spent %d, the job cost %d, the machines earned %v, %d withheld; the workers: %+v\n%s",
+			before.Balance-after.Balance, j.Cost, paid, run.Withheld, ws, jobLog(t, a, j.ID))
 	}
 }
 

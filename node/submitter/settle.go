@@ -108,6 +108,12 @@ func (m *Manager) settle(ctx context.Context, j *job, k int, lost map[int]bool) 
 	}
 	m.save(j)
 	if tx != "" {
+		for _, p := range pays {
+			if p.Refused > 0 || p.Withheld > 0 {
+				m.logf(j.ID, "settled: machine %s paid %s credits; the holder refused %d of its %d rounds, %s credits withheld",
+					p.Machine, units.FormatCredits(p.Amount), p.Refused, p.Rounds, units.FormatCredits(p.Withheld))
+			}
+		}
 		if withheld > 0 {
 			m.logf(j.ID, "settled: %s credits withheld for refused rounds and forfeits: burned when the dispute window closes, not refunded, unless referees uphold a refusal",
 				units.FormatCredits(withheld))
