@@ -3,6 +3,7 @@ package node
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/image/imagetest"
 	"github.com/deepmarket/deepmarket/node/jobs"
+	"github.com/deepmarket/deepmarket/p2p"
 )
 
 // TestJobsRunInTheirImage: a job names its environment, an OCI image
@@ -17,14 +19,19 @@ import (
 // the bundle; the lender fetches it by CID over bitswap, checks its
 // layers, unpacks it into its image cache and runs the worker in it: the
 // worker runs the image's own shell, reads the image's files and does
-// not see the lender's Python. A second job in the same image, a torch
-// job, is run from the cache (the image is not unpacked again) and gets
-// torchrun's contract.
+// not see the lender's Python. Its machine's offer then lists the image.
+// A second job in the same image, a torch job, goes to that machine,
+// though it now asks 0.5% more than the other one (its quote says the
+// machine is warm: no fetch), is run from the cache (the image is not
+// unpacked again) and gets torchrun's contract.
 func TestJobsRunInTheirImage(t *testing.T) {
 	t.Parallel()
 	py := jobPython(t)
-	c := startJobClusterLending(t, py, 1, api.LendRequest{Cores: 1, MemBytes: 1 << 30})
-	a, l := c.sub, c.lenders[0]
+	// Prices above the scheduler's base, so that each machine's is what
+	// its workers cost.
+	price := p2p.Prices{CoreHour: 10_000_000, MemGiBHour: 1_000_000}
+	c := startJobClusterLending(t, py, 2, api.LendRequest{Cores: 1, MemBytes: 1 << 30, Price: &price})
+	a := c.sub
 	bundle := t.TempDir()
 	if err := os.WriteFile(filepath.Join(bundle, "README"), []byte("the job's files"), 0o644); err != nil {
 		t.Fatal(err)
@@ -35,7 +42,7 @@ func TestJobsRunInTheirImage(t *testing.T) {
 			Command: []string{"/bin/sh", "-c", `read m < /etc/image-marker; echo "marker=$m"; read r < README; echo "bundle=$r"
 [ -e ` + py + ` ] || echo no-lender-python
 echo "torch: rank $RANK of $WORLD_SIZE, local $LOCAL_RANK of $LOCAL_WORLD_SIZE, master $MASTER_ADDR:$MASTER_PORT"`},
-			Workers: 1, Cores: 1, Memory: "256MiB", MaxPrice: "5", MaxDuration: "10m"}
+			Workers: 1, Cores: 1, Memory: "256MiB", MaxPrice: "5", MaxDuration: "2m"}
 		j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: spec, Yes: true})
 		if err != nil {
 			t.Fatal(err)
@@ -53,8 +60,12 @@ echo "torch: rank $RANK of $WORLD_SIZE, local $LOCAL_RANK of $LOCAL_WORLD_SIZE, 
 		return done
 	}
 	first := run("in-image", "generic", "torch: rank  of , local  of , master ")
-	if first.ImageCID == "" {
-		t.Errorf("the job does not name its image's CID: %+v", first)
+	if first.ImageCID == "" || first.ImageBytes <= 0 {
+		t.Fatalf("the job does not name its image's CID and size: %+v", first)
+	}
+	l := c.lenders[0]
+	if first.Current().Workers[0].Machine != l.host.ID().String() {
+		l = c.lenders[1]
 	}
 	roots := func() []os.FileInfo {
 		dirs, _ := filepath.Glob(filepath.Join(l.exec.Dir(), "images", "*.rootfs"))
@@ -79,7 +90,35 @@ echo "torch: rank $RANK of $WORLD_SIZE, local $LOCAL_RANK of $LOCAL_WORLD_SIZE, 
 	if b, err := os.ReadFile(recs[0]); err != nil || !strings.Contains(string(b), first.ImageCID) {
 		t.Errorf("the cache's record does not name the layout's CID %s: %s %v", first.ImageCID, b, err)
 	}
-	run("in-image-again", "torch", "torch: rank 0 of 1, local 0 of 1, master ")
+	// The warm machine asks a little more: a job in the image still goes
+	// there (a setup of a second or more is worth more than 0.5% of a
+	// two-minute job), once every scheduler's book says so.
+	dearer := p2p.Prices{CoreHour: price.CoreHour * 1005 / 1000, MemGiBHour: price.MemGiBHour * 1005 / 1000}
+	if _, err := l.client.SetLend(t.Context(), api.LendRequest{Cores: 1, MemBytes: 1 << 30, Price: &dearer}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "every book has the warm machine's new offer, free", func() bool {
+		for _, n := range append([]*testNode{a}, c.lenders...) {
+			offers, err := n.client.Offers(t.Context())
+			if err != nil {
+				return false
+			}
+			if !slices.ContainsFunc(offers, func(o api.Offer) bool {
+				return o.Machine == l.host.ID().String() && o.Prices == dearer && slices.Contains(o.Images, first.ImageCID) &&
+					o.Allocated.Cores == 0
+			}) {
+				return false
+			}
+		}
+		return true
+	})
+	second := run("in-image-again", "torch", "torch: rank 0 of 1, local 0 of 1, master ")
+	if w := second.Current().Workers[0]; w.Machine != l.host.ID().String() {
+		t.Errorf("the second job in the image ran on %s, not on the machine that holds it (%s)", w.Machine, l.host.ID())
+	}
+	if log := jobLog(t, a, second.ID); !strings.Contains(log, "1 of 1 machines already hold the image") {
+		t.Errorf("the second job's log does not say its machine holds the image:\n%s", log)
+	}
 	if after := roots(); len(after) != 1 || !os.SameFile(before[0], after[0]) {
 		t.Errorf("the second job's image was unpacked again (%d images)", len(after))
 	}

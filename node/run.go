@@ -245,6 +245,12 @@ func (n *Node) startMarket(psCtx context.Context) (err error) {
 			}
 			return n.exec.Capable()
 		},
+		images: func(k int) []string {
+			if n.exec == nil {
+				return nil
+			}
+			return n.exec.Images(k)
+		},
 	})
 	if err != nil {
 		return err

@@ -51,7 +51,9 @@ type lendingDeps struct {
 	capable func() error
 	// escrowOf reads a job's open escrow on this machine's ledger replica.
 	escrowOf func(job string) (ledger.Escrow, bool)
-	log      *slog.Logger
+	// images lists the job images the executor holds unpacked.
+	images func(n int) []string
+	log    *slog.Logger
 }
 
 // startLending makes the lender (its settings and offer), the holds on
@@ -68,6 +70,7 @@ func startLending(c Config, d lendingDeps) (lending, error) {
 		Allocated: func(now time.Time) p2p.Resources { return l.holds.Announced(now) },
 		Links:     l.links.Samples,
 		Reach:     func() string { return p2p.ReachOf(d.host) },
+		Images:    d.images,
 	}
 	var err error
 	l.lender, err = lender.NewLender(lender.LenderParams{

@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -101,6 +102,14 @@ func TestValidatorRejects(t *testing.T) {
 		{"bid with zero workers", bids, withBid(func(b *Bid) { b.Workers = 0 }), "", "out_of_range"},
 		{"bid with a bad training block", bids, withBid(func(b *Bid) { b.Training = &Training{Mode: "sync", Steps: -3} }), "", "out_of_range"},
 		{"offer with a link to itself", offers, withOffer(func(o *Offer) { o.Links = []LinkSample{{Machine: o.Machine}} }), "", "out_of_range"},
+		{"offer listing too many images", offers, withOffer(func(o *Offer) {
+			for i := range MaxOfferImages + 1 {
+				o.Images = append(o.Images, fmt.Sprintf("bafyimage%d", i))
+			}
+		}), "", "out_of_range"},
+		{"offer listing a bad image CID", offers, withOffer(func(o *Offer) { o.Images = []string{"../etc"} }), "", "out_of_range"},
+		{"bid with a bad image CID", bids, withBid(func(b *Bid) { b.Image = "bafy/../x" }), "", "out_of_range"},
+		{"bid with an image size but no image", bids, withBid(func(b *Bid) { b.ImageBytes = 1 << 20 }), "", "out_of_range"},
 		{"bid with absurd workers", bids, withBid(func(b *Bid) { b.Workers = 1 << 30 }), "", "out_of_range"},
 		{"bid with unknown framework", bids, withBid(func(b *Bid) { b.Framework = "caffe" }), "", "out_of_range"},
 		{"bid with bad job id", bids, withBid(func(b *Bid) { b.JobID = "xyz" }), "", "out_of_range"},
@@ -183,12 +192,13 @@ func TestValidatorAcceptsGoodMessages(t *testing.T) {
 	o.Window = "19:00-07:00"
 	o.Lent.GPUs = 1
 	o.GPUs = []GPU{{Index: 0, Model: "Tesla T4", MemBytes: 16 << 30}}
+	o.Images = []string{"bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi"}
 	rec, err := v.Validate(OffersTopic(testChain), seal(t, k, testChain, TypeOffer, o, 1, now.Add(time.Minute)), k.PeerID(), now)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := rec.Offer
-	if got == nil || payloads(rec) != 1 || rec.Type != TypeOffer {
+	if got == nil || payloads(rec) != 1 || rec.Type != TypeOffer || len(got.Images) != 1 || got.Images[0] != o.Images[0] {
 		t.Fatalf("received %+v", rec)
 	}
 	if got.GPUs[0].Model != "Tesla T4" || got.Window != "19:00-07:00" || rec.Signer != k.PeerID() {

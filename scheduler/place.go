@@ -56,7 +56,7 @@ func Place(v View, j Job, now time.Time, p Params) (Placement, error) {
 	// machines whose bound could beat the best found so far.
 	for i := range v.Machines {
 		m := &v.Machines[i]
-		hrs[i] = hours(j.Duration) / m.speed()
+		hrs[i] = hours(j.Duration)/m.speed() + hours(m.Setup)
 		cost[i] = math.NaN()
 		if !m.fits(j.Per) || !m.available(now, now.Add(time.Duration(hrs[i]*float64(time.Hour)))) {
 			lb[i], cost[i] = math.Inf(1), math.Inf(1)
@@ -197,6 +197,7 @@ type tally struct {
 	pl      Placement
 	sums    [4]float64
 	slowest float64
+	setup   time.Duration // the longest of the machines'
 }
 
 func newTally(workers int) tally {
@@ -214,6 +215,7 @@ func (t *tally) add(md model, i int, m *Machine, d Resources, cost, net float64)
 	}
 	t.sums[3] += net
 	t.slowest = min(t.slowest, m.speed())
+	t.setup = max(t.setup, m.Setup)
 }
 
 func (t *tally) finish(j Job, now time.Time) Placement {
@@ -225,7 +227,7 @@ func (t *tally) finish(j Job, now time.Time) Placement {
 		pl.PerHour += c
 	}
 	run := time.Duration(float64(j.Duration) / t.slowest)
-	pl.Done = now.Add(run)
+	pl.Done = now.Add(t.setup + run)
 	pl.Total = uint64(math.Ceil(float64(pl.PerHour) * run.Hours()))
 	return pl
 }

@@ -106,6 +106,48 @@ func TestPlacePrefersIdleAndClose(t *testing.T) {
 	}
 }
 
+// TestSetupPrefersTheWarmMachine: of two machines alike, the one that
+// must fetch the job's image first (a setup) loses to the one that holds
+// it, whatever their order; a cheaper cold machine still wins when its
+// price makes up for the setup; and the placement is done after the
+// setup of its slowest machine to get ready.
+func TestSetupPrefersTheWarmMachine(t *testing.T) {
+	j := job(1, 2, 4, 0)
+	for cold := range 2 {
+		v := View{Machines: []Machine{machine("m0", "a", 8, 32, 0), machine("m1", "a", 8, 32, 0)}}
+		v.Machines[cold].Setup = time.Minute
+		pl, err := Place(v, j, t0, Params{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pl.Machines[0] == cold || !pl.Done.Equal(t0.Add(time.Hour)) {
+			t.Errorf("machine %d cold: placed on %v, done %s", cold, pl.Machines, pl.Done)
+		}
+	}
+	// Both cold: placed as before, done a setup later.
+	v := View{Machines: []Machine{machine("m0", "a", 8, 32, 0), machine("m1", "a", 8, 32, 0)}}
+	v.Machines[0].Setup, v.Machines[1].Setup = time.Minute, time.Minute
+	pl, err := Place(v, j, t0, Params{})
+	if err != nil || pl.Machines[0] != 0 || !pl.Done.Equal(t0.Add(time.Hour+time.Minute)) {
+		t.Errorf("both cold: %+v %v", pl, err)
+	}
+	// A setup of a minute on an hour's job is worth 1/60 of the price: a
+	// cold machine a tenth cheaper wins; one 1% cheaper does not.
+	for _, tc := range []struct {
+		cheaper  float64
+		coldWins bool
+	}{{0.10, true}, {0.01, false}} {
+		v := View{Machines: []Machine{machine("warm", "a", 8, 32, 0), machine("cold", "a", 8, 32, 0)}}
+		v.Machines[0].Reserve = Prices{CoreHour: 1_000_000, MemGiBHour: 100_000}
+		v.Machines[1].Reserve = Prices{CoreHour: uint64(1_000_000 * (1 - tc.cheaper)), MemGiBHour: uint64(100_000 * (1 - tc.cheaper))}
+		v.Machines[1].Setup = time.Minute
+		pl, err := Place(v, j, t0, Params{})
+		if err != nil || (pl.Machines[0] == 1) != tc.coldWins {
+			t.Errorf("cold machine %.0f%% cheaper: placed on %v (%v), want the cold one %v", 100*tc.cheaper, pl.Machines, err, tc.coldWins)
+		}
+	}
+}
+
 func TestPlaceUsesRTTWhenKnown(t *testing.T) {
 	v := View{Machines: []Machine{machine("m0", "", 4, 8, 0), machine("m1", "", 4, 8, 0), machine("m2", "", 4, 8, 0)}}
 	// m0-m2 are close; m1 is far from both.

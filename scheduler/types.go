@@ -89,6 +89,13 @@ type Machine struct {
 	// Completed and Failed count the machine's past jobs (the ledger's
 	// machine record), when known.
 	Completed, Failed uint64
+	// Setup is how long the machine takes to get ready for the job being
+	// placed before it runs: fetching and unpacking the job's image, 0
+	// when it holds it. Its workers are priced for it as for the run, so
+	// of two machines alike the one that holds the image wins, and the
+	// placement is done that much later. Index ignores it: a view with
+	// setups is placed exhaustively (Place, Quote).
+	Setup time.Duration
 }
 
 func (m *Machine) speed() float64 {

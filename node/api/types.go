@@ -138,7 +138,10 @@ type Offer struct {
 	Links []p2p.LinkSample `json:"links,omitempty"`
 	// Reach is how other machines reach this one: public, nat (behind a
 	// NAT a hole punch crosses) or relay (only through a relay).
-	Reach      string    `json:"reach,omitempty"`
+	Reach string `json:"reach,omitempty"`
+	// Images are the CIDs of the job images the machine holds unpacked:
+	// a job in one starts there without fetching it.
+	Images     []string  `json:"images,omitempty"`
 	ExpiresAt  time.Time `json:"expires_at"`
 	ReceivedAt time.Time `json:"received_at"`
 	Self       bool      `json:"self"`

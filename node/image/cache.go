@@ -131,6 +131,29 @@ func (c *Cache) RootOf(from string) (string, func(), bool, error) {
 	return "", nil, false, nil
 }
 
+// Sources lists the layout CIDs of the images the cache holds, the most
+// recently used image's first, at most n: what this machine's offer says
+// it can start at once.
+func (c *Cache) Sources(n int) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	hexes := make([]string, 0, len(c.images))
+	for hex, m := range c.images {
+		if len(m.CIDs) > 0 {
+			hexes = append(hexes, hex)
+		}
+	}
+	slices.SortFunc(hexes, func(a, b string) int { return c.images[b].Used.Compare(c.images[a].Used) })
+	var out []string
+	for _, hex := range hexes {
+		cids := c.images[hex].CIDs
+		for i := len(cids) - 1; i >= 0 && len(out) < n; i-- {
+			out = append(out, cids[i])
+		}
+	}
+	return out
+}
+
 // takeLocked marks image hex used and in use, and returns its root and
 // its release; c.mu must be held.
 func (c *Cache) takeLocked(hex string, m *cached) (string, func(), error) {

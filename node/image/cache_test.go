@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -81,6 +82,14 @@ func TestCacheStaysWithinItsBound(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, d.Hex+".rootfs")); !os.IsNotExist(err) {
 			t.Errorf("image %d, least recently used, is still held: %v", gone, err)
 		}
+	}
+	// What the machine's offer lists: the layouts of what it holds, the
+	// most recently used first, as many as asked.
+	if got := c.Sources(16); !slices.Equal(got, []string{"layout-5", "layout-4", "layout-0"}) {
+		t.Errorf("the cache lists %q, want layout-5, layout-4, layout-0", got)
+	}
+	if got := c.Sources(2); !slices.Equal(got, []string{"layout-5", "layout-4"}) {
+		t.Errorf("the cache lists %q when asked for 2", got)
 	}
 	release0()
 

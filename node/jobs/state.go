@@ -69,12 +69,15 @@ const WorkerReleased p2p.WorkerState = "released"
 
 // Worker is one of a job's workers, as its submitter knows it.
 type Worker struct {
-	Machine  string          `json:"machine"` // peer ID
-	Moniker  string          `json:"moniker,omitempty"`
-	Site     string          `json:"site,omitempty"`
-	Payee    string          `json:"payee"` // the machine's ledger address
-	Hold     string          `json:"hold"`
-	PerHour  uint64          `json:"per_hour"`
+	Machine string `json:"machine"` // peer ID
+	Moniker string `json:"moniker,omitempty"`
+	Site    string `json:"site,omitempty"`
+	Payee   string `json:"payee"` // the machine's ledger address
+	Hold    string `json:"hold"`
+	PerHour uint64 `json:"per_hour"`
+	// Warm says its machine held the job's image when quoted: it starts
+	// without fetching it.
+	Warm     bool            `json:"warm,omitempty"`
 	State    p2p.WorkerState `json:"state"` // WorkerPlaced until its machine reports
 	ExitCode int             `json:"exit_code,omitempty"`
 	Reason   string          `json:"reason,omitempty"`
@@ -184,11 +187,14 @@ func (r *Run) Held() bool { return r.Holder != nil }
 
 // Job is a job on its submitting node, as persisted.
 type Job struct {
-	ID         string    `json:"id"`
-	Spec       Spec      `json:"spec"`
-	BundleCID  string    `json:"bundle_cid"`
-	DatasetCID string    `json:"dataset_cid,omitempty"`
-	ImageCID   string    `json:"image_cid,omitempty"`
+	ID         string `json:"id"`
+	Spec       Spec   `json:"spec"`
+	BundleCID  string `json:"bundle_cid"`
+	DatasetCID string `json:"dataset_cid,omitempty"`
+	ImageCID   string `json:"image_cid,omitempty"`
+	// ImageBytes is the image's size, as the bids tell schedulers (0
+	// when this node does not hold it).
+	ImageBytes int64     `json:"image_bytes,omitempty"`
 	State      State     `json:"state"`
 	Reason     string    `json:"reason,omitempty"`
 	Submitter  string    `json:"submitter"`

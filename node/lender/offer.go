@@ -30,6 +30,9 @@ type OfferSource struct {
 	Links func() []p2p.LinkSample
 	// Reach, when set, says how other machines reach this one (p2p.ReachOf).
 	Reach func() string
+	// Images, when set, lists the job images this machine holds unpacked
+	// (p2p.Offer.Images), at most n.
+	Images func(n int) []string
 }
 
 // Build turns lend settings into the offer this machine announces.
@@ -56,6 +59,10 @@ func (o OfferSource) Build(s LendSettings, now time.Time) p2p.Offer {
 	if o.Reach != nil {
 		reach = o.Reach()
 	}
+	var images []string
+	if o.Images != nil {
+		images = o.Images(p2p.MaxOfferImages)
+	}
 	return p2p.Offer{
 		Links:   links,
 		Reach:   reach,
@@ -68,6 +75,7 @@ func (o OfferSource) Build(s LendSettings, now time.Time) p2p.Offer {
 		Price:     s.Price,
 		Window:    s.Window,
 		Addrs:     addrs,
+		Images:    images,
 		Software: p2p.Software{OS: inv.OS, Arch: inv.Arch, Python: inv.Python, TensorFlow: inv.TensorFlow, Version: o.Version,
 			Checking: inv.Probing},
 	}

@@ -1,6 +1,7 @@
 package market
 
 import (
+	"slices"
 	"time"
 
 	"github.com/deepmarket/deepmarket/p2p"
@@ -29,6 +30,23 @@ func SchedulerMachine(o p2p.Offer) scheduler.Machine {
 		m.Until = time.Unix(o.AvailableUntil, 0)
 	}
 	return m
+}
+
+// WithImageSetup is v, whose machines are offers', with each machine
+// that does not hold bid b's image set up for it (p2p.ColdStart), in a copy;
+// false, and v itself, when b names no image.
+func WithImageSetup(v scheduler.View, offers []p2p.Offer, b p2p.Bid) (scheduler.View, bool) {
+	if b.Image == "" {
+		return v, false
+	}
+	setup := p2p.ColdStart(b.ImageBytes)
+	out := scheduler.View{Machines: slices.Clone(v.Machines), RTT: v.RTT}
+	for i := range out.Machines {
+		if !offers[i].HoldsImage(b.Image) {
+			out.Machines[i].Setup = setup
+		}
+	}
+	return out, true
 }
 
 // SchedulerJob is a bid as the scheduler prices it.

@@ -67,6 +67,12 @@ func (q *Quoter) answerBid(ctx context.Context, w bidWork) (p2p.Quote, []holdRef
 		}
 	}
 	job := market.SchedulerJob(b)
+	// A job in an image: machines that hold it start at once, the others
+	// fetch it first. The index prices no setups: such a view is placed
+	// exhaustively.
+	if sv, ok := market.WithImageSetup(v, offers, b); ok {
+		v, idx = sv, nil
+	}
 	refused := ""
 	collided := false
 	lostBy := map[string]int{} // machines of each account that did not answer, in this quote

@@ -374,3 +374,50 @@ func TestOneAccountsDeadMachinesDoNotFailABid(t *testing.T) {
 		t.Errorf("%d of the insider's machines were tried, want %d", unreachable, lostPerAccount)
 	}
 }
+
+// TestWarmMachineWinsAnImageJob: of two machines alike, a job in an image
+// is quoted on the one whose offer says it holds the image (a warm
+// start), though the other would win the tie without one; a job without
+// an image is quoted as before.
+func TestWarmMachineWinsAnImageJob(t *testing.T) {
+	const img = "bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi"
+	book := market.NewOfferBook(10, 10)
+	lent := p2p.Resources{Cores: 2, MemBytes: 2 << 30}
+	now := time.Now()
+	offer := func(id peer.ID, seq uint64, images ...string) {
+		book.Apply(&p2p.Received{Signer: id, Seq: seq, Expiry: now.Add(time.Hour), Offer: &p2p.Offer{
+			Machine: id.String(), Owner: "owner", Lent: lent, Price: p2p.Prices{CoreHour: 100_000, MemGiBHour: 20_000}, Images: images}}, now)
+	}
+	a, b := newPeerID(t), newPeerID(t)
+	offer(a, 1)
+	offer(b, 1)
+	mk := market.New(market.Params{Book: book, Subset: market.SubsetAll})
+	v, _ := mk.View(now, "")
+	tieWinner, warm := v.Machines[0].ID, v.Machines[1].ID
+	wp, _ := peer.Decode(warm)
+	offer(wp, 2, "bafyother", img)
+	ms := &machines{free: map[peer.ID]p2p.Resources{a: lent, b: lent}, down: map[peer.ID]bool{}, held: map[string]peer.ID{}}
+	q := New(Params{Self: newPeerID(t), Market: mk, Holds: ms, Quotes: SendFunc(func(context.Context, peer.ID, p2p.Quote) error { return nil }),
+		Logger: slog.New(slog.DiscardHandler)})
+	quote := func(job, image string) p2p.Quote {
+		bid := p2p.Bid{JobID: job, Workers: 1, PerWorker: p2p.Resources{Cores: 1, MemBytes: 128 << 20},
+			MaxPrice: 10_000_000, Duration: 600, Framework: "generic", Image: image, ImageBytes: 50 << 20}
+		quote, held := q.answerBid(t.Context(), bidWork{bid: bid, bidder: newPeerID(t)})
+		q.release(t.Context(), job, held)
+		return quote
+	}
+	if got := quote("plain", ""); len(got.Workers) != 1 || got.Workers[0].Machine != tieWinner {
+		t.Fatalf("a job without an image: %+v, want the tie's winner %s", got, tieWinner)
+	}
+	got := quote("in-image", img)
+	if len(got.Workers) != 1 || got.Workers[0].Machine != warm {
+		t.Fatalf("a job in the image: %+v, want the machine that holds it, %s", got, warm)
+	}
+	// Neither holds another image: both cold, the tie's winner again,
+	// and the quote done later by the fetch.
+	cold := quote("other-image", "bafyneither")
+	plain := quote("plain-again", "")
+	if len(cold.Workers) != 1 || cold.Workers[0].Machine != tieWinner || cold.DoneAt < plain.DoneAt+1 {
+		t.Errorf("a job in an image neither holds: %+v (done at %d, without an image %d)", cold, cold.DoneAt, plain.DoneAt)
+	}
+}

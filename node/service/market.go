@@ -45,7 +45,7 @@ func (m *Market) Offers() []api.Offer {
 			Machine: o.Machine, Owner: o.Owner, Moniker: o.Moniker, Site: o.Site,
 			Cores: o.Lent.Cores, MemBytes: o.Lent.MemBytes, GPUs: o.Lent.GPUs, GPUModels: o.GPUs,
 			DiskBytes: o.DiskBytes, Allocated: o.Allocated, Price: o.Price.PerHour(o.Lent), Prices: o.Price,
-			Window: o.Window, Addrs: o.Addrs, Software: o.Software, Links: o.Links, Reach: o.Reach,
+			Window: o.Window, Addrs: o.Addrs, Software: o.Software, Links: o.Links, Reach: o.Reach, Images: o.Images,
 			ExpiresAt: h.Expires.UTC(), ReceivedAt: h.Received.UTC(), Self: o.Machine == self,
 		}
 		if o.AvailableUntil > 0 {

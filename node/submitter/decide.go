@@ -69,8 +69,13 @@ func hasPlacement(qs []ReceivedQuote) bool {
 }
 
 // choose picks the cheapest quote that places the job (nil when none
-// does), and up to five refusals' reasons.
-func choose(qs []ReceivedQuote) (best *ReceivedQuote, reasons []string) {
+// does), and up to five refusals' reasons. A job in an image counts each
+// worker's price for the setup of its machine, cold(machine) (nil: none),
+// as the schedulers did: where schedulers raced for the machine that
+// holds the image, the one that got it quotes a little dearer than those
+// that fell back on a cheaper machine that must fetch it first.
+func choose(qs []ReceivedQuote, cold func(machine string) time.Duration) (best *ReceivedQuote, reasons []string) {
+	var bestCost float64
 	for i := range qs {
 		q := &qs[i]
 		if len(q.Workers) == 0 {
@@ -79,8 +84,14 @@ func choose(qs []ReceivedQuote) (best *ReceivedQuote, reasons []string) {
 			}
 			continue
 		}
-		if best == nil || q.Total < best.Total {
-			best = q
+		cost := float64(q.Total)
+		if cold != nil {
+			for _, w := range q.Workers {
+				cost += float64(w.PerHour) * cold(w.Machine).Hours()
+			}
+		}
+		if best == nil || cost < bestCost {
+			best, bestCost = q, cost
 		}
 	}
 	return best, reasons

@@ -54,7 +54,7 @@ func TestDecideQuotes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			best, reasons := choose(tt.qs)
+			best, reasons := choose(tt.qs, nil)
 			switch {
 			case tt.best < 0 && best != nil:
 				t.Errorf("chose %+v, want none", best)
@@ -125,6 +125,37 @@ func TestDecideUntilEnough(t *testing.T) {
 					}
 				}
 			}
+		}
+	}
+}
+
+// TestChooseCountsColdStarts: for a job in an image, a quote on a machine
+// that must fetch it first costs its price for that setup too, as the
+// schedulers counted it: a quote on the warm machine a little dearer
+// wins, one much dearer does not; without an image the cheapest wins.
+func TestChooseCountsColdStarts(t *testing.T) {
+	quote := func(machine string, perHour uint64) ReceivedQuote {
+		rq := ReceivedQuote{}
+		rq.Total, rq.Workers = perHour/30, []p2p.QuotedWorker{{Machine: machine, PerHour: perHour}} // a two-minute job
+		return rq
+	}
+	offers := []p2p.Offer{{Machine: "warm", Images: []string{"bafyimg"}}, {Machine: "cold"}}
+	bid := p2p.Bid{Image: "bafyimg", ImageBytes: 20 << 20} // a setup of 2 s
+	cold := coldStarts(offers, bid)
+	if cold("warm") != 0 || cold("cold") != 2*time.Second || coldStarts(offers, p2p.Bid{}) != nil {
+		t.Fatalf("setups: warm %s, cold %s", cold("warm"), cold("cold"))
+	}
+	for _, tc := range []struct {
+		dearer   float64 // the warm machine's price over the cold one's
+		warmWins bool
+	}{{1.005, true}, {1.05, false}} {
+		qs := []ReceivedQuote{quote("cold", 10_000_000), quote("warm", uint64(10_000_000*tc.dearer))}
+		best, _ := choose(qs, cold)
+		if (best == &qs[1]) != tc.warmWins {
+			t.Errorf("warm %.1f%% dearer: chose %s", 100*(tc.dearer-1), best.Workers[0].Machine)
+		}
+		if best, _ := choose(qs, nil); best != &qs[0] {
+			t.Errorf("without an image: chose %s, want the cheaper", best.Workers[0].Machine)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	ctypes "github.com/cometbft/cometbft/rpc/core/types"
+	"github.com/ipfs/go-cid"
 
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/p2p"
@@ -73,6 +74,8 @@ type Store interface {
 // *storage.Store is one.
 type Blocks interface {
 	Add(ctx context.Context, path string, progress func(storage.Progress)) (storage.Pin, error)
+	// Pinned is what this node holds of root, if it holds it.
+	Pinned(ctx context.Context, root cid.Cid) (storage.Pin, bool, error)
 }
 
 // Holders runs the model's holder of this node's held jobs ([training]

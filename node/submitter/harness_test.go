@@ -812,6 +812,13 @@ func (b *fakeBlocks) Add(_ context.Context, path string, _ func(storage.Progress
 	return storage.Pin{CID: c, Name: filepath.Base(path), Kind: "directory"}, err
 }
 
+// fakeImageBytes is the size fakeBlocks says what it added has.
+const fakeImageBytes = 5 << 20
+
+func (b *fakeBlocks) Pinned(_ context.Context, c cid.Cid) (storage.Pin, bool, error) {
+	return storage.Pin{CID: c, Kind: "directory", Size: fakeImageBytes}, c.String() == bundleCID, nil
+}
+
 // fakeHolders is this machine as it would run a held job's holder: it
 // runs none.
 type fakeHolders struct {

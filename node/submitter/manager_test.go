@@ -285,3 +285,23 @@ func TestDiLoCoIsHeldByDefault(t *testing.T) {
 		t.Errorf("holder = \"submitter\" on a node that cannot: %v, want refused", err)
 	}
 }
+
+// TestBidNamesTheImage: a job in an image bids with the image's CID and
+// its size, so schedulers can tell machines that hold it (a warm start)
+// from those that would fetch it; a job without one names none.
+func TestBidNamesTheImage(t *testing.T) {
+	h := newHarness(t, "a")
+	h.Market.Answer(h.PlaceOn("a"))
+	h.Start()
+	f := h.Spec(1)
+	f.Image = bundleCID
+	j := h.Submit(f, false)
+	bids := h.Market.Bids()
+	if len(bids) == 0 || bids[0].Image != bundleCID || bids[0].ImageBytes != fakeImageBytes || j.ImageBytes != fakeImageBytes {
+		t.Fatalf("the bid %+v, the job's image of %d bytes: want %s of %d bytes", bids, j.ImageBytes, bundleCID, fakeImageBytes)
+	}
+	h.Submit(h.Spec(1), false)
+	if bids := h.Market.Bids(); bids[len(bids)-1].Image != "" || bids[len(bids)-1].ImageBytes != 0 {
+		t.Errorf("a job without an image bids %+v", bids[len(bids)-1])
+	}
+}

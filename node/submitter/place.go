@@ -82,6 +82,15 @@ func (m *Manager) quoted(j *job, k int, run *jobs.Run) {
 	m.save(j)
 	m.logf(j.ID, "quote: %d workers on %s, %s credits an hour, at most %s credits", len(run.Workers),
 		machinesOf(run), units.FormatCredits(run.PerHour), units.FormatCredits(run.Quoted))
+	if j.ImageCID != "" {
+		warm := 0
+		for _, w := range run.Workers {
+			if w.Warm {
+				warm++
+			}
+		}
+		m.logf(j.ID, "quote: %d of %d machines already hold the image, %d fetch it first", warm, len(run.Workers), len(run.Workers)-warm)
+	}
 }
 
 // What awaitConfirm found.
@@ -149,7 +158,8 @@ func (m *Manager) quote(ctx context.Context, j *job, runID string) (*jobs.Run, *
 	bid := p2p.Bid{JobID: runID, Workers: uint32(s.Workers),
 		PerWorker: p2p.Resources{Cores: uint32(s.Cores), MemBytes: s.MemBytes, GPUs: uint32(s.GPUs)},
 		MaxPrice:  s.MaxPrice - min(j.Cost, s.MaxPrice), Duration: int64(s.MaxDuration / time.Second),
-		BundleCID: j.BundleCID, DatasetCID: j.DatasetCID, Framework: s.Framework, Site: s.Site, Training: s.Training, Floor: s.Floor}
+		BundleCID: j.BundleCID, DatasetCID: j.DatasetCID, Framework: s.Framework, Site: s.Site, Training: s.Training, Floor: s.Floor,
+		Image: j.ImageCID, ImageBytes: uint64(max(j.ImageBytes, 0))}
 	if !s.Deadline.IsZero() {
 		bid.Deadline = s.Deadline.Unix()
 	}
@@ -164,16 +174,40 @@ func (m *Manager) quote(ctx context.Context, j *job, runID string) (*jobs.Run, *
 	if !ok {
 		return nil, &refusal{why: "stopped", on: fp}
 	}
-	best, reasons := choose(qs)
+	offers := m.p.Offers.Offers(time.Now())
+	best, reasons := choose(qs, coldStarts(offers, bid))
 	for i := range qs {
 		if q := &qs[i]; q != best && len(q.Workers) > 0 {
-			m.releaseHolds(ctx, runOf(q, nil))
+			m.releaseHolds(ctx, runOf(q, nil, ""))
 		}
 	}
 	if best == nil {
 		return nil, &refusal{why: noPlacement(reasons), priceNow: priceNow(qs, bid.MaxPrice), on: fp}
 	}
-	return runOf(best, m.p.Offers.Offers(time.Now())), nil
+	return runOf(best, offers, bid.Image), nil
+}
+
+// coldStarts is, for a bid in an image, how long each machine takes to
+// get ready for it: nothing where this node's offers say it holds the
+// image (not a quote's word for it), p2p.ColdStart elsewhere; nil for a
+// bid without one.
+func coldStarts(offers []p2p.Offer, bid p2p.Bid) func(machine string) time.Duration {
+	if bid.Image == "" {
+		return nil
+	}
+	warm := map[string]bool{}
+	for i := range offers {
+		if offers[i].HoldsImage(bid.Image) {
+			warm[offers[i].Machine] = true
+		}
+	}
+	setup := p2p.ColdStart(bid.ImageBytes)
+	return func(machine string) time.Duration {
+		if warm[machine] {
+			return 0
+		}
+		return setup
+	}
 }
 
 // bidTTL is how long a bid lives on the market: its quotes come within
@@ -213,8 +247,8 @@ func (m *Manager) gatherQuotes(ctx context.Context, j *job, runID string, known 
 }
 
 // runOf turns a quote into a run's plan, naming its machines as their
-// offers among held do.
-func runOf(q *ReceivedQuote, held []p2p.Offer) *jobs.Run {
+// offers among held do, which also say which of them hold image (warm).
+func runOf(q *ReceivedQuote, held []p2p.Offer, image string) *jobs.Run {
 	r := &jobs.Run{ID: q.JobID, PerHour: q.PerHour, Quoted: q.Total, Scheduler: q.Scheduler,
 		HeldUntil: time.UnixMilli(q.HeldUntil), Predicted: q.Predicted}
 	offers := map[string]p2p.Offer{}
@@ -224,7 +258,7 @@ func runOf(q *ReceivedQuote, held []p2p.Offer) *jobs.Run {
 	for _, w := range q.Workers {
 		o := offers[w.Machine]
 		r.Workers = append(r.Workers, jobs.Worker{Machine: w.Machine, Moniker: o.Moniker, Site: o.Site,
-			Payee: PayeeOf(w.Machine), Hold: w.Hold, PerHour: w.PerHour, State: jobs.WorkerPlaced})
+			Payee: PayeeOf(w.Machine), Hold: w.Hold, PerHour: w.PerHour, Warm: o.HoldsImage(image), State: jobs.WorkerPlaced})
 	}
 	return r
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ipfs/go-cid"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/deepmarket/deepmarket/node/image"
@@ -169,6 +170,11 @@ func (m *Manager) addInputs(ctx context.Context, j *job) error {
 		c.Validation, j.Spec.Training = v, &c
 	}
 	j.BundleCID, j.DatasetCID, j.ImageCID = b, d, img
+	if c, err := cid.Decode(img); err == nil {
+		if pin, ok, err := m.p.Blocks.Pinned(ctx, c); err == nil && ok {
+			j.ImageBytes = pin.Size
+		}
+	}
 	m.save(j)
 	if !m.move(j, jobs.Quoting, "") {
 		return errors.New("internal: cannot quote")
