@@ -10,6 +10,7 @@ import (
 
 	"github.com/deepmarket/deepmarket/node/api"
 	"github.com/deepmarket/deepmarket/node/image/imagetest"
+	"github.com/deepmarket/deepmarket/node/inventory"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/p2p"
 )
@@ -17,8 +18,9 @@ import (
 // TestJobsRunInTheirImage: a job names its environment, an OCI image
 // layout directory, in its spec. The submitter adds it to storage with
 // the bundle; the lender fetches it by CID over bitswap, checks its
-// layers, unpacks it into its image cache and runs the worker in it: the
-// worker runs the image's own shell, reads the image's files and does
+// layers, unpacks it into its image cache and runs the worker in it (the
+// worker's log says how long the fetch and the unpack took): the worker
+// runs the image's own shell, reads the image's files and does
 // not see the lender's Python. Its machine's offer then lists the image.
 // A second job in the same image, a torch job, goes to that machine,
 // though it now asks 0.5% more than the other one (its quote says the
@@ -59,7 +61,7 @@ echo "torch: rank $RANK of $WORLD_SIZE, local $LOCAL_RANK of $LOCAL_WORLD_SIZE, 
 		}
 		return done
 	}
-	first := run("in-image", "generic", "torch: rank  of , local  of , master ")
+	first := run("in-image", "generic", "torch: rank  of , local  of , master ", "checked and unpacked in")
 	if first.ImageCID == "" || first.ImageBytes <= 0 {
 		t.Fatalf("the job does not name its image's CID and size: %+v", first)
 	}
@@ -112,7 +114,18 @@ echo "torch: rank $RANK of $WORLD_SIZE, local $LOCAL_RANK of $LOCAL_WORLD_SIZE, 
 		}
 		return true
 	})
-	second := run("in-image-again", "torch", "torch: rank 0 of 1, local 0 of 1, master ")
+	// Its offer says what is free where its workers and images go (the
+	// work area, in /var/tmp), not in its home (a tmpfs under make test).
+	offers, err := a.client.Offers(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range offers {
+		if free := inventory.DiskFree(l.exec.Dir()); o.Machine == l.host.ID().String() && (o.DiskBytes > free+1<<30 || o.DiskBytes+1<<30 < free) {
+			t.Errorf("the offer says %d bytes of disk, the work area has %d free", o.DiskBytes, free)
+		}
+	}
+	second := run("in-image-again", "torch", "torch: rank 0 of 1, local 0 of 1, master ", "held here, nothing to fetch")
 	if w := second.Current().Workers[0]; w.Machine != l.host.ID().String() {
 		t.Errorf("the second job in the image ran on %s, not on the machine that holds it (%s)", w.Machine, l.host.ID())
 	}

@@ -251,6 +251,12 @@ func (n *Node) startMarket(psCtx context.Context) (err error) {
 			}
 			return n.exec.Images(k)
 		},
+		disk: func() uint64 {
+			if n.exec == nil {
+				return 0
+			}
+			return n.exec.DiskFree()
+		},
 	})
 	if err != nil {
 		return err

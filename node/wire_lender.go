@@ -51,8 +51,10 @@ type lendingDeps struct {
 	capable func() error
 	// escrowOf reads a job's open escrow on this machine's ledger replica.
 	escrowOf func(job string) (ledger.Escrow, bool)
-	// images lists the job images the executor holds unpacked.
+	// images lists the job images the executor holds unpacked, disk what
+	// is free in its work area.
 	images func(n int) []string
+	disk   func() uint64
 	log    *slog.Logger
 }
 
@@ -70,7 +72,7 @@ func startLending(c Config, d lendingDeps) (lending, error) {
 		Allocated: func(now time.Time) p2p.Resources { return l.holds.Announced(now) },
 		Links:     l.links.Samples,
 		Reach:     func() string { return p2p.ReachOf(d.host) },
-		Images:    d.images,
+		Images:    d.images, Disk: d.disk,
 	}
 	var err error
 	l.lender, err = lender.NewLender(lender.LenderParams{

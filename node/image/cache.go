@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -18,13 +20,20 @@ import (
 // that an image is unpacked once for every job that runs in it. What it
 // holds stays within its bound (file bytes): the least recently used
 // images that no worker is using are evicted to make room, and an image
-// bigger than the whole bound is refused. Each image is a directory
+// bigger than the whole bound is refused. It counts against its disk too:
+// it never leaves less than DiskReserve free there (evicting when the
+// workers' files fill the disk), and an image is unpacked only within
+// what is free beyond the reserve. Each image is a directory
 // "<hex>.rootfs" beside a "<hex>.json" of its size and last use, so a
 // restarted node finds what it unpacked.
 type Cache struct {
 	dir string
 	max int64
 	lim Limits
+	// free is the bytes free on the cache's filesystem (statfs): the
+	// cache never leaves less than DiskReserve free, evicting instead, so
+	// it gives way to the workers' files on the same disk.
+	free func() int64
 
 	mu     sync.Mutex
 	images map[string]*cached // by manifest digest's hex
@@ -54,7 +63,7 @@ func OpenCache(dir string, max int64, lim Limits) (*Cache, error) {
 	if err := os.Chmod(dir, 0o711); err != nil {
 		return nil, err
 	}
-	c := &Cache{dir: dir, max: max, lim: lim, images: map[string]*cached{}}
+	c := &Cache{dir: dir, max: max, lim: lim, images: map[string]*cached{}, free: func() int64 { return diskFree(dir) }}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
@@ -100,8 +109,9 @@ func (c *Cache) Root(img v1.Image, from string) (string, func(), error) {
 	defer c.mu.Unlock()
 	m := c.images[hex]
 	if m == nil {
+		c.evictLocked() // the disk may have filled since the last image
 		lim := c.lim
-		lim.Bytes = min(lim.Bytes, c.max)
+		lim.Bytes = min(lim.Bytes, c.max, max(c.free()-DiskReserve, 0))
 		st, err := Unpack(img, filepath.Join(c.dir, hex+".rootfs"), lim)
 		if err != nil {
 			return "", nil, err
@@ -191,10 +201,22 @@ func (c *Cache) sizeLocked() int64 {
 	return n
 }
 
+// DiskReserve is what the cache leaves free on its disk.
+const DiskReserve = 2 << 30
+
+// boundLocked is what the cache may hold now: its bound, less what the
+// disk lacks of DiskReserve free; c.mu must be held.
+func (c *Cache) boundLocked(size int64) int64 {
+	return min(c.max, size+c.free()-DiskReserve)
+}
+
 // evictLocked removes the least recently used images not in use until
-// the cache is within its bound; c.mu must be held.
+// the cache is within its bound, and leaves DiskReserve free on its disk
+// if it can; c.mu must be held.
 func (c *Cache) evictLocked() {
-	if c.sizeLocked() <= c.max {
+	size := c.sizeLocked()
+	bound := c.boundLocked(size)
+	if size <= bound {
 		return
 	}
 	var idle []string
@@ -205,12 +227,23 @@ func (c *Cache) evictLocked() {
 	}
 	slices.SortFunc(idle, func(a, b string) int { return c.images[a].Used.Compare(c.images[b].Used) })
 	for _, hex := range idle {
-		if c.sizeLocked() <= c.max {
+		if size <= bound {
 			return
 		}
+		size -= c.images[hex].Bytes // and the disk has as much more free: bound stays
 		delete(c.images, hex)
 		c.remove(hex)
 	}
+}
+
+// diskFree is the bytes an unprivileged user may still write on dir's
+// filesystem (math.MaxInt64 when statfs fails: no bound but the cache's).
+func diskFree(dir string) int64 {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return math.MaxInt64 / 2
+	}
+	return int64(min(st.Bavail*uint64(st.Bsize), math.MaxInt64/2))
 }
 
 // save writes hex's record.

@@ -121,3 +121,53 @@ func TestCacheStaysWithinItsBound(t *testing.T) {
 		t.Errorf("a record without its files stayed: %v", err)
 	}
 }
+
+// TestCacheGivesWayOnAFullDisk: the cache counts against its disk: when
+// the workers' files leave less than DiskReserve free, idle images go,
+// least recently used first, though the cache is within its own bound;
+// and an image is unpacked only within what the disk has beyond the
+// reserve.
+func TestCacheGivesWayOnAFullDisk(t *testing.T) {
+	const size = 1000
+	dir := filepath.Join(t.TempDir(), "images")
+	c, err := OpenCache(dir, 1<<30, DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A disk of the reserve and 13 images' worth, shared with the
+	// workers' files (c.free is called with c.mu held).
+	var workers int64
+	c.free = func() int64 { return DiskReserve + 13*size - workers - c.sizeLocked() }
+	var imgs []string
+	for i := range 3 {
+		imgs = append(imgs, imageOf(t, layerOf(t, file("data", fmt.Sprintf("%d%s", i, strings.Repeat("x", size-1)), 0o644))))
+		img, _ := Open(imgs[i])
+		_, release, err := c.Root(img, fmt.Sprint("layout-", i))
+		if err != nil {
+			t.Fatalf("image %d: %v", i, err)
+		}
+		release()
+	}
+	if got := c.Sources(8); len(got) != 3 {
+		t.Fatalf("with room on the disk the cache holds %q", got)
+	}
+	// The workers' files leave 1.5 images' worth less than the reserve
+	// free: the cache may hold at most 1500 of its 3000 bytes, so the
+	// two least recently used images go.
+	workers = 11*size + size/2
+	img, _ := Open(imgs[2])
+	_, release, err := c.Root(img, "layout-2") // any use re-checks
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if got := c.Sources(8); !slices.Equal(got, []string{"layout-2"}) || c.Size() != size {
+		t.Errorf("on a full disk the cache holds %q (%d bytes), want layout-2 alone", got, c.Size())
+	}
+	// No room beyond the reserve: a new image is refused, not unpacked
+	// into it.
+	big, _ := Open(imageOf(t, layerOf(t, file("data", strings.Repeat("y", 4*size), 0o644))))
+	if _, _, err := c.Root(big, ""); err == nil || !strings.Contains(err.Error(), "more than") {
+		t.Errorf("an image on a disk with no room: %v", err)
+	}
+}

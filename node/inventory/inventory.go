@@ -41,7 +41,7 @@ type Inventory struct {
 func Detect(ctx context.Context, dir, python string) Inventory {
 	inv := Inventory{Cores: runtime.NumCPU(), OS: runtime.GOOS, Arch: runtime.GOARCH}
 	inv.MemBytes = memTotal()
-	inv.DiskFree = diskFree(dir)
+	inv.DiskFree = DiskFree(dir)
 	inv.GPUs = detectGPUs(ctx)
 	var done bool
 	inv.Python, inv.TensorFlow, done = detectPython(ctx, python)
@@ -70,7 +70,9 @@ func memTotal() uint64 {
 	return 0
 }
 
-func diskFree(dir string) uint64 {
+// DiskFree is the bytes free on dir's filesystem, or the nearest existing
+// parent's, for an unprivileged user.
+func DiskFree(dir string) uint64 {
 	for ; dir != ""; dir = parentDir(dir) {
 		var st syscall.Statfs_t
 		if err := syscall.Statfs(dir, &st); err == nil {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/deepmarket/deepmarket/identity"
 	"github.com/deepmarket/deepmarket/node/image"
+	"github.com/deepmarket/deepmarket/node/inventory"
 	"github.com/deepmarket/deepmarket/node/sandbox"
 	"github.com/deepmarket/deepmarket/p2p"
 	"github.com/deepmarket/deepmarket/p2p/tunnel"
@@ -622,4 +623,20 @@ func (w *worker) readLog(off int64) p2p.Logs {
 		lg.Data = bytes.ReplaceAll(lg.Data, []byte(w.dir+"/"), nil)
 	}
 	return lg
+}
+
+// Images lists the layout CIDs of the images this machine holds
+// unpacked, the most recently used first, at most n: what its offer
+// lists (p2p.Offer.Images).
+func (e *Executor) Images(n int) []string {
+	if e.images == nil {
+		return nil
+	}
+	return e.images.Sources(n)
+}
+
+// DiskFree is the bytes free on the disk of the work area, where workers'
+// files and the image cache are: what this machine's offer says it has.
+func (e *Executor) DiskFree() uint64 {
+	return inventory.DiskFree(e.dir)
 }

@@ -39,13 +39,3 @@ func (e *Executor) Sandboxes() []Sandboxed {
 	}
 	return out
 }
-
-// Images lists the layout CIDs of the images this machine holds
-// unpacked, the most recently used first, at most n: what its offer
-// lists (p2p.Offer.Images).
-func (e *Executor) Images(n int) []string {
-	if e.images == nil {
-		return nil
-	}
-	return e.images.Sources(n)
-}

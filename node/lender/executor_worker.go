@@ -98,6 +98,13 @@ func (e *Executor) prepare(ctx context.Context, w *worker) (sandbox.Spec, *sandb
 	if err := e.prepareDir(w); err != nil {
 		return sandbox.Spec{}, nil, err
 	}
+	// The log first: what the node does before the worker starts (its
+	// image's fetch) shows there.
+	jl, err := openWorkerLog(e.logs, w.name)
+	if err != nil {
+		return sandbox.Spec{}, nil, err
+	}
+	w.set(func() { w.log = jl })
 	if err := e.fetchInputs(ctx, w); err != nil {
 		return sandbox.Spec{}, nil, err
 	}
@@ -110,9 +117,10 @@ func (e *Executor) prepare(ctx context.Context, w *worker) (sandbox.Spec, *sandb
 		return sandbox.Spec{}, nil, err
 	}
 	env := e.buildEnv(w)
-	jl, lease, err := e.takeLogAndUID(w)
+	lease, err := e.ids.Acquire()
+	w.set(func() { w.lease = lease })
 	if err != nil {
-		return sandbox.Spec{}, nil, err
+		return sandbox.Spec{}, nil, fmt.Errorf("a uid for the worker: %w", err)
 	}
 	return e.sandboxSpec(w, argv, env, jl, ns, lease.ID), lease, nil
 }
@@ -187,32 +195,75 @@ func (e *Executor) fetchInputs(ctx context.Context, w *worker) error {
 		}
 	}
 	if l.Image != "" {
-		// An image the cache holds, from a layout of this CID, is taken
-		// as it is: a warm machine fetches nothing.
-		root, release, ok, err := e.images.RootOf(l.Image)
-		if err != nil {
-			return fmt.Errorf("image %s: %w", l.Image, err)
-		}
-		if ok {
-			w.set(func() {
-				w.image = root
-				w.closers = append(w.closers, release)
-			})
-			return nil
-		}
-		// Else the layout comes into the worker's dir, root's still, and
-		// goes once the cache holds its root filesystem.
-		layout := filepath.Join(w.dir, "image")
-		if err := fetch(l.Image, layout); err != nil {
-			return fmt.Errorf("fetch image: %w", err)
-		}
-		err = e.takeImage(w, layout)
-		if rerr := e.root.RemoveAll(filepath.Join(w.name, "image")); err == nil {
-			err = rerr
-		}
-		return err
+		return e.fetchImage(ctx, w)
 	}
 	return nil
+}
+
+// fetchImage gives the worker its image's root filesystem: the one the
+// cache holds from a layout of this CID, as it is (a warm machine fetches
+// nothing), or else the layout fetched into the worker's dir, root's
+// still, checked and unpacked into the cache, then removed. The worker's
+// log says which, and how the fetch goes.
+func (e *Executor) fetchImage(ctx context.Context, w *worker) error {
+	c := w.l.Image
+	root, release, ok, err := e.images.RootOf(c)
+	if err != nil {
+		return fmt.Errorf("image %s: %w", c, err)
+	}
+	if ok {
+		w.set(func() {
+			w.image = root
+			w.closers = append(w.closers, release)
+		})
+		w.note("image %s: held here, nothing to fetch", c)
+		return nil
+	}
+	id, _ := cid.Decode(c)
+	start, said := time.Now(), time.Now()
+	layout := filepath.Join(w.dir, "image")
+	progress := func(p storage.Progress) {
+		if time.Since(said) >= imageProgressEvery {
+			said = time.Now()
+			w.note("image %s: fetched %s of %s", c, units.FormatSize(uint64(p.Done)), units.FormatSize(uint64(max(p.Total, p.Done))))
+		}
+	}
+	var pin storage.Pin
+	for try := 0; ; try++ { // once more after a stall, as the other inputs
+		pin, err = e.blocks.FetchInto(ctx, id, layout, progress)
+		if err == nil || try == 1 || !errors.Is(err, storage.ErrStalled) || ctx.Err() != nil {
+			break
+		}
+		w.note("image %s: the fetch stalled (%v): trying again from the blocks kept", c, err)
+	}
+	if err != nil {
+		return fmt.Errorf("fetch image: %w", err)
+	}
+	fetched := time.Since(start)
+	err = e.takeImage(w, layout)
+	if rerr := e.root.RemoveAll(filepath.Join(w.name, "image")); err == nil {
+		err = rerr
+	}
+	if err == nil {
+		w.note("image %s: fetched %s in %s, checked and unpacked in %s", c, units.FormatSize(uint64(pin.Size)),
+			fetched.Round(10*time.Millisecond), (time.Since(start) - fetched).Round(10*time.Millisecond))
+	}
+	return err
+}
+
+// imageProgressEvery is how often a worker's log says how its image's
+// fetch goes.
+const imageProgressEvery = 2 * time.Second
+
+// note writes a line of the node's own to the worker's log, which the
+// job's submitter reads with the worker's output.
+func (w *worker) note(format string, args ...any) {
+	w.mu.Lock()
+	jl := w.log
+	w.mu.Unlock()
+	if jl != nil {
+		fmt.Fprintf(jl, "[deepmarket] "+format+"\n", args...)
+	}
 }
 
 // takeImage opens the image layout at dir and takes its root filesystem
@@ -315,22 +366,6 @@ func frameworkEnv(framework string, index int, addrs, world []string) []string {
 		env = append(env, "TF_CONFIG="+string(tf))
 	}
 	return env
-}
-
-// takeLogAndUID opens the worker's log and leases it a uid of its own; the
-// worker holds both from then on (finish closes the log and releases the
-// uid once nothing of the job is left).
-func (e *Executor) takeLogAndUID(w *worker) (*workerLog, *sandbox.Lease, error) {
-	jl, err := openWorkerLog(e.logs, w.name)
-	if err != nil {
-		return nil, nil, err
-	}
-	lease, err := e.ids.Acquire()
-	w.set(func() { w.log, w.lease = jl, lease })
-	if err != nil {
-		return nil, nil, fmt.Errorf("a uid for the worker: %w", err)
-	}
-	return jl, lease, nil
 }
 
 // sandboxSpec is the worker's sandbox: its dir, entered at bundle/, its

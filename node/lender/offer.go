@@ -33,6 +33,9 @@ type OfferSource struct {
 	// Images, when set, lists the job images this machine holds unpacked
 	// (p2p.Offer.Images), at most n.
 	Images func(n int) []string
+	// Disk, when set, is the bytes free where workers' files and the
+	// image cache go (else the inventory's, in the node's home).
+	Disk func() uint64
 }
 
 // Build turns lend settings into the offer this machine announces.
@@ -63,6 +66,10 @@ func (o OfferSource) Build(s LendSettings, now time.Time) p2p.Offer {
 	if o.Images != nil {
 		images = o.Images(p2p.MaxOfferImages)
 	}
+	disk := inv.DiskFree
+	if o.Disk != nil {
+		disk = o.Disk()
+	}
 	return p2p.Offer{
 		Links:   links,
 		Reach:   reach,
@@ -71,7 +78,7 @@ func (o OfferSource) Build(s LendSettings, now time.Time) p2p.Offer {
 		Lent:      lent,
 		Allocated: alloc,
 		GPUs:      gpus,
-		DiskBytes: inv.DiskFree,
+		DiskBytes: disk,
 		Price:     s.Price,
 		Window:    s.Window,
 		Addrs:     addrs,
