@@ -55,6 +55,9 @@ type bwrapView struct {
 	ReadOnly []string
 	Hide     []string
 	GPUs     []int // the GPUs whose device nodes the job gets
+	// DriverLibs and DriverBins are the host's NVIDIA driver files a GPU
+	// job in an image gets (driverArgs).
+	DriverLibs, DriverBins []string
 	// Cgroups maps each cgroup hierarchy's mount point to the job's
 	// cgroup dir in it (hierarchy.jobDirs): all the job sees of cgroups.
 	Cgroups    map[string]string
@@ -82,6 +85,9 @@ func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 	args = append(args, sysArgs...)
 	args = append(args, cgroupArgs(cgroupRoot, v.Cgroups)...)
 	args = append(args, deviceArgs(v.GPUs)...)
+	if v.Root != "" && len(v.GPUs) > 0 {
+		args = append(args, driverArgs(v.DriverLibs, v.DriverBins)...)
+	}
 	// /tmp and /var/tmp are the job's own, inside its dir so that the disk
 	// bound covers them and they go with it.
 	tmp := filepath.Join(v.Dir, "tmp")

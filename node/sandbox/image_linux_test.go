@@ -72,3 +72,54 @@ echo tmp > /tmp/x && echo tmp-ok
 		t.Errorf("the mount point in the image holds %v", entries)
 	}
 }
+
+// TestGPUJobInAnImageGetsTheDriver: a job with a GPU in an image gets the
+// host's driver (here a stand-in library and nvidia-smi, as no GPU is
+// here) read-only under /usr/local/nvidia, on its LD_LIBRARY_PATH and
+// PATH, as nvidia-container-toolkit gives a container; a job without a
+// GPU in the same image gets none of it.
+func TestGPUJobInAnImageGetsTheDriver(t *testing.T) {
+	needRoot(t)
+	base := readOnlyBase(t)
+	root := shellImage(t, base)
+	host := filepath.Join(base, "host-driver")
+	os.MkdirAll(host, 0o755)
+	lib, smi := filepath.Join(host, "libcuda.so.1"), filepath.Join(host, "nvidia-smi")
+	if err := os.WriteFile(lib, []byte("the host's libcuda\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(smi, []byte("#!/bin/sh\necho 'GPU 0: the host driver'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	saved := driverFiles
+	driverFiles = func() ([]string, []string) { return []string{lib}, []string{smi} }
+	t.Cleanup(func() { driverFiles = saved })
+	script := `read l < /usr/local/nvidia/lib64/libcuda.so.1 && echo "lib=$l"
+nvidia-smi
+echo "ld=$LD_LIBRARY_PATH"
+(echo x > /usr/local/nvidia/lib64/libcuda.so.1) 2>/dev/null || echo driver-read-only
+[ -e /usr/local/nvidia ] || echo no-driver`
+	var out bytes.Buffer
+	s := spec(t, &out, "/bin/sh", "-c", script)
+	s.Root, s.Limits.GPUs = root, []int{0}
+	s.Env = []string{"LD_LIBRARY_PATH=/opt/image-libs"}
+	if e := run(t, s); e.Code != 0 {
+		t.Fatalf("the GPU job: %+v\n%s", e, out.String())
+	}
+	got := out.String()
+	for _, want := range []string{"lib=the host's libcuda", "GPU 0: the host driver", "ld=/usr/local/nvidia/lib64:/opt/image-libs", "driver-read-only"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the GPU job in its image printed %q; want %q in it", got, want)
+		}
+	}
+	if b, _ := os.ReadFile(lib); string(b) != "the host's libcuda\n" {
+		t.Errorf("the host's library became %q", b)
+	}
+	out.Reset()
+	s = spec(t, &out, "/bin/sh", "-c", script)
+	s.Root = root
+	run(t, s)
+	if got := out.String(); !strings.Contains(got, "no-driver") || strings.Contains(got, "host driver") {
+		t.Errorf("a job without a GPU in the image printed %q; want no driver", got)
+	}
+}

@@ -105,7 +105,11 @@ func checkSpec(s *Spec) (cwd string, err error) {
 		if fi, err := os.Stat(s.Root); err != nil || !fi.IsDir() || !filepath.IsAbs(s.Root) {
 			return "", fmt.Errorf("sandbox: image root %q is not an absolute directory (%v)", s.Root, err)
 		}
-		if err := imageMountpoints(s.Root, append([]string{s.Dir, "/var/tmp"}, s.ReadOnly...)); err != nil {
+		targets := append([]string{s.Dir, "/var/tmp"}, s.ReadOnly...)
+		if len(s.Limits.GPUs) > 0 {
+			targets = append(targets, nvidiaDir) // the driver's tmpfs
+		}
+		if err := imageMountpoints(s.Root, targets); err != nil {
 			return "", fmt.Errorf("sandbox: %w", err)
 		}
 	}
@@ -170,6 +174,9 @@ func (p *Process) newTrampolineConfig(bw, cwd string, filters int, cgroups map[s
 	}
 	view := bwrapView{Dir: s.Dir, Cwd: cwd, Root: s.Root, ReadOnly: s.ReadOnly, Hide: hide,
 		GPUs: s.Limits.GPUs, Cgroups: cgroups, OwnNet: s.NetNS == nil, SeccompFDs: scFDs}
+	if s.Root != "" && len(s.Limits.GPUs) > 0 {
+		view.DriverLibs, view.DriverBins = driverFiles()
+	}
 	return trampolineConfig{
 		UID: p.uid, GID: p.uid, FSize: s.Limits.DiskBytes, Dir: cwd,
 		Path: bw, Argv: bwrapArgs(bw, view, s.Argv), Env: buildEnv(s),
@@ -334,6 +341,11 @@ func buildEnv(s Spec) []string {
 	}
 	set("CUDA_VISIBLE_DEVICES", strings.Join(gpus, ","))
 	set("NVIDIA_VISIBLE_DEVICES", strings.Join(gpus, ","))
+	if s.Root != "" && len(gpus) > 0 {
+		ld, path := withDriverPaths(vals["LD_LIBRARY_PATH"], vals["PATH"])
+		set("LD_LIBRARY_PATH", ld)
+		set("PATH", path)
+	}
 	env := make([]string, len(keys))
 	for i, k := range keys {
 		env[i] = k + "=" + vals[k]

@@ -49,7 +49,9 @@ type Limits struct {
 	// DiskBytes bounds the job dir's size; 0 means none.
 	DiskBytes uint64
 	// GPUs become CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES; empty
-	// means none (both set to "").
+	// means none (both set to ""). A job in an image (Spec.Root) with GPUs
+	// also gets the host's driver libraries and tools, read-only, under
+	// /usr/local/nvidia, on its LD_LIBRARY_PATH and PATH.
 	GPUs []int
 }
 

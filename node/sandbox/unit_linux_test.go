@@ -448,3 +448,28 @@ func TestCgroupArgs(t *testing.T) {
 		t.Errorf("v1:\n%q\nwant\n%q", got, want)
 	}
 }
+
+// TestDriverLibsInLdconfig: the driver's 64-bit libraries are picked out
+// of the dynamic linker's cache; other libraries and 32-bit ones are not.
+func TestDriverLibsInLdconfig(t *testing.T) {
+	cache := []byte(`1234 libs found in cache "/etc/ld.so.cache"
+	libnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1
+	libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1
+	libcuda.so.1 (libc6) => /usr/lib/i386-linux-gnu/libcuda.so.1
+	libcudart.so.12 (libc6,x86-64) => /usr/local/cuda/lib64/libcudart.so.12
+	libc.so.6 (libc6,x86-64, OS ABI: Linux 3.2.0) => /lib/x86_64-linux-gnu/libc.so.6
+`)
+	got := driverLibsIn(cache)
+	want := []string{"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"}
+	if !slices.Equal(got, want) {
+		t.Errorf("driver libraries %q, want %q", got, want)
+	}
+	for _, tc := range []struct{ ld, path, wantLD, wantPath string }{
+		{"", "/usr/bin", "/usr/local/nvidia/lib64", "/usr/bin:/usr/local/nvidia/bin"},
+		{"/usr/local/nvidia/lib:/usr/local/nvidia/lib64", "/usr/local/nvidia/bin:/usr/bin", "/usr/local/nvidia/lib:/usr/local/nvidia/lib64", "/usr/local/nvidia/bin:/usr/bin"},
+	} {
+		if ld, path := withDriverPaths(tc.ld, tc.path); ld != tc.wantLD || path != tc.wantPath {
+			t.Errorf("withDriverPaths(%q, %q) = %q, %q; want %q, %q", tc.ld, tc.path, ld, path, tc.wantLD, tc.wantPath)
+		}
+	}
+}
