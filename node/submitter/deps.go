@@ -76,6 +76,9 @@ type Blocks interface {
 	Add(ctx context.Context, path string, progress func(storage.Progress)) (storage.Pin, error)
 	// Pinned is what this node holds of root, if it holds it.
 	Pinned(ctx context.Context, root cid.Cid) (storage.Pin, bool, error)
+	// Fetch brings every block under root from peers and pins it
+	// (storage.ErrStalled when none delivers).
+	Fetch(ctx context.Context, root cid.Cid, progress func(storage.Progress)) (storage.Pin, error)
 }
 
 // Holders runs the model's holder of this node's held jobs ([training]

@@ -819,6 +819,14 @@ func (b *fakeBlocks) Pinned(_ context.Context, c cid.Cid) (storage.Pin, bool, er
 	return storage.Pin{CID: c, Kind: "directory", Size: fakeImageBytes}, c.String() == bundleCID, nil
 }
 
+// Fetch finds no peer with anything but what Add gives.
+func (b *fakeBlocks) Fetch(_ context.Context, c cid.Cid, _ func(storage.Progress)) (storage.Pin, error) {
+	if c.String() == bundleCID {
+		return storage.Pin{CID: c, Kind: "directory", Size: fakeImageBytes}, nil
+	}
+	return storage.Pin{}, fmt.Errorf("fetch %s: %w (kept 0 blocks)", c, storage.ErrStalled)
+}
+
 // fakeHolders is this machine as it would run a held job's holder: it
 // runs none.
 type fakeHolders struct {

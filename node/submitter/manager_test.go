@@ -288,7 +288,9 @@ func TestDiLoCoIsHeldByDefault(t *testing.T) {
 
 // TestBidNamesTheImage: a job in an image bids with the image's CID and
 // its size, so schedulers can tell machines that hold it (a warm start)
-// from those that would fetch it; a job without one names none.
+// from those that would fetch it; a job without one names none; a job in
+// an image that neither this node nor any peer holds fails before it
+// bids.
 func TestBidNamesTheImage(t *testing.T) {
 	h := newHarness(t, "a")
 	h.Market.Answer(h.PlaceOn("a"))
@@ -303,5 +305,16 @@ func TestBidNamesTheImage(t *testing.T) {
 	h.Submit(h.Spec(1), false)
 	if bids := h.Market.Bids(); bids[len(bids)-1].Image != "" || bids[len(bids)-1].ImageBytes != 0 {
 		t.Errorf("a job without an image bids %+v", bids[len(bids)-1])
+	}
+	// An image this node does not hold and no peer delivers: the job
+	// fails before it bids, saying what to do.
+	before := len(h.Market.Bids())
+	f.Image = "bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi"
+	j = h.Await(h.Submit(f, true).ID, jobs.Failed)
+	if !strings.Contains(j.Reason, "could not fetch it") || !strings.Contains(j.Reason, "env add") || len(h.Market.Bids()) != before {
+		t.Errorf("a job in an image nobody holds: %s (%s), %d bids after %d\n%s", j.State, j.Reason, len(h.Market.Bids()), before, h.Log(j.ID))
+	}
+	if log := h.Log(j.ID); !strings.Contains(log, "fetching the image "+f.Image+": this node does not hold it") {
+		t.Errorf("the job's log does not say it looked for the image:\n%s", log)
 	}
 }

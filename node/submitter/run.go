@@ -12,7 +12,43 @@ import (
 	"github.com/deepmarket/deepmarket/node/image"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/storage"
+	"github.com/deepmarket/deepmarket/units"
 )
+
+// holdImage makes sure this node holds the job's image, by CID, before
+// anything is bid: one it does not hold (added on another node) is
+// fetched from peers and pinned here, so that a missing image fails the
+// job now, saying so, rather than on every lender after its escrow, and
+// lenders can fetch it from here. The image's size goes into the bids.
+func (m *Manager) holdImage(ctx context.Context, j *job, img string) error {
+	if img == "" {
+		return nil
+	}
+	c, err := cid.Decode(img)
+	if err != nil {
+		return fmt.Errorf("image %s: %w", img, err)
+	}
+	pin, ok, err := m.p.Blocks.Pinned(ctx, c)
+	if err != nil {
+		return fmt.Errorf("image %s: %w", img, err)
+	}
+	if !ok || pin.Partial {
+		m.logf(j.ID, "fetching the image %s: this node does not hold it", img)
+		said := time.Now()
+		pin, err = m.p.Blocks.Fetch(ctx, c, func(p storage.Progress) {
+			if time.Since(said) >= 5*time.Second {
+				said = time.Now()
+				m.logf(j.ID, "fetching the image: %s of %s", units.FormatSize(uint64(p.Done)), units.FormatSize(uint64(max(p.Total, p.Done))))
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("image %s: this node does not hold it and could not fetch it (%v): add it with `deepmarket env add`, or submit from the node that did", img, err)
+		}
+	}
+	j.ImageBytes = pin.Size
+	return nil
+}
 
 // drive takes a job through its runs until it ends. Each run is quoted,
 // its holds committed, its escrow opened, its workers launched and
@@ -161,6 +197,9 @@ func (m *Manager) addInputs(ctx context.Context, j *job) error {
 	if err != nil {
 		return err
 	}
+	if err := m.holdImage(ctx, j, img); err != nil {
+		return err
+	}
 	if t := j.Spec.Training; t != nil && t.Validation != "" {
 		v, err := add("validation batch", t.Validation)
 		if err != nil {
@@ -170,11 +209,6 @@ func (m *Manager) addInputs(ctx context.Context, j *job) error {
 		c.Validation, j.Spec.Training = v, &c
 	}
 	j.BundleCID, j.DatasetCID, j.ImageCID = b, d, img
-	if c, err := cid.Decode(img); err == nil {
-		if pin, ok, err := m.p.Blocks.Pinned(ctx, c); err == nil && ok {
-			j.ImageBytes = pin.Size
-		}
-	}
 	m.save(j)
 	if !m.move(j, jobs.Quoting, "") {
 		return errors.New("internal: cannot quote")
