@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -179,6 +180,14 @@ func TestMisbehavingPeersAreDroppedAndScored(t *testing.T) {
 	m = mk() // absurd values
 	m.send(t, m.seal(t, chain, p2p.TypeOffer, m.offer(1_000_000_000, "absurd"), 1, exp))
 
+	m = mk() // an offer claiming images: too many, and a name that is no CID
+	claims := m.offer(1, "claims")
+	for i := range p2p.MaxOfferImages {
+		claims.Images = append(claims.Images, fmt.Sprintf("bafyclaimed%d", i))
+	}
+	claims.Images = append(claims.Images, "../../etc/shadow")
+	m.send(t, m.seal(t, chain, p2p.TypeOffer, claims, 1, exp))
+
 	m = mk() // not even CBOR
 	m.send(t, []byte("\xff\xfe garbage"))
 
@@ -204,7 +213,7 @@ func TestMisbehavingPeersAreDroppedAndScored(t *testing.T) {
 
 	want := map[string]float64{
 		"bad_signature": 2, "signer_mismatch": 2, "unknown_type": 1, "oversize": 1,
-		"expired": 1, "out_of_range": 1, "malformed": 1, "replay": 2,
+		"expired": 1, "out_of_range": 2, "malformed": 1, "replay": 2,
 	}
 	eventually(t, 15*time.Second, "V to reject every bad message", func() bool {
 		for reason, n := range want {

@@ -10,10 +10,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/deepmarket/deepmarket/node/inventory"
 )
 
 // Cache keeps unpacked images on a lender, keyed by manifest digest, so
@@ -63,7 +64,7 @@ func OpenCache(dir string, max int64, lim Limits) (*Cache, error) {
 	if err := os.Chmod(dir, 0o711); err != nil {
 		return nil, err
 	}
-	c := &Cache{dir: dir, max: max, lim: lim, images: map[string]*cached{}, free: func() int64 { return diskFree(dir) }}
+	c := &Cache{dir: dir, max: max, lim: lim, images: map[string]*cached{}, free: func() int64 { return int64(min(inventory.DiskFree(dir), math.MaxInt64/2)) }}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
@@ -234,16 +235,6 @@ func (c *Cache) evictLocked() {
 		delete(c.images, hex)
 		c.remove(hex)
 	}
-}
-
-// diskFree is the bytes an unprivileged user may still write on dir's
-// filesystem (math.MaxInt64 when statfs fails: no bound but the cache's).
-func diskFree(dir string) int64 {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
-		return math.MaxInt64 / 2
-	}
-	return int64(min(st.Bavail*uint64(st.Bsize), math.MaxInt64/2))
 }
 
 // save writes hex's record.
