@@ -42,7 +42,7 @@ func (n *Node) addServices() {
 	}
 	n.svc.lending = &service.Lending{Lender: n.lender, Exec: n.exec, Holds: n.holds, Owners: n.reads, Machine: n.key.Address(),
 		Host: n.host, Probe: probe, Python: n.cfg.Inventory.Python, ConfigPath: n.home.ConfigPath(), ReclaimGrace: ReclaimGrace}
-	n.svc.data = &service.Data{Blocks: n.blocks, Records: n.store, Logger: n.log.With("module", "data")}
+	n.svc.data = &service.Data{Blocks: n.blocks, Records: n.store, Python: n.cfg.Inventory.Python, Logger: n.log.With("module", "data")}
 	n.svc.dash = &service.Dashboard{Account: n.key.Address(), Machine: n.host.ID(), Moniker: n.cfg.Node.Moniker, Site: n.cfg.Node.Site,
 		Prices: n.cfg.DefaultPrices(), Ledger: n.ledger, Chain: n.chain, Lender: n.lender, Exec: n.exec, Holds: n.holds,
 		Book: n.book, Own: &n.own, Market: n.market, History: n.prices, Jobs: n.jobs}

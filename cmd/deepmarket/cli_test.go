@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/deepmarket/deepmarket/node/sandbox"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -23,6 +24,8 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
+	// sandboxtest.Need's probe runs a trial job by re-executing this binary.
+	sandbox.MaybeRunTrampoline()
 	dir, err := os.MkdirTemp("", "deepmarket-cli")
 	if err != nil {
 		panic(err)

@@ -44,7 +44,7 @@ and 'env rm' forgets one and unpins it ('data gc' then frees its space).`,
   deepmarket env ls
   deepmarket env rm train`,
 	}
-	cmd.AddCommand(newEnvAddCmd(c), newEnvLsCmd(c), newEnvShowCmd(c), newEnvRmCmd(c))
+	cmd.AddCommand(newEnvAddCmd(c), newEnvBuildCmd(c), newEnvDebianCmd(c), newEnvLsCmd(c), newEnvShowCmd(c), newEnvRmCmd(c))
 	return cmd
 }
 

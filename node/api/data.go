@@ -51,11 +51,13 @@ type DataGCResult struct {
 }
 
 // Progress reports a long operation: Done of Total bytes (Total 0 while
-// unknown).
+// unknown), or a Step, a line of what it does (an image build's steps and
+// its pip's output).
 type Progress struct {
-	Done   int64 `json:"done"`
-	Total  int64 `json:"total"`
-	Blocks int   `json:"blocks"`
+	Done   int64  `json:"done"`
+	Total  int64  `json:"total"`
+	Blocks int    `json:"blocks"`
+	Step   string `json:"step,omitempty"`
 }
 
 // streamLine is one line of a streamed answer (NDJSON): progress lines,

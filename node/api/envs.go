@@ -33,6 +33,29 @@ type EnvRecordRequest struct {
 	Size   int64  `json:"size"`
 }
 
+// EnvBuildRequest builds an image on the node (`env build`): Base plus
+// the Python packages Project asks for. Paths are on the node's machine.
+type EnvBuildRequest struct {
+	// Project is a directory holding requirements.txt, pyproject.toml or
+	// both.
+	Project string `json:"project"`
+	// Base is the image the packages go on: a CID or a name added here,
+	// an OCI layout directory or save tarball, or a registry reference.
+	Base string `json:"base"`
+	// Wheels, when set, is a wheelhouse directory pip installs from
+	// alone; otherwise the node's pip downloads the wheels first.
+	Wheels string `json:"wheels,omitempty"`
+	// Name records the built image under a name too.
+	Name string `json:"name,omitempty"`
+}
+
+// EnvBuild builds an image, adds it and records it; progress gets its
+// steps and pip's output (Step), then the add's bytes.
+func (c *Client) EnvBuild(ctx context.Context, req EnvBuildRequest, progress func(Progress)) (EnvImage, error) {
+	var out EnvImage
+	return out, c.doStream(ctx, http.MethodPost, "/api/v1/envs/build", req, &out, progress)
+}
+
 // EnvRecord records an added image.
 func (c *Client) EnvRecord(ctx context.Context, req EnvRecordRequest) (EnvImage, error) {
 	var out EnvImage

@@ -55,6 +55,7 @@ type (
 		DataGC(ctx context.Context) (DataGCResult, error)
 		// Images added here (env add), by name or CID.
 		EnvRecord(ctx context.Context, req EnvRecordRequest) (EnvImage, error)
+		EnvBuild(ctx context.Context, req EnvBuildRequest, progress func(Progress)) (EnvImage, error)
 		EnvList(ctx context.Context) ([]EnvImage, error)
 		EnvShow(ctx context.Context, ref string) (EnvImage, error)
 		EnvRemove(ctx context.Context, ref string) (EnvImage, error)
@@ -276,6 +277,13 @@ func (s *Server) routeData() {
 			return nil, err
 		}
 		return p.Data.EnvRecord(r.Context(), req)
+	})
+	s.stream("POST /api/v1/envs/build", func(r *http.Request, progress func(Progress)) (any, error) {
+		var req EnvBuildRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return p.Data.EnvBuild(r.Context(), req, progress)
 	})
 	s.handle("GET /api/v1/envs", func(r *http.Request) (any, error) {
 		l, err := p.Data.EnvList(r.Context())

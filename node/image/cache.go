@@ -47,7 +47,9 @@ type cached struct {
 	// (the last maxCIDs): a launch naming one takes the root without
 	// fetching the layout again. A CID names the layout's every byte, its
 	// manifest with them, so it names this image alone.
-	CIDs  []string `json:"cids,omitempty"`
+	CIDs []string `json:"cids,omitempty"`
+	// Env is what the image's config sets (Env).
+	Env   []string `json:"env,omitempty"`
 	inUse int
 }
 
@@ -100,10 +102,14 @@ func OpenCache(dir string, max int64, lim Limits) (*Cache, error) {
 // CID from ("" if none), unpacking it first when the cache does not hold
 // it, and a release to call once the worker using it is done: until then
 // it is not evicted.
-func (c *Cache) Root(img v1.Image, from string) (string, func(), error) {
+func (c *Cache) Root(img v1.Image, from string) (Rootfs, func(), error) {
 	d, err := img.Digest()
 	if err != nil {
-		return "", nil, fmt.Errorf("the image's manifest: %w", err)
+		return Rootfs{}, nil, fmt.Errorf("the image's manifest: %w", err)
+	}
+	env, err := Env(img)
+	if err != nil {
+		return Rootfs{}, nil, err
 	}
 	hex := d.Hex
 	c.mu.Lock()
@@ -115,11 +121,12 @@ func (c *Cache) Root(img v1.Image, from string) (string, func(), error) {
 		lim.Bytes = min(lim.Bytes, c.max, max(c.free()-DiskReserve, 0))
 		st, err := Unpack(img, filepath.Join(c.dir, hex+".rootfs"), lim)
 		if err != nil {
-			return "", nil, err
+			return Rootfs{}, nil, err
 		}
 		m = &cached{Bytes: st.Bytes}
 		c.images[hex] = m
 	}
+	m.Env = env
 	if from != "" && !slices.Contains(m.CIDs, from) {
 		cids := append(m.CIDs, from)
 		m.CIDs = cids[max(0, len(cids)-maxCIDs):]
@@ -130,7 +137,7 @@ func (c *Cache) Root(img v1.Image, from string) (string, func(), error) {
 // RootOf is Root for an image the cache holds, named by the CID of a
 // layout it came in: false when it holds none, and the layout must be
 // fetched.
-func (c *Cache) RootOf(from string) (string, func(), bool, error) {
+func (c *Cache) RootOf(from string) (Rootfs, func(), bool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for hex, m := range c.images {
@@ -139,7 +146,7 @@ func (c *Cache) RootOf(from string) (string, func(), bool, error) {
 			return root, release, err == nil, err
 		}
 	}
-	return "", nil, false, nil
+	return Rootfs{}, nil, false, nil
 }
 
 // Sources lists the layout CIDs of the images the cache holds, the most
@@ -167,12 +174,12 @@ func (c *Cache) Sources(n int) []string {
 
 // takeLocked marks image hex used and in use, and returns its root and
 // its release; c.mu must be held.
-func (c *Cache) takeLocked(hex string, m *cached) (string, func(), error) {
+func (c *Cache) takeLocked(hex string, m *cached) (Rootfs, func(), error) {
 	m.Used = time.Now()
 	m.inUse++
 	if err := c.save(hex, m); err != nil {
 		m.inUse--
-		return "", nil, err
+		return Rootfs{}, nil, err
 	}
 	c.evictLocked()
 	var once sync.Once
@@ -184,7 +191,7 @@ func (c *Cache) takeLocked(hex string, m *cached) (string, func(), error) {
 			c.mu.Unlock()
 		})
 	}
-	return filepath.Join(c.dir, hex+".rootfs"), release, nil
+	return Rootfs{Dir: filepath.Join(c.dir, hex+".rootfs"), Env: slices.Clone(m.Env)}, release, nil
 }
 
 // Size is the file bytes the cache holds.

@@ -32,10 +32,11 @@ func TestCacheStaysWithinItsBound(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, release, err := c.Root(img, fmt.Sprint("layout-", i))
+		r, release, err := c.Root(img, fmt.Sprint("layout-", i))
 		if err != nil {
 			t.Fatalf("image %d: %v", i, err)
 		}
+		p := r.Dir
 		if b, err := os.ReadFile(filepath.Join(p, "data")); err != nil || b[0] != byte('0'+i) {
 			t.Fatalf("image %d's root: %q %v", i, b[:1], err)
 		}
@@ -68,8 +69,8 @@ func TestCacheStaysWithinItsBound(t *testing.T) {
 	}
 	// Found by the CID of the layout it came in, without the layout; a
 	// CID it did not come in finds nothing.
-	if p, release, ok, err := c.RootOf("layout-5"); err != nil || !ok || p != p5 {
-		t.Errorf("image 5 by its layout's CID: %q %v %v", p, ok, err)
+	if r, release, ok, err := c.RootOf("layout-5"); err != nil || !ok || r.Dir != p5 {
+		t.Errorf("image 5 by its layout's CID: %q %v %v", r.Dir, ok, err)
 	} else {
 		release()
 	}

@@ -13,9 +13,14 @@
 //     the leading slash) or a hard link to one;
 //   - a relative symbolic link that climbs above the root (an absolute
 //     one is kept: it resolves inside the image in the sandbox);
-//   - device nodes and FIFOs, and setuid or setgid files;
+//   - device nodes and FIFOs;
 //   - more entries, or more bytes of file content, than its Limits (a
 //     layer that decompresses into a bomb stops at the bound).
+//
+// Setuid and setgid bits are dropped: the files are kept without them
+// (Debian-based images carry su, mount and passwd), so that no file of a
+// stranger's image on the lender's disk runs as its owner for a local
+// user who finds it.
 //
 // The image is unpacked into a directory beside the destination and
 // renamed into place once whole: a refused or interrupted unpack leaves
@@ -53,6 +58,8 @@ type Stats struct {
 	Layers  int
 	Entries int
 	Bytes   int64
+	// Setuid counts the files whose setuid or setgid bit was dropped.
+	Setuid int
 }
 
 // Open reads the image at path: an OCI image layout directory (its
@@ -259,7 +266,7 @@ func entryName(name string) (string, error) {
 func writeEntry(root *os.Root, name string, h *tar.Header, r io.Reader, lim Limits, st *Stats) error {
 	mode := os.FileMode(h.Mode) & os.ModePerm
 	if h.Mode&(0o4000|0o2000) != 0 && h.Typeflag != tar.TypeDir {
-		return fmt.Errorf("entry %q is setuid or setgid (mode %o)", h.Name, h.Mode)
+		st.Setuid++ // mode keeps the permission bits alone
 	}
 	if dir := path.Dir(name); dir != "." {
 		if err := root.MkdirAll(dir, 0o755); err != nil {

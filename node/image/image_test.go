@@ -155,8 +155,6 @@ func TestHostileImagesAreRefused(t *testing.T) {
 		{"deep traversal", []entry{file("usr/../../escaped", "x", 0o644)}, DefaultLimits, "leaves the image's root"},
 		{"device node", []entry{{hdr: tar.Header{Name: "dev/sda", Typeflag: tar.TypeBlock, Mode: 0o660, Devmajor: 8}}}, DefaultLimits, "device node"},
 		{"char device", []entry{{hdr: tar.Header{Name: "dev/mem", Typeflag: tar.TypeChar, Mode: 0o660, Devmajor: 1, Devminor: 1}}}, DefaultLimits, "device node"},
-		{"setuid", []entry{file("usr/bin/su", "x", 0o4755)}, DefaultLimits, "setuid"},
-		{"setgid", []entry{file("usr/bin/wall", "x", 0o2755)}, DefaultLimits, "setuid or setgid"},
 		{"symbolic link out", []entry{link("etc/passwd", "../../../../etc/passwd", tar.TypeSymlink)}, DefaultLimits, "leaves the image's root"},
 		{"write through a link", []entry{link("out", "/", tar.TypeSymlink), file("out/escaped", "x", 0o644)}, DefaultLimits, "escapes"},
 		{"hard link out", []entry{link("passwd", "../../etc/passwd", tar.TypeLink)}, DefaultLimits, "leaves the image's root"},
@@ -176,6 +174,25 @@ func TestHostileImagesAreRefused(t *testing.T) {
 				t.Errorf("a file escaped the root: %v", err)
 			}
 		})
+	}
+}
+
+// TestSetuidBitsAreDropped: setuid and setgid files (a Debian image's
+// su and wall) are kept without those bits: no file of an image runs as
+// its owner on the lender's disk.
+func TestSetuidBitsAreDropped(t *testing.T) {
+	dest, st, err := unpack(t, imageOf(t, layerOf(t, file("usr/bin/su", "x", 0o4755), file("usr/bin/wall", "x", 0o2755))), DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"usr/bin/su", "usr/bin/wall"} {
+		fi, err := os.Stat(filepath.Join(dest, f))
+		if err != nil || fi.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0 || fi.Mode().Perm() != 0o755 {
+			t.Errorf("%s: %v %v; want mode 0755 without setuid or setgid", f, fi.Mode(), err)
+		}
+	}
+	if st.Setuid != 2 {
+		t.Errorf("the unpack counts %d setuid files, want 2", st.Setuid)
 	}
 }
 

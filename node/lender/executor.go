@@ -131,7 +131,7 @@ type worker struct {
 	log      *workerLog
 	lease    *sandbox.Lease // its uid, held until nothing of the job is left
 	cancel   context.CancelFunc
-	image    string // its image's root filesystem, when its launch names one
+	image    image.Rootfs // its image's root filesystem and environment, when its launch names one
 	stopping bool
 	wantCkpt bool
 	closers  []func()

@@ -331,7 +331,9 @@ func (e *Executor) buildEnv(w *worker) []string {
 		// python3 in the command is the configured environment's.
 		path = filepath.Dir(e.python) + ":" + path
 	}
-	return append(env, "PATH="+path)
+	// An image's own variables (its PATH, PYTHONPATH, ...) override the
+	// default PATH, and the run's override them.
+	return append(append([]string{"PATH=" + path}, w.image.Env...), env...)
 }
 
 // frameworkEnv tells a worker's framework its cluster: MASTER_ADDR and
@@ -384,8 +386,8 @@ func (e *Executor) sandboxSpec(w *worker, argv, env []string, jl *workerLog, ns 
 		ReadOnly: readOnlyFor(e.python),
 		Hide:     []string{e.home},
 	}
-	if w.image != "" { // its own environment: none of this machine's
-		spec.Root, spec.ReadOnly = w.image, nil
+	if w.image.Dir != "" { // its own environment: none of this machine's
+		spec.Root, spec.ReadOnly = w.image.Dir, nil
 	}
 	return spec
 }

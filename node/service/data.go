@@ -22,7 +22,10 @@ type Data struct {
 	Blocks *storage.Store
 	// Records keeps the images added here (env add), by name or CID.
 	Records Records
-	Logger  *slog.Logger
+	// Python is the node's Python ([inventory] python), whose pip builds
+	// images (env build).
+	Python string
+	Logger *slog.Logger
 }
 
 // DataAdd implements api.Data.

@@ -4,7 +4,11 @@ package imagetest
 
 import (
 	"archive/tar"
+	"archive/zip"
 	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -106,4 +110,101 @@ func sortedKeys(m map[string]string) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// Python is an image of one layer holding the host's python3 (the
+// interpreter, the libraries it loads and its standard library, less its
+// tests) as /usr/bin/python3, the host's /bin/sh, and files (path ->
+// content). It is small (about 40 MB) and runs the host's Python version.
+func Python(t testing.TB, files map[string]string) v1.Image {
+	t.Helper()
+	exe, err := filepath.EvalSymlinks("/usr/bin/python3")
+	if err != nil {
+		t.Fatalf("the host's python3: %v", err)
+	}
+	stdlib := filepath.Join("/usr/lib", filepath.Base(exe)) // /usr/lib/python3.11
+	host := map[string]string{"usr/bin/python3": exe, "bin/sh": "/bin/sh"}
+	for _, bin := range []string{exe, "/bin/sh"} {
+		out, err := exec.Command("ldd", bin).Output()
+		if err != nil {
+			t.Fatalf("ldd %s: %v", bin, err)
+		}
+		for _, p := range regexp.MustCompile(`(/\S+\.so[.0-9]*)`).FindAllString(string(out), -1) {
+			host[strings.TrimPrefix(p, "/")] = p
+		}
+	}
+	skip := map[string]bool{"test": true, "idlelib": true, "tkinter": true, "ensurepip": true, "lib2to3": true, "__pycache__": true, "turtledemo": true}
+	err = filepath.WalkDir(stdlib, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && skip[d.Name()] {
+			return filepath.SkipDir
+		}
+		if d.Type().IsRegular() {
+			host[strings.TrimPrefix(p, "/")] = p
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	add := func(name string, mode int64, body []byte) {
+		if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: mode, Size: int64(len(body))}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range sortedKeys(host) {
+		b, err := os.ReadFile(host[name])
+		if err != nil {
+			t.Fatal(err)
+		}
+		add(name, 0o755, b)
+	}
+	for _, name := range sortedKeys(files) {
+		add(name, 0o644, []byte(files[name]))
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return Image(t, LayerOf(t, buf.Bytes()))
+}
+
+// Wheel writes a pure-Python wheel of package name at version, whose
+// module holds code, requiring requires, into dir.
+func Wheel(t testing.TB, dir, name, version, code string, requires ...string) {
+	t.Helper()
+	info := fmt.Sprintf("%s-%s.dist-info", name, version)
+	meta := fmt.Sprintf("Metadata-Version: 2.1\nName: %s\nVersion: %s\n", name, version)
+	for _, r := range requires {
+		meta += "Requires-Dist: " + r + "\n"
+	}
+	files := [][2]string{
+		{name + "/__init__.py", code},
+		{info + "/METADATA", meta},
+		{info + "/WHEEL", "Wheel-Version: 1.0\nGenerator: deepmarket-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"},
+	}
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	var record strings.Builder
+	for _, f := range files {
+		w, _ := zw.Create(f[0])
+		w.Write([]byte(f[1]))
+		sum := sha256.Sum256([]byte(f[1]))
+		fmt.Fprintf(&record, "%s,sha256=%s,%d\n", f[0], base64.RawURLEncoding.EncodeToString(sum[:]), len(f[1]))
+	}
+	fmt.Fprintf(&record, "%s/RECORD,,\n", info)
+	w, _ := zw.Create(info + "/RECORD")
+	w.Write([]byte(record.String()))
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%s-py3-none-any.whl", name, version)), buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }

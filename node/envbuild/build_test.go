@@ -1,0 +1,145 @@
+package envbuild
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/deepmarket/deepmarket/node/image"
+	"github.com/deepmarket/deepmarket/node/image/imagetest"
+	"github.com/deepmarket/deepmarket/node/sandbox"
+	"github.com/deepmarket/deepmarket/node/sandbox/sandboxtest"
+)
+
+func TestMain(m *testing.M) {
+	// The sandbox starts by re-executing this test binary.
+	sandbox.MaybeRunTrampoline()
+	os.Exit(m.Run())
+}
+
+// hostPython is the Python whose pip builds: the tests' virtualenv's.
+func hostPython(t *testing.T) string {
+	if p := os.Getenv("DM_PYTHON"); p != "" {
+		return p
+	}
+	if os.Getenv("DM_REQUIRE_ROOT") == "1" {
+		t.Fatal("DM_PYTHON is not set: `make test` sets it to the virtualenv's python3")
+	}
+	return "python3"
+}
+
+// runIn runs python3 code in img, as a worker would, and returns what
+// it printed.
+func runIn(t *testing.T, res Result, code string) string {
+	t.Helper()
+	root := filepath.Join(t.TempDir(), "rootfs")
+	if _, err := image.Unpack(res.Image, root, image.DefaultLimits); err != nil {
+		t.Fatal(err)
+	}
+	env, err := image.Env(res.Image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	p, err := sandbox.Start(context.Background(), sandbox.Spec{
+		Name: "envbuild-test", Dir: filepath.Join(workDir(t), "job"), Root: root, Env: env,
+		Argv: []string{"python3", "-c", code}, Stdout: &out, Stderr: &out, Limits: DefaultLimits,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exit, err := p.Wait(); err != nil || exit.Code != 0 {
+		t.Fatalf("python3 in the built image: %+v %v\n%s", exit, err, out.String())
+	}
+	return out.String()
+}
+
+// TestBuildFromAWheelhouse: a requirements.txt naming a package of a
+// local wheelhouse, which needs another of it, is installed by pip in
+// the sandbox into one new layer, under Site alone; the image's Python
+// imports both with no path of its own. A requirement the wheelhouse
+// lacks fails the build, saying which.
+func TestBuildFromAWheelhouse(t *testing.T) {
+	sandboxtest.Need(t)
+	base := imagetest.Python(t, nil)
+	wheels := t.TempDir()
+	imagetest.Wheel(t, wheels, "dmhello", "1.0", "import dmdep\ndef hello():\n    return 'hello, ' + dmdep.WHO\n", "dmdep>=2")
+	imagetest.Wheel(t, wheels, "dmdep", "2.0", "WHO = 'wheelhouse'\n")
+	project := t.TempDir()
+	os.WriteFile(filepath.Join(project, "requirements.txt"), []byte("dmhello==1.0\n"), 0o644)
+	var said []string
+	res, err := Build(context.Background(), Request{
+		Base: base, Project: project, Wheels: wheels, HostPython: hostPython(t), Work: workDir(t), Out: filepath.Join(t.TempDir(), "oci"),
+		Say: func(s string) { said = append(said, s) },
+	})
+	if err != nil {
+		t.Fatalf("build: %v\n%s", err, strings.Join(said, "\n"))
+	}
+	if !strings.Contains(strings.Join(said, "\n"), "Successfully installed dmdep-2.0 dmhello-1.0") {
+		t.Errorf("pip's output does not say what it installed:\n%s", strings.Join(said, "\n"))
+	}
+	baseLayers, _ := base.Layers()
+	layers, _ := res.Image.Layers()
+	if len(layers) != len(baseLayers)+1 || res.Files == 0 {
+		t.Fatalf("built %d layers (%d files) on a base of %d: want one more", len(layers), res.Files, len(baseLayers))
+	}
+	if got := runIn(t, res, "import dmhello, sys; print(dmhello.hello(), dmhello.__file__)"); !strings.HasPrefix(got, "hello, wheelhouse "+Site+"/dmhello/") {
+		t.Errorf("the built image's python3 says %q", got)
+	}
+	// The new layer holds Site's tree alone.
+	rc, err := layers[len(layers)-1].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	names, err := tarNames(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if !strings.HasPrefix("/"+n, Site) && !strings.HasPrefix(Site, "/"+strings.TrimSuffix(n, "/")) {
+			t.Errorf("the new layer writes %s, outside %s", n, Site)
+		}
+	}
+
+	os.WriteFile(filepath.Join(project, "requirements.txt"), []byte("dmhello==1.0\ndmmissing\n"), 0o644)
+	_, err = Build(context.Background(), Request{Base: base, Project: project, Wheels: wheels, HostPython: hostPython(t), Work: workDir(t)})
+	if err == nil || !strings.Contains(err.Error(), "dmmissing") || !strings.Contains(err.Error(), "in the sandbox") {
+		t.Errorf("a requirement the wheelhouse lacks: %v", err)
+	}
+	if _, err := Build(context.Background(), Request{Base: base, Project: t.TempDir(), Wheels: wheels, HostPython: hostPython(t), Work: workDir(t)}); err == nil ||
+		!strings.Contains(err.Error(), "neither requirements.txt nor pyproject.toml") {
+		t.Errorf("a project with nothing to install: %v", err)
+	}
+}
+
+func tarNames(r io.Reader) ([]string, error) {
+	tr := tar.NewReader(r)
+	var names []string
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return names, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		names = append(names, h.Name)
+	}
+}
+
+// workDir is a scratch dir a job's uid can traverse.
+func workDir(t *testing.T) string {
+	d := t.TempDir()
+	for _, p := range []string{filepath.Dir(d), d} {
+		if err := os.Chmod(p, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d
+}
