@@ -44,12 +44,14 @@ install: build ## Install the deepmarket binary into $(PREFIX)/bin
 	@case ":$$PATH:" in *":$(PREFIX)/bin:"*) ;; *) echo "note: $(PREFIX)/bin is not on your PATH";; esac
 
 .PHONY: deps
-deps: ## Install what the tests need: Go modules, the job sandbox (bubblewrap), nftables (emulated NATs), Fashion-MNIST, a tensorflow-cpu virtualenv ($(VENV)), chromium
+deps: ## Install what the tests need: Go modules, the job sandbox (bubblewrap), nftables (emulated NATs), Fashion-MNIST, a tensorflow-cpu virtualenv ($(VENV)), chromium, a PyTorch base image (Debian's python3-torch)
 	$(GO) mod download
 	scripts/sandbox-env.sh
 	scripts/netlab-env.sh
 	DM_VENV=$(VENV) scripts/python-env.sh
 	scripts/browser-env.sh
+	$(MAKE) --no-print-directory build
+	DM_PYTHON=$(VENV)/bin/python3 scripts/torch-image.sh $(BIN)
 
 .PHONY: test
 test: deps lint ## Install what the tests need and run every test: Go, Python beside it, fuzzers (about 15 minutes on 2 cores, as root)

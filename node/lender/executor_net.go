@@ -50,7 +50,8 @@ func (e *Executor) acquireNet(ctx context.Context, w *worker) (*sandbox.NetNS, e
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	rn := e.nets[l.JobID]
-	if rn == nil {
+	fresh := rn == nil
+	if fresh {
 		ns, err := sandbox.NewNetNS()
 		if err != nil {
 			return nil, fmt.Errorf("cannot isolate the job's network (%v): not running it", err)
@@ -59,6 +60,11 @@ func (e *Executor) acquireNet(ctx context.Context, w *worker) (*sandbox.NetNS, e
 		e.nets[l.JobID] = rn
 	}
 	rn.refs++
+	if fresh && l.Framework == "torch" && !w.holder {
+		if err := e.meshPorts(ctx, rn, l); err != nil {
+			return rn.ns, err
+		}
+	}
 	self := e.self
 	if w.holder {
 		return rn.ns, nil
@@ -97,6 +103,78 @@ func (e *Executor) acquireNet(ctx context.Context, w *worker) (*sandbox.NetNS, e
 	}
 	return rn.ns, nil
 }
+
+// A torch run's gloo (torch.distributed's CPU backend) has each worker
+// listen for its peers on a port the kernel picks (it binds port 0) and
+// tell them that port through its store: no tunnel could know it in
+// advance. So the run's namespace on each machine picks its ephemeral
+// ports from a range of its own, meshPortsPer from meshBase on, one range
+// per machine of the run in the order they appear in its world, and
+// every other machine of the run forwards that whole range to it.
+const (
+	meshBase        = 40000
+	meshPortsPer    = 64
+	maxMeshMachines = (65536 - meshBase) / meshPortsPer
+)
+
+// meshRange is the ephemeral ports of the run's slot-th machine.
+func meshRange(slot int) (lo, hi int) {
+	lo = meshBase + slot*meshPortsPer
+	return lo, lo + meshPortsPer - 1
+}
+
+// machineSlots lists the run's machines once each, in the order of the
+// workers they run.
+func machineSlots(world []string) []string {
+	var out []string
+	for _, m := range world {
+		if !slices.Contains(out, m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// meshPorts gives a torch run's namespace its machine's range of
+// ephemeral ports, exposed to the run's other machines (each port its
+// own tunnel index: the port, above every worker's index), and forwards
+// every other machine's range to that machine.
+func (e *Executor) meshPorts(ctx context.Context, rn *runNet, l p2p.Launch) error {
+	slots := machineSlots(l.World)
+	if len(slots) > maxMeshMachines {
+		return fmt.Errorf("a torch run on %d machines: gloo's ports reach %d at most", len(slots), maxMeshMachines)
+	}
+	allowed := remotePeers(l.World, e.self)
+	for m, machine := range slots {
+		lo, hi := meshRange(m)
+		if machine == e.self {
+			if err := rn.ns.SetPortRange(lo, hi); err != nil {
+				return fmt.Errorf("the run's ephemeral ports: %w", err)
+			}
+			for port := lo; port <= hi; port++ {
+				rn.fwd[port] = closeFunc(e.tunnels.ExposeIn(rn.ns, l.JobID, port, port, allowed))
+			}
+			continue
+		}
+		id, err := peer.Decode(machine)
+		if err != nil {
+			return err
+		}
+		for port := lo; port <= hi; port++ {
+			_, closer, err := e.tunnels.ForwardIn(ctx, rn.ns, port, l.JobID, port, id)
+			if err != nil {
+				return fmt.Errorf("tunnel to machine %d's ports: %w", m, err)
+			}
+			rn.fwd[port] = closer
+		}
+	}
+	return nil
+}
+
+// closeFunc is an io.Closer of a func.
+type closeFunc func()
+
+func (f closeFunc) Close() error { f(); return nil }
 
 func (e *Executor) releaseNet(run string) {
 	e.mu.Lock()

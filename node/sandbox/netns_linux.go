@@ -125,5 +125,15 @@ func (n *NetNS) DialTCP(ctx context.Context, port int) (*net.TCPConn, error) {
 	return c.(*net.TCPConn), nil
 }
 
+// SetPortRange sets the namespace's ephemeral ports (its
+// net.ipv4.ip_local_port_range) to lo..hi: a port a process in it binds
+// as port 0 (gloo's listeners) is then one the node knows to forward.
+func (n *NetNS) SetPortRange(lo, hi int) error {
+	return n.in(func() error {
+		// A net sysctl is the namespace of the thread that opens it.
+		return os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", []byte(fmt.Sprintf("%d %d\n", lo, hi)), 0o644)
+	})
+}
+
 // Close lets the namespace go once no process is in it.
 func (n *NetNS) Close() error { return n.f.Close() }

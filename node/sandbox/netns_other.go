@@ -21,5 +21,8 @@ func (n *NetNS) DialTCP(ctx context.Context, port int) (*net.TCPConn, error) {
 	return nil, ErrUnsupported
 }
 
+// SetPortRange is unsupported here.
+func (n *NetNS) SetPortRange(lo, hi int) error { return ErrUnsupported }
+
 // Close does nothing here.
 func (n *NetNS) Close() error { return nil }
