@@ -229,12 +229,21 @@ func (b *build) download(ctx context.Context, reqs, pyproject bool) error {
 		args = append(args, "--platform", p)
 	}
 	if reqs {
-		args = append(args, "-r", filepath.Join(b.req.Project, "requirements.txt"))
+		file := filepath.Join(b.req.Project, "requirements.txt")
+		if err := checkRequirements(file); err != nil {
+			return err
+		}
+		args = append(args, "-r", file)
 	}
 	if pyproject {
 		deps, err := pyprojectDeps(filepath.Join(b.req.Project, "pyproject.toml"))
 		if err != nil {
 			return err
+		}
+		for _, d := range deps {
+			if err := checkRequirement(d); err != nil {
+				return fmt.Errorf("pyproject.toml: %w", err)
+			}
 		}
 		args = append(args, deps...)
 	}
@@ -585,4 +594,54 @@ func pyprojectDeps(file string) ([]string, error) {
 		reqs = []string{"setuptools>=40.8.0"}
 	}
 	return append(reqs, p.Project.Dependencies...), nil
+}
+
+// safeOptions are the requirements.txt options the node's pip may read
+// outside the sandbox: where to find wheels.
+var safeOptions = map[string]bool{"-i": true, "--index-url": true, "--extra-index-url": true, "-f": true, "--find-links": true,
+	"--prefer-binary": true, "--only-binary": true}
+
+// checkRequirements refuses a requirements.txt the node's pip must not
+// download from, outside the sandbox: one whose lines would have it run
+// a package's code there (checkRequirement), or name other files.
+func checkRequirements(file string) error {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	text := strings.ReplaceAll(string(b), "\\\n", " ")
+	for i, line := range strings.Split(text, "\n") {
+		line, _, _ = strings.Cut(line, " #")
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if strings.HasPrefix(line, "-") {
+			opt, _, _ := strings.Cut(strings.Fields(line)[0], "=")
+			if !safeOptions[opt] {
+				return fmt.Errorf("requirements.txt line %d: %s: the node downloads wheels alone, outside the sandbox; use --wheels DIR for this", i+1, opt)
+			}
+			continue
+		}
+		if err := checkRequirement(line); err != nil {
+			return fmt.Errorf("requirements.txt line %d: %w", i+1, err)
+		}
+	}
+	return nil
+}
+
+// checkRequirement refuses a requirement that pip would build from
+// source to download it, running its code: a path, a VCS or archive URL.
+// A name with versions and markers, or a direct reference to a wheel, is
+// fine.
+func checkRequirement(r string) error {
+	name, ref, direct := strings.Cut(r, "@")
+	ref = strings.TrimSpace(strings.Split(ref, ";")[0])
+	switch {
+	case direct && !strings.HasSuffix(ref, ".whl"):
+		return fmt.Errorf("%q: a direct reference to something other than a wheel is built by running its code: build a wheel and use --wheels DIR", r)
+	case strings.HasPrefix(name, ".") || strings.HasPrefix(name, "/") || strings.HasPrefix(name, "~") || strings.Contains(name, "://"):
+		return fmt.Errorf("%q: a path or URL is built by running its code: build a wheel and use --wheels DIR", r)
+	}
+	return nil
 }

@@ -143,3 +143,28 @@ func workDir(t *testing.T) string {
 	}
 	return d
 }
+
+// TestRequirementsTheNodeMustNotDownload: lines of a requirements.txt
+// that would have the node's pip, outside the sandbox, build a package
+// (running its code) or read other files are refused before any
+// download; names, versions, markers, index options and wheels pass.
+func TestRequirementsTheNodeMustNotDownload(t *testing.T) {
+	for _, ok := range []string{"numpy==1.26.4", "torch==2.1.0+cpu ; python_version >= '3.9'", "six", "tf @ https://h.example/tf-2.0-py3-none-any.whl",
+		"--index-url https://pypi.lab.example/simple", "--extra-index-url=https://x.example", "# a comment", "Jinja2>=3  # inline"} {
+		if err := checkRequirementsOf(t, ok); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"-e git+https://github.com/x/y#egg=y", "git+https://github.com/x/y", "./local-pkg", "/abs/pkg", "y @ git+https://github.com/x/y",
+		"z @ https://h.example/z-1.0.tar.gz", "-r other.txt", "-c constraints.txt", "--editable ./x", "--no-binary :all:"} {
+		if err := checkRequirementsOf(t, bad); err == nil {
+			t.Errorf("%q was accepted", bad)
+		}
+	}
+}
+
+func checkRequirementsOf(t *testing.T, line string) error {
+	f := filepath.Join(t.TempDir(), "requirements.txt")
+	os.WriteFile(f, []byte("six\n"+line+"\n"), 0o644)
+	return checkRequirements(f)
+}
