@@ -48,7 +48,9 @@ func torchImage(t *testing.T) (dir, wheels string) {
 // with DistributedDataParallel over gloo. Rank 0's address is a tunnel
 // to its machine, the workers' namespaces have nothing but loopback, so
 // the all-reduce crossed the tunnels: both ranks end with the same
-// weights, and the model reaches 0.8 test accuracy.
+// weights, and the model reaches 0.8 test accuracy. A second job in the
+// image runs on both machines from their caches: each fetched and
+// unpacked the image once.
 func TestTorchDDPAcrossTwoLenders(t *testing.T) {
 	base, wheels := torchImage(t)
 	example, err := filepath.Abs("../examples/torch-fashion-mnist")
@@ -105,4 +107,22 @@ func TestTorchDDPAcrossTwoLenders(t *testing.T) {
 		t.Errorf("test accuracy %.4f, want at least 0.8:\n%s", acc, out)
 	}
 	t.Logf("%s; build to trained model %s", m[0], time.Since(start).Round(time.Second))
+
+	// A second job in the image: each lender runs it from its cache,
+	// fetching nothing and unpacking nothing again.
+	spec.Name, spec.Command = "torch-again", []string{"python3", "-c", "import torch, fmnist_torch; print('torch', torch.__version__)"}
+	j, err = a.client.Submit(t.Context(), api.SubmitRequest{Spec: spec, BaseDir: example, Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := waitJob(t, a, j.ID, 3*time.Minute)
+	out = jobLog(t, a, j.ID)
+	if again.State != jobs.Succeeded || strings.Count(out, "held here, nothing to fetch") != 2 || strings.Count(out, "torch 1.") != 2 {
+		t.Errorf("the second job in the image: %s %s; want both workers run from their machine's cache\n%s", again.State, again.Reason, out)
+	}
+	for _, l := range c.lenders {
+		if roots, _ := filepath.Glob(filepath.Join(l.exec.Dir(), "images", "*.rootfs")); len(roots) != 1 {
+			t.Errorf("%s's image cache holds %d images, want the job's one", l.host.ID(), len(roots))
+		}
+	}
 }

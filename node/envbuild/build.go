@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"github.com/google/go-containerregistry/pkg/compression"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
@@ -401,7 +402,7 @@ func (b *build) image(layerPath string, reqs, pyproject bool) (Result, error) {
 	if files == 0 {
 		return Result{}, errors.New("pip installed nothing")
 	}
-	layer, err := tarball.LayerFromFile(layerPath)
+	layer, err := tarball.LayerFromFile(layerPath, tarball.WithCompression(compression.ZStd))
 	if err != nil {
 		return Result{}, err
 	}

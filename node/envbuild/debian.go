@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strings"
 
+	"github.com/google/go-containerregistry/pkg/compression"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
@@ -85,7 +86,7 @@ func Debian(ctx context.Context, req DebianRequest) (v1.Image, error) {
 		return nil, err
 	}
 	os.Remove(raw)
-	l, err := tarball.LayerFromFile(clean)
+	l, err := tarball.LayerFromFile(clean, tarball.WithCompression(compression.ZStd))
 	if err != nil {
 		return nil, err
 	}

@@ -316,11 +316,10 @@ func (s *Service) handleDirect(c *net.TCPConn) {
 		return
 	}
 	leave()
-	ctx, cancel := context.WithTimeout(s.ctx, setupTimeout)
-	wc, err := s.dialWorker(ctx, e)
+	ctx, cancel := context.WithTimeout(s.ctx, workerStartWait)
+	wc, err := s.dialStarting(ctx, e)
 	cancel()
 	if !stop() || err != nil {
-		// Usual while TensorFlow starts; gRPC dials again.
 		s.log.Debug("worker unreachable", "job", h.Job, "index", h.Index, "err", err)
 		far.reset()
 		far.finish(false)

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
@@ -373,17 +374,49 @@ func (s *Service) handle(st network.Stream) {
 		refuse("worker not exposed to this peer", "job", h.Job, "index", h.Index)
 		return
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, setupTimeout)
-	c, err := s.dialWorker(ctx, e)
+	ctx, cancel := context.WithTimeout(s.ctx, workerStartWait)
+	c, err := s.dialStarting(ctx, e)
 	cancel()
 	stop()
 	if err != nil {
-		// Usual while TensorFlow starts; gRPC dials again.
 		s.log.Debug("worker unreachable", "job", h.Job, "index", h.Index, "err", err)
 		st.Reset()
 		return
 	}
 	s.carry(&link{tc: c, far: streamEnd{st: st, bufs: &s.bufs}}, &e.links, e.stats)
+}
+
+// workerStartWait is how long a stream waits for its worker to listen:
+// the workers of a run start on their machines when each has fetched
+// their inputs and image, so one may dial another that has yet to.
+// TensorFlow's gRPC dials again after a reset, but torch.distributed's
+// store client does not: to it the tunnel's listener has accepted.
+const workerStartWait = 2 * time.Minute
+
+// dialStarting dials e's worker, again every workerRedial while nothing
+// listens on its port yet (and it is still exposed), until ctx ends.
+func (s *Service) dialStarting(ctx context.Context, e *exposure) (*net.TCPConn, error) {
+	for {
+		c, err := s.dialWorker(ctx, e)
+		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || !s.isExposed(e) {
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(workerRedial):
+		}
+	}
+}
+
+const workerRedial = 200 * time.Millisecond
+
+// isExposed says whether e is still exposed.
+func (s *Service) isExposed(e *exposure) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.exposes[e]
+	return ok
 }
 
 // dialWorker connects to e's worker on its loopback.

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -674,5 +675,48 @@ func TestLimitsSpareOtherProtocols(t *testing.T) {
 	s.SetDeadline(time.Now().Add(10 * time.Second))
 	if err := roundTrip(t, s, []byte("still here")); err != nil {
 		t.Fatalf("another protocol, with %d tunnel streams open: %v", carried, err)
+	}
+}
+
+// TestWaitsForAStartingWorker: a connection through the tunnel to a
+// worker that is not listening yet (its machine still fetching its
+// image) waits for it and then goes through, as torch.distributed's
+// store client needs: it does not dial again after a reset.
+func TestWaitsForAStartingWorker(t *testing.T) {
+	a, b := newNode(t, 1, "tcp"), newNode(t, 2, "tcp")
+	connect(t, a, b)
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close() // nothing listens there yet
+	b.tn.Expose(job, 0, port, []peer.ID{a.h.ID()})
+	addr, closer, err := a.tn.Forward(t.Context(), job, 0, b.h.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+	c := dial(t, addr)
+	if _, err := c.Write([]byte("early")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	ln, err = net.Listen("tcp4", "127.0.0.1:"+strconv.Itoa(port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		w, err := ln.Accept()
+		if err == nil {
+			io.Copy(w, w)
+			w.Close()
+		}
+	}()
+	var buf [5]byte
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, buf[:]); err != nil || string(buf[:]) != "early" {
+		t.Fatalf("the connection made before the worker listened: %q %v", buf, err)
 	}
 }
