@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/deepmarket/deepmarket/node/api"
+	"github.com/deepmarket/deepmarket/node/image/imagetest"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/node/submitter"
 	"github.com/deepmarket/deepmarket/p2p"
@@ -34,7 +35,10 @@ func fashionSpec(t *testing.T, workers int, extra ...string) jobs.File {
 // core each; a 2-worker Fashion-MNIST job forms one TF cluster through
 // the tunnels, trains, and its result comes back; each lender is paid
 // its price for the time it ran, the submitter pays exactly that, and
-// the ledger's audit passes.
+// the ledger's audit passes. The job runs in its own image: the
+// virtualenv it would run with, packed (`env pack`) onto a small image
+// of the host's python3, which each lender fetches and unpacks once (a
+// second job in it runs from their caches).
 func TestFashionMNISTAcrossTwoLenders(t *testing.T) {
 	py := jobPython(t)
 	c := startJobCluster(t, py, 2)
@@ -43,7 +47,16 @@ func TestFashionMNISTAcrossTwoLenders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: fashionSpec(t, 2), Yes: true})
+	venv := filepath.Dir(filepath.Dir(py))
+	sites, _ := filepath.Glob(filepath.Join(venv, "lib", "python3*", "site-packages"))
+	base := imagetest.Layout(t, imagetest.PythonFor(t, sites...))
+	img, err := a.client.EnvBuild(t.Context(), api.EnvBuildRequest{Venv: venv, Base: base, Name: "tf"}, nil)
+	if err != nil {
+		t.Fatalf("env pack: %v", err)
+	}
+	spec := fashionSpec(t, 2)
+	spec.Image = "tf"
+	j, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: spec, Yes: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,6 +158,19 @@ func TestFashionMNISTAcrossTwoLenders(t *testing.T) {
 	rep, err := settledAudit(t, c.lenders[0]) // the lender's replica may be a block or two behind
 	if err != nil || !rep.OK || rep.Escrowed != 0 || rep.Supply != LocalStarterCredit {
 		t.Fatalf("audit: %+v %v", rep, err)
+	}
+	if j.ImageCID != img.CID || !strings.Contains(log, "checked and unpacked in") {
+		t.Errorf("the job ran in %q, want the packed image %s:\n%s", j.ImageCID, img.CID, log)
+	}
+	// A second job in the image: both lenders run it from their caches.
+	spec.Name, spec.Command, spec.Dataset = "tf-again", []string{"python3", "-c", "import tensorflow as tf; print('tf', tf.__version__)"}, ""
+	again, err := a.client.Submit(t.Context(), api.SubmitRequest{Spec: spec, Yes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again = waitJob(t, a, again.ID, 3*time.Minute)
+	if log := jobLog(t, a, again.ID); again.State != jobs.Succeeded || strings.Count(log, "held here, nothing to fetch") != 2 || strings.Count(log, "tf 2.20") != 2 {
+		t.Errorf("the second job in the image: %s %s; want both workers run from their machine's cache\n%s", again.State, again.Reason, log)
 	}
 }
 

@@ -22,7 +22,7 @@ import (
 func newEnvCmd(c *cli) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "env",
-		Short: "Share a job's environment, an OCI image, by content address (add, ls, show, rm)",
+		Short: "Share a job's environment, an OCI image, by content address (add, build, pack, debian, ls, show, rm)",
 		Long: `A job may bring its own environment: an OCI image, named in its job.toml
 as image = "CID" (or the image's OCI layout directory, added at submit).
 Lenders fetch it over bitswap like a dataset, check every layer against its
@@ -44,7 +44,7 @@ and 'env rm' forgets one and unpins it ('data gc' then frees its space).`,
   deepmarket env ls
   deepmarket env rm train`,
 	}
-	cmd.AddCommand(newEnvAddCmd(c), newEnvBuildCmd(c), newEnvDebianCmd(c), newEnvLsCmd(c), newEnvShowCmd(c), newEnvRmCmd(c))
+	cmd.AddCommand(newEnvAddCmd(c), newEnvBuildCmd(c), newEnvPackCmd(c), newEnvDebianCmd(c), newEnvLsCmd(c), newEnvShowCmd(c), newEnvRmCmd(c))
 	return cmd
 }
 

@@ -47,49 +47,15 @@ its --name, in job.toml as image = "...".`,
 			if err != nil {
 				return err
 			}
-			if base == "" {
-				return usageError{fmt.Errorf("env build: --base is required: the image the packages go on (a name or CID from `deepmarket env ls`, an image file or directory, or a registry reference)")}
-			}
-			if _, err := os.Stat(base); err == nil { // a file here: the node reads it by its full path
-				if base, err = filepath.Abs(base); err != nil {
-					return err
-				}
+			if base, err = baseArg("env build", base); err != nil {
+				return err
 			}
 			if wheels != "" {
 				if wheels, err = filepath.Abs(wheels); err != nil {
 					return err
 				}
 			}
-			if name != "" {
-				if err := api.CheckEnvName(name); err != nil {
-					return usageError{fmt.Errorf("env build --name: %w", err)}
-				}
-			}
-			cl, err := c.client()
-			if err != nil {
-				return err
-			}
-			bar := newProgressBar("adding the image", asJSON)
-			img, err := cl.EnvBuild(cmd.Context(), api.EnvBuildRequest{Project: project, Base: base, Wheels: wheels, Name: name}, func(p api.Progress) {
-				if p.Step == "" {
-					bar.update(p)
-				} else if !asJSON {
-					fmt.Fprintln(cmd.ErrOrStderr(), p.Step)
-				}
-			})
-			bar.done(err)
-			if err != nil {
-				return interrupted(cmd.Context(), err, "the build was cancelled; nothing was added")
-			}
-			if asJSON {
-				return c.printJSON(envAdded{CID: img.CID, Digest: img.Digest, Layers: img.Layers, Size: img.Size, Name: img.Name})
-			}
-			named := ""
-			if img.Name != "" {
-				named = " as " + img.Name
-			}
-			fmt.Fprintf(c.out, "built image %s%s (%d layers, %s)\n%s\n", img.Digest, named, img.Layers, units.FormatSize(uint64(img.Size)), img.CID)
-			return nil
+			return c.envBuild(cmd, api.EnvBuildRequest{Project: project, Base: base, Wheels: wheels, Name: name}, asJSON)
 		},
 	}
 	cmd.Flags().StringVar(&base, "base", "", "the image the packages go on: a name or CID added here, an image file or layout directory, or a registry reference")
@@ -140,5 +106,87 @@ find. It needs root, or user namespaces (mmdebstrap's unshare mode).`,
 	cmd.Flags().StringVar(&req.Mirror, "mirror", envbuild.DefaultMirror, "the Debian mirror")
 	cmd.Flags().StringSliceVar(&req.Apt, "apt", nil, "Debian packages to install beside python3 (comma-separated)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print {path, digest} as JSON")
+	return cmd
+}
+
+// baseArg checks a --base: required, and a file here is named by its
+// full path, for the node to read.
+func baseArg(what, base string) (string, error) {
+	if base == "" {
+		return "", usageError{fmt.Errorf("%s: --base is required: the image to build on (a name or CID from `deepmarket env ls`, an image file or directory, or a registry reference)", what)}
+	}
+	if _, err := os.Stat(base); err == nil {
+		return filepath.Abs(base)
+	}
+	return base, nil
+}
+
+// envBuild has the node build (or pack) the image req asks for, its
+// steps on stderr, and prints what it added.
+func (c *cli) envBuild(cmd *cobra.Command, req api.EnvBuildRequest, asJSON bool) error {
+	if req.Name != "" {
+		if err := api.CheckEnvName(req.Name); err != nil {
+			return usageError{fmt.Errorf("--name: %w", err)}
+		}
+	}
+	cl, err := c.client()
+	if err != nil {
+		return err
+	}
+	bar := newProgressBar("adding the image", asJSON)
+	img, err := cl.EnvBuild(cmd.Context(), req, func(p api.Progress) {
+		if p.Step == "" {
+			bar.update(p)
+		} else if !asJSON {
+			fmt.Fprintln(cmd.ErrOrStderr(), p.Step)
+		}
+	})
+	bar.done(err)
+	if err != nil {
+		return interrupted(cmd.Context(), err, "the build was cancelled; nothing was added")
+	}
+	if asJSON {
+		return c.printJSON(envAdded{CID: img.CID, Digest: img.Digest, Layers: img.Layers, Size: img.Size, Name: img.Name})
+	}
+	named := ""
+	if img.Name != "" {
+		named = " as " + img.Name
+	}
+	fmt.Fprintf(c.out, "built image %s%s (%d layers, %s)\n%s\n", img.Digest, named, img.Layers, units.FormatSize(uint64(img.Size)), img.CID)
+	return nil
+}
+
+func newEnvPackCmd(c *cli) *cobra.Command {
+	var asJSON bool
+	var base, name string
+	cmd := &cobra.Command{
+		Use:   "pack VENV --base IMAGE",
+		Short: "Pack a virtualenv that works here into an image: its site-packages on a base with the same python3",
+		Long: `Pack the virtualenv VENV, as it is, into a job's environment: its
+site-packages become one layer of the base image, under
+/opt/deepmarket/site (on the image's PYTHONPATH), as conda-pack does for
+conda environments. Nothing is downloaded or installed: what works in the
+virtualenv here works in the image, where the base's python3 is the same
+version as the virtualenv's (the node checks, running it once in the
+sandbox). The virtualenv's bin is left out: its scripts name this
+machine's interpreter. Packages that rely on .pth files (editable
+installs) do not load from PYTHONPATH; install them normally first.`,
+		Example: `  deepmarket env debian /var/tmp/py311
+  deepmarket env pack /opt/deepmarket/venv --base /var/tmp/py311 --name tf-2.20`,
+		Args: exactArgs(1, "VENV"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			venv, err := filepath.Abs(args[0])
+			if err != nil {
+				return err
+			}
+			if base, err = baseArg("env pack", base); err != nil {
+				return err
+			}
+			return c.envBuild(cmd, api.EnvBuildRequest{Venv: venv, Base: base, Name: name}, asJSON)
+		},
+	}
+	cmd.Flags().StringVar(&base, "base", "", "the image to pack on, whose python3 is the virtualenv's version: a name or CID added here, an image file or layout directory, or a registry reference")
+	cmd.Flags().StringVar(&name, "name", "", "record the image under NAME too: a job.toml may then say image = \"NAME\"")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print {cid, digest, layers, size, name} as JSON")
 	return cmd
 }

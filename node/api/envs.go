@@ -34,11 +34,15 @@ type EnvRecordRequest struct {
 }
 
 // EnvBuildRequest builds an image on the node (`env build`): Base plus
-// the Python packages Project asks for. Paths are on the node's machine.
+// the Python packages Project asks for, or plus the site-packages of the
+// virtualenv Venv (`env pack`). Paths are on the node's machine.
 type EnvBuildRequest struct {
 	// Project is a directory holding requirements.txt, pyproject.toml or
 	// both.
-	Project string `json:"project"`
+	Project string `json:"project,omitempty"`
+	// Venv, instead of Project, is a virtualenv whose site-packages
+	// become the image's new layer as they are.
+	Venv string `json:"venv,omitempty"`
 	// Base is the image the packages go on: a CID or a name added here,
 	// an OCI layout directory or save tarball, or a registry reference.
 	Base string `json:"base"`

@@ -25,16 +25,15 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/BurntSushi/toml"
-	"github.com/google/go-containerregistry/pkg/compression"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/deepmarket/deepmarket/node/image"
 	"github.com/deepmarket/deepmarket/node/sandbox"
@@ -127,23 +126,11 @@ func Build(ctx context.Context, req Request) (Result, error) {
 	if err := b.install(ctx, reqs, pyproject); err != nil {
 		return Result{}, err
 	}
-	res, err := b.image(filepath.Join(work, "layer.tar"), reqs, pyproject)
+	res, err := b.image(filepath.Join(work, "layer.tar.zst"), reqs, pyproject)
 	if err != nil {
 		return Result{}, err
 	}
-	b.say("writing the image")
-	p, err := layout.Write(req.Out, empty.Index)
-	if err == nil {
-		err = p.AppendImage(res.Image)
-	}
-	if err == nil {
-		res.Image, err = image.Open(req.Out)
-	}
-	if err != nil {
-		os.RemoveAll(req.Out)
-		return Result{}, fmt.Errorf("write the image: %w", err)
-	}
-	return res, nil
+	return writeOut(res.Image, req.Out, res.Files, res.Bytes, say)
 }
 
 // projectFiles says which of requirements.txt and pyproject.toml dir
@@ -214,14 +201,9 @@ func hostPip(python string) (string, error) {
 // the base image's Python and platform, binary only: no package's code
 // runs outside the sandbox.
 func (b *build) download(ctx context.Context, reqs, pyproject bool) error {
-	var out bytes.Buffer
-	probe := `import sys, platform; print("%d.%d" % sys.version_info[:2], platform.libc_ver()[1] or "0.0", platform.machine())`
-	if err := b.run(ctx, &out, "python3", "-c", probe); err != nil {
-		return fmt.Errorf("the base image's python3: %w", err)
-	}
-	var py, libc, arch string
-	if _, err := fmt.Sscan(out.String(), &py, &libc, &arch); err != nil {
-		return fmt.Errorf("the base image's python3 says %q: %w", out.String(), err)
+	py, libc, arch, err := b.python(ctx)
+	if err != nil {
+		return err
 	}
 	args := []string{"-m", "pip", "download", "--only-binary=:all:", "--disable-pip-version-check", "--progress-bar", "off",
 		"--dest", b.dir("wheels"), "--python-version", py, "--implementation", "cp",
@@ -252,6 +234,20 @@ func (b *build) download(ctx context.Context, reqs, pyproject bool) error {
 	cmd := exec.CommandContext(ctx, b.req.HostPython, args...)
 	cmd.Env = append(os.Environ(), "PIP_NO_INPUT=1")
 	return b.sayLines(cmd, "download the wheels")
+}
+
+// python is the base image's python3: its version (3.11), glibc
+// version and machine.
+func (b *build) python(ctx context.Context) (py, libc, arch string, err error) {
+	var out bytes.Buffer
+	probe := `import sys, platform; print("%d.%d" % sys.version_info[:2], platform.libc_ver()[1] or "0.0", platform.machine())`
+	if err := b.run(ctx, &out, "python3", "-c", probe); err != nil {
+		return "", "", "", fmt.Errorf("the base image's python3: %w", err)
+	}
+	if _, err := fmt.Sscan(out.String(), &py, &libc, &arch); err != nil {
+		return "", "", "", fmt.Errorf("the base image's python3 says %q: %w", out.String(), err)
+	}
+	return py, libc, arch, nil
 }
 
 // platforms are the wheel platform tags a Linux with glibc libc on arch
@@ -393,41 +389,52 @@ func tail(s string, n int) string {
 }
 
 // image is the base with what pip installed as one more layer, under
-// Site, and Site on the image's PYTHONPATH and its bin on its PATH.
+// Site.
 func (b *build) image(layerPath string, reqs, pyproject bool) (Result, error) {
-	files, size, err := writeLayer(b.dir("site"), Site, layerPath)
+	layer, files, size, err := writeLayer(b.dir("site"), Site, layerPath)
 	if err != nil {
 		return Result{}, err
 	}
 	if files == 0 {
 		return Result{}, errors.New("pip installed nothing")
 	}
-	layer, err := tarball.LayerFromFile(layerPath, tarball.WithCompression(compression.ZStd))
-	if err != nil {
-		return Result{}, err
-	}
-	what := "pip install " + installs(reqs, pyproject)
-	img, err := mutate.Append(b.req.Base, mutate.Addendum{Layer: layer, History: v1.History{
-		CreatedBy: "deepmarket env build: " + what, Created: v1.Time{Time: epoch}, Comment: "installed under " + Site,
+	img, err := withSite(b.req.Base, layer, "deepmarket env build: pip install "+installs(reqs, pyproject))
+	return Result{Image: img, Files: files, Bytes: size}, err
+}
+
+// withSite is base with layer, which holds Site, on top, and Site on the
+// image's PYTHONPATH and its bin on its PATH.
+func withSite(base v1.Image, layer v1.Layer, createdBy string) (v1.Image, error) {
+	img, err := mutate.Append(base, mutate.Addendum{Layer: layer, History: v1.History{
+		CreatedBy: createdBy, Created: v1.Time{Time: epoch}, Comment: "installed under " + Site,
 	}})
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	cfg := cf.Config
-	cfg.Env = withEnv(cfg.Env, "PYTHONPATH", Site, "")
+	cfg.Env = withEnv(slices.Clone(cfg.Env), "PYTHONPATH", Site, "")
 	cfg.Env = withEnv(cfg.Env, "PATH", Site+"/bin", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-	img, err = mutate.Config(img, cfg)
-	if err != nil {
-		return Result{}, err
+	return mutate.Config(img, cfg)
+}
+
+// writeOut writes img as an OCI layout at out and reads it back from
+// there.
+func writeOut(img v1.Image, out string, files int, size int64, say func(string)) (Result, error) {
+	say("writing the image")
+	p, err := layout.Write(out, empty.Index)
+	if err == nil {
+		err = p.AppendImage(img)
 	}
-	// Read the layer once now, so that a layer that cannot be read fails
-	// the build rather than the add.
-	if _, err := img.Digest(); err != nil {
-		return Result{}, err
+	if err == nil {
+		img, err = image.Open(out)
+	}
+	if err != nil {
+		os.RemoveAll(out)
+		return Result{}, fmt.Errorf("write the image: %w", err)
 	}
 	return Result{Image: img, Files: files, Bytes: size}, nil
 }
@@ -454,24 +461,23 @@ func withEnv(env []string, key, dir, def string) []string {
 // same packages make the same layer.
 var epoch = time.Unix(0, 0).UTC()
 
-// writeLayer writes the tree at src as a tar at dst, under prefix:
+// writeLayer writes the tree at src as a layer at dst, under prefix:
 // directories, regular files and symbolic links only, owned by root,
-// without setuid, setgid or sticky bits, at epoch. It returns the files
-// and bytes it wrote.
-func writeLayer(src, prefix, dst string) (int, int64, error) {
-	f, err := os.Create(dst)
+// without setuid, setgid or sticky bits, at epoch. It returns the layer,
+// and the files and bytes it wrote.
+func writeLayer(src, prefix, dst string) (v1.Layer, int, int64, error) {
+	tw, err := newLayerFile(dst)
 	if err != nil {
-		return 0, 0, err
+		return nil, 0, 0, err
 	}
-	defer f.Close()
-	tw := tar.NewWriter(f)
 	files, size := 0, int64(0)
 	// The prefix's own directories first.
 	parts := strings.Split(strings.Trim(prefix, "/"), "/")
 	for i := range parts {
 		h := &tar.Header{Name: path.Join(parts[:i+1]...) + "/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: epoch}
 		if err := tw.WriteHeader(h); err != nil {
-			return 0, 0, err
+			tw.abort()
+			return nil, 0, 0, err
 		}
 	}
 	err = filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
@@ -522,12 +528,11 @@ func writeLayer(src, prefix, dst string) (int, int64, error) {
 		return nil
 	})
 	if err != nil {
-		return 0, 0, err
+		tw.abort()
+		return nil, 0, 0, err
 	}
-	if err := tw.Close(); err != nil {
-		return 0, 0, err
-	}
-	return files, size, f.Close()
+	l, err := tw.layer()
+	return l, files, size, err
 }
 
 // copyTree copies the directory src to dst: directories and regular

@@ -6,6 +6,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -108,11 +109,11 @@ func TestBuildFromAWheelhouse(t *testing.T) {
 	}
 
 	os.WriteFile(filepath.Join(project, "requirements.txt"), []byte("dmhello==1.0\ndmmissing\n"), 0o644)
-	_, err = Build(context.Background(), Request{Base: base, Project: project, Wheels: wheels, HostPython: hostPython(t), Work: workDir(t)})
+	_, err = Build(context.Background(), Request{Base: base, Project: project, Wheels: wheels, HostPython: hostPython(t), Work: workDir(t), Out: filepath.Join(t.TempDir(), "oci")})
 	if err == nil || !strings.Contains(err.Error(), "dmmissing") || !strings.Contains(err.Error(), "in the sandbox") {
 		t.Errorf("a requirement the wheelhouse lacks: %v", err)
 	}
-	if _, err := Build(context.Background(), Request{Base: base, Project: t.TempDir(), Wheels: wheels, HostPython: hostPython(t), Work: workDir(t)}); err == nil ||
+	if _, err := Build(context.Background(), Request{Base: base, Project: t.TempDir(), Wheels: wheels, HostPython: hostPython(t), Work: workDir(t), Out: filepath.Join(t.TempDir(), "oci")}); err == nil ||
 		!strings.Contains(err.Error(), "neither requirements.txt nor pyproject.toml") {
 		t.Errorf("a project with nothing to install: %v", err)
 	}
@@ -167,4 +168,33 @@ func checkRequirementsOf(t *testing.T, line string) error {
 	f := filepath.Join(t.TempDir(), "requirements.txt")
 	os.WriteFile(f, []byte("six\n"+line+"\n"), 0o644)
 	return checkRequirements(f)
+}
+
+// TestPackAVirtualenv: a virtualenv's site-packages are packed as they
+// are onto a base whose python3 is the same version, and import there;
+// a virtualenv of another Python version is refused, saying both.
+func TestPackAVirtualenv(t *testing.T) {
+	sandboxtest.Need(t)
+	base := imagetest.Python(t, nil)
+	out, err := exec.Command("/usr/bin/python3", "-c", `import sys; print("%d.%d" % sys.version_info[:2])`).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	venv := t.TempDir()
+	site := filepath.Join(venv, "lib", "python"+strings.TrimSpace(string(out)), "site-packages", "dmpacked")
+	os.MkdirAll(site, 0o755)
+	os.WriteFile(filepath.Join(site, "__init__.py"), []byte("WHERE = __file__\n"), 0o644)
+	res, err := Pack(context.Background(), PackRequest{Base: base, Venv: venv, Work: workDir(t), Out: filepath.Join(t.TempDir(), "oci")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := runIn(t, res, "import dmpacked; print(dmpacked.WHERE)"); strings.TrimSpace(got) != Site+"/dmpacked/__init__.py" {
+		t.Errorf("the packed package imports from %q", got)
+	}
+	other := t.TempDir()
+	os.MkdirAll(filepath.Join(other, "lib", "python3.99", "site-packages"), 0o755)
+	_, err = Pack(context.Background(), PackRequest{Base: base, Venv: other, Work: workDir(t), Out: filepath.Join(t.TempDir(), "oci")})
+	if err == nil || !strings.Contains(err.Error(), "for Python 3.99") {
+		t.Errorf("a virtualenv of another Python: %v", err)
+	}
 }

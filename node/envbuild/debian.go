@@ -12,12 +12,10 @@ import (
 	"runtime"
 	"strings"
 
-	"github.com/google/go-containerregistry/pkg/compression"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/deepmarket/deepmarket/node/image"
 )
@@ -81,15 +79,11 @@ func Debian(ctx context.Context, req DebianRequest) (v1.Image, error) {
 		return nil, err
 	}
 	say("writing the image")
-	clean := filepath.Join(work, "layer.tar")
-	if err := cleanRootfs(raw, clean); err != nil {
-		return nil, err
-	}
-	os.Remove(raw)
-	l, err := tarball.LayerFromFile(clean, tarball.WithCompression(compression.ZStd))
+	l, err := cleanRootfs(raw, filepath.Join(work, "layer.tar.zst"))
 	if err != nil {
 		return nil, err
 	}
+	os.Remove(raw)
 	img, err := mutate.Append(empty.Image, mutate.Addendum{Layer: l, History: v1.History{
 		CreatedBy: "deepmarket env debian: mmdebstrap --variant=minbase " + req.Suite, Created: v1.Time{Time: epoch}}})
 	if err != nil {
@@ -117,27 +111,27 @@ func Debian(ctx context.Context, req DebianRequest) (v1.Image, error) {
 	return image.Open(req.Out)
 }
 
-// cleanRootfs copies the root filesystem tar src to dst without its
-// device nodes and FIFOs, and without setuid and setgid bits.
-func cleanRootfs(src, dst string) error {
+// cleanRootfs writes the root filesystem tar src as a layer at dst,
+// without its device nodes and FIFOs, and without setuid and setgid bits.
+func cleanRootfs(src, dst string) (v1.Layer, error) {
 	in, err := os.Open(src)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer in.Close()
-	out, err := os.Create(dst)
+	tw, err := newLayerFile(dst)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer out.Close()
-	tr, tw := tar.NewReader(in), tar.NewWriter(out)
+	tr := tar.NewReader(in)
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return fmt.Errorf("mmdebstrap's tar: %w", err)
+			tw.abort()
+			return nil, fmt.Errorf("mmdebstrap's tar: %w", err)
 		}
 		switch h.Typeflag {
 		case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
@@ -145,14 +139,13 @@ func cleanRootfs(src, dst string) error {
 		}
 		h.Mode &^= 0o6000
 		if err := tw.WriteHeader(h); err != nil {
-			return err
+			tw.abort()
+			return nil, err
 		}
 		if _, err := io.Copy(tw, tr); err != nil {
-			return err
+			tw.abort()
+			return nil, err
 		}
 	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	return out.Close()
+	return tw.layer()
 }

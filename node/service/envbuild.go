@@ -15,6 +15,7 @@ import (
 	"github.com/deepmarket/deepmarket/node/fault"
 	"github.com/deepmarket/deepmarket/node/image"
 	"github.com/deepmarket/deepmarket/storage"
+	"github.com/deepmarket/deepmarket/units"
 )
 
 // EnvBuild implements api.Data: it builds an image from a base and a
@@ -28,8 +29,11 @@ func (d *Data) EnvBuild(ctx context.Context, req api.EnvBuildRequest, progress f
 			return api.EnvImage{}, err
 		}
 	}
-	for field, p := range map[string]string{"project": req.Project, "wheels": req.Wheels} {
-		if p == "" && field == "wheels" {
+	if (req.Project == "") == (req.Venv == "") {
+		return api.EnvImage{}, fault.New(fault.Invalid, "project", "a build needs a project or a virtualenv to pack, not both")
+	}
+	for field, p := range map[string]string{"project": req.Project, "venv": req.Venv, "wheels": req.Wheels} {
+		if p == "" {
 			continue
 		}
 		if !filepath.IsAbs(p) {
@@ -60,8 +64,13 @@ func (d *Data) EnvBuild(ctx context.Context, req api.EnvBuildRequest, progress f
 		return api.EnvImage{}, err
 	}
 	out := filepath.Join(work, "image")
-	res, err := envbuild.Build(ctx, envbuild.Request{Base: base, Project: req.Project, Wheels: req.Wheels,
-		HostPython: d.Python, Work: work, Out: out, Say: say})
+	var res envbuild.Result
+	if req.Venv != "" {
+		res, err = envbuild.Pack(ctx, envbuild.PackRequest{Base: base, Venv: req.Venv, Work: work, Out: out, Say: say})
+	} else {
+		res, err = envbuild.Build(ctx, envbuild.Request{Base: base, Project: req.Project, Wheels: req.Wheels,
+			HostPython: d.Python, Work: work, Out: out, Say: say})
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return api.EnvImage{}, ctx.Err()
@@ -76,7 +85,7 @@ func (d *Data) EnvBuild(ctx context.Context, req api.EnvBuildRequest, progress f
 	if err != nil {
 		return api.EnvImage{}, err
 	}
-	say(fmt.Sprintf("built %s: %d files (%d bytes) installed under %s; adding it", digest, res.Files, res.Bytes, envbuild.Site))
+	say(fmt.Sprintf("built %s: %d files (%s) under %s; adding it", digest, res.Files, units.FormatSize(uint64(res.Bytes)), envbuild.Site))
 	pin, err := d.Blocks.Add(ctx, out, storageProgress(progress))
 	if err != nil {
 		return api.EnvImage{}, err

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -118,19 +119,47 @@ func sortedKeys(m map[string]string) []string {
 // content). It is small (about 40 MB) and runs the host's Python version.
 func Python(t testing.TB, files map[string]string) v1.Image {
 	t.Helper()
+	return python(t, files, nil)
+}
+
+// PythonFor is Python with the host's libraries that the shared objects
+// under dirs load (a virtualenv's site-packages: TensorFlow's need
+// libstdc++), for packing those dirs onto it.
+func PythonFor(t testing.TB, dirs ...string) v1.Image {
+	t.Helper()
+	var objs []string
+	for _, d := range dirs {
+		filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+			if err == nil && e.Type().IsRegular() && strings.Contains(e.Name(), ".so") {
+				objs = append(objs, p)
+			}
+			return nil
+		})
+	}
+	return python(t, nil, objs)
+}
+
+func python(t testing.TB, files map[string]string, objs []string) v1.Image {
+	t.Helper()
 	exe, err := filepath.EvalSymlinks("/usr/bin/python3")
 	if err != nil {
 		t.Fatalf("the host's python3: %v", err)
 	}
 	stdlib := filepath.Join("/usr/lib", filepath.Base(exe)) // /usr/lib/python3.11
 	host := map[string]string{"usr/bin/python3": exe, "bin/sh": "/bin/sh"}
-	for _, bin := range []string{exe, "/bin/sh"} {
-		out, err := exec.Command("ldd", bin).Output()
-		if err != nil {
-			t.Fatalf("ldd %s: %v", bin, err)
+	lib := regexp.MustCompile(`=> (/\S+\.so[.0-9]*)`)
+	dynload, _ := filepath.Glob(filepath.Join(stdlib, "lib-dynload", "*.so")) // _ctypes needs libffi
+	for _, bin := range append(append([]string{exe, "/bin/sh"}, dynload...), objs...) {
+		out, _ := exec.Command("ldd", bin).Output() // not every .so file is an object
+		for _, m := range lib.FindAllStringSubmatch(string(out), -1) {
+			if !slices.ContainsFunc(objs, func(o string) bool { return filepath.Dir(o) == filepath.Dir(m[1]) }) && !strings.Contains(m[1], "site-packages") {
+				host[strings.TrimPrefix(m[1], "/")] = m[1]
+			}
 		}
-		for _, p := range regexp.MustCompile(`(/\S+\.so[.0-9]*)`).FindAllString(string(out), -1) {
-			host[strings.TrimPrefix(p, "/")] = p
+		if bin == exe || bin == "/bin/sh" {
+			for _, p := range regexp.MustCompile(`(/lib64/\S+\.so[.0-9]*)`).FindAllString(string(out), -1) {
+				host[strings.TrimPrefix(p, "/")] = p // the loader
+			}
 		}
 	}
 	skip := map[string]bool{"test": true, "idlelib": true, "tkinter": true, "ensurepip": true, "lib2to3": true, "__pycache__": true, "turtledemo": true}
