@@ -136,7 +136,7 @@ bench-held: deps ## Held DiLoCo: the holder's checks' share of a round (goal <= 
 
 .PHONY: bench-held
 
-bench-env: deps ## Root: a job's own image and its start: submission to its worker running without an image, in an image of 64 MiB the lender does not hold (cold) and holds (warm; goal: within 0.2 s of none), the image's unpack against tar -x of its layer (goal <= 1.5x), and its cold fetch against another node's plain data get of it (goal >= 0.8x the rate); in-process nodes (~2 min); report in bench/results/env.json
+bench-env: deps ## Root: a job's own image and its start: submission to its worker running without an image, in an image of 64 MiB the lender does not hold (cold) and holds (warm; goal: within 0.2 s of none), the image's unpack against tar -x of its layer (goal <= 1.5x), its cold fetch against another node's plain data get of it (goal >= 0.8x the rate), and the TensorFlow example's examples/s in an image of the lender's virtualenv against in the virtualenv (goal: within 3%); in-process nodes (~5 min); report in bench/results/env.json
 	DM_PYTHON=$(VENV)/bin/python3 DM_REQUIRE_TF=1 DM_REQUIRE_ROOT=1 DM_BENCH_OUT=$(CURDIR)/bench/results/env.json \
 		$(GO) test -run '^$$' -bench '^BenchmarkEnv$$' -benchtime 1x -timeout 30m ./node
 

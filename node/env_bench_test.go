@@ -35,10 +35,14 @@ const envFiller = 64 << 20
 // added once beforehand, as `env add` does. Then the unpack of the image
 // against tar -x of its layer, and the cold job's fetch (as its worker's
 // log times it) against the other lender's plain bitswap fetch of the same
-// layout (`data get`), on a second node that lends nothing. DM_BENCH_OUT names a JSON file for the results.
+// layout (`data get`), on a second node that lends nothing. Last, the
+// TensorFlow example's training rate (examples/s of its epochs after the
+// first) in the lender's virtualenv and in an image of that virtualenv
+// (`env pack` onto the host's python3), two runs of each in turn.
+// DM_BENCH_OUT names a JSON file for the results.
 func BenchmarkEnv(b *testing.B) {
-	py := genericPython(b)
-	c := startJobClusterLending(b, py, 2, api.LendRequest{Cores: 1, MemBytes: 1 << 30})
+	py := jobPython(b)
+	c := startJobClusterLending(b, py, 2, api.LendRequest{Cores: 1, MemBytes: 2 << 30})
 	// The second machine lends nothing: the jobs start on the first, and
 	// the second fetches the image plainly at the end.
 	other := c.lenders[1]
@@ -132,6 +136,8 @@ func BenchmarkEnv(b *testing.B) {
 	}
 	raw := time.Since(t0)
 
+	venvRate, imageRate := trainingRates(b, c, py)
+
 	size, _ := layers[0].Size()
 	fmt.Printf("\none generic job of one worker, submission to its worker running, one lender of one core (in-process nodes on this machine, %d CPUs)\n", runtime.NumCPU())
 	fmt.Printf("  without an image:          %6.2fs (median of %s)\n", base.Seconds(), seconds(nones))
@@ -141,12 +147,15 @@ func BenchmarkEnv(b *testing.B) {
 		fetch.Seconds(), raw.Seconds(), raw.Seconds()/fetch.Seconds())
 	fmt.Printf("unpacking the image (a layer of %s gzipped): %.2fs; tar -xzf of its layer: %.2fs; %.2fx (goal: at most 1.5x)\n",
 		units.FormatSize(uint64(size)), unpack.Seconds(), untar.Seconds(), unpack.Seconds()/untar.Seconds())
+	fmt.Printf("the TensorFlow example on one worker of one core: %.0f examples/s in the lender's virtualenv, %.0f in an image of it; %+.1f%% (goal: within 3%%)\n",
+		venvRate, imageRate, 100*(imageRate/venvRate-1))
 	if out := os.Getenv("DM_BENCH_OUT"); out != "" {
 		doc := map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "cpus": runtime.NumCPU(), "image_bytes": pin.Size,
 			"start_s":           map[string]float64{"none": base.Seconds(), "cold": cold.Seconds(), "warm": warm.Seconds()},
 			"warm_minus_none_s": (warm - base).Seconds(), "unpack_s": unpack.Seconds(), "tar_x_s": untar.Seconds(),
 			"unpack_vs_tar": unpack.Seconds() / untar.Seconds(), "fetch_s": fetch.Seconds(), "data_get_s": raw.Seconds(),
-			"fetch_vs_raw_rate": raw.Seconds() / fetch.Seconds()}
+			"fetch_vs_raw_rate": raw.Seconds() / fetch.Seconds(),
+			"examples_per_s": map[string]float64{"venv": venvRate, "image": imageRate}, "image_vs_venv_rate": imageRate / venvRate}
 		data, _ := json.MarshalIndent(doc, "", "  ")
 		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 			b.Error(err)
@@ -164,4 +173,54 @@ func seconds(ds []time.Duration) string {
 		out = append(out, fmt.Sprintf("%.2fs", d.Seconds()))
 	}
 	return strings.Join(out, ", ")
+}
+
+// trainingRates runs the TensorFlow example, one worker for 4 epochs of
+// 100 steps, in the lender's virtualenv and in an image of it, twice
+// each in turn, and returns the medians of their epochs' examples/s
+// after the first (which pays for tracing).
+func trainingRates(b *testing.B, c *jobCluster, py string) (venv, img float64) {
+	venvDir := filepath.Dir(filepath.Dir(py))
+	sites, _ := filepath.Glob(filepath.Join(venvDir, "lib", "python3*", "site-packages"))
+	base := imagetest.Layout(b, imagetest.PythonFor(b, sites...))
+	packed, err := c.sub.client.EnvBuild(context.Background(), api.EnvBuildRequest{Venv: venvDir, Base: base}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	bundle, _ := filepath.Abs("../examples/fashion-mnist")
+	epoch := regexp.MustCompile(`epoch (\d+)/\d+: .* ([0-9.]+) examples/s`)
+	rates := map[string][]float64{}
+	for i := range 4 {
+		which := [2]string{"venv", "image"}[i%2]
+		spec := jobs.File{Name: "rate-" + which, Framework: "tensorflow", Bundle: bundle, Dataset: "/usr/share/datasets/fashion-mnist",
+			Command: []string{"python3", "train.py", "--epochs", "4", "--steps-per-epoch", "100"},
+			Workers: 1, Cores: 1, Memory: "2GiB", MaxPrice: "5", MaxDuration: "15m"}
+		if which == "image" {
+			spec.Image = packed.CID
+		}
+		j, err := c.sub.client.Submit(context.Background(), api.SubmitRequest{Spec: spec, Yes: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		done := waitJob(b, c.sub, j.ID, 10*time.Minute)
+		log := jobLog(b, c.sub, j.ID)
+		if done.State != jobs.Succeeded {
+			b.Fatalf("%s: %s %s\n%s", spec.Name, done.State, done.Reason, log)
+		}
+		for _, m := range epoch.FindAllStringSubmatch(log, -1) {
+			if m[1] != "1" {
+				var r float64
+				fmt.Sscan(m[2], &r)
+				rates[which] = append(rates[which], r)
+			}
+		}
+	}
+	med := func(xs []float64) float64 {
+		if len(xs) == 0 {
+			b.Fatal("no epoch rates in the jobs' logs")
+		}
+		slices.Sort(xs)
+		return xs[len(xs)/2]
+	}
+	return med(rates["venv"]), med(rates["image"])
 }

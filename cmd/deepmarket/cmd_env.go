@@ -37,10 +37,17 @@ OCI layout and adds that to this node: it prints the CID to put in job.toml
 and the image's manifest digest. The same image gives the same CID from any
 form. With --name, a job.toml on this node may say image = "NAME" instead
 of the CID. 'env ls' lists the images added here, 'env show' one of them,
-and 'env rm' forgets one and unpins it ('data gc' then frees its space).`,
+and 'env rm' forgets one and unpins it ('data gc' then frees its space).
+
+'env build' makes an image here: a base plus a project's requirements.txt
+or pyproject.toml, pip running in the job sandbox. 'env pack' packs a
+virtualenv that works here onto a base with the same python3. 'env debian'
+makes a minimal Debian base with python3 (and Debian's packages, such as
+python3-torch) with mmdebstrap, without a registry.`,
 		Example: `  docker save lab/train:1 -o train.tar && deepmarket env add train.tar --name train
   deepmarket env add ./train-oci
   deepmarket env add ghcr.io/lab/train:1 --name train
+  deepmarket env build ./my-job --base train --name my-job-env
   deepmarket env ls
   deepmarket env rm train`,
 	}
