@@ -63,6 +63,9 @@ type bwrapView struct {
 	Cgroups    map[string]string
 	OwnNet     bool  // a network namespace of its own (else the one the trampoline joined)
 	SeccompFDs []int // the fds bwrap reads seccomp filters from
+	// Env ("K=V") is the job's program's environment, which bwrap sets
+	// inside the sandbox: bwrap's own is a PATH alone.
+	Env []string
 }
 
 // mountOp is one bwrap option with its target path.
@@ -102,6 +105,12 @@ func bwrapArgs(bwrap string, v bwrapView, argv []string) []string {
 	cwd := v.Cwd
 	if cwd == "" {
 		cwd = v.Dir
+	}
+	args = append(args, "--clearenv")
+	for _, kv := range v.Env {
+		if k, val, ok := strings.Cut(kv, "="); ok {
+			args = append(args, "--setenv", k, val)
+		}
 	}
 	args = append(args, "--chdir", cwd, "--")
 	return append(args, argv...)

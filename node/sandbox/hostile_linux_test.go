@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -686,5 +687,57 @@ func swapLoop(t *testing.T, dir string, pairs ...[2]string) (stop func() int64) 
 		done.Store(true)
 		wg.Wait()
 		return n.Load()
+	}
+}
+
+// TestJobsLDPreloadStaysInside: a job's LD_PRELOAD (an image's config may
+// set it to a library its layers put on the lender's disk) loads nothing
+// into bubblewrap, which still runs outside the sandbox when it starts: a
+// real library, whose constructor leaves a mark on the host when it runs
+// there, leaves none. The job's program still gets the variable.
+func TestJobsLDPreloadStaysInside(t *testing.T) {
+	needRoot(t)
+	dir := readOnlyBase(t) // outside every view the job has
+	marks := filepath.Join(dir, "marks")
+	if err := os.Mkdir(marks, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(marks, 0o777)
+	mark := filepath.Join(marks, "preloaded")
+	src := filepath.Join(dir, "evil.c")
+	lib := filepath.Join(dir, "evil.so")
+	os.WriteFile(src, []byte(`#include <fcntl.h>
+#include <unistd.h>
+__attribute__((constructor)) static void mark(void) {
+	int fd = open("`+mark+`", O_CREAT | O_WRONLY, 0666);
+	if (fd >= 0) close(fd);
+}
+`), 0o644)
+	if out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", lib, src).CombinedOutput(); err != nil {
+		t.Fatalf("gcc (make deps installs it): %v\n%s", err, out)
+	}
+	os.Chmod(lib, 0o755)
+	// The library works: run on the host, it leaves its mark.
+	host := exec.Command("/bin/true")
+	host.Env = []string{"LD_PRELOAD=" + lib}
+	if err := host.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(mark); err != nil {
+		t.Fatalf("the library left no mark on the host: %v", err)
+	}
+	os.Remove(mark)
+
+	var out bytes.Buffer
+	s := spec(t, &out, "/bin/sh", "-c", `echo "preload=$LD_PRELOAD"`)
+	s.Env = []string{"LD_PRELOAD=" + lib}
+	if e := run(t, s); e.Code != 0 {
+		t.Fatalf("job: %+v\n%s", e, out.String())
+	}
+	if _, err := os.Stat(mark); err == nil {
+		t.Fatalf("the job's LD_PRELOAD ran on the host, outside the sandbox:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "preload="+lib) {
+		t.Errorf("the job did not get its LD_PRELOAD:\n%s", out.String())
 	}
 }

@@ -177,9 +177,15 @@ func (p *Process) newTrampolineConfig(bw, cwd string, filters int, cgroups map[s
 	if s.Root != "" && len(s.Limits.GPUs) > 0 {
 		view.DriverLibs, view.DriverBins = driverFiles()
 	}
+	// The job's environment is the job's program's, which bubblewrap sets
+	// inside the sandbox (--clearenv, --setenv): bubblewrap itself runs,
+	// still outside, with a PATH alone. A job's LD_PRELOAD (an image's
+	// config sets it) must not load a library into it before the sandbox
+	// is built.
+	view.Env = buildEnv(s)
 	return trampolineConfig{
 		UID: p.uid, GID: p.uid, FSize: s.Limits.DiskBytes, Dir: cwd,
-		Path: bw, Argv: bwrapArgs(bw, view, s.Argv), Env: buildEnv(s),
+		Path: bw, Argv: bwrapArgs(bw, view, s.Argv), Env: []string{"PATH=/usr/bin:/bin"},
 	}
 }
 
