@@ -48,10 +48,12 @@ deps: ## Install what the tests need: Go modules, the job sandbox (bubblewrap), 
 	$(GO) mod download
 	scripts/sandbox-env.sh
 	scripts/netlab-env.sh
-	DM_VENV=$(VENV) scripts/python-env.sh
-	scripts/browser-env.sh
+	scripts/torch-image.sh --install
 	$(MAKE) --no-print-directory build
-	DM_PYTHON=$(VENV)/bin/python3 scripts/torch-image.sh $(BIN)
+	@# The PyTorch image builds beside the virtualenv and chromium (mostly downloads).
+	@scripts/torch-image.sh $(BIN) > /tmp/torch-image.out 2>&1 & pid=$$!; \
+	  DM_VENV=$(VENV) scripts/python-env.sh && scripts/browser-env.sh; rc=$$?; \
+	  wait $$pid || rc=1; cat /tmp/torch-image.out; exit $$rc
 
 .PHONY: test
 test: deps lint ## Install what the tests need and run every test: Go, Python beside it, fuzzers (about 15 minutes on 2 cores, as root)

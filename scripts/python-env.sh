@@ -96,9 +96,23 @@ install_pkg() {
   echo "$want" > "$mark"
 }
 
+# A wheelhouse for offline `deepmarket env build`s of the examples: the
+# build backend of examples/torch-fashion-mnist's project (setuptools).
+if [ "$(id -u)" -eq 0 ]; then WHEELS_DEF=/var/cache/deepmarket/wheels; else WHEELS_DEF=$HOME/.cache/deepmarket/wheels; fi
+WHEELS=${DM_WHEELHOUSE:-$WHEELS_DEF}
+WHEEL_PINS=(setuptools==80.9.0)
+wheelhouse() {
+  [ -f "$WHEELS/setuptools-80.9.0-py3-none-any.whl" ] && return 0
+  mkdir -p "$WHEELS"
+  "$VENV/bin/python" -m pip download --disable-pip-version-check --no-input -q --only-binary=:all: --no-deps \
+    -d "$WHEELS" "${WHEEL_PINS[@]}" || die "pip download ${WHEEL_PINS[*]} into $WHEELS failed"
+  say "wheelhouse $WHEELS: ${WHEEL_PINS[*]}"
+}
+
 if venv_complete; then
   say "venv ok: $VENV (${PINS[*]} ${NODEPS_PINS[*]})"
   install_pkg
+  wheelhouse
   exit 0
 fi
 
@@ -121,4 +135,5 @@ venv_complete || die "venv $VENV still lacks a pinned package after pip install"
 TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import numpy, tensorflow, tf_keras' >/dev/null \
   || die "installed packages do not import"
 install_pkg
+wheelhouse
 say "venv ready: $VENV"

@@ -5,34 +5,22 @@
 # `deepmarket env debian`, as an OCI image layout directory in
 # $DM_TORCH_IMAGE (default /var/cache/deepmarket/images/torch as root, else
 # ~/.cache/deepmarket/images/torch). About 2 minutes and 480 MB (1.3 GB
-# unpacked); kept while its package list is the same. Beside it, in
-# $DM_WHEELHOUSE (default .../deepmarket/wheels), the wheels an offline
-# `env build` of the example needs: setuptools, its build backend.
-# Usage: scripts/torch-image.sh BIN (the deepmarket binary)
+# unpacked); kept while its package list is the same.
+# Usage: scripts/torch-image.sh --install (mmdebstrap, with apt: run it
+# before the build, which may then run beside other apt-get installs)
+#        scripts/torch-image.sh BIN (the deepmarket binary)
 set -euo pipefail
 
-BIN=${1:?usage: scripts/torch-image.sh BIN}
+BIN=${1:?usage: scripts/torch-image.sh --install | BIN}
 if [ "$(id -u)" -eq 0 ]; then def=/var/cache/deepmarket/images/torch; else def=$HOME/.cache/deepmarket/images/torch; fi
 OUT=${DM_TORCH_IMAGE:-$def}
-WHEELS=${DM_WHEELHOUSE:-$(dirname "$(dirname "$def")")/wheels}
 APT="python3-torch,python3-numpy"
-SETUPTOOLS=setuptools-80.9.0-py3-none-any.whl
 
 say() { echo "torch-image: $*"; }
 die() { echo "torch-image: ERROR: $*" >&2; exit 1; }
 
-if [ ! -f "$WHEELS/$SETUPTOOLS" ]; then
-  PY=${DM_PYTHON:-python3}
-  mkdir -p "$WHEELS"
-  "$PY" -m pip download -q --only-binary=:all: --no-deps -d "$WHEELS" setuptools==80.9.0 \
-    || die "pip download setuptools into $WHEELS failed"
-  say "wheelhouse $WHEELS: $SETUPTOOLS"
-fi
-if [ -f "$OUT/index.json" ] && [ "$(cat "$OUT.packages" 2>/dev/null)" = "bookworm $APT" ]; then
-  say "$OUT is built"
-  exit 0
-fi
-if ! command -v mmdebstrap >/dev/null; then
+install_mmdebstrap() {
+  command -v mmdebstrap >/dev/null && return 0
   SUDO=
   [ "$(id -u)" -eq 0 ] || SUDO=sudo
   command -v apt-get >/dev/null || die "no apt-get: install mmdebstrap by hand"
@@ -43,7 +31,16 @@ if ! command -v mmdebstrap >/dev/null; then
     $SUDO apt-get install -y -q --no-install-recommends mmdebstrap >>/tmp/torch-image-apt.log 2>&1 \
       || die "apt-get install mmdebstrap failed (see /tmp/torch-image-apt.log)"
   }
+}
+if [ "$BIN" = --install ]; then
+  install_mmdebstrap
+  exit 0
 fi
+if [ -f "$OUT/index.json" ] && [ "$(cat "$OUT.packages" 2>/dev/null)" = "bookworm $APT" ]; then
+  say "$OUT is built"
+  exit 0
+fi
+install_mmdebstrap
 say "building $OUT (Debian bookworm, $APT; about 2 minutes)"
 rm -rf "$OUT" "$OUT.packages"
 mkdir -p "$(dirname "$OUT")"
