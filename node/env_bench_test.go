@@ -155,7 +155,7 @@ func BenchmarkEnv(b *testing.B) {
 			"warm_minus_none_s": (warm - base).Seconds(), "unpack_s": unpack.Seconds(), "tar_x_s": untar.Seconds(),
 			"unpack_vs_tar": unpack.Seconds() / untar.Seconds(), "fetch_s": fetch.Seconds(), "data_get_s": raw.Seconds(),
 			"fetch_vs_raw_rate": raw.Seconds() / fetch.Seconds(),
-			"examples_per_s": map[string]float64{"venv": venvRate, "image": imageRate}, "image_vs_venv_rate": imageRate / venvRate}
+			"examples_per_s":    map[string]float64{"venv": venvRate, "image": imageRate}, "image_vs_venv_rate": imageRate / venvRate}
 		data, _ := json.MarshalIndent(doc, "", "  ")
 		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 			b.Error(err)

@@ -22,7 +22,7 @@ type PackRequest struct {
 	// Venv is the virtualenv's directory (its lib/python3.X/site-packages
 	// is packed; its bin, whose scripts name this machine's interpreter,
 	// is not).
-	Venv       string
+	Venv      string
 	Work, Out string
 	Say       func(string)
 }
