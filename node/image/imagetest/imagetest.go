@@ -39,6 +39,13 @@ func Shell(t testing.TB, dirs []string, files map[string]string) v1.Image {
 	for _, p := range regexp.MustCompile(`(/\S+\.so[.0-9]*)`).FindAllString(string(out), -1) {
 		host[strings.TrimPrefix(p, "/")] = p
 	}
+	return Image(t, hostLayer(t, host, dirs, files))
+}
+
+// hostLayer is a layer of the host's files (path in the layer -> path
+// here, executable), the directories dirs and files (path -> content).
+func hostLayer(t testing.TB, host map[string]string, dirs []string, files map[string]string) v1.Layer {
+	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	add := func(h tar.Header, body []byte) {
@@ -66,7 +73,7 @@ func Shell(t testing.TB, dirs []string, files map[string]string) v1.Image {
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	return Image(t, LayerOf(t, buf.Bytes()))
+	return LayerOf(t, buf.Bytes())
 }
 
 // LayerOf is a layer of the tar archive data.
@@ -178,30 +185,7 @@ func python(t testing.TB, files map[string]string, objs []string) v1.Image {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	add := func(name string, mode int64, body []byte) {
-		if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: mode, Size: int64(len(body))}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tw.Write(body); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, name := range sortedKeys(host) {
-		b, err := os.ReadFile(host[name])
-		if err != nil {
-			t.Fatal(err)
-		}
-		add(name, 0o755, b)
-	}
-	for _, name := range sortedKeys(files) {
-		add(name, 0o644, []byte(files[name]))
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return Image(t, LayerOf(t, buf.Bytes()))
+	return Image(t, hostLayer(t, host, nil, files))
 }
 
 // Wheel writes a pure-Python wheel of package name at version, whose
