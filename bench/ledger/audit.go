@@ -21,13 +21,13 @@ func audit(ctx context.Context, nw *network) map[string]any {
 		return map[string]any{"summary": "audit failed: " + err.Error(), "error": err.Error()}
 	}
 	tps := float64(rep.Txs) / el.Seconds()
-	pass := rep.OK && tps >= 20_000
+	pass := rep.OK && tps >= 30_000
 	r := map[string]any{
 		"rpc": url, "height": rep.Height, "txs": rep.Txs, "txs_ok": rep.TxsOK, "ok": rep.OK, "problems": rep.Problems,
-		"seconds": el.Seconds(), "tx_per_s": tps, "goal": ">= 20000 tx/s", "pass": pass,
+		"seconds": el.Seconds(), "tx_per_s": tps, "goal": ">= 30000 tx/s", "pass": pass,
 	}
-	r["summary"] = fmt.Sprintf("replayed %d blocks, %d txs in %v: %.0f tx/s (goal >= 20,000: %v), report OK %v",
-		rep.Height, rep.Txs, el.Round(time.Millisecond), tps, tps >= 20_000, rep.OK)
+	r["summary"] = fmt.Sprintf("replayed %d blocks, %d txs in %v: %.0f tx/s (goal >= 30,000: %v), report OK %v",
+		rep.Height, rep.Txs, el.Round(time.Millisecond), tps, tps >= 30_000, rep.OK)
 	fmt.Println("  audit:", r["summary"])
 	return r
 }

@@ -479,6 +479,14 @@ func runChild(st settings) {
 			r.Saturation = runLoad(ctx, nw, src, sat)
 			report("saturation", r.Saturation)
 			if k == appLedger && n == 1 {
+				if st.cpuprofile != "" { // the audit's own profile
+					pprof.StopCPUProfile()
+					f, err := os.Create(st.cpuprofile + "-audit.prof")
+					if err != nil {
+						log.Fatal(err)
+					}
+					pprof.StartCPUProfile(f)
+				}
 				out.Audit = audit(ctx, nw)
 			}
 		}
