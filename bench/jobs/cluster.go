@@ -105,8 +105,31 @@ func startCluster(ctx context.Context, dir, work, python string, n int, lendersQ
 		l.cpu = cpu
 		c.lenders = append(c.lenders, l)
 		c.all = append(c.all, l)
+		if err := admit(ctx, sub, l); err != nil {
+			c.stop()
+			return nil, err
+		}
 	}
 	return c, nil
+}
+
+// admit has the submitter, the genesis issuer, admit lender's account,
+// and waits until the lender's own replica shows it: only members' offers
+// are taken.
+func admit(ctx context.Context, sub, lender *benchNode) error {
+	st, err := lender.c.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("%s status: %w", lender.name, err)
+	}
+	if _, err := sub.c.Send(ctx, api.SendRequest{Kind: "admit", To: st.Account}); err != nil {
+		return fmt.Errorf("admit %s: %w", lender.name, err)
+	}
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if ls, err := lender.c.Lend(ctx); err == nil && ls.Registered {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s: not admitted on its replica after a minute", lender.name)
 }
 
 func startNode(ctx context.Context, h node.Home, logger *slog.Logger, opt func(*node.Config)) (*benchNode, error) {

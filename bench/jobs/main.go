@@ -6,8 +6,9 @@
 //   - Launch latency with 2 / 4 / 8 workers (-sizes), -reps times each:
 //     a generic job whose workers only sleep, its bundle already in every
 //     node's storage, so no data moves and no TensorFlow is imported.
-//     From Submit returning (it waits ~2 s for quotes first, reported
-//     apart) until every worker runs (goal: p50 <= 2 s), timed by the
+//     From Submit returning (it waits for quotes first, reported apart:
+//     thrice the first placement's delay, 0.25 s at least) until every
+//     worker runs, and from Submit called (goal: p50 <= 1 s), timed by the
 //     lenders' own start times, by each worker's first Python line, and
 //     as client.Job shows it (the submitter polls starting workers every 0.3 s).
 //   - Time to first training step and steady examples/s of
@@ -59,8 +60,9 @@ import (
 	"github.com/deepmarket/deepmarket/node/sandbox"
 )
 
-// launchGoal is the launch latency goal, p50.
-const launchGoal = 2 * time.Second
+// launchGoal is the launch latency goal, p50: from submit called to
+// every worker running (in Python).
+const launchGoal = time.Second
 
 // Goals of the training comparison (DeepMarket / by hand).
 const (
@@ -268,6 +270,7 @@ func fillRatios(r *results) {
 		r.Ratios[fmt.Sprintf("launch_%dw_started_p50_vs_goal", lc.Workers)] = lc.Started.P50 / launchGoal.Seconds()
 		r.Ratios[fmt.Sprintf("launch_%dw_python_p50_vs_goal", lc.Workers)] = lc.Python.P50 / launchGoal.Seconds()
 		r.Ratios[fmt.Sprintf("launch_%dw_seen_p50_vs_goal", lc.Workers)] = lc.Seen.P50 / launchGoal.Seconds()
+		r.Ratios[fmt.Sprintf("launch_%dw_submit_to_python_p50_vs_goal", lc.Workers)] = lc.Total.P50 / launchGoal.Seconds()
 	}
 	if tc := r.Compare; tc != nil {
 		r.Ratios["first_step_vs_hand"] = tc.FirstStepX
@@ -290,7 +293,7 @@ func printResults(r *results) {
 			quoters = "only the submitter quotes"
 		}
 		fmt.Printf("\nLaunch latency: sleeping workers (no data, no TensorFlow), %d lenders x 2 cores, %s.\n", r.Lenders, quoters)
-		fmt.Printf("Seconds after Submit returned (it waits ~2 s for quotes first), p50 / p90 (n); goal: p50 <= 2 s.\n")
+		fmt.Printf("Seconds after Submit returned (it waits for quotes first), p50 / p90 (n); goal: submit called -> all in Python, p50 <= 1 s.\n")
 		fmt.Fprintf(w, "workers\tSubmit itself\tlaunch begins\tall started (lenders)\tall in Python\tall seen running (client.Job)\tp50 / goal: started, Python, seen\tsubmit called -> all in Python\tbids unplaced\n")
 		for _, lc := range r.Launch {
 			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s, %s, %s\t%s\t%s\n", lc.Workers, fmtStat(lc.Submit), fmtStat(lc.Launch),

@@ -26,11 +26,26 @@ func anyRunning(sts []*p2p.JobStatus) bool {
 
 // quoteWaits bound how long the quotes for a bid are gathered.
 type quoteWaits struct {
-	usual time.Duration // a placement is taken after this
+	usual time.Duration // a placement is taken after this at the latest
 	max   time.Duration // the most a bid waits for its first quote
 	// quiet is how long after the last refusal, with no placement, no
 	// other answer is expected.
 	quiet time.Duration
+	// least is the shortest wait for quotes once one places the job
+	// (see placedAfter).
+	least time.Duration
+}
+
+// placedAfter is w once the first placement came first after the bid:
+// the quotes that compete with it come about as fast (their schedulers
+// price the same offers), so the usual wait shrinks to thrice the first's
+// delay, w.least at least. A quote later than that is a scheduler's that
+// lost the race for the same machines and quotes again on what is left,
+// which costs more. A slow network's first quote is slow too, and keeps
+// the wait long.
+func (w quoteWaits) placedAfter(first time.Duration) quoteWaits {
+	w.usual = min(w.usual, max(w.least, 3*first))
+	return w
 }
 
 // enoughQuotes says when to stop gathering quotes for a bid published

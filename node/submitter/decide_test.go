@@ -159,3 +159,21 @@ func TestChooseCountsColdStarts(t *testing.T) {
 		}
 	}
 }
+
+// TestDecidePlacedAfter: once a placement is in, the usual wait is
+// thrice its delay, at least least, at most usual.
+func TestDecidePlacedAfter(t *testing.T) {
+	w := defaultTiming.quotes
+	for _, c := range []struct{ first, want time.Duration }{
+		{20 * time.Millisecond, w.least},                 // a LAN: the least wait
+		{200 * time.Millisecond, 600 * time.Millisecond}, // thrice the first's delay
+		{time.Second, w.usual},                           // a slow network: the usual wait at most
+	} {
+		if got := w.placedAfter(c.first).usual; got != c.want {
+			t.Errorf("first placement after %s: wait %s, want %s", c.first, got, c.want)
+		}
+	}
+	if p := w.placedAfter(time.Millisecond); p.max != w.max || p.quiet != w.quiet {
+		t.Errorf("placedAfter changed more than the usual wait: %+v", p)
+	}
+}

@@ -49,7 +49,7 @@ type timing struct {
 }
 
 var defaultTiming = timing{
-	quotes:         quoteWaits{usual: 2 * time.Second, max: 10 * time.Second, quiet: time.Second},
+	quotes:         quoteWaits{usual: 2 * time.Second, max: 10 * time.Second, quiet: time.Second, least: 250 * time.Millisecond},
 	confirmWait:    10 * time.Minute,
 	cancelWait:     40 * time.Second,
 	poll:           PollEvery,

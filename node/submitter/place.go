@@ -216,12 +216,15 @@ const bidTTL = 2 * time.Minute
 
 // gatherQuotes collects the quotes for j's bid for run runID, just
 // published, looking again as each arrives, until enoughQuotes (at once
-// when every scheduler of known, those heard from lately, has answered);
+// when every scheduler of known, those heard from lately, has answered;
+// soon after the first placement, quoteWaits.placedAfter);
 // false when ctx ends first. What is asked of j meanwhile is taken: a
 // cancel stops the gathering.
 func (m *Manager) gatherQuotes(ctx context.Context, j *job, runID string, known []string) ([]ReceivedQuote, bool) {
 	start := time.Now()
 	lastNew, count := start, 0
+	w := m.t.quotes
+	placed := false
 	for {
 		now := time.Now()
 		qs, arrived := m.p.Quotes.watch(runID)
@@ -230,7 +233,10 @@ func (m *Manager) gatherQuotes(ctx context.Context, j *job, runID string, known 
 			count, lastNew = len(qs), now
 		}
 		waited, quiet := now.Sub(start), now.Sub(lastNew)
-		if enoughQuotes(m.t.quotes, waited, quiet, count, hasPlacement(qs), all) {
+		if !placed && hasPlacement(qs) {
+			placed, w = true, w.placedAfter(waited)
+		}
+		if enoughQuotes(w, waited, quiet, count, placed, all) {
 			return qs, true
 		}
 		select {
@@ -241,7 +247,7 @@ func (m *Manager) gatherQuotes(ctx context.Context, j *job, runID string, known 
 			if m.look(j); j.cancelled {
 				return qs, true // what came is chosen from, its holds released after
 			}
-		case <-time.After(untilEnough(m.t.quotes, waited, quiet)):
+		case <-time.After(untilEnough(w, waited, quiet)):
 		}
 	}
 }
