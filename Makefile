@@ -56,7 +56,7 @@ deps: ## Install what the tests need: Go modules, the job sandbox (bubblewrap), 
 	  wait $$pid || rc=1; cat /tmp/torch-image.out; exit $$rc
 
 .PHONY: test
-test: deps lint ## Install what the tests need and run every test: Go, Python beside it, fuzzers (about 15 minutes on 2 cores, as root)
+test: deps lint ## Install what the tests need and run every test: Go, Python beside it, fuzzers (about 16 minutes on 2 cores, as root)
 	GO=$(GO) VENV=$(VENV) FUZZEXECS=$(FUZZEXECS) FUZZTIME=$(FUZZTIME) scripts/test.sh
 
 .PHONY: lint
