@@ -453,11 +453,17 @@ func TestOneBalanceBacksHoldsAcrossTheMarket(t *testing.T) {
 	// These two bids live 15 s on the market.
 	live := time.Now().Add(15 * time.Second)
 	first, sealed1 := bidFor("first", 15*time.Second)
+	firstSeq := seq
 	second, sealed2 := bidFor("second", 15*time.Second)
 	for _, s := range [][]byte{sealed1, sealed2} {
 		if err := m.raw.publishBid(ctx, s); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// Gossip keeps no order between two messages: the second machine
+	// must have seen the first bid before it is asked about the second.
+	if !l1.commitments.Await(ctx, string(m.insider.Address()), first, firstSeq, 10*time.Second) {
+		t.Fatal("the other machine never saw the first bid")
 	}
 	if r := hold(l0, "00000000000000b1", first, sealed1); !r.OK {
 		t.Fatalf("the first bid's hold: %+v", r)

@@ -9,7 +9,6 @@ from the Debian package dataset-fashion-mnist.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,15 +20,10 @@ HOSTILE = os.path.join(HERE, "hostile_worker.py")
 DATA = "/usr/share/datasets/fashion-mnist"
 WAIT = 600
 
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
 
-def free_addrs(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    addrs = ["127.0.0.1:%d" % s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return addrs
+from test_averager import free_addrs  # noqa: E402
 
 
 def held_job(hostile=None, checks=True, workers=3, epochs=3, extra=()):

@@ -58,6 +58,28 @@ class WireTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             wire.split_addr("localhost")
 
+    def test_a_connection_to_itself_is_refused_and_frees_the_port(self):
+        # TCP's simultaneous open, made on purpose: a socket bound to a
+        # port dials that same port, as a redial to a dead peer of this
+        # host can when the kernel picks the peer's port as its source.
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.connect(("127.0.0.1", port))
+        with self.assertRaises(ConnectionRefusedError):
+            wire.refuse_self(s)
+        self.assertEqual(s.fileno(), -1)  # closed
+        ls = socket.socket()  # the peer, restarting, can listen there again (as the averager does)
+        with ls:
+            ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            ls.bind(("127.0.0.1", port))
+            ls.listen(1)
+            a = wire.dial("127.0.0.1:%d" % port, 5)  # an ordinary connection passes
+            b, _ = ls.accept()
+            with a, b:
+                self.assertNotEqual(a.fileno(), -1)
+
 
 if __name__ == "__main__":
     unittest.main()

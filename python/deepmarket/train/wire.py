@@ -83,8 +83,24 @@ def dial(addr, timeout):
     """Connects to "host:port" with Nagle off."""
     host, port = split_addr(addr)
     sock = socket.create_connection((host, port), timeout=timeout)
+    refuse_self(sock)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
+
+
+def refuse_self(sock):
+    """Closes a connection to itself and raises ConnectionRefusedError.
+    Dialling a port of this host that nothing listens on can connect the
+    socket to itself, when the kernel picks that very port as its source
+    (TCP's simultaneous open): the dialler would then hold the port a
+    restarting peer needs to listen on, and read its own frames."""
+    try:
+        me, peer = sock.getsockname(), sock.getpeername()
+    except OSError:
+        return
+    if me == peer:
+        sock.close()
+        raise ConnectionRefusedError("connected to itself at %s:%d: nothing listens there" % me[:2])
 
 
 def split_addr(addr):
