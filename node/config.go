@@ -179,6 +179,10 @@ type LedgerConfig struct {
 	Peers              []string `toml:"peers"`
 	BlockTime          Duration `toml:"block_time"`
 	EmptyBlockInterval Duration `toml:"empty_block_interval"`
+	// MaxInboundPeers bounds the ledger nodes that may connect here.
+	// CometBFT's own default, 40, leaves the 41st lab machine of a
+	// validator's network with no peer to copy the chain from.
+	MaxInboundPeers int `toml:"max_inbound_peers"`
 }
 
 // APIConfig configures the local HTTP API.
@@ -240,6 +244,9 @@ const (
 	DefaultP2PPort         = 7701
 	DefaultLedgerP2PListen = "tcp://0.0.0.0:7702"
 	DefaultLedgerRPCListen = "tcp://127.0.0.1:7703"
+	// DefaultLedgerInboundPeers is [ledger] max_inbound_peers: a
+	// validator serves a university's lab machines, hundreds of them.
+	DefaultLedgerInboundPeers = 400
 )
 
 // DefaultAnnounceBudget is [p2p] announce_budget's default: 600 offers a
@@ -276,6 +283,7 @@ func DefaultConfig() Config {
 		Ledger: LedgerConfig{
 			P2PListen: DefaultLedgerP2PListen, RPCListen: DefaultLedgerRPCListen,
 			BlockTime: Duration{time.Second}, EmptyBlockInterval: Duration{30 * time.Second},
+			MaxInboundPeers: DefaultLedgerInboundPeers,
 		},
 		Inventory: InventoryConfig{Python: "python3"},
 		Executor: ExecutorConfig{UIDRange: sandbox.DefaultIDRange, KeepLogs: Duration{7 * 24 * time.Hour},

@@ -90,6 +90,9 @@ block_time = {{lit .Ledger.BlockTime}}
 # With no transactions, a block at least this often, so time-based rules
 # (escrow expiry) advance; 0 makes blocks continuously.
 empty_block_interval = {{lit .Ledger.EmptyBlockInterval}}
+# Ledger nodes that may connect here at most: every machine of the network
+# that lists this node in its peers (a validator's members) must fit.
+max_inbound_peers = {{lit .Ledger.MaxInboundPeers}}
 
 [api]
 # The local HTTP API, /metrics and the dashboard. Loopback only; the CLI

@@ -66,6 +66,7 @@ func TestConfigErrorsNameSectionAndKey(t *testing.T) {
 		{fmt.Sprintf("python = %q", cfg.Inventory.Python), `python = ""`, "[inventory] python"},
 		{`conn_low = 64`, `conn_low = 500`, "conn_low"},
 		{`announce_budget = 600`, `announce_budget = -5`, "[p2p] announce_budget"},
+		{`max_inbound_peers = 400`, `max_inbound_peers = 0`, "[ledger] max_inbound_peers"},
 	} {
 		mod := strings.Replace(string(orig), c.from, c.to, 1)
 		if mod == string(orig) {

@@ -153,6 +153,9 @@ func (c LedgerConfig) validate() error {
 	if d := c.EmptyBlockInterval.Duration; d < 0 || d > time.Hour {
 		return configErr("ledger", "empty_block_interval", "%s: want between 0 and 1h", c.EmptyBlockInterval)
 	}
+	if c.MaxInboundPeers < 1 || c.MaxInboundPeers > 10_000 {
+		return configErr("ledger", "max_inbound_peers", "%d: want between 1 and 10000", c.MaxInboundPeers)
+	}
 	return nil
 }
 

@@ -44,6 +44,7 @@ func startLedger(home Home, c Config, key *identity.Key, store *Store, log *slog
 		Configure: func(c *cfg.Config) {
 			c.Consensus.TimeoutCommit = lc.BlockTime.Duration
 			c.Consensus.CreateEmptyBlocksInterval = lc.EmptyBlockInterval.Duration
+			c.P2P.MaxNumInboundPeers = lc.MaxInboundPeers
 		},
 	})
 	if err != nil {
