@@ -12,6 +12,7 @@ import (
 
 	"github.com/ipfs/go-cid"
 	dht "github.com/libp2p/go-libp2p-kad-dht"
+	"github.com/libp2p/go-libp2p/core/event"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -36,8 +37,8 @@ type DiscoveryParams struct {
 	MDNS      bool
 	DHT       string
 	Logger    *slog.Logger
-	// Interval is how often bootstrap peers are re-dialled when the node
-	// has no peers, and the DHT is searched for more; zero means 30 s.
+	// Interval is how often the bootstrap peers not connected are
+	// re-dialled, and the DHT is searched for more; zero means 30 s.
 	Interval time.Duration
 }
 
@@ -93,6 +94,12 @@ func (d *Discovery) Run(ctx context.Context) error {
 	for _, ai := range d.p.Bootstrap {
 		h.ConnManager().Protect(ai.ID, "bootstrap")
 	}
+	failed, err := h.EventBus().Subscribe(new(event.EvtPeerIdentificationFailed))
+	if err != nil {
+		return fmt.Errorf("watch identify: %w", err)
+	}
+	defer failed.Close()
+	go d.reconnectUnidentified(ctx, failed.Out())
 	d.dialBootstrap(ctx)
 
 	lan := &mdnsNotifee{ctx: ctx, h: h, log: log}
@@ -142,9 +149,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 		}
-		if len(h.Network().Peers()) == 0 {
-			d.dialBootstrap(ctx)
-		}
+		d.dialBootstrap(ctx)
 		// Until mDNS finds a LAN peer, it starts afresh every mdnsRestart:
 		// its sockets are bound to the interfaces up when it started, and
 		// a query lost while interfaces come and go (a network up late,
@@ -159,6 +164,54 @@ func (d *Discovery) Run(ctx context.Context) error {
 	}
 }
 
+// reconnectUnidentified closes a connection whose identify exchange
+// failed and dials the peer again when it is a bootstrap peer. libp2p
+// identifies a connection once, with a 5 s timeout, and never again: a
+// peer too busy to answer in time (a validator while a hundred machines
+// start) stays connected, but unknown to gossipsub, which talks only to
+// peers identify showed to speak it. A machine connected to its
+// validators alone would hear no offers, ever.
+func (d *Discovery) reconnectUnidentified(ctx context.Context, events <-chan any) {
+	bootstrap := map[peer.ID]peer.AddrInfo{}
+	for _, ai := range d.p.Bootstrap {
+		bootstrap[ai.ID] = ai
+	}
+	h := d.p.Host
+	for {
+		var e any
+		select {
+		case <-ctx.Done():
+			return
+		case e = <-events:
+		}
+		p := e.(event.EvtPeerIdentificationFailed).Peer
+		if protos, err := h.Peerstore().GetProtocols(p); err == nil && len(protos) > 0 {
+			continue // another connection identified it
+		}
+		d.p.Logger.Info("identify failed: reconnecting", "peer", p, "err", e.(event.EvtPeerIdentificationFailed).Reason)
+		h.Network().ClosePeer(p)
+		if ai, ok := bootstrap[p]; ok {
+			go func() {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(reidentifyDelay):
+				}
+				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				if err := h.Connect(cctx, ai); err != nil {
+					d.p.Logger.Warn("cannot reach bootstrap peer", "peer", ai.ID, "err", err)
+				}
+			}()
+		}
+	}
+}
+
+// reidentifyDelay is how long after a failed identify a bootstrap peer
+// is dialled again: long enough not to hammer a busy peer.
+var reidentifyDelay = 2 * time.Second
+
+// dialBootstrap dials the bootstrap peers this node is not connected to.
 func (d *Discovery) dialBootstrap(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, ai := range d.p.Bootstrap {
