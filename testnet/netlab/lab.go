@@ -36,6 +36,11 @@ const (
 	// nothing once this process exits. For kernels built without
 	// sch_netem.
 	ShaperUserspace
+	// ShaperNone shapes nothing: each link is a bare veth pair, as fast
+	// as the kernel moves frames. For many nodes on a kernel without
+	// netem, where one process moving every frame would be the
+	// bottleneck; the profile's delay, rate and loss do not apply.
+	ShaperNone
 )
 
 func (s Shaper) String() string {
@@ -46,6 +51,8 @@ func (s Shaper) String() string {
 		return "netem"
 	case ShaperUserspace:
 		return "userspace"
+	case ShaperNone:
+		return "none"
 	}
 	return "Shaper(" + strconv.Itoa(int(s)) + ")"
 }
@@ -102,7 +109,7 @@ func (c *Config) validate() error {
 	if err := c.Profile.validate(); err != nil {
 		return fmt.Errorf("netlab: Config.Profile: %w", err)
 	}
-	if c.Shaper < ShaperAuto || c.Shaper > ShaperUserspace {
+	if c.Shaper < ShaperAuto || c.Shaper > ShaperNone {
 		return fmt.Errorf("netlab: Config.Shaper %v is not a shaper", c.Shaper)
 	}
 	return c.validateNAT()
@@ -305,6 +312,7 @@ func (l *Lab) pickShaper(ctx context.Context) error {
 		if err := tapWorks(core); err != nil {
 			return fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
+	case ShaperNone:
 	default:
 		netemErr := probeQdisc(ctx, l.tools, core)
 		if netemErr == nil {
@@ -323,14 +331,21 @@ func (l *Lab) pickShaper(ctx context.Context) error {
 // profile.
 func (l *Lab) addLink(ctx context.Context, lk *link) error {
 	ab, ba := lk.hops(l.profile)
-	if l.shaper == ShaperNetem {
+	if l.shaper == ShaperNetem || l.shaper == ShaperNone {
 		// gso_max_segs 1: the stack hands netem one packet per skb, not
 		// 64 kB TSO bursts that it would drop or pass as one.
-		if err := run(ctx, l.tools.ip, "-n", lk.a.ns, "link", "add", "name", lk.a.dev, "gso_max_segs", "1",
-			"type", "veth", "peer", "name", lk.b.dev, "gso_max_segs", "1", "netns", lk.b.ns); err != nil {
+		gso := []string{"gso_max_segs", "1"}
+		if l.shaper == ShaperNone {
+			gso = nil
+		}
+		args := append(append([]string{"-n", lk.a.ns, "link", "add", "name", lk.a.dev}, gso...), "type", "veth", "peer", "name", lk.b.dev)
+		if err := run(ctx, l.tools.ip, append(append(args, gso...), "netns", lk.b.ns)...); err != nil {
 			return err
 		}
 		l.links = append(l.links, lk)
+		if l.shaper == ShaperNone {
+			return nil
+		}
 		return l.shapeNetem(ctx, lk, ab, ba)
 	}
 	fa, err := openTAP(lk.a.ns, lk.a.dev)
@@ -360,7 +375,8 @@ func (l *Lab) shapeNetem(ctx context.Context, lk *link, ab, ba Link) error {
 	return netemShape(ctx, l.tools, lk.b.ns, lk.b.dev, ba)
 }
 
-// Shaper is how the lab shapes its links: ShaperNetem or ShaperUserspace.
+// Shaper is how the lab shapes its links: ShaperNetem, ShaperUserspace or
+// ShaperNone.
 func (l *Lab) Shaper() Shaper { return l.shaper }
 
 // Sites returns how many nodes each site has.
@@ -599,6 +615,9 @@ func (l *Lab) SetProfile(p Profile) error {
 		ab, ba := lk.hops(p)
 		if lk.w != nil {
 			lk.w.set(ab, ba)
+			continue
+		}
+		if l.shaper == ShaperNone {
 			continue
 		}
 		if err := l.shapeNetem(ctx, lk, ab, ba); err != nil {

@@ -218,6 +218,8 @@ func TestLab(t *testing.T) {
 			testLab(t, s, true)
 		})
 	}
+	// Bare veth pairs: everything but the delays, which must be absent.
+	t.Run("none", func(t *testing.T) { testLab(t, ShaperNone, false) })
 	// The netem shaper's veth topology, with a plain FIFO for netem, on
 	// a kernel that lacks netem: everything but the delays.
 	t.Run("veth-fifo", func(t *testing.T) {
@@ -281,7 +283,11 @@ func testLab(t *testing.T, s Shaper, shaped bool) {
 		within(t, "host to site 1", rtt(t, host), p.HostRTT(1), 0.4)
 	} else {
 		for _, c := range []*net.UDPConn{s0to1, s1to0, host} {
-			t.Logf("unshaped RTT to %v: %v", c.RemoteAddr(), rtt(t, c))
+			d := rtt(t, c)
+			t.Logf("unshaped RTT to %v: %v", c.RemoteAddr(), d)
+			if s == ShaperNone && d >= p.RTT(0, 1)/4 {
+				t.Errorf("RTT %v to %v over bare links: the profile's %v applies", d, c.RemoteAddr(), p.RTT(0, 1))
+			}
 		}
 	}
 
