@@ -65,8 +65,8 @@ lint: ## gofmt and go vet
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-# bench-training and testnet-report are left out: they need root and take
-# about 60 and 20 minutes; bench-gpu too: it needs root and an NVIDIA GPU.
+# bench-training, testnet-report and bench-scale are left out: they need root and take
+# about 60, 20 and 25 minutes; bench-gpu too: it needs root and an NVIDIA GPU.
 .PHONY: bench
 bench: bench-p2p bench-gossip bench-ledger bench-storage bench-scheduler bench-jobs bench-tunnel bench-nat bench-queue bench-env ## Run every benchmark
 
@@ -131,6 +131,10 @@ testnet-report: deps build ## Root: one training job with 1, 2, 3 workers under 
 .PHONY: bench-training
 bench-training: deps build ## Root: time to 0.90 on 1, 2 and 3 emulated machines of 0.5 core, sync vs DiLoCo, lan, wifi and multi-dc, predicted beside measured, against by hand (~60 min); table and chart in bench/results/training
 	$(GO) run ./bench/training -bin $(BIN) -python $(VENV)/bin/python3 -out bench/results/training $(TRAINING_FLAGS)
+
+.PHONY: bench-scale
+bench-scale: deps build ## Root: 100 real node processes, each in a network namespace of its own (lan), with 4 then 7 validators: start, offer propagation p50/p99, idle CPU and RSS per node, block time, a newcomer's book and ledger copy, ledger tx/s through every node (~25 min); report in bench/results/scale.json
+	$(GO) run ./bench/scale -bin $(BIN) -out bench/results/scale.json
 
 .PHONY: bench-gpu
 bench-held: deps ## Held DiLoCo: the holder's checks' share of a round (goal <= 5%), its CPU with 3 workers (goal <= 1 core), one poisoning worker of 3 against all honest (goal within 0.5 points) and its share of the pay, checks on and off; spot checks' replay time and a shirker's pay with them on and off (~8 min); report in bench/results/held

@@ -31,8 +31,8 @@ const (
 	// (micro-credits).
 	DefaultIssuerQuota = 1_000_000 * 1_000_000
 	DefaultStarter     = 1_000 * 1_000_000
-	// MaxNodes bounds one testnet on one machine.
-	MaxNodes = 64
+	// MaxNodes bounds one testnet on one machine (bench-scale runs 100).
+	MaxNodes = 128
 )
 
 // Params says what testnet Init makes.

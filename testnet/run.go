@@ -31,6 +31,10 @@ type RunOptions struct {
 	// machines behind a NAT of its own (NATProfiles), its validators
 	// outside, on the emulated internet.
 	Profile string
+	// Shaper says how the lab shapes its links (netlab.ShaperAuto when
+	// zero: netem, else the userspace shaper); netlab.ShaperNone leaves
+	// them bare, for networks of many nodes.
+	Shaper netlab.Shaper
 	// RelayAuto, under a NAT profile, leaves the validators' relay_service
 	// at "auto", as a new university's would be, rather than "on".
 	RelayAuto bool
@@ -148,7 +152,7 @@ func (n *Network) makeLab(ctx context.Context) error {
 	var sites []int
 	var nats []netlab.NAT
 	sites, nats, n.pos = layout(n.Manifest, nat)
-	lab, err := netlab.Create(ctx, netlab.Config{Tag: tag, Sites: sites, Profile: p, NAT: nats})
+	lab, err := netlab.Create(ctx, netlab.Config{Tag: tag, Sites: sites, Profile: p, NAT: nats, Shaper: n.opts.Shaper})
 	if err != nil {
 		return err
 	}
