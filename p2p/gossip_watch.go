@@ -63,6 +63,9 @@ func (g *Gossip) watchDeaf(ctx context.Context, h host.Host, topic string, log *
 				log.Info("a peer that speaks gossipsub is off the offers topic: reconnecting", "peer", p, "for", now.Sub(first).Round(time.Second))
 				h.Network().ClosePeer(p)
 				delete(since, p)
+				if h.ConnManager().IsProtected(p, "bootstrap") {
+					go redial(ctx, h, p) // not at discovery's next round
+				}
 			}
 		}
 		for p := range since {
@@ -71,4 +74,17 @@ func (g *Gossip) watchDeaf(ctx context.Context, h host.Host, topic string, log *
 			}
 		}
 	}
+}
+
+// redial connects to p again, at the addresses the peerstore holds, after
+// reidentifyDelay.
+func redial(ctx context.Context, h host.Host, p peer.ID) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(reidentifyDelay):
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	h.Connect(cctx, peer.AddrInfo{ID: p, Addrs: h.Peerstore().Addrs(p)})
 }
