@@ -45,6 +45,13 @@ func startLedger(home Home, c Config, key *identity.Key, store *Store, log *slog
 			c.Consensus.TimeoutCommit = lc.BlockTime.Duration
 			c.Consensus.CreateEmptyBlocksInterval = lc.EmptyBlockInterval.Duration
 			c.P2P.MaxNumInboundPeers = lc.MaxInboundPeers
+			// A transaction goes to every persistent peer (a lab machine's
+			// validators; a validator's fellow validators) and to this many
+			// others, not to all: a validator's hundreds of lab machines
+			// need blocks, not its mempool, and flooding every transaction
+			// to every replica cost a 100-node network on one machine more
+			// than consensus could spare (make bench-scale).
+			c.Mempool.ExperimentalMaxGossipConnectionsToNonPersistentPeers = ledgerTxFanout
 		},
 	})
 	if err != nil {
@@ -57,6 +64,10 @@ func startLedger(home Home, c Config, key *identity.Key, store *Store, log *slog
 	client := ledger.NewClient(chain.Client(), key, c.Node.ChainID, ledger.WithOutbox(storeOutbox{store}))
 	return ledgerParts{app: app, chain: chain, client: client}, nil
 }
+
+// ledgerTxFanout is how many peers beyond its persistent ones a replica
+// relays a pending transaction to.
+const ledgerTxFanout = 4
 
 // stop stops the replica, then closes its state.
 func (l ledgerParts) stop(log *slog.Logger) {

@@ -15,8 +15,8 @@ import (
 // offers topic for deafAfter is reconnected; the check runs every
 // deafCheck.
 var (
-	deafAfter = 30 * time.Second
-	deafCheck = 10 * time.Second
+	deafAfter = 20 * time.Second
+	deafCheck = 5 * time.Second
 )
 
 // gossipProtocols are the gossipsub versions a DeepMarket node speaks.
