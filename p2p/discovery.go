@@ -179,30 +179,24 @@ func (d *Discovery) reconnectUnidentified(ctx context.Context, events <-chan any
 	h := d.p.Host
 	for {
 		var e any
+		var ok bool
 		select {
 		case <-ctx.Done():
 			return
-		case e = <-events:
+		case e, ok = <-events:
 		}
-		p := e.(event.EvtPeerIdentificationFailed).Peer
+		ev, is := e.(event.EvtPeerIdentificationFailed)
+		if !ok || !is {
+			return // Run has ended: the subscription is closed
+		}
+		p := ev.Peer
 		if protos, err := h.Peerstore().GetProtocols(p); err == nil && len(protos) > 0 {
 			continue // another connection identified it
 		}
-		d.p.Logger.Info("identify failed: reconnecting", "peer", p, "err", e.(event.EvtPeerIdentificationFailed).Reason)
+		d.p.Logger.Info("identify failed: reconnecting", "peer", p, "err", ev.Reason)
 		h.Network().ClosePeer(p)
 		if ai, ok := bootstrap[p]; ok {
-			go func() {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(reidentifyDelay):
-				}
-				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				defer cancel()
-				if err := h.Connect(cctx, ai); err != nil {
-					d.p.Logger.Warn("cannot reach bootstrap peer", "peer", ai.ID, "err", err)
-				}
-			}()
+			go redial(ctx, h, ai, d.p.Logger)
 		}
 	}
 }

@@ -160,7 +160,7 @@ func NewGossip(ctx context.Context, p GossipParams) (*Gossip, error) {
 	if g.bids, err = g.join(BidsTopic(p.ChainID), p); err != nil {
 		return nil, err
 	}
-	go g.watchDeaf(ctx, p.Host, OffersTopic(p.ChainID), p.Logger.With("module", "p2p"))
+	go g.watchDeaf(ctx, p.Host, p.Logger.With("module", "p2p"))
 	return g, nil
 }
 

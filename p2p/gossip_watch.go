@@ -11,9 +11,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 )
 
-// A peer that speaks gossipsub but that the router has not counted on the
-// offers topic for deafAfter is reconnected; the check runs every
-// deafCheck.
+// A peer that speaks gossipsub but that the router has had no stream to
+// for deafAfter is reconnected; the check runs every deafCheck.
 var (
 	deafAfter = 20 * time.Second
 	deafCheck = 5 * time.Second
@@ -23,15 +22,16 @@ var (
 var gossipProtocols = []protocol.ID{pubsub.GossipSubID_v13, pubsub.GossipSubID_v12, pubsub.GossipSubID_v11, pubsub.GossipSubID_v10}
 
 // watchDeaf closes the connections of peers that speak gossipsub but
-// stay off the offers topic: every member subscribes to it, so such a
-// peer is one the router gave up on. gossipsub opens its stream to a
-// peer once, when identify says the peer speaks it; if that open fails
-// (a peer too busy to answer, as a validator is while a hundred machines
-// start) the router drops the peer and never tries again while the
+// that the router keeps no stream to (pubsub's peer list: ListPeers of
+// no topic). gossipsub opens its stream to a peer when identify says the
+// peer speaks it; if that open fails, again after a few back-offs (a
+// peer too busy to answer, as a validator is while a hundred machines
+// start), the router drops the peer and never tries again while the
 // connection stays up. A machine whose only connections are such peers
 // hears no offer and no bid. Closing the connection lets discovery dial
-// again, and the router start afresh.
-func (g *Gossip) watchDeaf(ctx context.Context, h host.Host, topic string, log *slog.Logger) {
+// again, and the router start afresh. A peer the router does talk to is
+// left alone whatever it subscribes to.
+func (g *Gossip) watchDeaf(ctx context.Context, h host.Host, log *slog.Logger) {
 	tick := time.NewTicker(deafCheck)
 	defer tick.Stop()
 	since := map[peer.ID]time.Time{} // when each deaf peer was first seen so
@@ -42,7 +42,7 @@ func (g *Gossip) watchDeaf(ctx context.Context, h host.Host, topic string, log *
 		case <-tick.C:
 		}
 		on := map[peer.ID]bool{}
-		for _, p := range g.ps.ListPeers(topic) {
+		for _, p := range g.ps.ListPeers("") {
 			on[p] = true
 		}
 		now, deaf := time.Now(), map[peer.ID]bool{}
@@ -60,11 +60,11 @@ func (g *Gossip) watchDeaf(ctx context.Context, h host.Host, topic string, log *
 				continue
 			}
 			if now.Sub(first) >= deafAfter {
-				log.Info("a peer that speaks gossipsub is off the offers topic: reconnecting", "peer", p, "for", now.Sub(first).Round(time.Second))
+				log.Info("gossipsub gave up on a peer that speaks it: reconnecting", "peer", p, "for", now.Sub(first).Round(time.Second))
 				h.Network().ClosePeer(p)
 				delete(since, p)
-				if h.ConnManager().IsProtected(p, "bootstrap") {
-					go redial(ctx, h, p) // not at discovery's next round
+				if h.ConnManager().IsProtected(p, "bootstrap") { // not at discovery's next round
+					go redial(ctx, h, peer.AddrInfo{ID: p, Addrs: h.Peerstore().Addrs(p)}, log)
 				}
 			}
 		}
@@ -76,9 +76,8 @@ func (g *Gossip) watchDeaf(ctx context.Context, h host.Host, topic string, log *
 	}
 }
 
-// redial connects to p again, at the addresses the peerstore holds, after
-// reidentifyDelay.
-func redial(ctx context.Context, h host.Host, p peer.ID) {
+// redial connects to bootstrap peer ai again after reidentifyDelay.
+func redial(ctx context.Context, h host.Host, ai peer.AddrInfo, log *slog.Logger) {
 	select {
 	case <-ctx.Done():
 		return
@@ -86,5 +85,7 @@ func redial(ctx context.Context, h host.Host, p peer.ID) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	h.Connect(cctx, peer.AddrInfo{ID: p, Addrs: h.Peerstore().Addrs(p)})
+	if err := h.Connect(cctx, ai); err != nil {
+		log.Warn("cannot reach bootstrap peer", "peer", ai.ID, "err", err)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 )
@@ -11,7 +12,8 @@ import (
 // TestDeafPeerIsReconnected: a real peer that says it speaks gossipsub
 // but resets every gossipsub stream (as a busy peer whose stream open
 // timed out looks to the router: given up on, still connected) is
-// disconnected; a healthy gossip peer stays.
+// disconnected; a healthy gossip peer stays, and so does a plain
+// gossipsub peer that joins no topic at all.
 func TestDeafPeerIsReconnected(t *testing.T) {
 	oldAfter, oldCheck := deafAfter, deafCheck
 	deafAfter, deafCheck = 300*time.Millisecond, 100*time.Millisecond
@@ -19,7 +21,10 @@ func TestDeafPeerIsReconnected(t *testing.T) {
 	ctx := t.Context()
 
 	ka, kb, kc := testKey(t, 1), testKey(t, 2), testKey(t, 3)
-	a, broken, healthy := newTestHost(t, ka), newTestHost(t, kb), newTestHost(t, kc)
+	a, broken, healthy, quiet := newTestHost(t, ka), newTestHost(t, kb), newTestHost(t, kc), newTestHost(t, testKey(t, 4))
+	if _, err := pubsub.NewGossipSub(ctx, quiet); err != nil {
+		t.Fatal(err)
+	}
 	for _, proto := range gossipProtocols {
 		broken.SetStreamHandler(proto, func(s network.Stream) { s.Reset() })
 	}
@@ -29,7 +34,8 @@ func TestDeafPeerIsReconnected(t *testing.T) {
 	if _, err := NewGossip(ctx, GossipParams{Host: healthy, Key: kc, ChainID: testChain}); err != nil {
 		t.Fatal(err)
 	}
-	for _, h := range []peer.AddrInfo{{ID: broken.ID(), Addrs: broken.Addrs()}, {ID: healthy.ID(), Addrs: healthy.Addrs()}} {
+	for _, h := range []peer.AddrInfo{{ID: broken.ID(), Addrs: broken.Addrs()}, {ID: healthy.ID(), Addrs: healthy.Addrs()},
+		{ID: quiet.ID(), Addrs: quiet.Addrs()}} {
 		if err := a.Connect(ctx, h); err != nil {
 			t.Fatal(err)
 		}
@@ -41,7 +47,11 @@ func TestDeafPeerIsReconnected(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	time.Sleep(deafAfter + 2*deafCheck) // as long again as the broken peer was given
 	if a.Network().Connectedness(healthy.ID()) != network.Connected {
 		t.Fatal("the healthy gossip peer was disconnected too")
+	}
+	if a.Network().Connectedness(quiet.ID()) != network.Connected {
+		t.Fatal("a gossipsub peer on no topic was disconnected: the router talks to it")
 	}
 }
