@@ -24,8 +24,8 @@ func pay(price uint64, d time.Duration) uint64 { return uint64(float64(price) * 
 
 // CheckSettled checks the settlement of run k of j by the job's own
 // record of its workers: each machine paid its hourly price for the time
-// its workers ran (a lost worker's machine what its last receipt
-// covered, marked failed), that and only that on the ledger, the rest of
+// its workers ran, or its latest receipt when that is more (a lost
+// worker's machine what its last receipt covered, marked failed), that and only that on the ledger, the rest of
 // the escrow refunded. It returns what the run paid.
 func (h *Harness) CheckSettled(j *jobs.Job, k int, lost ...int) uint64 {
 	h.t.Helper()
@@ -33,7 +33,7 @@ func (h *Harness) CheckSettled(j *jobs.Job, k int, lost ...int) uint64 {
 	if !run.Settled || run.SettleTx == "" {
 		h.t.Fatalf("run %d is not settled: %+v", k, run)
 	}
-	want, failed := map[string]uint64{}, map[string]bool{}
+	want, failed, receipt := map[string]uint64{}, map[string]bool{}, map[string]uint64{}
 	for i, w := range run.Workers {
 		want[w.Payee] += 0 // a machine whose worker never ran is paid nothing, but paid
 		switch {
@@ -45,7 +45,13 @@ func (h *Harness) CheckSettled(j *jobs.Job, k int, lost ...int) uint64 {
 				h.t.Errorf("run %d worker %d: settled with no end", k, i)
 			}
 			want[w.Payee] += pay(w.PerHour, w.Ended.Sub(w.Started))
+			receipt[w.Payee] = max(receipt[w.Payee], w.Receipt)
 		}
+	}
+	// A receipt binds: one signed between a worker's end and the poll
+	// that saw it covers that poll's time too.
+	for p, r := range receipt {
+		want[p] = max(want[p], r)
 	}
 	var s *ledger.Settle
 	for _, st := range h.Ledger.Settled() {
