@@ -22,6 +22,7 @@ type resultFile struct {
 	Workers      int      `json:"workers"`
 	Model        string   `json:"model"`
 	TensorFlow   string   `json:"tensorflow"`
+	Torch        string   `json:"torch"`
 	Steps        int      `json:"steps_per_epoch"`
 	Batch        int      `json:"global_batch_size"`
 }
@@ -43,7 +44,7 @@ func (b *bench) readResultFile(dir string, r *Run) error {
 	if res.ExamplesPerS <= 0 {
 		return fmt.Errorf("result.json says %g examples/s", res.ExamplesPerS)
 	}
-	r.ExamplesPerS, r.FitS, r.TensorFlow = res.ExamplesPerS, res.FitS, res.TensorFlow
+	r.ExamplesPerS, r.FitS, r.Version = res.ExamplesPerS, res.FitS, res.TensorFlow+res.Torch
 	if res.FirstStepS != nil {
 		r.FirstStepS = *res.FirstStepS
 	}

@@ -28,6 +28,13 @@
 // exits 1 when a run fails or -timeout cuts it short (having written what
 // was measured). A ratio below its goal is reported, not an error.
 //
+// -framework torch runs the PyTorch example instead
+// (examples/torch-fashion-mnist/train.py --model cnn-wide, the same model
+// and steps), for a machine whose GPU Python has PyTorch and no
+// TensorFlow. Its market job is a generic one run by the lender's own
+// Python (-python): framework torch runs in the job's own image, and a
+// CUDA PyTorch image is gigabytes this check has no time to move.
+//
 // -rehearse runs it all on a machine without a GPU, to test this command:
 // with a stub nvidia-smi on PATH (the lender lends the GPU it lists; see
 // node/gpu_e2e_test.go) and small -steps, TensorFlow's want of a GPU only
@@ -52,6 +59,7 @@ import (
 
 // Config is what the run was asked for (the flags).
 type Config struct {
+	Framework string  `json:"framework"` // tensorflow or torch: which example
 	Model     string  `json:"model"`
 	Steps     int     `json:"steps"`     // the GPU runs' (by hand and market)
 	CPUSteps  int     `json:"cpu_steps"` // the CPU run's
@@ -74,8 +82,8 @@ type Run struct {
 	// ExamplesPerS is train.py's examples_per_s (result.json).
 	ExamplesPerS float64 `json:"examples_per_s"`
 	FitS         float64 `json:"fit_s,omitempty"`
-	FirstStepS   float64 `json:"first_step_s,omitempty"` // from the process start
-	TensorFlow   string  `json:"tensorflow,omitempty"`
+	FirstStepS   float64 `json:"first_step_s,omitempty"`      // from the process start
+	Version      string  `json:"framework_version,omitempty"` // train.py's TensorFlow or PyTorch
 	// WallS: the process (by hand), or the job from submitted to done.
 	WallS float64 `json:"wall_s"`
 	// RunS: the market job from launched to done.
@@ -91,13 +99,14 @@ type Run struct {
 
 // Report is the JSON output.
 type Report struct {
-	Date       string   `json:"date"`
-	Host       string   `json:"host"`
-	CPUs       int      `json:"cpus"`
-	Device     string   `json:"device"` // nvidia-smi's name of GPU 0
-	GPUs       []string `json:"gpus,omitempty"`
-	TensorFlow string   `json:"tensorflow,omitempty"`
-	Python     string   `json:"python"`
+	Date      string   `json:"date"`
+	Host      string   `json:"host"`
+	CPUs      int      `json:"cpus"`
+	Device    string   `json:"device"` // nvidia-smi's name of GPU 0
+	GPUs      []string `json:"gpus,omitempty"`
+	Framework string   `json:"framework"`
+	Version   string   `json:"framework_version,omitempty"` // -python's TensorFlow or PyTorch
+	Python    string   `json:"python"`
 	// Invocation is this command's; Command is train.py's (the market
 	// job's: by hand python3 is -python, DM_DATA_DIR and DM_OUTPUT_DIR
 	// are set as the market sets them).
@@ -123,7 +132,8 @@ const goal = 0.95
 
 func main() {
 	bin := flag.String("bin", "bin/deepmarket", "deepmarket binary the nodes run")
-	python := flag.String("python", "python3", "the job environment's Python: TensorFlow that sees the GPU, tf_keras")
+	python := flag.String("python", "python3", "the job environment's Python: TensorFlow that sees the GPU, tf_keras (PyTorch with -framework torch)")
+	framework := flag.String("framework", "tensorflow", "which example runs: tensorflow (examples/fashion-mnist) or torch (examples/torch-fashion-mnist)")
 	out := flag.String("out", "bench/results/gpu", "directory for report.md and report.json")
 	logs := flag.String("logs", "", "directory for the runs' logs (default: logs/ in -out)")
 	timeout := flag.Duration("timeout", 5*time.Minute, "bound on the whole run; what was measured by then is reported")
@@ -133,7 +143,7 @@ func main() {
 	cores := flag.Int("cores", 4, "cores of every run: the job's (DM_CORES) and the lender's; by hand pinned to as many CPUs")
 	jobMem := flag.Int("job-mem-gib", 8, "the job's memory (GiB); the lender lends 4 GiB more")
 	data := flag.String("data", "/usr/share/datasets/fashion-mnist", "Fashion-MNIST (the job's dataset)")
-	rehearse := flag.Bool("rehearse", false, "test this command on a machine without a GPU: a TensorFlow that sees no GPU "+
+	rehearse := flag.Bool("rehearse", false, "test this command on a machine without a GPU: a framework that sees no GPU "+
 		"only warns (the lender still needs nvidia-smi to list one: a stub on PATH will do); the figures mean nothing")
 	flag.Parse()
 	log.SetFlags(0)
@@ -147,14 +157,16 @@ func main() {
 		log.Fatal("-cores: at least 1")
 	case *jobMem < 1:
 		log.Fatal("-job-mem-gib: at least 1")
+	case examples[*framework] == "":
+		log.Fatalf("-framework %q: want tensorflow or torch", *framework)
 	}
 	if *logs == "" {
 		*logs = filepath.Join(*out, "logs")
 	}
-	cfg := Config{Model: "cnn-wide", Steps: *steps, CPUSteps: *cpuSteps, BatchSize: *batch, Cores: *cores,
+	cfg := Config{Framework: *framework, Model: "cnn-wide", Steps: *steps, CPUSteps: *cpuSteps, BatchSize: *batch, Cores: *cores,
 		JobMemGiB: *jobMem, Data: *data, TimeoutS: timeout.Seconds(), Rehearsal: *rehearse}
 	host, _ := os.Hostname()
-	rep := Report{Date: time.Now().UTC().Format(time.RFC3339), Host: host, CPUs: runtime.NumCPU(), Python: *python,
+	rep := Report{Date: time.Now().UTC().Format(time.RFC3339), Host: host, CPUs: runtime.NumCPU(), Python: *python, Framework: cfg.Framework,
 		Invocation: invocation(), Command: trainCommand(cfg, cfg.Steps), Config: cfg, Goal: goal}
 	// finish writes the report and exits: 1 when err is set.
 	finish := func(err error) {
@@ -195,12 +207,12 @@ func main() {
 	if b.bin, err = filepath.Abs(*bin); err != nil {
 		log.Fatal(err)
 	}
-	if b.bundle, err = filepath.Abs("examples/fashion-mnist"); err != nil {
+	if b.bundle, err = filepath.Abs(examples[cfg.Framework]); err != nil {
 		log.Fatal(err)
 	}
 	log.Printf("== prerequisites")
 	pre := b.prerequisites(ctx)
-	rep.Checks, rep.Device, rep.GPUs, rep.TensorFlow = pre.checks, pre.device, pre.gpus, pre.tf
+	rep.Checks, rep.Device, rep.GPUs, rep.Version = pre.checks, pre.device, pre.gpus, pre.version
 	for _, c := range rep.Checks {
 		mark := "ok     "
 		if !c.OK {
@@ -248,12 +260,19 @@ type bench struct {
 	cpus                []int // every run is pinned to these
 }
 
+// examples are the folders of each framework's train.py.
+var examples = map[string]string{"tensorflow": "examples/fashion-mnist", "torch": "examples/torch-fashion-mnist"}
+
 // trainCommand is train.py's command line, the market job's: python3
 // becomes the lender's Python, data and output come from DM_DATA_DIR and
 // DM_OUTPUT_DIR.
 func trainCommand(cfg Config, steps int) []string {
+	batch := "--batch-size"
+	if cfg.Framework == "torch" {
+		batch = "--batch"
+	}
 	return []string{"python3", "train.py", "--model", cfg.Model, "--epochs", "1",
-		"--steps-per-epoch", strconv.Itoa(steps), "--batch-size", strconv.Itoa(cfg.BatchSize)}
+		"--steps-per-epoch", strconv.Itoa(steps), batch, strconv.Itoa(cfg.BatchSize)}
 }
 
 // invocation is this command's line; under `go run`, as typed.

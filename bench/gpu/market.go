@@ -26,8 +26,8 @@ const basePort = 26700
 func (b *bench) market(ctx context.Context) Run {
 	cmd := trainCommand(b.cfg, b.cfg.Steps)
 	r := Run{Name: "market", Steps: b.cfg.Steps, Command: cmd,
-		How: fmt.Sprintf("through the market: a 1-GPU job (gpus = 1, cores = %d, memory = %d GiB, framework tensorflow) "+
-			"on a loopback testnet, launched in the lender's sandbox", b.cfg.Cores, b.cfg.JobMemGiB)}
+		How: fmt.Sprintf("through the market: a 1-GPU job (gpus = 1, cores = %d, memory = %d GiB, framework %s) "+
+			"on a loopback testnet, launched in the lender's sandbox", b.cfg.Cores, b.cfg.JobMemGiB, b.jobFramework())}
 	log.Printf("== market: a testnet on loopback, a lender lending the GPU, a 1-GPU job of %d steps", b.cfg.Steps)
 	dir, err := os.MkdirTemp("", "dm-bench-gpu-market-")
 	if err != nil {
@@ -64,8 +64,17 @@ func (b *bench) market(ctx context.Context) Run {
 	return r
 }
 
+// jobFramework is the market job's framework: a PyTorch job is generic,
+// run by the lender's own Python (framework torch wants an image).
+func (b *bench) jobFramework() string {
+	if b.cfg.Framework == "torch" {
+		return "generic"
+	}
+	return "tensorflow"
+}
+
 // lend has node i lend the GPU, the cores and the job's memory (and 4 GiB
-// more), then waits until it offers them with TensorFlow and the
+// more), then waits until it offers them with the job's framework and the
 // submitter holds its offer.
 func (b *bench) lend(ctx context.Context, net *testnet.Network, i, submitter int) error {
 	lc, err := net.Client(i)
@@ -89,7 +98,7 @@ func (b *bench) lend(ctx context.Context, net *testnet.Network, i, submitter int
 		case err != nil:
 		case st.Unable != "":
 			return fmt.Errorf("the lender cannot run jobs: %s", st.Unable)
-		case st.Offering && slices.Contains(st.Frameworks, "tensorflow"):
+		case st.Offering && slices.Contains(st.Frameworks, b.jobFramework()):
 			offers, _ := sc.Offers(ctx)
 			for _, o := range offers {
 				if o.Machine == peer && o.GPUs >= 1 {
@@ -114,7 +123,7 @@ func (b *bench) lend(ctx context.Context, net *testnet.Network, i, submitter int
 // runJob submits the 1-GPU job, waits for it to end (cancelling it when
 // ctx ends first), keeps its log and reads its result.
 func (b *bench) runJob(ctx context.Context, sub *api.Client, lender string, r *Run) {
-	spec := jobs.File{Name: "bench-gpu", Framework: "tensorflow", Command: r.Command, Bundle: b.bundle, Dataset: b.cfg.Data,
+	spec := jobs.File{Name: "bench-gpu", Framework: b.jobFramework(), Command: r.Command, Bundle: b.bundle, Dataset: b.cfg.Data,
 		Workers: 1, Cores: b.cfg.Cores, GPUs: 1, Memory: fmt.Sprintf("%dGiB", b.cfg.JobMemGiB),
 		MaxPrice: "20", MaxDuration: "15m", MaxWait: "2m"}
 	watch := watchGPU(ctx)

@@ -22,10 +22,10 @@ type Check struct {
 
 // prereqs is what prerequisites found.
 type prereqs struct {
-	checks []Check
-	device string   // GPU 0's name
-	gpus   []string // "index, name, memory MiB" per GPU
-	tf     string   // TensorFlow's version in -python
+	checks  []Check
+	device  string   // GPU 0's name
+	gpus    []string // "index, name, memory MiB" per GPU
+	version string   // the framework's version in -python
 }
 
 func (p *prereqs) add(name string, ok bool, format string, args ...any) {
@@ -69,11 +69,25 @@ func (b *bench) prerequisites(ctx context.Context) prereqs {
 	venv := filepath.Dir(filepath.Dir(b.python))
 	if st, err := os.Stat(b.python); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
 		p.add("python", false, "no job Python at %s: run `make deps` (it makes the venv %s)", b.python, venv)
-		p.add("tensorflow", false, "TensorFlow not checked: no Python at %s", b.python)
+		p.add(b.cfg.Framework, false, "%s not checked: no Python at %s", b.cfg.Framework, b.python)
+	} else if b.cfg.Framework == "torch" {
+		p.add("python", true, "%s", b.python)
+		version, n, err := torchGPUs(ctx, b.python)
+		p.version = version
+		switch {
+		case err != nil:
+			p.add("torch", false, "PyTorch in %s does not import: %v", b.python, err)
+		case n == 0 && b.cfg.Rehearsal:
+			p.add("torch", true, "PyTorch %s in %s sees no GPU (ignored: -rehearse)", version, b.python)
+		case n == 0:
+			p.add("torch", false, "PyTorch %s in %s sees no GPU: a CUDA build of PyTorch is wanted there", version, b.python)
+		default:
+			p.add("torch", true, "PyTorch %s in %s sees %d GPU(s)", version, b.python, n)
+		}
 	} else {
 		p.add("python", true, "%s", b.python)
 		version, n, cuda, err := tfGPUs(ctx, b.python)
-		p.tf = version
+		p.version = version
 		switch {
 		case err != nil:
 			p.add("tensorflow", false, "TensorFlow in %s does not import: %v", venv, err)
@@ -169,6 +183,31 @@ import tensorflow as tf
 gpus = tf.config.list_physical_devices("GPU")
 print("DM_TF %s %d %d" % (tf.__version__, len(gpus), int(tf.test.is_built_with_cuda())), flush=True)
 `
+
+// torchProbe prints PyTorch's version and the GPUs it sees.
+const torchProbe = `import torch
+print("DM_TORCH %s %d" % (torch.__version__, torch.cuda.device_count() if torch.cuda.is_available() else 0), flush=True)
+`
+
+// torchGPUs runs python's PyTorch and asks for the GPUs it sees.
+func torchGPUs(ctx context.Context, python string) (version string, gpus int, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, python, "-c", torchProbe)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "DM_TORCH" {
+			n, _ := strconv.Atoi(f[2])
+			return f[1], n, nil
+		}
+	}
+	if err == nil {
+		err = fmt.Errorf("no answer")
+	}
+	return "", 0, fmt.Errorf("%v: %s", err, firstN(lastLines(stderr.String(), 5), 600))
+}
 
 // tfGPUs runs python's TensorFlow and asks for the GPUs it sees.
 func tfGPUs(ctx context.Context, python string) (version string, gpus int, cuda bool, err error) {

@@ -28,15 +28,15 @@ func markdown(rep Report) string {
 	}
 	fmt.Fprintf(&b, "# GPU check: %s\n\n", device)
 	if cfg.Rehearsal {
-		b.WriteString("**A rehearsal (-rehearse): TensorFlow need not see a GPU; the figures mean nothing.**\n\n")
+		b.WriteString("**A rehearsal (-rehearse): the framework need not see a GPU; the figures mean nothing.**\n\n")
 	}
 	fmt.Fprintf(&b, "%s on %s (%d CPUs); took %.0f s (limit %.0f s). Command: `%s`.\n\n", rep.Date, rep.Host, rep.CPUs,
 		rep.TookS, cfg.TimeoutS, strings.Join(rep.Invocation, " "))
-	fmt.Fprintf(&b, "Job: `%s` (examples/fashion-mnist, data %s), no target accuracy; the CPU run takes %d steps. "+
+	fmt.Fprintf(&b, "Job: `%s` (%s, data %s), no target accuracy; the CPU run takes %d steps. "+
 		"Every run gets %d cores (DM_CORES; by hand pinned with taskset), Python %s", strings.Join(rep.Command, " "),
-		cfg.Data, cfg.CPUSteps, cfg.Cores, rep.Python)
-	if rep.TensorFlow != "" {
-		fmt.Fprintf(&b, ", TensorFlow %s", rep.TensorFlow)
+		examples[cfg.Framework], cfg.Data, cfg.CPUSteps, cfg.Cores, rep.Python)
+	if rep.Version != "" {
+		fmt.Fprintf(&b, ", %s %s", map[string]string{"torch": "PyTorch", "tensorflow": "TensorFlow"}[cfg.Framework], rep.Version)
 	}
 	b.WriteString(".\n\n")
 

@@ -55,6 +55,20 @@ def model():
     return nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
+def cnn_wide():
+    """The fashion-mnist example's cnn-wide in PyTorch (two 3x3
+    convolutions of 32 and 64 filters, each pooled, then 128 units; 0.4M
+    weights): compute-bound, enough arithmetic a step for a GPU to matter."""
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 28, 28)),
+        nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+MODELS = {"mlp": model, "cnn-wide": cnn_wide}
+
+
 _last = [0.0]
 
 
@@ -66,6 +80,7 @@ def report(steps, total, loss=None, accuracy=None, eval_accuracy=None, force=Fal
     if not path or (not force and now - _last[0] < 1.0):
         return
     _last[0] = now
+    loss = loss.item() if isinstance(loss, torch.Tensor) else loss  # waits for the step: once a second at most
     rec = {"units": int(steps), "steps": int(steps), "total": int(total)}
     for k, v in (("loss", loss), ("accuracy", accuracy), ("eval_accuracy", eval_accuracy)):
         if v is not None:
