@@ -60,8 +60,11 @@ type Node struct {
 	quotes      *submitter.QuoteBook
 	quoter      *quoter.Quoter
 	exec        *lender.Executor
-	jobs        *submitter.Manager
-	reads       lender.LedgerReads
+	// execReady is exec for the lender's goroutines, which ask before
+	// it is made (startLending runs first): nil until then.
+	execReady atomic.Pointer[lender.Executor]
+	jobs      *submitter.Manager
+	reads     lender.LedgerReads
 	// machines is reads for the relay service's goroutines, which ask
 	// before the ledger has started.
 	machines atomic.Pointer[lenderReads]

@@ -240,22 +240,22 @@ func (n *Node) startMarket(psCtx context.Context) (err error) {
 		// The executor comes later in start-up (startJobs, before any
 		// service runs); until then nothing is offered anyway.
 		capable: func() error {
-			if n.exec == nil {
-				return errors.New("the node is starting")
+			if e := n.execReady.Load(); e != nil {
+				return e.Capable()
 			}
-			return n.exec.Capable()
+			return errors.New("the node is starting")
 		},
 		images: func(k int) []string {
-			if n.exec == nil {
-				return nil
+			if e := n.execReady.Load(); e != nil {
+				return e.Images(k)
 			}
-			return n.exec.Images(k)
+			return nil
 		},
 		disk: func() uint64 {
-			if n.exec == nil {
-				return 0
+			if e := n.execReady.Load(); e != nil {
+				return e.DiskFree()
 			}
-			return n.exec.DiskFree()
+			return 0
 		},
 	})
 	if err != nil {
@@ -291,6 +291,7 @@ func (n *Node) startJobs() (err error) {
 	if err != nil {
 		return err
 	}
+	n.execReady.Store(n.exec)
 	// A committed hold this machine's executor never launched is charged
 	// to the run's escrow, through the executor's claim service.
 	n.holds.SetCharges(lender.HoldCharges{ChainID: n.cfg.Node.ChainID, Payee: string(n.key.Address()),
