@@ -136,6 +136,10 @@ bench-training: deps build ## Root: time to 0.90 on 1, 2 and 3 emulated machines
 bench-scale: deps build ## Root: 100 real node processes, each in a network namespace of its own (lan), with 4 then 7 validators: start, offer propagation p50/p99, idle CPU and RSS per node, block time, a newcomer's book and ledger copy, ledger tx/s through every node (~25 min); report in bench/results/scale.json
 	$(GO) run ./bench/scale -bin $(BIN) -out bench/results/scale.json
 
+.PHONY: bench-start
+bench-start: deps build ## Root: submission to all workers running, p50/p99 over 40 two-worker jobs on a lan testnet of real node processes (1 validator, 3 lenders, a submitter; goal p50 <= 1 s, p99 <= 2 s), and a transfer's commit, the escrow's share (~4 min); report in bench/results/start.json
+	$(GO) run ./bench/start -bin $(BIN) -out bench/results/start.json
+
 .PHONY: bench-gpu
 bench-held: deps ## Held DiLoCo: the holder's checks' share of a round (goal <= 5%), its CPU with 3 workers (goal <= 1 core), one poisoning worker of 3 against all honest (goal within 0.5 points) and its share of the pay, checks on and off; spot checks' replay time and a shirker's pay with them on and off (~8 min); report in bench/results/held
 	$(VENV)/bin/python3 bench/held/bench_held.py $(HELD_FLAGS)
