@@ -105,6 +105,33 @@ func PeerIDOf(pub ed25519.PublicKey) peer.ID {
 	return id
 }
 
+// PublicKeyOf is the raw public key a peer ID carries (every DeepMarket
+// peer's is an ed25519 key inlined in its ID): the inverse of PeerIDOf.
+func PublicKeyOf(p peer.ID) (ed25519.PublicKey, error) {
+	pk, err := p.ExtractPublicKey()
+	if err != nil {
+		return nil, fmt.Errorf("peer %s carries no key: %w", p, err)
+	}
+	if pk.Type() != crypto.Ed25519 {
+		return nil, fmt.Errorf("peer %s: a %s key, not ed25519", p, pk.Type())
+	}
+	raw, err := pk.Raw()
+	if err != nil {
+		return nil, fmt.Errorf("peer %s: %w", p, err)
+	}
+	return raw, nil
+}
+
+// AddressOfPeer is the account address of the key peer p carries: the
+// address its machine is paid at and signs its transactions with.
+func AddressOfPeer(p peer.ID) (Address, error) {
+	raw, err := PublicKeyOf(p)
+	if err != nil {
+		return "", err
+	}
+	return AddressOf(raw), nil
+}
+
 // keyFileMagic starts a key file so a wrong file is recognised at once.
 const keyFileMagic = "deepmarket-ed25519-v1\n"
 

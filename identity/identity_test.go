@@ -2,10 +2,14 @@ package identity
 
 import (
 	"bytes"
+	"crypto/rand"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
 )
 
 func TestAddressRoundTrip(t *testing.T) {
@@ -100,5 +104,36 @@ func TestPeerIDMatchesLibp2p(t *testing.T) {
 	}
 	if PeerIDOf([]byte{1, 2, 3}) != "" {
 		t.Fatal("malformed key gave a peer ID")
+	}
+}
+
+// TestAddressOfPeer: a peer ID gives back the key and the address of the
+// key it was made from; an ID that carries no ed25519 key gives an error.
+func TestAddressOfPeer(t *testing.T) {
+	k, err := GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := PublicKeyOf(k.PeerID())
+	if err != nil || !pub.Equal(k.Public()) {
+		t.Fatalf("PublicKeyOf: %x, %v; want %x", pub, err, k.Public())
+	}
+	if a, err := AddressOfPeer(k.PeerID()); err != nil || a != k.Address() {
+		t.Fatalf("AddressOfPeer: %s, %v; want %s", a, err, k.Address())
+	}
+	// A secp256k1 key is inlined in its peer ID too, and is not a ledger key.
+	sk, _, err := crypto.GenerateSecp256k1Key(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := peer.IDFromPrivateKey(sk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, err := AddressOfPeer(other); err == nil {
+		t.Errorf("a secp256k1 peer has address %s", a)
+	}
+	if _, err := PublicKeyOf(peer.ID("not a peer id")); err == nil {
+		t.Error("a malformed peer ID gave a key")
 	}
 }

@@ -702,21 +702,11 @@ func (c *Client) History(ctx context.Context, addr identity.Address, limit int) 
 			return nil, fmt.Errorf("history of %s: %w (is the node's tx indexer on?)", addr, err)
 		}
 		for _, tx := range res.Txs {
-			e := HistoryEntry{Height: tx.Height, Hash: tx.Hash.String(), Attrs: map[string]string{}}
-			for _, ev := range tx.TxResult.Events {
-				if ev.Type != EventType {
-					continue
-				}
-				for _, a := range ev.Attributes {
-					switch a.Key {
-					case "type":
-						e.Type = a.Value
-					case "account":
-					case "paid":
-						e.Paid = append(e.Paid, a.Value)
-					default:
-						e.Attrs[a.Key] = a.Value
-					}
+			ev := ParseEvent(tx.TxResult.Events)
+			e := HistoryEntry{Height: tx.Height, Hash: tx.Hash.String(), Type: ev.Type, Attrs: map[string]string{}, Paid: ev.All("paid")}
+			for _, a := range ev.Attrs {
+				if a[0] != "paid" {
+					e.Attrs[a[0]] = a[1]
 				}
 			}
 			out = append(out, e)

@@ -16,6 +16,60 @@ import (
 // tx_search "dm.account='dm1...'".
 const EventType = "dm"
 
+// Event is what a committed transaction's ledger event says, read back
+// (ParseEvent): its type, the accounts it touched and its other
+// attributes in order (a key may repeat: a settlement's "paid", a vote's
+// "carried").
+type Event struct {
+	Type     string
+	Accounts []string
+	Attrs    [][2]string
+}
+
+// ParseEvent reads the ledger's event among a transaction's events (the
+// zero Event when it has none): the one reader of what event.abci writes.
+func ParseEvent(events []abci.Event) Event {
+	var e Event
+	for _, ev := range events {
+		if ev.Type != EventType {
+			continue
+		}
+		for _, a := range ev.Attributes {
+			switch a.Key {
+			case "type":
+				e.Type = a.Value
+			case "account":
+				e.Accounts = append(e.Accounts, a.Value)
+			default:
+				e.Attrs = append(e.Attrs, [2]string{a.Key, a.Value})
+			}
+		}
+	}
+	return e
+}
+
+// Get is key's last value ("" when absent).
+func (e Event) Get(key string) string {
+	v := ""
+	for _, a := range e.Attrs {
+		if a[0] == key {
+			v = a[1]
+		}
+	}
+	return v
+}
+
+// All is every value of key, in order.
+func (e Event) All(key string) []string {
+	var out []string
+	for _, a := range e.Attrs {
+		if a[0] == key {
+			out = append(out, a[1])
+		}
+	}
+	return out
+}
+
 type event struct {
 	typ      string   // the transaction's type: execute sets it from its kind
 	accounts []string // every account the transaction touched

@@ -182,15 +182,11 @@ func registeredOn(reads *atomic.Pointer[lenderReads]) func(peer.ID) bool {
 		if r == nil {
 			return false
 		}
-		key, err := p.ExtractPublicKey()
+		a, err := identity.AddressOfPeer(p)
 		if err != nil {
 			return false
 		}
-		raw, err := key.Raw()
-		if err != nil {
-			return false
-		}
-		_, ok := (*r).MachineOwner(identity.AddressOf(raw))
+		_, ok := (*r).MachineOwner(a)
 		return ok
 	}
 }

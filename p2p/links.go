@@ -13,6 +13,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+
+	"github.com/deepmarket/deepmarket/identity"
 )
 
 // LinkSample is one measured path from the offering machine to another
@@ -255,11 +257,7 @@ func backer(a Admission, p peer.ID) (string, bool) {
 	if a == nil {
 		return string(p), true
 	}
-	pub, err := p.ExtractPublicKey()
-	if err != nil {
-		return "", false
-	}
-	raw, err := pub.Raw()
+	raw, err := identity.PublicKeyOf(p)
 	if err != nil {
 		return "", false
 	}

@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // MicroPerCredit is how many micro-credits make one credit.
@@ -136,6 +137,20 @@ func FormatCredits(micro uint64) string {
 	s := fmt.Sprintf("%d.%06d", micro/MicroPerCredit, micro%MicroPerCredit)
 	s = strings.TrimRight(s, "0")
 	return strings.TrimSuffix(s, ".")
+}
+
+// PriceFor is what d costs at perHour micro-credits an hour, rounded down:
+// 0 for no time, and at most the largest uint64 (a float past the range
+// converts to an undefined value, not to the largest).
+func PriceFor(perHour uint64, d time.Duration) uint64 {
+	if d <= 0 {
+		return 0
+	}
+	v := float64(perHour) * d.Hours()
+	if v >= math.MaxUint64 {
+		return math.MaxUint64
+	}
+	return uint64(v)
 }
 
 // Plural is one when n is 1, else many: "1 core", "2 cores".

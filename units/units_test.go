@@ -1,6 +1,10 @@
 package units
 
-import "testing"
+import (
+	"math"
+	"testing"
+	"time"
+)
 
 func TestParseSize(t *testing.T) {
 	good := map[string]uint64{
@@ -61,6 +65,29 @@ func TestFormatResources(t *testing.T) {
 	} {
 		if got := FormatResources(c.cores, c.mem, c.gpus); got != c.want {
 			t.Errorf("%+v: %q, want %q", c, got, c.want)
+		}
+	}
+}
+
+// TestPriceFor: an hourly price for a time, rounded down; nothing for no
+// time; the largest amount, not a wrapped one, past the range.
+func TestPriceFor(t *testing.T) {
+	for _, c := range []struct {
+		perHour uint64
+		d       time.Duration
+		want    uint64
+	}{
+		{3_600_000, time.Second, 1_000},
+		{3_600_000, 1500 * time.Millisecond, 1_500},
+		{1_000_000, time.Hour, 1_000_000},
+		{1, time.Second, 0},
+		{1_000_000, 0, 0},
+		{1_000_000, -time.Hour, 0},
+		{math.MaxUint64, 2 * time.Hour, math.MaxUint64},
+		{math.MaxUint64 / 2, 1000 * time.Hour, math.MaxUint64},
+	} {
+		if got := PriceFor(c.perHour, c.d); got != c.want {
+			t.Errorf("PriceFor(%d, %s) = %d, want %d", c.perHour, c.d, got, c.want)
 		}
 	}
 }

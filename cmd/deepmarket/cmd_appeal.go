@@ -176,14 +176,7 @@ hand (a vote given twice is refused).`,
 	return cmd
 }
 
-// attr is the value of key in a committed transaction's events.
+// attr is the value of key in a committed transaction's ledger event.
 func attr(res *ctypes.ResultTx, key string) string {
-	for _, ev := range res.TxResult.Events {
-		for _, a := range ev.Attributes {
-			if a.Key == key {
-				return a.Value
-			}
-		}
-	}
-	return ""
+	return ledger.ParseEvent(res.TxResult.Events).Get(key)
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -210,14 +211,10 @@ would do that.`,
 				}
 				return fmt.Errorf("vote: %w (is this node's ledger RPC listening at %s?)", err, url)
 			}
-			carried, withdrawn := false, false
 			target := base64.StdEncoding.EncodeToString(pub)
-			for _, ev := range res.TxResult.Events {
-				for _, a := range ev.Attributes {
-					carried = carried || (a.Key == "carried" && strings.HasPrefix(a.Value, target+"="))
-					withdrawn = withdrawn || a.Key == "withdrawn"
-				}
-			}
+			ev := ledger.ParseEvent(res.TxResult.Events)
+			carried := slices.ContainsFunc(ev.All("carried"), func(v string) bool { return strings.HasPrefix(v, target+"=") })
+			withdrawn := ev.Get("withdrawn") != ""
 			set, err := cl.Validators(ctx)
 			if err != nil {
 				return err

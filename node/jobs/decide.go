@@ -18,6 +18,7 @@ import (
 
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/p2p"
+	"github.com/deepmarket/deepmarket/units"
 )
 
 const (
@@ -234,14 +235,14 @@ func FloorOf(run *Run, w *Worker, now time.Time) uint64 {
 	if run.Floor <= 0 || w.Started.IsZero() || w.Forfeited {
 		return 0
 	}
-	ran := perHour(w.PerHour, RanUntil(w, now).Sub(w.Started)-w.Suspended)
+	ran := units.PriceFor(w.PerHour, RanUntil(w, now).Sub(w.Started)-w.Suspended)
 	return uint64(float64(ran) * min(run.Floor, 1))
 }
 
 // earned is what worker w's work earned by now (Used, without the floor).
 func earned(run *Run, w *Worker, now time.Time) uint64 {
 	if run.Held() {
-		return perHour(w.PerHour, time.Duration(w.AcceptedSeconds*float64(time.Second)))
+		return units.PriceFor(w.PerHour, time.Duration(w.AcceptedSeconds*float64(time.Second)))
 	}
 	if w.Started.IsZero() {
 		return 0
@@ -255,7 +256,7 @@ func earned(run *Run, w *Worker, now time.Time) uint64 {
 			until = m
 		}
 	}
-	return perHour(w.PerHour, until.Sub(w.Started)-w.Suspended)
+	return units.PriceFor(w.PerHour, until.Sub(w.Started)-w.Suspended)
 }
 
 // medianProgress is, in a lockstep run, the lower median of when its
@@ -275,18 +276,6 @@ func medianProgress(run *Run) time.Time {
 	}
 	slices.SortFunc(at, time.Time.Compare)
 	return at[(len(at)-1)/2]
-}
-
-// perHour is the price of d at price an hour (0 for no time).
-func perHour(price uint64, d time.Duration) uint64 {
-	if d <= 0 {
-		return 0
-	}
-	v := float64(price) * d.Hours()
-	if v >= 1<<64 { // converting a float past the range is undefined
-		return math.MaxUint64
-	}
-	return uint64(v)
 }
 
 // HolderAccount is what the model's holder of a held job says of one
@@ -469,7 +458,7 @@ func PayPlan(run *Run, lost map[int]bool, now time.Time) (pays []ledger.Payment,
 		pay := Used(run, w, now)
 		switch {
 		case run.Held() && !w.Forfeited:
-			pay = max(pay, perHour(w.PerHour, time.Duration((w.AcceptedSeconds+w.HeldSeconds)*float64(time.Second))))
+			pay = max(pay, units.PriceFor(w.PerHour, time.Duration((w.AcceptedSeconds+w.HeldSeconds)*float64(time.Second))))
 			withheld[w.Payee] = satAdd(withheld[w.Payee], refusedShare(w, now, pay))
 		case run.Held():
 			withheld[w.Payee] = satAdd(withheld[w.Payee], forfeitedShare(run, w, now, pay))
@@ -523,8 +512,8 @@ func refusedShare(w *Worker, now time.Time, pay uint64) uint64 {
 		return 0
 	}
 	ran := RanUntil(w, now).Sub(w.Started) - w.Suspended
-	full := perHour(w.PerHour, ran)
-	share := perHour(w.PerHour, time.Duration(float64(ran)*float64(w.Refused)/float64(taken)))
+	full := units.PriceFor(w.PerHour, ran)
+	share := units.PriceFor(w.PerHour, time.Duration(float64(ran)*float64(w.Refused)/float64(taken)))
 	return min(share, full-min(full, pay))
 }
 
@@ -537,7 +526,7 @@ func refusedShare(w *Worker, now time.Time, pay uint64) uint64 {
 func forfeitedShare(run *Run, w *Worker, now time.Time, pay uint64) uint64 {
 	cleared := *w
 	cleared.Forfeited = false
-	full := max(FloorOf(run, &cleared, now), perHour(w.PerHour, time.Duration(w.ForfeitedSeconds*float64(time.Second))))
+	full := max(FloorOf(run, &cleared, now), units.PriceFor(w.PerHour, time.Duration(w.ForfeitedSeconds*float64(time.Second))))
 	return full - min(full, pay)
 }
 

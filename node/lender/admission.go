@@ -133,13 +133,9 @@ func (a *Admission) canPay(acct identity.Address, maxPrice uint64) error {
 // scheduler asking for a hold is a machine the ledger backs: a stranger
 // with a fresh key, holding a bid it overheard, holds nothing.
 func (a *Admission) Scheduler(p peer.ID) error {
-	key, err := p.ExtractPublicKey()
+	raw, err := identity.PublicKeyOf(p)
 	if err != nil {
-		return fmt.Errorf("scheduler %s: no key in its peer ID", p)
-	}
-	raw, err := key.Raw()
-	if err != nil {
-		return fmt.Errorf("scheduler %s: %w", p, err)
+		return fmt.Errorf("scheduler: %w", err)
 	}
 	if _, ok := a.Machine(raw); !ok {
 		return fmt.Errorf("scheduler %s is not a machine the ledger backs: only members' machines hold capacity for bids", p)

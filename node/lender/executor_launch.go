@@ -137,15 +137,11 @@ func (e *Executor) checkEscrow(ctx context.Context, from peer.ID, l p2p.Launch) 
 
 // submitterAddress is the ledger address of the peer from.
 func submitterAddress(from peer.ID) (identity.Address, error) {
-	pub, err := from.ExtractPublicKey()
+	a, err := identity.AddressOfPeer(from)
 	if err != nil {
 		return "", fmt.Errorf("submitter key: %w", err)
 	}
-	raw, err := pub.Raw()
-	if err != nil {
-		return "", err
-	}
-	return identity.AddressOf(raw), nil
+	return a, nil
 }
 
 // awaitEscrow reads run's escrow from the ledger. The escrow was just

@@ -6,6 +6,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/deepmarket/deepmarket/identity"
 	"github.com/deepmarket/deepmarket/ledger"
 	"github.com/deepmarket/deepmarket/node/jobs"
 	"github.com/deepmarket/deepmarket/p2p"
@@ -77,11 +78,7 @@ func (e *Executor) keepAnswer(w *worker, from peer.ID, payee string, pa p2p.Answ
 // payerKey is the ed25519 key of peer from (nil if it has none): the key
 // its ledger account, and so the escrow's payer, is.
 func payerKey(from peer.ID) []byte {
-	pub, err := from.ExtractPublicKey()
-	if err != nil {
-		return nil
-	}
-	raw, err := pub.Raw()
+	raw, err := identity.PublicKeyOf(from)
 	if err != nil {
 		return nil
 	}
@@ -131,7 +128,7 @@ func (e *Executor) unpaidRuns(now time.Time) map[string]string {
 		}
 		w.mu.Unlock()
 		if live && w.l.Floor > 0 && worked > 0 {
-			floors[w.l.JobID] += uint64(float64(perHourFor(w.l.PerHour, worked)) * w.l.Floor)
+			floors[w.l.JobID] += uint64(float64(units.PriceFor(w.l.PerHour, worked)) * w.l.Floor)
 		}
 	}
 	out := map[string]string{}
@@ -159,15 +156,7 @@ func (e *Executor) Earnings(now time.Time, d time.Duration) (total uint64, runni
 		if !started.IsZero() && w.l.MaxSecs > 0 {
 			left = min(d, started.Add(time.Duration(w.l.MaxSecs)*time.Second).Sub(now))
 		}
-		total += perHourFor(w.l.PerHour, left)
+		total += units.PriceFor(w.l.PerHour, left)
 	}
 	return total, running
-}
-
-// perHourFor is an hourly price for d, rounded down to micro-credits.
-func perHourFor(perHour uint64, d time.Duration) uint64 {
-	if d <= 0 {
-		return 0
-	}
-	return uint64(float64(perHour) * d.Hours())
 }

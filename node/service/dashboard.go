@@ -51,14 +51,6 @@ type Dashboard struct {
 // after its offer lapsed without a withdrawal.
 const lostFor = 24 * time.Hour
 
-// perHourFor is an hourly price for d, rounded down to micro-credits.
-func perHourFor(perHour uint64, d time.Duration) uint64 {
-	if d <= 0 {
-		return 0
-	}
-	return uint64(float64(perHour) * d.Hours())
-}
-
 // offeredFor is how long in the next d a machine lending in window w (""
 // always) is offered.
 func offeredFor(window string, now time.Time, d time.Duration) time.Duration {
@@ -121,7 +113,7 @@ func (d *Dashboard) thisMachine(ctx context.Context, now time.Time, est *api.Est
 		if lend.Offering {
 			mm.State = api.MachineOffering
 		}
-		est.EarningsIfBusy = perHourFor(mm.PerHour, offeredFor(s.Window, now, 24*time.Hour))
+		est.EarningsIfBusy = units.PriceFor(mm.PerHour, offeredFor(s.Window, now, 24*time.Hour))
 	}
 	mm.Allocated = d.Holds.Allocated(now)
 	d.fillRecord(ctx, &mm)
@@ -197,7 +189,7 @@ func jobCost24h(j *jobs.Job, now time.Time) uint64 {
 		left = min(left, j.Spec.MaxDuration)
 	}
 	budget := j.Spec.MaxPrice - min(j.Cost, j.Spec.MaxPrice)
-	return min(perHourFor(r.PerHour, left), budget)
+	return min(units.PriceFor(r.PerHour, left), budget)
 }
 
 func nameOr(moniker, id string) string {

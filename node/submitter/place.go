@@ -275,15 +275,11 @@ func PayeeOf(machine string) string {
 	if err != nil {
 		return ""
 	}
-	pub, err := id.ExtractPublicKey()
+	a, err := identity.AddressOfPeer(id)
 	if err != nil {
 		return ""
 	}
-	raw, err := pub.Raw()
-	if err != nil {
-		return ""
-	}
-	return string(identity.AddressOf(raw))
+	return string(a)
 }
 
 // holdsOf lists a run's distinct (machine, hold) pairs.
