@@ -9,6 +9,7 @@
 // The CLI authenticates with the bearer token in api.token; a browser with
 // a session from a login link that only the token can mint.
 //
-// api must not import node: node implements the small interfaces declared
-// here and hands them to NewServer.
+// api must not import node: node/service answers the small interfaces
+// declared here (the submitter's Manager answers Jobs, wrapped), and node
+// hands those answers to NewServer.
 package api
