@@ -132,6 +132,7 @@ func main() {
 	flag.BoolVar(&verbose, "v", false, "print every block the watcher sees")
 	flag.StringVar(&st.child, "child", "", "internal: run one case (JSON spec) in this process")
 	flag.StringVar(&st.stateSizes, "state-sizes", "10000,100000,1000000", "accounts in the state for the per-block cases (empty: none)")
+	flag.StringVar(&statePprof, "state-cpuprofile", "", "write CPU profiles of each state-size case's blocks to this prefix (-N-same.prof, -N-cold.prof)")
 	flag.IntVar(&st.stateChild, "state-child", 0, "internal: run one state-size case in this process")
 	flag.StringVar(&st.childDir, "child-dir", "", "internal: the state-size case's directory")
 	flag.StringVar(&st.childOut, "child-out", "", "internal: where the state-size case writes its result")
@@ -314,7 +315,7 @@ func runStateCase(self string, n int, dir string) stateResult {
 		return stateResult{Accounts: n, Error: err.Error()}
 	}
 	defer os.RemoveAll(dir)
-	cmd := exec.Command(self, "-state-child", strconv.Itoa(n), "-child-dir", dir, "-child-out", out)
+	cmd := exec.Command(self, "-state-child", strconv.Itoa(n), "-child-dir", dir, "-child-out", out, "-state-cpuprofile", statePprof)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	runErr := cmd.Run()
 	raw, err := os.ReadFile(out)

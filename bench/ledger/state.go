@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"time"
@@ -225,8 +226,8 @@ func measureState(n int, dir string) stateResult {
 		r.TPS = float64(stateTxs) / (r.BlockMs / 1000)
 		return r, nil
 	}
-	if res.Same, err = run(blocks[:per]); err == nil {
-		res.Cold, err = run(blocks[per:])
+	if res.Same, err = profiled(statePprof, n, "same", func() (stateBlock, error) { return run(blocks[:per]) }); err == nil {
+		res.Cold, err = profiled(statePprof, n, "cold", func() (stateBlock, error) { return run(blocks[per:]) })
 	}
 	if err != nil {
 		res.Error = err.Error()
@@ -238,6 +239,28 @@ func measureState(n int, dir string) stateResult {
 	}
 	res.Disk = dirSize(appDir)
 	return res
+}
+
+// statePprof, when set (-state-cpuprofile), is where each state-size
+// case writes a CPU profile of each load's blocks: PREFIX-N-LOAD.prof.
+var statePprof string
+
+// profiled runs f under a CPU profile written to prefix-n-load.prof (none
+// when prefix is empty).
+func profiled(prefix string, n int, load string, f func() (stateBlock, error)) (stateBlock, error) {
+	if prefix == "" {
+		return f()
+	}
+	out, err := os.Create(fmt.Sprintf("%s-%d-%s.prof", prefix, n, load))
+	if err != nil {
+		return stateBlock{}, err
+	}
+	defer out.Close()
+	if err := pprof.StartCPUProfile(out); err != nil {
+		return stateBlock{}, err
+	}
+	defer pprof.StopCPUProfile()
+	return f()
 }
 
 // stateSettle is how long the state-size case lets the store settle after
