@@ -77,10 +77,10 @@ func serveBook(rpc *p2p.RPC, book *market.OfferBook, admission *lender.Admission
 }
 
 // newBookSync builds the copying of peers' offer books into this node's
-// as it starts.
-func newBookSync(c Config, book *market.OfferBook, rpc *p2p.RPC, checker market.OfferChecker, log *slog.Logger) *market.BookSync {
+// as it starts, and again each time its gossip reconnects a peer.
+func newBookSync(c Config, book *market.OfferBook, rpc *p2p.RPC, gossip *p2p.Gossip, log *slog.Logger) *market.BookSync {
 	return market.NewBookSync(market.BookSyncParams{Book: book, Books: p2p.BookClient{RPC: rpc},
-		Checker: checker, MaxOffers: c.Market.MaxOffers, Logger: log.With("module", "market")})
+		Checker: gossip, MaxOffers: c.Market.MaxOffers, Again: gossip.Rejoined(), Logger: log.With("module", "market")})
 }
 
 // vetMachines is the offer book's check of a new machine (market.Vet):

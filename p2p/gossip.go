@@ -120,6 +120,9 @@ type Gossip struct {
 	unbacked *deliveries
 	offers   *Topic
 	bids     *Topic
+	// rejoined has a value once the watch reconnected a peer the router
+	// had given up on (Rejoined).
+	rejoined chan struct{}
 }
 
 // NewGossip starts gossipsub on the host with peer scoring and validators,
@@ -153,7 +156,7 @@ func NewGossip(ctx context.Context, p GossipParams) (*Gossip, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start gossipsub: %w", err)
 	}
-	g := &Gossip{ps: ps, validator: NewValidator(p.ChainID, p.Admission), unbacked: unbacked}
+	g := &Gossip{ps: ps, validator: NewValidator(p.ChainID, p.Admission), unbacked: unbacked, rejoined: make(chan struct{}, 1)}
 	if g.offers, err = g.join(OffersTopic(p.ChainID), p); err != nil {
 		return nil, err
 	}
@@ -203,6 +206,11 @@ func (g *Gossip) join(name string, p GossipParams) (*Topic, error) {
 
 // Offers returns the topic of offers and withdrawals.
 func (g *Gossip) Offers() *Topic { return g.offers }
+
+// Rejoined has a value each time (coalesced) the gossip watch reconnected
+// a peer the router had given up on: what this node heard meanwhile may
+// lack offers, and a copy of a peer's book fills it (market.BookSync).
+func (g *Gossip) Rejoined() <-chan struct{} { return g.rejoined }
 
 // Bids returns the topic of job bids.
 func (g *Gossip) Bids() *Topic { return g.bids }

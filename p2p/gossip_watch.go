@@ -63,6 +63,10 @@ func (g *Gossip) watchDeaf(ctx context.Context, h host.Host, log *slog.Logger) {
 				log.Info("gossipsub gave up on a peer that speaks it: reconnecting", "peer", p, "for", now.Sub(first).Round(time.Second))
 				h.Network().ClosePeer(p)
 				delete(since, p)
+				select {
+				case g.rejoined <- struct{}{}:
+				default: // one already waits
+				}
 				if h.ConnManager().IsProtected(p, "bootstrap") { // not at discovery's next round
 					go redial(ctx, h, peer.AddrInfo{ID: p, Addrs: h.Peerstore().Addrs(p)}, log)
 				}

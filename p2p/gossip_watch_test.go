@@ -28,8 +28,14 @@ func TestDeafPeerIsReconnected(t *testing.T) {
 	for _, proto := range gossipProtocols {
 		broken.SetStreamHandler(proto, func(s network.Stream) { s.Reset() })
 	}
-	if _, err := NewGossip(ctx, GossipParams{Host: a, Key: ka, ChainID: testChain}); err != nil {
+	ga, err := NewGossip(ctx, GossipParams{Host: a, Key: ka, ChainID: testChain})
+	if err != nil {
 		t.Fatal(err)
+	}
+	select {
+	case <-ga.Rejoined():
+		t.Fatal("the gossip says it rejoined before any peer was reconnected")
+	default:
 	}
 	if _, err := NewGossip(ctx, GossipParams{Host: healthy, Key: kc, ChainID: testChain}); err != nil {
 		t.Fatal(err)
@@ -46,6 +52,11 @@ func TestDeafPeerIsReconnected(t *testing.T) {
 			t.Fatal("still connected to a peer that speaks gossipsub and resets every stream, after 15 s")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	select { // the book is copied again (market.BookSync)
+	case <-ga.Rejoined():
+	case <-time.After(time.Second):
+		t.Fatal("the broken peer was reconnected and Rejoined has no value")
 	}
 	time.Sleep(deafAfter + 2*deafCheck) // as long again as the broken peer was given
 	if a.Network().Connectedness(healthy.ID()) != network.Connected {

@@ -43,7 +43,11 @@ type BookSyncParams struct {
 	// MaxOffers is the most offers taken from one peer's book: the
 	// book's own bound ([market] max_offers).
 	MaxOffers int
-	Logger    *slog.Logger
+	// Again, when set, asks for one more copy each time it has a value:
+	// this node's gossip lost a peer and may have missed offers
+	// (p2p.Gossip.Rejoined).
+	Again  <-chan struct{}
+	Logger *slog.Logger
 }
 
 // BookSync fills the offer book of a node that just started from the
@@ -71,8 +75,61 @@ func NewBookSync(p BookSyncParams) *BookSync {
 }
 
 // Run copies peers' books, trying each peer once, until two have given
-// valid offers, two minutes have passed, or ctx ends.
+// valid offers, two minutes have passed, or ctx ends; then, with Again,
+// one book more each time Again asks, until ctx ends.
 func (s *BookSync) Run(ctx context.Context) error {
+	s.start(ctx)
+	var last time.Time
+	for s.p.Again != nil {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.p.Again:
+		}
+		// At most one copy a minute: a peer that keeps getting itself
+		// reconnected cannot make this node check whole books nonstop.
+		if wait := time.Until(last.Add(againEvery)); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(wait):
+			}
+		}
+		last = time.Now()
+		s.p.Logger.Info("gossip lost a peer and reconnected: copying a peer's offer book again")
+		s.copyOne(ctx)
+	}
+	return nil
+}
+
+// againEvery is the least time between two copies Again asks for.
+var againEvery = time.Minute
+
+// copyOne copies one peer's book once the reconnection had time to
+// finish, trying the servers in turn for up to 30 s.
+func (s *BookSync) copyOne(ctx context.Context) {
+	tried := map[peer.ID]bool{}
+	t := time.NewTimer(s.first)
+	defer t.Stop()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); t.Reset(s.every) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, p := range s.p.Books.Servers() {
+			if !tried[p] {
+				tried[p] = true
+				if s.copyFrom(ctx, p) || ctx.Err() != nil {
+					return
+				}
+			}
+		}
+	}
+}
+
+// start is Run's first copies: two peers' books.
+func (s *BookSync) start(ctx context.Context) {
 	tried := map[peer.ID]bool{}
 	synced := 0
 	t := time.NewTimer(s.first)
@@ -80,7 +137,7 @@ func (s *BookSync) Run(ctx context.Context) error {
 	for deadline := time.Now().Add(s.within); synced < s.sources && time.Now().Before(deadline); t.Reset(s.every) {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-t.C:
 		}
 		servers := s.p.Books.Servers()
@@ -94,11 +151,10 @@ func (s *BookSync) Run(ctx context.Context) error {
 				synced++
 			}
 			if ctx.Err() != nil {
-				return nil
+				return
 			}
 		}
 	}
-	return nil
 }
 
 // copyFrom applies p's book to this node's, and reports whether it gave

@@ -134,3 +134,64 @@ func TestBookSyncCopiesAPeersBook(t *testing.T) {
 		t.Fatalf("the book holds %v, want the good peer's valid offers %v", got, want)
 	}
 }
+
+// TestBookSyncCopiesAgainWhenGossipRejoins: once its first copies are
+// done, the sync copies nothing more until the gossip says it lost a peer
+// and reconnected it (Again); then it copies a peer's book once more, and
+// the offers gossip missed meanwhile are in the book.
+func TestBookSyncCopiesAgainWhenGossipRejoins(t *testing.T) {
+	ctx := t.Context()
+	var mu sync.Mutex
+	var served []p2p.BookEntry
+	for i := range 2 {
+		k := seededKey(t, byte(40+i))
+		served = append(served, p2p.BookEntry{Machine: k.PeerID().String(), Raw: signedOffer(t, k, syncChain)})
+	}
+	sk := seededKey(t, 5)
+	hs := syncHost(t, sk)
+	srv := &p2p.BookServer{PagesPerMinute: 600, Entries: func(time.Time) []p2p.BookEntry {
+		mu.Lock()
+		defer mu.Unlock()
+		out := slices.Clone(served)
+		slices.SortFunc(out, func(a, b p2p.BookEntry) int { return bytes.Compare([]byte(a.Machine), []byte(b.Machine)) })
+		return out
+	}}
+	srv.Serve(&p2p.RPC{Host: hs, Key: sk, ChainID: syncChain})
+
+	k := seededKey(t, 6)
+	h := syncHost(t, k)
+	if err := h.Connect(ctx, peer.AddrInfo{ID: hs.ID(), Addrs: hs.Addrs()}); err != nil {
+		t.Fatal(err)
+	}
+	book := NewOfferBook(100, 100)
+	again := make(chan struct{}, 1)
+	s := NewBookSync(BookSyncParams{Book: book, Books: p2p.BookClient{RPC: &p2p.RPC{Host: h, Key: k, ChainID: syncChain}},
+		Checker: p2p.NewValidator(syncChain, nil), MaxOffers: 100, Again: again})
+	s.sources, s.first, s.every = 1, 0, 50*time.Millisecond
+	go s.Run(ctx)
+
+	count := func() int { return len(book.List(time.Now())) }
+	waitFor := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(15 * time.Second); count() != n; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the book holds %d offers, want %d", count(), n)
+			}
+		}
+	}
+	waitFor(2)
+	mu.Lock()
+	for i := 2; i < 5; i++ {
+		k := seededKey(t, byte(40+i))
+		served = append(served, p2p.BookEntry{Machine: k.PeerID().String(), Raw: signedOffer(t, k, syncChain)})
+	}
+	mu.Unlock()
+	// Twenty of the sync's looks, and past the server's one-second copy
+	// of its book: the sync is done, and copies nothing unasked.
+	time.Sleep(1100 * time.Millisecond)
+	if n := count(); n != 2 {
+		t.Fatalf("the book holds %d offers before the gossip asked again, want the first copy's 2", n)
+	}
+	again <- struct{}{}
+	waitFor(5)
+}
