@@ -117,7 +117,14 @@ func TestRefereesPayARefusedHonestWorker(t *testing.T) {
 	var appealed, decided time.Time
 	for deadline := time.Now().Add(6 * time.Minute); k.Verdict == ""; time.Sleep(250 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("no verdict on the appellant's case within 6 minutes: %+v", k)
+			appellant := c.lenders[0]
+			if appellant == referee {
+				appellant = c.lenders[1]
+			}
+			var did string
+			found, err := appellant.store.Get("appealed/"+run.ID, &did)
+			t.Fatalf("no verdict on the appellant's case within 6 minutes: %+v; the appellant's record of its appeal: %q (found %v, %v)",
+				k, did, found, err)
 		}
 		e, err := a.ledger.Escrow(t.Context(), run.ID)
 		if err != nil {

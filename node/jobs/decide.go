@@ -94,7 +94,10 @@ func Survey(sts []*p2p.JobStatus, ws []Worker, lost map[int]bool, now time.Time)
 			// Its submitter stopped it (Benched), or its machine did
 			// because the holder refused its rounds (the lender's
 			// stop-loss, borne out by the refusals): neither lost nor
-			// failed.
+			// failed. The machine hears a refusal from its worker before
+			// the holder's accounts reach this node: an earlier poll that
+			// found the stop before the refusals counted it lost, wrongly.
+			delete(f.Lost, i)
 		case st.State == p2p.WorkerStopped && st.OutOfTime && !f.Lost[i]:
 			if f.OutOfTime == nil {
 				f.OutOfTime = map[int]bool{}

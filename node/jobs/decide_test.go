@@ -692,6 +692,17 @@ func TestBenched(t *testing.T) {
 	if f.Lost[0] || !f.Lost[1] {
 		t.Fatalf("lost %v: want only the worker whose unpaid stop no refusal bears out", f.Lost)
 	}
+	// The machine heard the refusals from its worker before the holder's
+	// accounts reached the submitter: the poll that found the stop first
+	// counted it lost; once the accounts bear the stop out it is not.
+	unpaid := []*p2p.JobStatus{{State: p2p.WorkerStopped, Unpaid: true}}
+	f = Survey(unpaid, []Worker{{}}, nil, t0)
+	if !f.Lost[0] {
+		t.Fatalf("lost %v: an unpaid stop no refusal bears out yet is a lost machine", f.Lost)
+	}
+	if f = Survey(unpaid, []Worker{{Refused: 3}}, f.Lost, t0.Add(time.Second)); f.Lost[0] {
+		t.Fatalf("lost %v: the refusals now bear the stop out, want it no longer lost", f.Lost)
+	}
 	if got := Benched(&Run{Workers: run.Workers}); len(got) != 0 {
 		t.Fatalf("a run no one holds benched %v", got)
 	}

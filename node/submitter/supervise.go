@@ -41,11 +41,17 @@ func (m *Manager) supervise(ctx context.Context, j *job, k int) (jobs.RunEnd, bo
 		if j.State == jobs.Launching && anyRunning(sts) {
 			m.move(j, jobs.Running, "")
 		}
+		// A held run's holder is read first: its accounts of the refused
+		// rounds tell a worker its machine stopped for them (the lender's
+		// stop-loss) from a lost one.
+		var hst *p2p.JobStatus
+		if run.Held() {
+			hst = m.pollHolder(ctx, j, run, now)
+		}
 		f := jobs.Survey(sts, run.Workers, lost, now)
 		m.sayProgress(j, &said, now)
 		m.look(j)
 		if run.Held() {
-			hst := m.pollHolder(ctx, j, run, now)
 			lost = f.Lost
 			end, ended := jobs.JudgeHeld(f, hst, j.cancelled, run.Started, j.Spec.MaxDuration, now)
 			if ended && end.Out == jobs.RunSucceeded {
