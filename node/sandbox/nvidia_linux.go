@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bufio"
 	"bytes"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -33,7 +34,9 @@ var driverBins = []string{"nvidia-smi", "nvidia-debugdump"}
 
 // driverFiles lists the host's driver libraries and tools (absolute
 // paths), found once: nvidia-container-cli's list when the toolkit is
-// installed, else the dynamic linker's cache (ldconfig -p) and PATH. A
+// installed, else the dynamic linker's cache (ldconfig -p) and PATH; a
+// host whose cache lists no driver (a container that finds it through
+// LD_LIBRARY_PATH) is searched in that path and in nvidiaLibDir. A
 // variable, so that tests can give a machine without a GPU a driver.
 var driverFiles = sync.OnceValues(findDriverFiles)
 
@@ -50,6 +53,9 @@ func findDriverFiles() (libs, bins []string) {
 	}
 	if out, err := exec.Command("ldconfig", "-p").Output(); err == nil {
 		libs = driverLibsIn(out)
+	}
+	if len(libs) == 0 {
+		libs = driverLibsInDirs(append(filepath.SplitList(os.Getenv("LD_LIBRARY_PATH")), nvidiaLibDir))
 	}
 	for _, b := range driverBins {
 		if p, err := exec.LookPath(b); err == nil {
@@ -77,6 +83,33 @@ func driverLibsIn(ldconfig []byte) []string {
 			if strings.HasPrefix(name, prefix) {
 				libs = append(libs, path)
 				break
+			}
+		}
+	}
+	return libs
+}
+
+// driverLibsInDirs picks the driver's libraries out of the absolute
+// directories dirs, each name once (the first directory's).
+func driverLibsInDirs(dirs []string) []string {
+	var libs []string
+	seen := map[string]bool{}
+	for _, d := range dirs {
+		if !filepath.IsAbs(d) {
+			continue
+		}
+		entries, _ := os.ReadDir(d)
+		for _, e := range entries {
+			name := e.Name()
+			if seen[name] || e.IsDir() {
+				continue
+			}
+			for _, prefix := range driverLibs {
+				if strings.HasPrefix(name, prefix) {
+					seen[name] = true
+					libs = append(libs, filepath.Join(d, name))
+					break
+				}
 			}
 		}
 	}

@@ -449,6 +449,27 @@ func TestCgroupArgs(t *testing.T) {
 	}
 }
 
+// TestDriverLibsInDirs: where the linker's cache lists no driver, its
+// libraries are found by name in the directories given (the first one's
+// of each name); other files, directories and relative paths are not.
+func TestDriverLibsInDirs(t *testing.T) {
+	a, b := t.TempDir(), t.TempDir()
+	for _, f := range []string{filepath.Join(a, "libcuda.so.1"), filepath.Join(a, "libcudart.so.13"), filepath.Join(b, "libcuda.so.1"),
+		filepath.Join(b, "libnvidia-ml.so.580.1")} {
+		if err := os.WriteFile(f, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(b, "libcuda.so.d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	got := driverLibsInDirs([]string{"relative", a, b, "/nonexistent"})
+	want := []string{filepath.Join(a, "libcuda.so.1"), filepath.Join(b, "libnvidia-ml.so.580.1")}
+	if !slices.Equal(got, want) {
+		t.Errorf("driver libraries %q, want %q", got, want)
+	}
+}
+
 // TestDriverLibsInLdconfig: the driver's 64-bit libraries are picked out
 // of the dynamic linker's cache; other libraries and 32-bit ones are not.
 func TestDriverLibsInLdconfig(t *testing.T) {
