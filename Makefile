@@ -164,7 +164,7 @@ bench-fair: deps ## Fair to both sides: an honest worker's pay under each greedy
 
 .PHONY: bench-fair
 
-bench-gpu: deps build ## Root, a GPU: Fashion-MNIST (cnn-wide, fixed steps) by hand on the GPU, on a CPU worker and as a 1-GPU market job on a loopback testnet; examples/s, market/by hand (goal 0.95x), GPU/CPU (5 min at most); report in bench/results/gpu (GPU_FLAGS="-framework torch -python PY" for PyTorch)
+bench-gpu: deps build ## Root, a GPU: Fashion-MNIST (cnn-wide, fixed steps) by hand on the GPU, on a CPU worker and as a 1-GPU market job on a loopback testnet, and a 1-GPU job in an image without a driver; examples/s, market/by hand (goal 0.95x), GPU/CPU (5 min at most); report in bench/results/gpu (GPU_FLAGS="-framework torch -python PY" for PyTorch)
 	$(GO) run ./bench/gpu -bin $(BIN) -python $(VENV)/bin/python3 -out bench/results/gpu $(GPU_FLAGS)
 
 .PHONY: clean

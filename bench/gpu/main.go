@@ -2,7 +2,8 @@
 // a lender's GPU serves a training job through the market as fast as the
 // same job started by hand on it. The Fashion-MNIST example
 // (examples/fashion-mnist/train.py --model cnn-wide, a fixed number of
-// steps, no target accuracy) runs three ways, one after another:
+// steps, no target accuracy) runs three ways, one after another, and a
+// fourth job checks a GPU job in an image:
 //
 //   - gpu: by hand on the GPU, a plain process (CUDA_VISIBLE_DEVICES=0);
 //   - cpu: by hand on a CPU worker (CUDA_VISIBLE_DEVICES="", fewer steps),
@@ -10,7 +11,12 @@
 //   - market: through the market as a 1-GPU job (gpus = 1 in the job
 //     spec): a testnet on loopback (one validator, a lender lending the
 //     GPU and -cores cores, a node that submits), the job's output fetched
-//     from storage when it succeeds.
+//     from storage when it succeeds;
+//   - market-image (-image, on by default): a 1-GPU job in an image that
+//     holds no driver and no framework, only a CUDA probe compiled with
+//     the host's cc and its C libraries: it passes when the worker, in
+//     the image's root, reaches the GPU through the driver the lender
+//     binds in.
 //
 // Each run's examples/s is train.py's own (result.json: examples trained
 // over the seconds fit() took). All three get the same cores: pinned to
@@ -143,6 +149,7 @@ func main() {
 	cores := flag.Int("cores", 4, "cores of every run: the job's (DM_CORES) and the lender's; by hand pinned to as many CPUs")
 	jobMem := flag.Int("job-mem-gib", 8, "the job's memory (GiB); the lender lends 4 GiB more")
 	data := flag.String("data", "/usr/share/datasets/fashion-mnist", "Fashion-MNIST (the job's dataset)")
+	imageRun := flag.Bool("image", true, "also run a 1-GPU job in an image that holds no driver (a CUDA probe compiled with cc): the lender's driver bind, for real")
 	rehearse := flag.Bool("rehearse", false, "test this command on a machine without a GPU: a framework that sees no GPU "+
 		"only warns (the lender still needs nvidia-smi to list one: a stub on PATH will do); the figures mean nothing")
 	flag.Parse()
@@ -229,7 +236,11 @@ func main() {
 	b.cpus = pinCPUs(cfg.Cores)
 
 	var failed []string
-	for _, r := range []func(context.Context) Run{b.byHandGPU, b.byHandCPU, b.market} {
+	runs := []func(context.Context) Run{b.byHandGPU, b.byHandCPU, b.market}
+	if *imageRun {
+		runs = append(runs, b.marketImage)
+	}
+	for _, r := range runs {
 		if ctx.Err() != nil {
 			break
 		}
@@ -316,6 +327,9 @@ func ratios(rep *Report) {
 func summary(r Run) string {
 	if r.Error != "" {
 		return "FAILED: " + firstN(r.Error, 300)
+	}
+	if r.Name == "market-image" {
+		return fmt.Sprintf("the worker in the image reached the GPU (job %s in %.1f s)", r.State, r.WallS)
 	}
 	return fmt.Sprintf("%.0f examples/s (%d steps, fit %.1f s, first step %.1f s after start, wall %.1f s; "+
 		"GPU max %d MiB, %d%%)", r.ExamplesPerS, r.Steps, r.FitS, r.FirstStepS, r.WallS, r.GPUMemMiB, r.GPUUtil)

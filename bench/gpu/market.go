@@ -29,39 +29,52 @@ func (b *bench) market(ctx context.Context) Run {
 		How: fmt.Sprintf("through the market: a 1-GPU job (gpus = 1, cores = %d, memory = %d GiB, framework %s) "+
 			"on a loopback testnet, launched in the lender's sandbox", b.cfg.Cores, b.cfg.JobMemGiB, b.jobFramework())}
 	log.Printf("== market: a testnet on loopback, a lender lending the GPU, a 1-GPU job of %d steps", b.cfg.Steps)
+	b.withMarket(ctx, &r, "", func(sub *api.Client, lender string) { b.runJob(ctx, sub, lender, &r) })
+	return r
+}
+
+// withMarket starts a testnet on loopback of one validator, a lender
+// (node0) lending the GPU, -cores cores and the job's memory, and a node
+// that submits (node1), and calls run with the submitter's client and the
+// lender's peer ID; a failure to get there is r's error. The nodes' logs
+// are kept in the bench's logs, their names tagged with tag.
+func (b *bench) withMarket(ctx context.Context, r *Run, tag string, run func(sub *api.Client, lender string)) {
 	dir, err := os.MkdirTemp("", "dm-bench-gpu-market-")
 	if err != nil {
 		r.Error = err.Error()
-		return r
+		return
 	}
 	defer os.RemoveAll(dir)
 	tn := filepath.Join(dir, "tn")
-	m, err := testnet.Init(testnet.Params{Validators: 1, Nodes: 2, Out: tn, Python: b.python, BasePort: basePort})
+	port := basePort
+	if tag != "" {
+		port += 20 // the first testnet's ports may linger
+	}
+	m, err := testnet.Init(testnet.Params{Validators: 1, Nodes: 2, Out: tn, Python: b.python, BasePort: port})
 	if err != nil {
 		r.Error = "testnet init: " + err.Error()
-		return r
+		return
 	}
 	net, err := testnet.Start(ctx, tn, testnet.RunOptions{Binary: b.bin, StartTimeout: 90 * time.Second})
 	if err != nil {
 		r.Error = "testnet start: " + err.Error()
-		return r
+		return
 	}
 	defer func() {
 		net.Close()
-		b.keepNodeLogs(net)
+		b.keepNodeLogs(net, tag)
 	}()
 	const lender, submitter = 1, 2
 	if err := b.lend(ctx, net, lender, submitter); err != nil {
 		r.Error = err.Error()
-		return r
+		return
 	}
 	sub, err := net.Client(submitter)
 	if err != nil {
 		r.Error = err.Error()
-		return r
+		return
 	}
-	b.runJob(ctx, sub, m.Nodes[lender].PeerID, &r)
-	return r
+	run(sub, m.Nodes[lender].PeerID)
 }
 
 // jobFramework is the market job's framework: a PyTorch job is generic,
@@ -199,12 +212,17 @@ func (b *bench) fetchResult(ctx context.Context, sub *api.Client, cid string, r 
 	return b.readResultFile(out, r)
 }
 
-// keepNodeLogs copies the nodes' logs into the bench's logs.
-func (b *bench) keepNodeLogs(net *testnet.Network) {
+// keepNodeLogs copies the nodes' logs into the bench's logs
+// (market[-tag]-NODE.log).
+func (b *bench) keepNodeLogs(net *testnet.Network, tag string) {
+	prefix := "market-"
+	if tag != "" {
+		prefix += tag + "-"
+	}
 	for i, n := range net.Manifest.Nodes {
 		raw, err := os.ReadFile(filepath.Join(net.Home(i).Dir, testnet.LogFile))
 		if err == nil {
-			_ = os.WriteFile(filepath.Join(b.logs, "market-"+n.Name+".log"), raw, 0o644)
+			_ = os.WriteFile(filepath.Join(b.logs, prefix+n.Name+".log"), raw, 0o644)
 		}
 	}
 }
