@@ -2,6 +2,7 @@ package market
 
 import (
 	"bytes"
+	"context"
 	"slices"
 	"sync"
 	"testing"
@@ -194,4 +195,62 @@ func TestBookSyncCopiesAgainWhenGossipRejoins(t *testing.T) {
 	}
 	again <- struct{}{}
 	waitFor(5)
+}
+
+// countingBooks is one peer's book that records when it is copied; each
+// copy holds one offer no earlier copy held.
+type countingBooks struct {
+	t      *testing.T
+	mu     sync.Mutex
+	copies []time.Time
+}
+
+func (c *countingBooks) Servers() []peer.ID { return []peer.ID{"server"} }
+
+func (c *countingBooks) Fetch(ctx context.Context, p peer.ID, max int, each func(raw []byte) bool) (int, error) {
+	c.mu.Lock()
+	c.copies = append(c.copies, time.Now())
+	n := len(c.copies)
+	c.mu.Unlock()
+	each(signedOffer(c.t, seededKey(c.t, byte(100+n)), syncChain))
+	return 1, nil
+}
+
+func (c *countingBooks) times() []time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.copies)
+}
+
+// TestBookSyncAgainIsBounded: a peer that keeps getting itself
+// reconnected asks for copy after copy; the sync copies at most one book
+// each againEvery, however often it is asked.
+func TestBookSyncAgainIsBounded(t *testing.T) {
+	defer func(d time.Duration) { againEvery = d }(againEvery)
+	againEvery = 400 * time.Millisecond
+	books := &countingBooks{t: t}
+	again := make(chan struct{}, 1)
+	s := NewBookSync(BookSyncParams{Book: NewOfferBook(10, 10), Books: books, Checker: p2p.NewValidator(syncChain, nil),
+		MaxOffers: 10, Again: again})
+	s.sources, s.first, s.every, s.within = 1, 0, 10*time.Millisecond, 50*time.Millisecond
+	go s.Run(t.Context())
+	time.Sleep(100 * time.Millisecond) // the first copy is done
+	start := len(books.times())
+	end := time.Now().Add(1100 * time.Millisecond)
+	for time.Now().Before(end) { // asked again and again
+		select {
+		case again <- struct{}{}:
+		default:
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	got := books.times()[start:]
+	if len(got) < 2 || len(got) > 4 {
+		t.Fatalf("%d copies in 1.1 s of asking, want 2 to 4 (one each %s at most)", len(got), againEvery)
+	}
+	for i := 1; i < len(got); i++ {
+		if d := got[i].Sub(got[i-1]); d < againEvery-20*time.Millisecond {
+			t.Errorf("copies %s apart, want %s at least", d, againEvery)
+		}
+	}
 }
